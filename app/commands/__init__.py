@@ -9,6 +9,4 @@ COMMAND_MODULES = [
     "generate",
     "checkpoint",
     "tool",
-    "kernels",
-    "doctor",
 ]
