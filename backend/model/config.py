@@ -74,7 +74,9 @@ class ModelConfig:
         """RoPE on sliding layers, and on dense-prefix layers when the prefix pattern is 1.
 
         Full-attention MoE layers use no position encoding at all (as transformers does)."""
-        return self.is_sliding(layer) or (self.is_dense(layer) and self.prefix_dense_sliding_window_pattern == 1)
+        return self.is_sliding(layer) or (
+            self.is_dense(layer) and self.prefix_dense_sliding_window_pattern == 1
+        )
 
     def window(self, layer: int) -> int | None:
         """Number of keys a query sees on this layer (the current token included), or None."""
@@ -137,7 +139,9 @@ class ModelConfig:
         n_kv = raw.get("num_key_value_heads") or n_heads
         head_dim = raw.get("head_dim") or hidden // n_heads
         if n_heads % n_kv:
-            raise ConfigError(f"num_attention_heads ({n_heads}) must be a multiple of num_key_value_heads ({n_kv})")
+            raise ConfigError(
+                f"num_attention_heads ({n_heads}) must be a multiple of num_key_value_heads ({n_kv})"
+            )
         if head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {head_dim}")
 
@@ -174,7 +178,8 @@ class ModelConfig:
         layer_types = raw.get("layer_types")
         if layer_types is None:  # same derivation as transformers' Cohere2MoeConfig
             layer_types = [
-                "sliding_attention" if (i + 1) % dense_pattern else "full_attention" for i in range(first_k_dense)
+                "sliding_attention" if (i + 1) % dense_pattern else "full_attention"
+                for i in range(first_k_dense)
             ] + [
                 "sliding_attention" if (i + 1) % sliding_pattern else "full_attention"
                 for i in range(n_layers - first_k_dense)
@@ -194,7 +199,9 @@ class ModelConfig:
                 raise ConfigError(f"{name} has unsupported value(s) {bad}; allowed: {list(allowed)}")
 
         sliding_window = raw.get("sliding_window")
-        if "sliding_attention" in layer_types and (not isinstance(sliding_window, int) or sliding_window <= 0):
+        if "sliding_attention" in layer_types and (
+            not isinstance(sliding_window, int) or sliding_window <= 0
+        ):
             raise ConfigError(f"sliding_window must be a positive integer, got {sliding_window!r}")
 
         n_experts = raw.get("num_experts") or 0
@@ -207,7 +214,9 @@ class ModelConfig:
             positive("intermediate_size")
         selection = raw.get("expert_selection_fn", "softmax")
         if selection not in SELECTION_FNS:
-            raise ConfigError(f"expert_selection_fn {selection!r} unsupported; allowed: {list(SELECTION_FNS)}")
+            raise ConfigError(
+                f"expert_selection_fn {selection!r} unsupported; allowed: {list(SELECTION_FNS)}"
+            )
         dense_inter = raw.get("prefix_dense_intermediate_size") or raw.get("intermediate_size")
         if "dense" in mlp_types and not dense_inter:
             raise ConfigError("missing field 'prefix_dense_intermediate_size' (needed by the dense layers)")
@@ -273,7 +282,9 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
+            "eos_token_id": list(self.eos_token_ids)
+            if len(self.eos_token_ids) != 1
+            else self.eos_token_ids[0],
             "bos_token_id": self.bos_token_id,
             "pad_token_id": self.pad_token_id,
             "torch_dtype": self.torch_dtype,

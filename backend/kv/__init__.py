@@ -1,0 +1,1 @@
+"""Paged KV cache: the pool layout, page allocation, prefix cache and per-request block tables."""
