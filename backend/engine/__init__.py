@@ -1,0 +1,1 @@
+"""The serving engine: requests, scheduling, continuous batching, decode backends."""

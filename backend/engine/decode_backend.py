@@ -1,0 +1,42 @@
+"""The decode-backend interface: what the engine hands a backend for one decode step.
+
+Backends: `torch` (the reference ops over the paged cache; CPU or GPU), `graph` (per-op GPU kernels
+captured in CUDA graphs) and `megakernel` (one persistent CUDA kernel). All read and write the same
+paged KV pool (`mkcode.backend.kv.layout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class DecodeBatch:
+    """One decode step for B sequences (one new token each), all tensors on the model's device.
+
+    token_ids [B] int64: the token to feed; positions [B] int64: its position (= tokens already in
+    the cache); block_tables [L, B, P] int32: pages per layer (NO_PAGE where released or unused); the
+    pages that hold `positions` are allocated by the engine before the step. kv_pool: the pool tensor
+    `[num_pages, 2, Hkv, PAGE_SIZE, d]`. The backend writes each token's K/V at its position.
+    """
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    block_tables: torch.Tensor
+    kv_pool: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+class DecodeBackend(Protocol):
+    name: str
+    max_batch: int  # the largest batch one call accepts; the engine splits larger batches
+
+    def decode(self, batch: DecodeBatch) -> torch.Tensor:
+        """Run one step; return fp32 logits [B, vocab]."""
+        ...
