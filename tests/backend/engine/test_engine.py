@@ -195,7 +195,7 @@ def test_soak_500_random_requests_with_cancellations():
     t0 = time.monotonic()
     try:
         streams = []
-        for i in range(500):
+        for _ in range(500):
             n = rng.choice([1, 2, 5, 30, 64, 65, 100])
             streams.append(
                 engine.submit(_req(_prompt(rng, n), rng.randint(1, 12), temperature=rng.choice([0.0, 0.8])))
