@@ -76,7 +76,7 @@ def run_synth(args: argparse.Namespace) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Column, Table
+    from rich.table import Table
 
     from mkcode.backend.checkpoint.errors import CheckpointError
     from mkcode.backend.checkpoint.loader import plan_checkpoint
@@ -132,13 +132,13 @@ def run_inspect(args: argparse.Namespace) -> int:
         summary.add_row(k, v)
     console.print(summary)
 
-    if args.tensors:
-        table = Table("shape", "dtype", "MB", "file")
-        table.columns.insert(0, Column("tensor", overflow="fold"))
+    if args.tensors:  # plain lines, one a tensor, so the list greps and pipes well
+        width = max(len(p.source.name) for p in plan.placements)
         for p in plan.placements:
             t = p.source
-            table.add_row(t.name, str(list(t.shape)), t.dtype, f"{t.nbytes / 1e6:.2f}", t.file.name)
-        console.print(table)
+            print(
+                f"{t.name:<{width}}  {t.dtype:<4}  {t.nbytes / 1e6:>10.3f} MB  {t.file.name}  {list(t.shape)}"
+            )
     return 0
 
 
