@@ -1,3 +1,50 @@
 """mkcode.tools: the tools the model calls, their sandbox and permission policy.
 
-No torch and no Textual in here (DESIGN §2)."""
+No torch and no Textual in here (DESIGN §2). The agent loop uses:
+
+    ws = Workspace("/path/to/project")
+    registry = ToolRegistry(ws, mode=PermissionMode.ASK, approver=ask_user, audit=AuditLog())
+    registry.openai_tools()               # tool schemas for the chat template
+    result = registry.execute(name, args) # ToolResult, never raises
+"""
+
+from mkcode.tools.permissions import (
+    AllowRule,
+    ApprovalRequest,
+    ApprovalResponse,
+    Approver,
+    AuditEntry,
+    AuditLog,
+    Decision,
+    PermissionMode,
+    PermissionPolicy,
+)
+from mkcode.tools.registry import ToolRegistry
+from mkcode.tools.result import ToolResult
+from mkcode.tools.sandbox import SandboxSettings, SandboxStatus, ShellLimits, probe_sandbox
+from mkcode.tools.spec import Tool, ToolContext, ToolKind, ToolSpec
+from mkcode.tools.workspace import PathError, Workspace
+
+__all__ = [
+    "AllowRule",
+    "ApprovalRequest",
+    "ApprovalResponse",
+    "Approver",
+    "AuditEntry",
+    "AuditLog",
+    "Decision",
+    "PathError",
+    "PermissionMode",
+    "PermissionPolicy",
+    "SandboxSettings",
+    "SandboxStatus",
+    "ShellLimits",
+    "Tool",
+    "ToolContext",
+    "ToolKind",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolSpec",
+    "Workspace",
+    "probe_sandbox",
+]

@@ -1,0 +1,111 @@
+"""run_shell: a bash command in the workspace, inside the bubblewrap sandbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mkcode.tools.result import ToolResult
+from mkcode.tools.sandbox.runner import ShellOutcome, run_shell_command, sandbox_status
+from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
+
+
+class RunShell(Tool):
+    name = "run_shell"
+    kind = ToolKind.SHELL
+    description = (
+        "Run a bash command in the workspace root and return its combined stdout and stderr and "
+        "exit code. It runs in a sandbox: the workspace is writable, the rest of the filesystem is "
+        "read-only, /tmp is private and empty, there is no network, .git hooks and config are "
+        "read-only, and secrets are removed from the environment. No stdin (do not run "
+        "interactive programs). timeout: seconds (default 120, max 600); the whole process tree "
+        "is killed when it expires. Long output keeps its beginning and end."
+    )
+    parameters = object_schema(
+        {
+            "command": {"type": "string", "description": "The bash command line."},
+            "timeout": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "description": "Wall-time limit in seconds.",
+            },
+        },
+        ["command"],
+    )
+
+    def prepare(self, ctx: ToolContext, args: dict[str, Any]) -> Prepared | ToolResult:
+        command: str = args["command"]
+        if not command.strip():
+            return ToolResult.failure("command is empty")
+        if "\x00" in command:
+            return ToolResult.failure("command contains a NUL byte")
+        limits = ctx.sandbox.limits
+        timeout = float(args.get("timeout", limits.default_timeout_s))
+        if timeout > limits.max_timeout_s:
+            return ToolResult.failure(f"timeout {timeout:g}s is over the {limits.max_timeout_s:g}s maximum")
+        roots = ctx.workspace.roots
+        unsandboxed_reason: str | None = None
+        sandboxed = True
+        if ctx.sandbox.dangerously_no_sandbox:
+            sandboxed = False  # the user's explicit setting; the audit log records it
+        else:
+            status = sandbox_status(ctx.sandbox, roots)
+            if not status.available:
+                sandboxed = False
+                unsandboxed_reason = status.explain()
+
+        def run(sandboxed: bool = sandboxed) -> ToolResult:
+            outcome = run_shell_command(
+                command,
+                roots=roots,
+                cwd=ctx.workspace.root,
+                timeout_s=timeout,
+                settings=ctx.sandbox,
+                sandboxed=sandboxed,
+                cancel=ctx.cancel,
+            )
+            return shell_result(outcome, timeout)
+
+        preview = f"$ {command}" + ("" if sandboxed else "\n(runs OUTSIDE the sandbox)")
+        return Prepared(
+            preview=preview, run=run, unsandboxed_reason=unsandboxed_reason, meta={"sandboxed": sandboxed}
+        )
+
+
+def shell_result(outcome: ShellOutcome, timeout: float) -> ToolResult:
+    p = outcome.process
+    lines = [p.output.rstrip("\n")] if p.output else []
+    problems: list[str] = []
+    if p.timed_out:
+        problems.append(f"timed out after {timeout:g}s; the command and all its processes were killed")
+    if p.flooded:
+        problems.append(f"stopped after writing {p.output_bytes} bytes of output (output flood); killed")
+    if p.cancelled:
+        problems.append("cancelled by the user; killed")
+    if outcome.pid_limit_hits:
+        problems.append(
+            f"hit the sandbox's process limit ({outcome.pid_limit_hits} forks refused; fork bomb or runaway "
+            "parallelism?)"
+        )
+    if p.exit_code not in (None, 0):
+        problems.append(f"exit code {p.exit_code}" if p.exit_code > 0 else f"killed by signal {-p.exit_code}")
+    status = f"[exit code: {p.exit_code}]" if p.exit_code is not None else "[killed]"
+    if p.truncated:
+        status += f" [output truncated: {p.output_bytes} bytes total]"
+    if not outcome.sandboxed:
+        status += " [ran outside the sandbox]"
+    lines.append(status)
+    output = "\n".join(lines)
+    meta = {
+        "exit_code": p.exit_code,
+        "timed_out": p.timed_out,
+        "truncated": p.truncated,
+        "output_bytes": p.output_bytes,
+        "sandboxed": outcome.sandboxed,
+        "duration_s": round(p.duration_s, 3),
+        "pid_limit_hits": outcome.pid_limit_hits,
+        "env_removed": list(outcome.env_removed),
+        "notes": list(outcome.notes),
+    }
+    if problems:
+        return ToolResult.failure("; ".join(problems), output=output, **meta)
+    return ToolResult.success(output, **meta)

@@ -1,0 +1,179 @@
+"""Run one process with a wall-time limit, a capped output buffer and a kill of its whole tree."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+# How long to keep reading after the main process exited (background children holding the pipe).
+_DRAIN_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    exit_code: int | None  # None when it did not exit by itself (killed by us)
+    output: str  # stdout and stderr interleaved, capped, decoded with replacement characters
+    output_bytes: int  # total bytes the process wrote
+    truncated: bool
+    timed_out: bool
+    flooded: bool  # stopped because it wrote more than the flood limit
+    cancelled: bool
+    duration_s: float
+
+
+class _CappedBuffer:
+    """Keeps the first and last `limit/2` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> tuple[str, bool]:
+        if len(self.tail) > self.half:
+            del self.tail[: len(self.tail) - self.half]
+        dropped = self.total - len(self.head) - len(self.tail)
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        if dropped <= 0:
+            return head + tail, False
+        return f"{head}\n[... output truncated: {dropped} bytes omitted ...]\n{tail}", True
+
+
+def _descendants(root_pid: int) -> list[int]:
+    """All live descendants of root_pid, from a scan of /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+            ppid = int(data[data.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    stack = [root_pid]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process, its process group, and every descendant still attached to it."""
+    for _ in range(5):
+        pids = _descendants(proc.pid)
+        for pid in pids:  # freeze first so a fork loop cannot outrun the kill
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        if not pids:
+            break
+
+
+def run_captured(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+    output_chars: int,
+    flood_bytes: int,
+    preexec: Callable[[], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> ProcessOutcome:
+    start = time.monotonic()
+    deadline = start + timeout_s
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, killed as a whole
+        preexec_fn=preexec,
+        close_fds=True,
+    )
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    buf = _CappedBuffer(output_chars)
+    timed_out = flooded = cancelled = eof = False
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and (eof or now - exited_at > _DRAIN_GRACE_S):
+                break  # done; anything in the background still holding the pipe is killed below
+            if now >= deadline:
+                timed_out = True
+                break
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            wait = min(0.1, max(deadline - now, 0))
+            if eof:  # output closed but the process lives on: just wait for it
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=wait)
+                continue
+            if not sel.select(timeout=wait):
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                eof = True
+                sel.unregister(fd)
+                continue
+            buf.add(chunk)
+            if buf.total > flood_bytes:
+                flooded = True
+                break
+    killed = proc.poll() is None
+    kill_tree(proc)
+    proc.wait()
+    proc.stdout.close()
+    text, truncated = buf.text()
+    return ProcessOutcome(
+        exit_code=None if killed else proc.returncode,
+        output=text,
+        output_bytes=buf.total,
+        truncated=truncated or flooded,
+        timed_out=timed_out and killed,
+        flooded=flooded,
+        cancelled=cancelled,
+        duration_s=time.monotonic() - start,
+    )

@@ -1,0 +1,97 @@
+"""Running one shell command: in bubblewrap, or (only when explicitly allowed) on the host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mkcode.tools.sandbox.bwrap import build_argv
+from mkcode.tools.sandbox.env import scrub_environment
+from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, make_child_setup
+from mkcode.tools.sandbox.probe import SandboxStatus, probe_sandbox
+from mkcode.tools.sandbox.process import ProcessOutcome, run_captured
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How run_shell runs commands. `dangerously_no_sandbox` runs them on the host unasked."""
+
+    dangerously_no_sandbox: bool = False
+    bwrap_path: str | None = None
+    limits: ShellLimits = field(default_factory=ShellLimits)
+
+
+@dataclass(frozen=True)
+class ShellOutcome:
+    process: ProcessOutcome
+    sandboxed: bool
+    processes_limited: bool  # a pids cgroup or RLIMIT_NPROC capped the process count
+    pid_limit_hits: int  # forks refused by the process cap
+    env_removed: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def _shell() -> list[str]:
+    bash = shutil.which("bash") or ("/bin/bash" if os.path.exists("/bin/bash") else None)
+    return [bash, "--noprofile", "--norc", "-c"] if bash else ["/bin/sh", "-c"]
+
+
+def sandbox_status(settings: SandboxSettings, roots: Sequence[str]) -> SandboxStatus:
+    return probe_sandbox(settings.bwrap_path, roots)
+
+
+def run_shell_command(
+    command: str,
+    *,
+    roots: Sequence[str],
+    cwd: str,
+    timeout_s: float,
+    settings: SandboxSettings,
+    sandboxed: bool,
+    environ: Mapping[str, str] | None = None,
+    cancel: threading.Event | None = None,
+) -> ShellOutcome:
+    """Run `command` with bash -c. `sandboxed=False` must only come from an explicit approval."""
+    limits = settings.limits
+    env, removed = scrub_environment(os.environ if environ is None else environ)
+    env["TMPDIR"] = "/tmp"
+    env["MKCODE_SANDBOX"] = "1" if sandboxed else "0"
+    inner = [*_shell(), command]
+    notes: list[str] = []
+    if sandboxed:
+        status = sandbox_status(settings, roots)
+        if not status.available or status.bwrap is None:
+            raise RuntimeError(status.explain())  # callers check first; this is a guard
+        argv, plan_notes = build_argv(status.bwrap, roots, cwd, inner)
+        notes += plan_notes
+    else:
+        argv = inner
+    jail = CgroupJail.create(limits)
+    notes += jail.notes
+    try:
+        outcome = run_captured(
+            argv,
+            cwd=cwd,
+            env=env,
+            timeout_s=timeout_s,
+            output_chars=limits.output_chars,
+            flood_bytes=limits.flood_bytes,
+            preexec=make_child_setup(limits, jail),
+            cancel=cancel,
+        )
+        jail.kill_all()
+        hits = jail.pid_limit_hits()
+    finally:
+        jail.cleanup()
+    notes += [n for n in jail.notes if n not in notes]
+    return ShellOutcome(
+        process=outcome,
+        sandboxed=sandboxed,
+        processes_limited=jail.limits_processes or os.geteuid() != 0,
+        pid_limit_hits=hits,
+        env_removed=tuple(removed),
+        notes=tuple(notes),
+    )
