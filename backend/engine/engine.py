@@ -323,7 +323,7 @@ class Engine:
             seq.num_computed = end
             self._after_compute(seq)
             if end == seq.prefill_target and seq.generated == 0:
-                self._accept(seq, sample_token(logits[i], seq.req.sampling, seq.generator))
+                self._accept(seq, self._sample(seq, logits[i]))
         self._sync()
         self._prompt_rate.add(off, time.perf_counter() - t0)
         self.stats.prompt_tokens_total += off
@@ -354,7 +354,7 @@ class Engine:
             for i, seq in enumerate(part):
                 seq.num_computed = len(seq.tokens)
                 self._after_compute(seq)
-                self._accept(seq, sample_token(logits[i], seq.req.sampling, seq.generator))
+                self._accept(seq, self._sample(seq, logits[i]))
         self._sync()
         self._decode_rate.add(len(batch), time.perf_counter() - t0)
         self.stats.decode_tokens_total += len(batch)
@@ -385,6 +385,20 @@ class Engine:
         seq.kv.register_full_blocks(self.pool, seq.keys, seq.num_computed)
         seq.kv.release_outside_window(self.pool, seq.num_computed)
 
+    def _sample(self, seq: _Seq, logits: torch.Tensor) -> int:
+        c = seq.req.constraint
+        if c is not None:
+            mask = c.allowed_tokens(logits.shape[-1])
+            if mask is not None:
+                mask = mask.to(logits.device)
+                if not bool(mask.any()):
+                    raise RuntimeError(f"constraint of {seq.req.request_id} allows no token")
+                logits = logits.masked_fill(~mask, float("-inf"))
+        tok = sample_token(logits, seq.req.sampling, seq.generator)
+        if c is not None:
+            c.advance(tok)
+        return tok
+
     def _accept(self, seq: _Seq, token: int) -> None:
         seq.tokens.append(token)
         seq.generated += 1
@@ -392,7 +406,8 @@ class Engine:
         reason: FinishReason | None = None
         is_stop_token = (token in self.eos and not sp.ignore_eos) or token in sp.stop_token_ids
         text = "" if is_stop_token else seq.text.push(token)
-        if is_stop_token or seq.text.stopped:
+        constraint_done = seq.req.constraint is not None and seq.req.constraint.is_finished()
+        if is_stop_token or seq.text.stopped or constraint_done:
             reason = "stop"
         elif seq.generated >= seq.max_new or len(seq.tokens) >= self.max_model_len:
             reason = "length"

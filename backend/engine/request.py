@@ -12,12 +12,31 @@ import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
+
+import torch
 
 from mkcode.backend.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 _ids = itertools.count(1)
+
+
+class TokenConstraint(Protocol):
+    """Restricts which tokens may be sampled next (grammar-constrained decoding, e.g. JSON schema or
+    tool-call syntax). Called on the engine thread only."""
+
+    def allowed_tokens(self, vocab_size: int) -> torch.Tensor | None:
+        """A bool mask [vocab_size] of the tokens allowed next, or None for no restriction."""
+        ...
+
+    def advance(self, token_id: int) -> None:
+        """The token the engine sampled (always one the mask allowed)."""
+        ...
+
+    def is_finished(self) -> bool:
+        """True when the grammar is complete: the request then stops with reason "stop"."""
+        ...
 
 
 class RequestError(ValueError):
@@ -29,6 +48,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    constraint: TokenConstraint | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_ids, list) or not self.prompt_ids:

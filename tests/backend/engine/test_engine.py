@@ -211,3 +211,36 @@ def test_soak_500_random_requests_with_cancellations():
     engine.check_accounting()
     engine.pool.clear_prefix_cache()
     assert engine.pool.num_free == engine.pool.num_pages
+
+
+class _OnlyTens:
+    """Allows tokens 10..12 only; complete after three tokens."""
+
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def allowed_tokens(self, vocab_size):
+        import torch
+
+        m = torch.zeros(vocab_size, dtype=torch.bool)
+        m[10:13] = True
+        return m
+
+    def advance(self, token_id):
+        self.seen.append(token_id)
+
+    def is_finished(self):
+        return len(self.seen) >= 3
+
+
+def test_token_constraint_masks_and_finishes():
+    model = tiny_model()
+    engine = make_engine(model)
+    c = _OnlyTens()
+    s = engine.submit(
+        GenerationRequest([5, 6, 7], SamplingParams(max_tokens=50, temperature=1.0, seed=1), constraint=c)
+    )
+    engine.run_until_idle()
+    r = s.result(0)
+    assert r.finish_reason == "stop" and r.token_ids == c.seen and len(c.seen) == 3
+    assert all(10 <= t <= 12 for t in r.token_ids)

@@ -1,0 +1,148 @@
+"""Assemble a running backend from a checkpoint directory: weights, tokenizer, KV pool, decode
+backend and engine. The one place the CLI, the TUI and the server get an engine from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mkcode.backend.engine.engine import Engine, EngineOptions
+from mkcode.backend.engine.torch_backend import TorchDecodeBackend
+from mkcode.backend.kv.layout import page_bytes
+from mkcode.backend.kv.pool import KVPool
+from mkcode.backend.model.config import ModelConfig
+from mkcode.backend.model.reference import ReferenceModel
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DECODE_BACKENDS = ("auto", "torch", "graph", "megakernel")
+
+
+@dataclass
+class RuntimeOptions:
+    model: Path
+    device: str | None = None  # default: cuda when present, else cpu
+    dtype: str | None = None  # default: bfloat16 on GPU, float32 on CPU
+    decode: str = "auto"
+    gpu_memory_utilization: float = 0.90
+    kv_memory_gb: float | None = None  # CPU: KV pool size (default 1 GB)
+    max_model_len: int | None = None
+    max_prefill_tokens: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class Runtime:
+    config: ModelConfig
+    model: ReferenceModel
+    tokenizer: object  # mkcode.backend.chat.tokenizer.ChatTokenizer
+    engine: Engine
+    device: torch.device
+    dtype: torch.dtype
+    decode_backend: str
+    decode_note: str  # why this backend (one line)
+    model_name: str
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "--device cuda asked for, but torch sees no CUDA GPU (torch.cuda.is_available() is False)"
+        )
+    return dev
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def kv_budget_bytes(opts: RuntimeOptions, device: torch.device) -> int:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used_by_others = total - free
+        reserve = 2 << 30  # activations, CUDA graphs, allocator slack
+        return max(0, int(total * opts.gpu_memory_utilization) - used_by_others - reserve)
+    return int((opts.kv_memory_gb or 1.0) * (1 << 30))
+
+
+def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str, str]:
+    """(backend, its name, a one-line reason). `auto` prefers the megakernel, then graph, then torch."""
+    if name not in DECODE_BACKENDS:
+        raise ValueError(f"unknown decode backend {name!r}; choose one of {list(DECODE_BACKENDS)}")
+    dev = model.device
+    if name in ("auto", "megakernel") and dev.type == "cuda":
+        try:
+            from mkcode.backend.megakernel.backend import MegakernelBackend
+
+            return MegakernelBackend(model.cfg, model.w), "megakernel", "megakernel extension loaded"
+        except Exception as e:
+            if name == "megakernel":
+                raise RuntimeError(f"megakernel backend unavailable: {e}") from e
+            reason = f"megakernel unavailable ({e})"
+    else:
+        reason = "no GPU" if dev.type != "cuda" else ""
+    if name in ("auto", "graph") and dev.type == "cuda":
+        try:
+            from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
+
+            return GraphDecodeBackend(model), "graph", reason or "graph backend"
+        except Exception as e:
+            if name == "graph":
+                raise RuntimeError(f"graph backend unavailable: {e}") from e
+            reason = f"{reason}; graph unavailable ({e})" if reason else f"graph unavailable ({e})"
+    if name in ("graph", "megakernel"):
+        raise RuntimeError(f"decode backend {name!r} needs a CUDA GPU (device is {dev})")
+    return TorchDecodeBackend(model), "torch", reason or "torch reference backend"
+
+
+def build_runtime(opts: RuntimeOptions) -> Runtime:
+    from mkcode.backend.chat.tokenizer import ChatTokenizer
+    from mkcode.backend.checkpoint.loader import load_checkpoint
+
+    device = resolve_device(opts.device)
+    dtype = resolve_dtype(opts.dtype, device)
+    ck = load_checkpoint(opts.model, device=device, dtype=dtype, progress=opts.progress)
+    cfg = ck.config
+    tokenizer = ChatTokenizer(opts.model)
+    model = ReferenceModel(cfg, ck.weights)
+    backend, backend_name, note = choose_decode_backend(opts.decode, model)
+    budget = kv_budget_bytes(opts, device)
+    n_pages = budget // page_bytes(cfg.num_key_value_heads, cfg.head_dim, dtype)
+    pool = KVPool(
+        int(n_pages), cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype
+    )
+    eng_opts = EngineOptions(max_model_len=opts.max_model_len)
+    if opts.max_prefill_tokens:
+        eng_opts.max_prefill_tokens = opts.max_prefill_tokens
+    eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(cfg.eos_token_ids)))
+    engine = Engine(
+        model,
+        pool,
+        backend,
+        options=eng_opts,
+        eos_token_ids=eos,
+        detokenizer_factory=lambda: tokenizer.detokenizer(skip_special_tokens=False),
+    )
+    return Runtime(
+        config=cfg,
+        model=model,
+        tokenizer=tokenizer,
+        engine=engine,
+        device=device,
+        dtype=dtype,
+        decode_backend=backend_name,
+        decode_note=note,
+        model_name=Path(opts.model).resolve().name,
+    )
