@@ -30,6 +30,7 @@ class ToolResult:
         object.__setattr__(self, "output", clean_text(self.output))
         if self.error is not None:
             object.__setattr__(self, "error", clean_text(self.error))
+        object.__setattr__(self, "meta", _clean(self.meta))
 
     @classmethod
     def success(cls, output: str, **meta: Any) -> ToolResult:
@@ -65,3 +66,13 @@ class ToolResult:
         if self.meta:
             out["meta"] = self.meta
         return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value

@@ -12,18 +12,22 @@ BINARY_SNIFF_BYTES = 8192
 _TEXT_CONTROL_OK = {0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1B}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(m: re.Match[str]) -> str:
+    code = ord(m.group(0))
+    # U+DC80..U+DCFF are raw bytes 0x80..0xFF smuggled by surrogateescape.
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
 def clean_text(s: str) -> str:
-    """Replace lone surrogates (from surrogateescape'd bytes) with `\\xNN` escapes: valid UTF-8."""
+    """Replace lone surrogates with `\\xNN` / `\\uNNNN` escapes so the text is valid UTF-8."""
     try:
         s.encode("utf-8")
         return s
     except UnicodeEncodeError:
-        return (
-            s.encode("utf-8", "surrogateescape")
-            .decode("utf-8", "backslashreplace")
-            .encode("utf-8", "backslashreplace")
-            .decode("utf-8")
-        )
+        return _SURROGATE.sub(_escape_surrogate, s)
 
 
 def display_path(path: str) -> str:

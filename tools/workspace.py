@@ -120,17 +120,25 @@ class Workspace:
             raise PathError("path must be a non-empty string")
         if "\x00" in path:
             raise PathError("path contains a NUL byte")
+        # The model may copy back a name we displayed with \xNN escapes for raw bytes.
+        alt = unescape_display_path(path)
         try:
-            return self._resolve_once(path, access)
-        except PathError as first:
-            # The model may copy back a name we displayed with \xNN escapes for raw bytes.
-            alt = unescape_display_path(path)
+            first = self._resolve_once(path, access)
+        except PathError as e:
             if alt is None:
                 raise
             try:
                 return self._resolve_once(alt, access)
             except PathError:
-                raise first from None
+                raise e from None
+        if not first.exists and alt is not None:
+            try:
+                second = self._resolve_once(alt, access)
+            except PathError:
+                return first
+            if second.exists:
+                return second
+        return first
 
     def _resolve_once(self, path: str, access: Access) -> ResolvedPath:
         absolute = path if os.path.isabs(path) else os.path.join(self.root, path)
