@@ -17,6 +17,8 @@ import torch
 from mkcode.backend.checkpoint.layout import itemsize
 
 CHUNK_BYTES = 64 << 20
+# Stage CUDA copies through pinned buffers (set False to measure plain pageable copies).
+STAGED = True
 
 
 class ChunkCopier:
@@ -25,7 +27,7 @@ class ChunkCopier:
     def __init__(self, device: torch.device, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.device = device
         self.chunk_bytes = chunk_bytes
-        self._cuda = device.type == "cuda"
+        self._cuda = device.type == "cuda" and STAGED
         if self._cuda:
             self._stream = torch.cuda.Stream(device=device)
             self._bufs = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
