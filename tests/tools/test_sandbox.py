@@ -116,8 +116,8 @@ def test_fork_bomb_is_contained(workspace: Workspace):
         pytest.skip(f"no writable pids cgroup here and RLIMIT_NPROC does not bind root: {jail.notes}")
     reg = ToolRegistry(workspace, mode=PermissionMode.FULL_AUTO, sandbox=SandboxSettings(limits=limits))
     t0 = time.monotonic()
-    r = reg.execute("run_shell", {"command": "bomb() { bomb | bomb & }; bomb; sleep 2", "timeout": 15})
-    assert time.monotonic() - t0 < 14
+    r = reg.execute("run_shell", {"command": "bomb() { bomb | bomb & }; bomb; sleep 1", "timeout": 4})
+    assert time.monotonic() - t0 < 10
     assert not r.ok and "process limit" in (r.error or ""), r
     assert r.meta["pid_limit_hits"] > 0
     # The host is fine: it can still start processes, and nothing of the bomb is left.
