@@ -103,6 +103,7 @@ def shell_result(outcome: ShellOutcome, timeout: float) -> ToolResult:
         "sandboxed": outcome.sandboxed,
         "duration_s": round(p.duration_s, 3),
         "pid_limit_hits": outcome.pid_limit_hits,
+        "processes_limited": outcome.processes_limited,
         "env_removed": list(outcome.env_removed),
         "notes": list(outcome.notes),
     }
