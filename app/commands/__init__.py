@@ -9,4 +9,5 @@ COMMAND_MODULES = [
     "generate",
     "checkpoint",
     "tool",
+    "serve",
 ]

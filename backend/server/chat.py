@@ -1,0 +1,183 @@
+"""POST /v1/chat/completions: streaming (SSE) and not, with tools, tool_choice and response_format.
+
+Streaming follows what the OpenAI SDKs and the AI SDK (OpenCode) check: a first chunk with the
+role; a tool call's first delta carries `index`, a string `id`, `type` and `function.name`, later
+ones only `index` and argument fragments; `finish_reason` is `tool_calls` when the turn called
+tools; with `stream_options.include_usage` a last chunk with empty `choices` carries the usage;
+then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_disconnect
+from mkcode.backend.server.errors import APIError, bad_request, error_body, error_response
+from mkcode.backend.server.messages import chat_messages
+from mkcode.backend.server.plan import ChatPlan, prepare
+from mkcode.backend.server.schemas import ChatCompletionRequest, NamedToolChoice
+from mkcode.backend.server.turn import (
+    CallArgs,
+    CallDone,
+    CallStart,
+    ReasoningOut,
+    TextOut,
+    TurnEnd,
+    run_turn,
+    submit,
+)
+
+router = APIRouter()
+SYSTEM_FINGERPRINT = "mkcode"
+
+
+def usage_dict(usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def chat_plan(body: ChatCompletionRequest) -> ChatPlan:
+    if body.n not in (None, 1):
+        raise bad_request("n > 1 is not supported by this server (one choice per request)", param="n")
+    if body.logprobs:
+        raise bad_request("logprobs are not supported by this server", param="logprobs")
+    choice = body.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        choice = choice.function.name
+    schema = None
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        schema = {"type": "object"}
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise bad_request("response_format json_schema needs json_schema.schema", param="response_format")
+        schema = fmt.json_schema.schema_
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return ChatPlan(
+        messages=chat_messages(body.messages),
+        tools=[
+            t.function.model_dump(exclude_none=True, include={"name", "description", "parameters"})
+            for t in body.tools or []
+        ],
+        tool_choice=choice or "auto",
+        parallel=body.parallel_tool_calls is not False,
+        answer_schema=schema,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=stop,
+    )
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = request.app.state.mkcode
+    plan = chat_plan(body)
+    prepared = await asyncio.to_thread(prepare, state, plan)
+    stream = submit(state.engine, prepared.request)
+    turn = run_turn(state.engine, stream, tools=prepared.tools_enabled)
+    cid = "chatcmpl-" + secrets.token_hex(12)
+    model = body.model or state.model_name
+    created = int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return SSEResponse(_stream(turn, cid, model, created, include_usage))
+    end, text, reasoning, calls = await until_disconnect(request, _collect(turn))
+    if end.finish_reason == "error":
+        return error_response(500, f"generation failed: {end.error}")
+    message: dict[str, Any] = {"role": "assistant", "content": text if (text or not calls) else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+    return {
+        "id": cid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": end.finish_reason}],
+        "usage": usage_dict(end.usage),
+    }
+
+
+async def _collect(turn) -> tuple[TurnEnd, str, str, list[CallDone]]:
+    text: list[str] = []
+    reasoning: list[str] = []
+    async for ev in turn:
+        if isinstance(ev, TextOut):
+            text.append(ev.text)
+        elif isinstance(ev, ReasoningOut):
+            reasoning.append(ev.text)
+        elif isinstance(ev, TurnEnd):
+            return ev, "".join(text), "".join(reasoning), ev.calls
+    raise APIError(500, "generation ended without a finish event")
+
+
+async def _stream(turn, cid: str, model: str, created: int, include_usage: bool) -> AsyncIterator[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        payload: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if include_usage:
+            payload["usage"] = None
+        return sse_data(payload)
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for ev in turn:
+            if isinstance(ev, TextOut):
+                yield chunk({"content": ev.text})
+            elif isinstance(ev, ReasoningOut):
+                yield chunk({"reasoning_content": ev.text})
+            elif isinstance(ev, CallStart):
+                call = {
+                    "index": ev.index,
+                    "id": ev.call_id,
+                    "type": "function",
+                    "function": {"name": ev.name, "arguments": ""},
+                }
+                yield chunk({"tool_calls": [call]})
+            elif isinstance(ev, CallArgs):
+                yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})
+            elif isinstance(ev, TurnEnd):
+                if ev.finish_reason == "error":
+                    yield sse_data(error_body(500, f"generation failed: {ev.error}"))
+                else:
+                    yield chunk({}, ev.finish_reason)
+                if include_usage:
+                    yield sse_data(
+                        {
+                            "id": cid,
+                            "object": "chat.completion.chunk",
+                            "created": created,
+                            "model": model,
+                            "system_fingerprint": SYSTEM_FINGERPRINT,
+                            "choices": [],
+                            "usage": usage_dict(ev.usage),
+                        }
+                    )
+                yield SSE_DONE
+                return
+    finally:
+        await turn.aclose()
