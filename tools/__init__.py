@@ -6,6 +6,12 @@ No torch and no Textual in here (DESIGN §2). The agent loop uses:
     registry = ToolRegistry(ws, mode=PermissionMode.ASK, approver=ask_user, audit=AuditLog())
     registry.openai_tools()               # tool schemas for the chat template
     result = registry.execute(name, args) # ToolResult, never raises
+    result.for_model()                    # text for the tool message
+
+execute() blocks (a shell command may run for minutes): call it from a worker thread, e.g.
+`await asyncio.to_thread(registry.execute, name, args)`. The approver is then called on that
+thread and must return ApprovalResponse/Decision (a UI marshals the question to its own thread).
+Setting `registry.context.cancel` (a threading.Event) lets the UI interrupt a running command.
 """
 
 from mkcode.tools.permissions import (

@@ -3,8 +3,8 @@
 Process counts: RLIMIT_NPROC is ignored by the kernel for uid 0, and mkcode (and CI) often run
 as root, so the process cap is a fresh cgroup with `pids.max` (cgroup v1 or v2), created as a
 child of mkcode's own cgroup so the host's limits are untouched. For non-root users RLIMIT_NPROC
-is also set, to the user's current process count plus the budget, so it never hurts what the
-user already runs. Everything here is best effort and says what it could not apply.
+is also set (via prlimit in the child), to the user's current process count plus the budget, so it
+never hurts what the user already runs. Everything here is best effort and says what it could not apply.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import contextlib
 import os
 import resource
 import secrets
+import shlex
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,13 +130,6 @@ class CgroupJail:
         except OSError as e:
             self.notes.append(f"could not set a {controller} cgroup limit at {d}: {e.strerror}")
 
-    def join(self) -> None:
-        """Move the calling process in (run in the child between fork and exec)."""
-        pid = str(os.getpid())
-        for d in self.dirs:
-            with contextlib.suppress(OSError), open(os.path.join(d, "cgroup.procs"), "w") as f:
-                f.write(pid)
-
     @property
     def limits_processes(self) -> bool:
         return self.pids_dir is not None
@@ -188,28 +183,38 @@ def _user_process_count(uid: int) -> int:
     return count
 
 
-def make_child_setup(limits: ShellLimits, jail: CgroupJail | None):
-    """A preexec_fn for subprocess: join the cgroups and set rlimits in the child only."""
-    nproc: int | None = None
-    if os.geteuid() != 0:
-        nproc = _user_process_count(os.geteuid()) + limits.max_processes
+def wrap_with_limits(
+    argv: list[str], limits: ShellLimits, jail: CgroupJail | None
+) -> tuple[list[str], list[str]]:
+    """Prefix argv so the child joins the jail and lowers its rlimits before exec'ing the command.
 
-    def setup() -> None:
-        if jail is not None:
-            jail.join()
-        _lower(resource.RLIMIT_CORE, 0)
-        if nproc is not None:
-            _lower(resource.RLIMIT_NPROC, nproc)
+    Done with `sh` and util-linux `prlimit` rather than a Python preexec_fn, which can deadlock
+    in a multi-threaded program (the TUI). Returns (argv, notes).
+    """
+    notes: list[str] = []
+    steps: list[str] = []
+    if jail is not None:
+        steps += [
+            f"{{ echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))}; }} 2>/dev/null" for d in jail.dirs
+        ]
+    prlimit = shutil.which("prlimit")
+    prefix: list[str] = []
+    if prlimit is None:
+        notes.append("prlimit (util-linux) not found: file-size and process rlimits not set")
+        steps.append("ulimit -c 0 2>/dev/null")
+    else:
+        prefix = [prlimit, "--core=0"]
         if limits.file_size_bytes:
-            _lower(resource.RLIMIT_FSIZE, limits.file_size_bytes)
+            prefix.append(f"--fsize={_capped(resource.RLIMIT_FSIZE, limits.file_size_bytes)}")
+        if os.geteuid() != 0:  # the kernel ignores RLIMIT_NPROC for root
+            budget = _user_process_count(os.geteuid()) + limits.max_processes
+            prefix.append(f"--nproc={_capped(resource.RLIMIT_NPROC, budget)}")
+        prefix.append("--")
+    script = "; ".join([*steps, 'exec "$@"'])
+    return ["/bin/sh", "-c", script, "mkcode-limits", *prefix, *argv], notes
 
-    return setup
 
-
-def _lower(which: int, value: int) -> None:
-    """Set a resource limit to `value`, never above the current hard limit."""
-    with contextlib.suppress(ValueError, OSError):
-        _, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(which, (value, value))
+def _capped(which: int, value: int) -> int:
+    """`value`, but never above the current hard limit (raising it would fail)."""
+    _, hard = resource.getrlimit(which)
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # How long to keep reading after the main process exited (background children holding the pipe).
@@ -81,6 +81,17 @@ def _descendants(root_pid: int) -> list[int]:
     return out
 
 
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Has it exited? Checked without reaping it, so its pid stays reserved until proc.wait()."""
+    if proc.returncode is not None:
+        return True
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the process, its process group, and every descendant still attached to it."""
     for _ in range(5):
@@ -93,8 +104,6 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
         if not pids:
             break
 
@@ -107,7 +116,6 @@ def run_captured(
     timeout_s: float,
     output_chars: int,
     flood_bytes: int,
-    preexec: Callable[[], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> ProcessOutcome:
     start = time.monotonic()
@@ -120,7 +128,6 @@ def run_captured(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, killed as a whole
-        preexec_fn=preexec,
         close_fds=True,
     )
     assert proc.stdout is not None
@@ -133,7 +140,7 @@ def run_captured(
         sel.register(fd, selectors.EVENT_READ)
         while True:
             now = time.monotonic()
-            if exited_at is None and proc.poll() is not None:
+            if exited_at is None and _exited(proc):
                 exited_at = now
             if exited_at is not None and (eof or now - exited_at > _DRAIN_GRACE_S):
                 break  # done; anything in the background still holding the pipe is killed below
@@ -145,8 +152,7 @@ def run_captured(
                 break
             wait = min(0.1, max(deadline - now, 0))
             if eof:  # output closed but the process lives on: just wait for it
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=wait)
+                time.sleep(min(wait, 0.02))
                 continue
             if not sel.select(timeout=wait):
                 continue
@@ -162,8 +168,8 @@ def run_captured(
             if buf.total > flood_bytes:
                 flooded = True
                 break
-    killed = proc.poll() is None
-    kill_tree(proc)
+    killed = not _exited(proc)
+    kill_tree(proc)  # before reaping: the pid (and so the process group id) cannot be reused yet
     proc.wait()
     proc.stdout.close()
     text, truncated = buf.text()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from mkcode.tools.sandbox.bwrap import build_argv
 from mkcode.tools.sandbox.env import scrub_environment
-from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, make_child_setup
+from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, wrap_with_limits
 from mkcode.tools.sandbox.probe import SandboxStatus, probe_sandbox
 from mkcode.tools.sandbox.process import ProcessOutcome, run_captured
 
@@ -71,6 +71,8 @@ def run_shell_command(
         argv = inner
     jail = CgroupJail.create(limits)
     notes += jail.notes
+    argv, limit_notes = wrap_with_limits(argv, limits, jail)
+    notes += limit_notes
     try:
         outcome = run_captured(
             argv,
@@ -79,7 +81,6 @@ def run_shell_command(
             timeout_s=timeout_s,
             output_chars=limits.output_chars,
             flood_bytes=limits.flood_bytes,
-            preexec=make_child_setup(limits, jail),
             cancel=cancel,
         )
         jail.kill_all()
