@@ -6,6 +6,11 @@
 Reports GB/s for a warm page cache (the files were just written) and, where the kernel honours
 `posix_fadvise(DONTNEED)`, for a cold one (read from disk), plus safetensors' own `load_file` onto
 the device as a reference point.
+
+Measured on the H200 machine (2026-11-29; 6.86 GB bf16, 4 shards, experts fused): warm page cache
+28-32 GB/s (plain pageable `copy_` 5.6-6.6 GB/s, safetensors `load_file(device="cuda")` 3.5 GB/s);
+cast to float32 on the way 23-26 GB/s; cold cache 1.3-1.5 GB/s, the disk's speed (safetensors'
+reference reads cold at the same 1.6 GB/s).
 """
 
 from __future__ import annotations

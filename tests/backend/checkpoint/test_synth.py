@@ -146,7 +146,7 @@ def test_synthetic_model_on_device_tiny_matches_disk(tiny_dir: Path) -> None:
 def test_activations_stay_order_one(tiny_dir: Path) -> None:
     transformers = pytest.importorskip("transformers")
     model = transformers.Cohere2MoeForCausalLM.from_pretrained(tiny_dir).eval()
-    ids = torch.randint(0, 4000, (1, 160), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 4000, (1, 96), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
     for h in out.hidden_states:
@@ -154,3 +154,27 @@ def test_activations_stay_order_one(tiny_dir: Path) -> None:
     logits = out.logits[0]
     assert torch.isfinite(logits).all() and 0.5 < logits.std().item() < 10
     assert (logits.argmax(-1) == ids[0]).float().mean() < 0.6  # not a copy-the-input model
+
+
+@pytest.mark.slow
+def test_synthetic_model_full_path_pads_the_tokenizer() -> None:
+    """The `full` path at a shrunken geometry (same 262,144 vocab): the tokenizer covers every id."""
+    n = 2
+    small = {
+        "hidden_size": 32,
+        "num_hidden_layers": n,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 8,
+        "prefix_dense_intermediate_size": 16,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "mlp_layer_types": ["dense", "sparse"],
+    }
+    m = synthetic_model_on_device("full", device="cpu", dtype=torch.float32, config_overrides=small)
+    assert m.config.vocab_size == 262144 == m.tokenizer.get_vocab_size()
+    assert m.config.eos_token_ids == (m.tokenizer.token_to_id(st.EOS_TOKEN),)
+    assert m.tokenizer.id_to_token(262143) == "<|unused_" + str(262143 - 4096) + "|>"
+    assert m.weights.embed.shape == (262144, 32)
