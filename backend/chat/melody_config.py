@@ -136,7 +136,9 @@ def to_melody_config(
                     content: list[dict[str, Any]] = [{"type": "thinking", "thinking": reasoning}]
                 else:
                     content = _text_parts(text)
-                out.append({"role": "chatbot", "content": content, "tool_calls": [_tool_call(c) for c in calls]})
+                out.append(
+                    {"role": "chatbot", "content": content, "tool_calls": [_tool_call(c) for c in calls]}
+                )
             else:
                 content = [{"type": "thinking", "thinking": reasoning}] if reasoning else []
                 content.append({"type": "text", "text": text or ""})

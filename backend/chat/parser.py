@@ -152,7 +152,7 @@ class Cmd4StreamParser:
         if not self._broken:
             try:
                 result = self._filter.write_decoded(text_delta)
-            except BaseException as exc:  # noqa: BLE001 - the Rust filter panics as BaseException
+            except BaseException as exc:
                 self._broken = True
                 events.append(ParseError(f"the output could not be parsed incrementally ({exc})"))
             else:
@@ -169,7 +169,7 @@ class Cmd4StreamParser:
         if not self._broken:
             try:
                 events += self._convert(self._filter.flush_partials())
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 events.append(ParseError(f"the output could not be parsed ({exc})"))
         if self._in_action:
             events += self._finish_block("".join(self._action_text) + self._tail, truncated=True)
@@ -252,7 +252,11 @@ class Cmd4StreamParser:
             data = json.loads(block)
         except ValueError as exc:
             if truncated:
-                events.append(ParseError("the output ended inside a tool-call block (<|START_ACTION|> without <|END_ACTION|>)"))
+                events.append(
+                    ParseError(
+                        "the output ended inside a tool-call block (<|START_ACTION|> without <|END_ACTION|>)"
+                    )
+                )
             else:
                 events.append(
                     ParseError(f"the tool-call block is not valid JSON ({exc}): {_short(block.strip())!r}")
@@ -274,7 +278,11 @@ class Cmd4StreamParser:
             return []
         state.done = True
         if not isinstance(item, dict):
-            return [ParseError(f"tool call {index} is not a JSON object: {_short(json.dumps(item, ensure_ascii=False))}")]
+            return [
+                ParseError(
+                    f"tool call {index} is not a JSON object: {_short(json.dumps(item, ensure_ascii=False))}"
+                )
+            ]
         name = item.get("tool_name")
         if not isinstance(name, str) or not name:
             return [ParseError(f'tool call {index} has no "tool_name" string')]
@@ -308,11 +316,17 @@ class Cmd4StreamParser:
         try:
             params = json.loads(args)
         except ValueError as exc:
-            return [ParseError(f"tool call {index} ({state.name}): arguments are not valid JSON ({exc}): {_short(args)!r}")]
+            return [
+                ParseError(
+                    f"tool call {index} ({state.name}): arguments are not valid JSON ({exc}): {_short(args)!r}"
+                )
+            ]
         if not isinstance(params, dict):
             return [ParseError(f"tool call {index} ({state.name}): arguments must be a JSON object")]
         events += self._start(index)
-        events.append(ToolCallDone(index, state.id or str(index), state.name, json.dumps(params, ensure_ascii=False)))
+        events.append(
+            ToolCallDone(index, state.id or str(index), state.name, json.dumps(params, ensure_ascii=False))
+        )
         return events
 
 

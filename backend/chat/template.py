@@ -93,7 +93,9 @@ class _Namespace(jinja2.utils.Namespace):
 @lru_cache(maxsize=16)
 def compile_template(template: str) -> jinja2.Template:
     """Compile ``template`` in the environment transformers' ``apply_chat_template`` uses (cached)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -124,7 +126,9 @@ def _normalize_tool_call(call: Any) -> Any:
     return call
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]], parse_arguments: bool = True) -> list[dict[str, Any]]:
+def normalize_messages(
+    messages: Sequence[Mapping[str, Any]], parse_arguments: bool = True
+) -> list[dict[str, Any]]:
     """Normalise messages as transformers does before rendering, plus argument parsing.
 
     Keys whose value is ``None`` are dropped; reasoning given under any accepted name is copied to

@@ -131,13 +131,17 @@ class ChatTokenizer:
     def _init(self, tok: Tokenizer, config: dict[str, Any], template: str | None) -> None:
         self._tok = tok
         self._config = config
-        self.chat_template: str = template if isinstance(template, str) and template else default_chat_template()
+        self.chat_template: str = (
+            template if isinstance(template, str) and template else default_chat_template()
+        )
         self.bos_token: str = _config_token(config.get("bos_token")) or st.BOS_TOKEN
         self.eos_token: str = _config_token(config.get("eos_token")) or st.EOS_TOKEN
         self._added = {t.content for t in tok.get_added_tokens_decoder().values()}
         pattern = "|".join(re.escape(t) for t in sorted(self._added, key=len, reverse=True))
         self._control_re = re.compile(pattern or "(?!)")
-        self._marked_re = re.compile(f"{_MARK_START}({pattern or '(?!)'}){_MARK_END}|[{_MARK_START}{_MARK_END}]")
+        self._marked_re = re.compile(
+            f"{_MARK_START}({pattern or '(?!)'}){_MARK_END}|[{_MARK_START}{_MARK_END}]"
+        )
 
     # -- vocabulary -----------------------------------------------------------------------------------
 
@@ -190,7 +194,11 @@ class ChatTokenizer:
         """Encode ``text`` with no added-token matching: control-token strings become ordinary pieces."""
         if self._tok.normalizer is not None:
             text = self._tok.normalizer.normalize_str(text)
-        pieces = [text] if self._tok.pre_tokenizer is None else [p for p, _ in self._tok.pre_tokenizer.pre_tokenize_str(text)]
+        pieces = (
+            [text]
+            if self._tok.pre_tokenizer is None
+            else [p for p, _ in self._tok.pre_tokenizer.pre_tokenize_str(text)]
+        )
         return [t.id for piece in pieces for t in self._tok.model.tokenize(piece)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

@@ -137,4 +137,6 @@ def save_tokenizer_files(tok: Tokenizer, out_dir: str | os.PathLike[str], chat_t
         "added_tokens_decoder": added,
         "chat_template": chat_template,
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
