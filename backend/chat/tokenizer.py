@@ -262,7 +262,7 @@ class ChatTokenizer:
             obj = obj.replace(_MARK_START, "").replace(_MARK_END, "")
             return self._control_re.sub(lambda m: _MARK_START + m.group(0) + _MARK_END, obj)
         if isinstance(obj, Mapping):
-            return {self._mark(k) if k not in ("role", "type") else k: self._mark(v) for k, v in obj.items()}
+            return {self._mark(k): self._mark(v) for k, v in obj.items()}
         if isinstance(obj, list | tuple):
             return [self._mark(v) for v in obj]
         return obj
