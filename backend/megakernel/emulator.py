@@ -1,0 +1,305 @@
+"""CPU emulator of the megakernel: runs a schedule's descriptors on many virtual SMs.
+
+Each virtual SM walks its descriptor list exactly as a thread block of the kernel does: wait until
+every (counter, target) holds, run the task, signal. DRAIN tasks claim items from work queues with
+an atomic head (host queues of attention splits; MoE queues that ROUTE fills on the "device"). A
+scheduling strategy picks which runnable SM advances next (random, or adversarial orders), so a
+step is exercised under many interleavings.
+
+Failures are loud:
+- DeadlockError: no SM can advance and some have work left;
+- CounterError: a counter signalled more than its step total (double signal), or ends the step
+  off its total (missing signal);
+- HazardError: happens-before checking. Every task's causal past is tracked (program order on its SM
+  plus acquire of every release it waited on); each read of a region must have every write of that
+  region in its past, and every region read must have been written. So a deleted dependency is
+  caught in ANY interleaving, not only in an unlucky one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
+from mkcode.backend.megakernel.schedule import Schedule, expert_counter, moe_head_counter
+from mkcode.backend.megakernel.workspace import CounterBank, Workspace
+from mkcode.backend.model.config import ModelConfig
+from mkcode.backend.model.weights import ModelWeights
+
+
+class EmulatorError(RuntimeError):
+    pass
+
+
+class DeadlockError(EmulatorError):
+    pass
+
+
+class CounterError(EmulatorError):
+    pass
+
+
+class HazardError(EmulatorError):
+    pass
+
+
+STRATEGIES = ("random", "in_order", "reverse", "starve_low", "lifo_random")
+
+_U32 = 0xFFFFFFFF
+
+
+def _reached(value: int, target: int) -> bool:
+    diff = (value - target) & _U32
+    return diff < 0x80000000  # (int32)(value - target) >= 0
+
+
+@dataclass
+class StepReport:
+    events: int = 0  # tasks executed (static + queue items)
+    switches: int = 0
+    max_claims: dict[int, int] = field(default_factory=dict)
+
+
+class _Wait:
+    __slots__ = ("counter", "target")
+
+    def __init__(self, counter: int, target: int):
+        self.counter, self.target = counter, target
+
+
+class Emulator:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights | None,
+        schedule: Schedule,
+        ws: Workspace,
+        bank: CounterBank,
+        math: bool = True,
+        check_hazards: bool = True,
+    ):
+        self.cfg, self.w, self.sched, self.ws, self.bank = cfg, weights, schedule, ws, bank
+        self.math, self.check_hazards = math, check_hazards
+        t = schedule.tiling
+        H, I = cfg.hidden_size, max(cfg.intermediate_size, 1)
+        self.up_tiles = I // t.moe_up_cols if cfg.intermediate_size else 0
+        self.down_tiles = H // t.moe_down_rows
+
+    # ---- counters -------------------------------------------------------------------------
+    def _abs_target(self, c: int, rel: int) -> int:
+        return (self.base[c] + rel) & _U32
+
+    def _signal(self, c: int, amount: int, past: int) -> None:
+        v = (self.vals[c] + amount) & _U32
+        self.vals[c] = v
+        if c >= self.n_dyn:
+            done = (v - self.base[c]) & _U32
+            if done > self.sched.counters.totals[c]:
+                raise CounterError(
+                    f"counter {self.sched.counters.names[c]} signalled {done} times this step, "
+                    f"its step total is {self.sched.counters.totals[c]} (double signal?)"
+                )
+        self.release[c] |= past
+        waiting = self.waiters.get(c)
+        if waiting:
+            still = []
+            for sm, target in waiting:
+                if _reached(v, target):
+                    self.ready.add(sm)
+                else:
+                    still.append((sm, target))
+            self.waiters[c] = still
+
+    # ---- one SM ---------------------------------------------------------------------------
+    def _waits(self, d) -> list[tuple[int, int]]:
+        out = []
+        for i in range(abi.MK_MAX_WAITS):
+            c = int(d[abi.MK_F_WAIT0 + 2 * i])
+            if c != abi.MK_NO_COUNTER:
+                out.append((c, int(d[abi.MK_F_WAIT0 + 2 * i + 1])))
+        return out
+
+    def _run_task(self, sm: int, d) -> Generator[_Wait | None, None, None]:
+        for c, rel in self._waits(d):
+            target = rel if c < self.n_dyn else self._abs_target(c, rel)
+            if not _reached(self.vals[c], target):
+                yield _Wait(c, target)
+            self.past[sm] |= self.release[c]  # acquire
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_DRAIN:
+            yield from self._drain(sm, d)
+            return
+        ev = self.n_events
+        self.n_events += 1
+        self.event_descs.append(d)
+        self.past[sm] |= 1 << ev
+        acc = self.ops.run(d)
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_ROUTE:
+            layer = int(d[abi.MK_F_LAYER])
+            self.vals[moe_head_counter(self.cfg, layer)] = 0
+            for e in range(self.cfg.num_experts):
+                self.vals[expert_counter(self.cfg, layer, e)] = 0
+        yield None  # written but not yet signalled: consumers must still wait
+        past = self.past[sm]
+        if self.check_hazards:
+            for key, lo, hi in acc.reads:
+                self.reads.append((key, lo, hi, ev, past))
+            for key, lo, hi in acc.writes:
+                self.writes[key].append((lo, hi, ev))
+        amount = int(d[abi.MK_F_SIG_AMOUNT]) or 1
+        for i in range(abi.MK_MAX_SIGNALS):
+            c = int(d[abi.MK_F_SIG0 + i])
+            if c != abi.MK_NO_COUNTER:
+                self._signal(c, amount, past)
+        yield None
+
+    def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
+        kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
+        t = self.sched.tiling
+        while True:
+            if kind == abi.MK_QUEUE_HOST:
+                first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
+                raw = self.vals[head_c]
+                self.vals[head_c] = (raw + 1) & _U32
+                idx = (raw - self.base[head_c]) & _U32
+                self._check_head(head_c)
+                if idx >= length:
+                    return
+                item = self.sched.queue_desc[first + idx]
+            else:
+                layer = arg
+                head_c = moe_head_counter(self.cfg, layer)
+                idx = self.vals[head_c]
+                self.vals[head_c] = idx + 1
+                item = moe_item(
+                    self.ops.moe_tables[layer],
+                    layer,
+                    idx,
+                    mlp_c,
+                    self.up_tiles,
+                    t.moe_up_cols,
+                    self.down_tiles,
+                    t.moe_down_rows,
+                    lambda ly, e: expert_counter(self.cfg, ly, e),
+                )
+                if item is None:
+                    return
+            yield None  # a claimed item may sit unstarted while other SMs run on
+            yield from self._run_task(sm, item)
+
+    def _check_head(self, head_c: int) -> None:
+        done = (self.vals[head_c] - self.base[head_c]) & _U32
+        if done > self.sched.counters.totals[head_c]:
+            raise CounterError(f"queue head {self.sched.counters.names[head_c]} over-claimed")
+
+    def _sm_program(self, sm: int) -> Generator[_Wait | None, None, None]:
+        for tid in self.sched.sm_lists[sm]:
+            yield from self._run_task(sm, self.sched.tasks[tid])
+
+    # ---- one step --------------------------------------------------------------------------
+    def step(self, inp: StepInputs, strategy: str = "random", seed: int = 0) -> StepReport:
+        """Run one step; raises on deadlock, counter or hazard errors. Results are in the workspace
+        (logits, tokens_out) and the KV pool; the bank's bases advance by the step's totals."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}")
+        if inp.batch != self.sched.batch:
+            raise ValueError("batch size differs from the schedule's")
+        rng = random.Random(seed)
+        self.bank.prepare(self.sched)
+        self.ops = OpSemantics(
+            self.cfg, self.w, self.ws, inp, math=self.math, rng=np.random.default_rng(seed)
+        )
+        n = self.sched.n_sms
+        self.release: dict[int, int] = defaultdict(int)
+        self.past = [0] * n
+        self.n_events = 0
+        self.event_descs: list = []
+        self.reads: list = []
+        self.writes: dict = defaultdict(list)
+        self.vals = [int(v) for v in self.bank.values]
+        self.base = [int(v) for v in self.bank.base]
+        self.n_dyn = self.sched.counters.n_dynamic
+        self.waiters: dict[int, list[tuple[int, int]]] = {}
+        self.ready: set[int] = set(range(n))
+        progs = [self._sm_program(sm) for sm in range(n)]
+        alive = set(range(n))
+        blocked: dict[int, _Wait] = {}
+        report = StepReport()
+        last = -1
+        try:
+            while alive:
+                if not self.ready:
+                    lines = [
+                        f"SM {sm} waits {self.sched.counters.names[w.counter]} = {self.vals[w.counter]} "
+                        f"for {w.target}"
+                        for sm, w in sorted(blocked.items())
+                    ]
+                    raise DeadlockError("deadlock: no SM can advance\n" + "\n".join(lines[:20]))
+                if strategy == "random":
+                    sm = rng.choice(sorted(self.ready))
+                elif strategy == "in_order":
+                    sm = min(self.ready)
+                elif strategy == "reverse":
+                    sm = max(self.ready)
+                elif strategy == "starve_low":  # low SMs run only when no high SM can
+                    high = [x for x in self.ready if x >= n // 2]
+                    sm = rng.choice(high) if high else min(self.ready)
+                else:  # lifo_random: keep running the last SM while it can, else random
+                    sm = last if last in self.ready and rng.random() < 0.8 else rng.choice(sorted(self.ready))
+                sm = int(sm)
+                report.switches += sm != last
+                last = sm
+                blocked.pop(sm, None)
+                try:
+                    w = next(progs[sm])
+                except StopIteration:
+                    alive.discard(sm)
+                    self.ready.discard(sm)
+                    continue
+                if w is not None:
+                    self.ready.discard(sm)
+                    blocked[sm] = w
+                    self.waiters.setdefault(w.counter, []).append((sm, w.target))
+        finally:
+            self.bank.values[:] = np.array(self.vals, dtype=np.uint32)
+        report.events = self.n_events
+        self._check_counters()
+        if self.check_hazards:
+            self._check_hazards()
+        self.bank.step_done(self.sched)
+        return report
+
+    def _name(self, ev: int) -> str:
+        return self.sched.describe(np.asarray(self.event_descs[ev]))
+
+    def _check_counters(self) -> None:
+        cs = self.sched.counters
+        for c in range(cs.n_dynamic, len(cs.names)):
+            done = (self.vals[c] - self.base[c]) & _U32
+            if done != cs.totals[c]:
+                raise CounterError(f"counter {cs.names[c]} ended the step at {done}, expected {cs.totals[c]}")
+
+    def _check_hazards(self) -> None:
+        for key, lo, hi, ev, past in self.reads:
+            covered = []
+            for wlo, whi, wev in self.writes.get(key, ()):
+                if wlo < hi and lo < whi:
+                    if not (past >> wev) & 1:
+                        raise HazardError(
+                            f"race: {self._name(ev)} reads {key}[{lo}:{hi}] written by "
+                            f"{self._name(wev)} with no dependency ordering them"
+                        )
+                    covered.append((max(wlo, lo), min(whi, hi)))
+            covered.sort()
+            at = lo
+            for a, b in covered:
+                if a > at:
+                    break
+                at = max(at, b)
+            if at < hi:
+                raise HazardError(f"{self._name(ev)} reads {key}[{lo}:{hi}] but [{at}:{hi}) is never written")

@@ -1,0 +1,431 @@
+"""What each opcode computes, in torch: the semantics the CUDA kernel implements, tile by tile.
+
+Used by the CPU emulator (fp32, any interleaving) and by the GPU per-op tests as the reference for
+one task. Each op also reports the buffer regions it read and wrote, which the emulator's
+happens-before checker uses to prove every read was ordered after every write it depends on.
+Regions are (key, lo, hi): a key names a buffer row, [lo, hi) a column range of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.workspace import Workspace
+from mkcode.backend.model import ops
+from mkcode.backend.model.config import ModelConfig
+from mkcode.backend.model.weights import ModelWeights
+
+Region = tuple[tuple, int, int]
+
+
+@dataclass
+class StepInputs:
+    token_ids: torch.Tensor  # [B] int64
+    positions: torch.Tensor  # [B] int64
+    block_tables: torch.Tensor  # [L, B, P] int32
+    kv_pool: torch.Tensor  # [pages, 2, Hkv, 64, d]
+
+    @property
+    def batch(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+@dataclass
+class Access:
+    reads: list[Region] = field(default_factory=list)
+    writes: list[Region] = field(default_factory=list)
+
+
+def attention_range(position: int, window: int | None, split: int, splits: int) -> tuple[int, int]:
+    """Key positions [lo, hi) of one split: the visible pages are cut into `splits` runs of
+    ceil(pages/splits) pages each (the kernel's rule); positions outside the window are dropped."""
+    lo = first_visible_position(position, window)
+    p_lo, p_hi = lo // PAGE_SIZE, position // PAGE_SIZE
+    per = -(-(p_hi - p_lo + 1) // splits)
+    a = (p_lo + split * per) * PAGE_SIZE
+    b = (p_lo + (split + 1) * per) * PAGE_SIZE
+    a, b = max(a, lo), min(b, position + 1)
+    return (a, b) if a < b else (0, 0)
+
+
+MoeTable = list[tuple[int, list[int]]]  # (expert, token slots) for each active expert, ascending
+
+
+def moe_item(
+    table: MoeTable,
+    layer: int,
+    item: int,
+    mlp_counter: int,
+    up_tiles: int,
+    up_cols: int,
+    down_tiles: int,
+    down_rows: int,
+    expert_counter,
+) -> list[int] | None:
+    """Expand MoE queue item `item` of a layer into a full descriptor (as the kernel's drain does):
+    items [0, n*up_tiles) are up tiles, expert-major; then the down tiles. None past the end."""
+    from mkcode.backend.megakernel.schedule import make_desc
+
+    n_act = len(table)
+    if item >= n_act * (up_tiles + down_tiles):
+        return None
+    if item < n_act * up_tiles:
+        a, t = divmod(item, up_tiles)
+        e, slots = table[a]
+        d = make_desc(abi.MK_OP_MOE_UP, layer, (e, t * up_cols, up_cols), (), (expert_counter(layer, e),))
+    else:
+        a, t = divmod(item - n_act * up_tiles, down_tiles)
+        e, slots = table[a]
+        d = make_desc(
+            abi.MK_OP_MOE_DOWN,
+            layer,
+            (e, t * down_rows, down_rows),
+            ((expert_counter(layer, e), up_tiles),),
+            (mlp_counter,),
+            amount=len(slots),
+        )
+    d[abi.MK_F_NTOK] = len(slots)
+    for j, slot in enumerate(slots):
+        d[abi.MK_F_SLOT0 + j] = slot
+    d[abi.MK_F_ID] = -(1 << 20) - item
+    return d
+
+
+class OpSemantics:
+    """Executes one descriptor on a workspace. `math=False` skips the arithmetic (full-geometry
+    schedule checks) but still reports regions and still routes (randomly) so queues fill."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights | None,
+        ws: Workspace,
+        inp: StepInputs,
+        math: bool = True,
+        rng: np.random.Generator | None = None,
+    ):
+        self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
+        self.rng = rng or np.random.default_rng(0)
+        self.B = inp.batch
+        self.pos = [int(p) for p in inp.positions.tolist()]
+        self.moe_tables: dict[int, MoeTable] = {}  # what ROUTE wrote, per layer (host copy)
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _f(self, t: torch.Tensor) -> torch.Tensor:
+        return t.float()
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps) * w.float()
+
+    def _norm_w(self, layer: int) -> torch.Tensor:
+        assert self.w is not None
+        return self.w.layers[layer].norm if layer < self.cfg.num_hidden_layers else self.w.final_norm
+
+    def _rows(self) -> range:
+        return range(self.B)
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def run(self, d: np.ndarray | list[int]) -> Access:
+        op = int(d[abi.MK_F_OP])
+        fn = getattr(self, "op_" + abi.OPNAMES[op].lower(), None)
+        if fn is None:
+            raise ValueError(f"emulator has no semantics for opcode {op}")
+        a = [int(d[abi.MK_F_A0 + i]) for i in range(5)]
+        return fn(int(d[abi.MK_F_LAYER]), a, d)
+
+    def op_nop(self, layer, a, d) -> Access:
+        return Access()
+
+    def op_embed(self, layer, a, d) -> Access:
+        b = a[0]
+        H = self.cfg.hidden_size
+        if self.math:
+            x = self._f(self.w.embed[int(self.inp.token_ids[b])])
+            self.ws["x"][0, b] = x
+            self.ws["h"][0, b] = self._rms(x, self._norm_w(0))
+        return Access(writes=[(("x", 0, b), 0, H), (("h", 0, b), 0, H)])
+
+    def op_qkv(self, layer, a, d) -> Access:
+        cfg, r0, n = self.cfg, a[0], a[1]
+        qw, kvw, dh = cfg.q_width, cfg.kv_width, cfg.head_dim
+        H = cfg.hidden_size
+        acc = Access(reads=[(("h", layer, b), 0, H) for b in self._rows()])
+        if r0 < qw:
+            kind, local = "q", r0
+        elif r0 < qw + kvw:
+            kind, local = "k", r0 - qw
+        else:
+            kind, local = "v", r0 - qw - kvw
+        for b in self._rows():
+            if kind == "q":
+                acc.writes.append((("q", layer, b), local, local + n))
+            else:
+                off = (0 if kind == "k" else kvw) + local
+                acc.writes.append((("kv", layer, b, self.pos[b]), off, off + n))
+        if not self.math:
+            return acc
+        lw = self.w.layers[layer]
+        W = {"q": lw.q, "k": lw.k, "v": lw.v}[kind][local : local + n].float()
+        h = self.ws["h"][layer, : self.B]
+        out = h @ W.T  # [B, n]
+        if kind != "v" and cfg.uses_rope(layer):
+            pos = self.inp.positions.to(out.device)
+            cos, sin = ops.rope_cos_sin(pos, dh, cfg.rope_theta)  # [B, d/2]
+            pair = (torch.arange(local, local + n, 2, device=out.device) % dh) // 2
+            c, s = cos[:, pair], sin[:, pair]
+            ev, od = out[:, 0::2], out[:, 1::2]
+            out = torch.stack((ev * c - od * s, ev * s + od * c), dim=-1).flatten(1)
+        if kind == "q":
+            self.ws["q"][layer, : self.B, local : local + n] = out
+        else:
+            pool, bt = self.inp.kv_pool, self.inp.block_tables
+            which = 0 if kind == "k" else 1
+            for b in self._rows():
+                p = self.pos[b]
+                page = int(bt[layer, b, p // PAGE_SIZE])
+                if page < 0:
+                    raise RuntimeError(f"QKV layer {layer} row {b}: position {p} has no page")
+                cols = torch.arange(local, local + n)
+                heads, dims = cols // dh, cols % dh
+                pool[page, which, heads, p % PAGE_SIZE, dims] = out[b].to(pool.dtype)
+        return acc
+
+    def op_attn(self, layer, a, d) -> Access:
+        cfg = self.cfg
+        b, kvh, s, S = a[0], a[1], a[2], a[3]
+        G, dh = cfg.gqa_group, cfg.head_dim
+        p = self.pos[b]
+        lo, hi = attention_range(p, cfg.window(layer), s, S)
+        acc = Access(
+            reads=[(("q", layer, b), kvh * G * dh, (kvh + 1) * G * dh)],
+            writes=[(("att", layer, b, kvh), s, s + 1)],
+        )
+        if lo <= p < hi:
+            kvw = cfg.kv_width
+            acc.reads.append((("kv", layer, b, p), kvh * dh, (kvh + 1) * dh))
+            acc.reads.append((("kv", layer, b, p), kvw + kvh * dh, kvw + (kvh + 1) * dh))
+        if not self.math:
+            return acc
+        heads = slice(kvh * G, (kvh + 1) * G)
+        o = self.ws["o_part"][layer, b, heads, s]  # [G, d] view
+        lse = self.ws["lse_part"][layer, b, heads, s]
+        if hi <= lo:
+            o.zero_()
+            lse.fill_(float("-inf"))
+            return acc
+        positions = torch.arange(lo, hi)
+        pages = self.inp.block_tables[layer, b].long()[positions // PAGE_SIZE]
+        if bool((pages < 0).any()):
+            raise RuntimeError(f"ATTN layer {layer} row {b}: released page in [{lo}, {hi})")
+        slots = positions % PAGE_SIZE
+        k = self.inp.kv_pool[pages, 0, kvh, slots].float()  # [n, d]
+        v = self.inp.kv_pool[pages, 1, kvh, slots].float()
+        q = self.ws["q"][layer, b].view(cfg.num_attention_heads, dh)[heads]  # [G, d]
+        sc = (q @ k.T) / math.sqrt(dh)
+        m = sc.max(-1).values
+        pr = torch.exp(sc - m[:, None])
+        l_ = pr.sum(-1)
+        o.copy_((pr @ v) / l_[:, None])
+        lse.copy_(m + torch.log(l_))
+        return acc
+
+    def op_attn_combine(self, layer, a, d) -> Access:
+        cfg = self.cfg
+        b, kvh, S = a[0], a[1], a[2]
+        G, dh = cfg.gqa_group, cfg.head_dim
+        acc = Access(
+            reads=[(("att", layer, b, kvh), 0, S)],
+            writes=[(("attn_out", layer, b), kvh * G * dh, (kvh + 1) * G * dh)],
+        )
+        if self.math:
+            heads = slice(kvh * G, (kvh + 1) * G)
+            lse = self.ws["lse_part"][layer, b, heads, :S]  # [G, S]
+            o = self.ws["o_part"][layer, b, heads, :S]  # [G, S, d]
+            m = lse.max(-1, keepdim=True).values
+            w = torch.exp(lse - m)
+            out = (w[..., None] * o).sum(1) / w.sum(-1, keepdim=True)
+            self.ws["attn_out"][layer, b, kvh * G * dh : (kvh + 1) * G * dh] = out.reshape(-1)
+        return acc
+
+    def op_oproj(self, layer, a, d) -> Access:
+        r0, n, k0, k1, s = a
+        acc = Access(
+            reads=[(("attn_out", layer, b), k0, k1) for b in self._rows()],
+            writes=[(("ao", layer, s, b), r0, r0 + n) for b in self._rows()],
+        )
+        if self.math:
+            W = self.w.layers[layer].o[r0 : r0 + n, k0:k1].float()
+            self.ws["ao_part"][layer, s, : self.B, r0 : r0 + n] = (
+                self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
+            )
+        return acc
+
+    def op_dense_up(self, layer, a, d) -> Access:
+        c0, n = a[0], a[1]
+        H = self.cfg.hidden_size
+        acc = Access(
+            reads=[(("h", layer, b), 0, H) for b in self._rows()],
+            writes=[(("dense_act", layer, b), c0, c0 + n) for b in self._rows()],
+        )
+        if self.math:
+            lw = self.w.layers[layer]
+            h = self.ws["h"][layer, : self.B]
+            g = h @ lw.gate[c0 : c0 + n].float().T
+            u = h @ lw.up[c0 : c0 + n].float().T
+            self.ws["dense_act"][layer, : self.B, c0 : c0 + n] = F.silu(g) * u
+        return acc
+
+    def op_dense_down(self, layer, a, d) -> Access:
+        r0, n, k0, k1, s = a
+        acc = Access(
+            reads=[(("dense_act", layer, b), k0, k1) for b in self._rows()],
+            writes=[(("mlp", layer, s, b), r0, r0 + n) for b in self._rows()],
+        )
+        if self.math:
+            W = self.w.layers[layer].down[r0 : r0 + n, k0:k1].float()
+            self.ws["mlp_part"][layer, s, : self.B, r0 : r0 + n] = (
+                self.ws["dense_act"][layer, : self.B, k0:k1] @ W.T
+            )
+        return acc
+
+    def op_router(self, layer, a, d) -> Access:
+        e0, n = a[0], a[1]
+        H = self.cfg.hidden_size
+        acc = Access(
+            reads=[(("h", layer, b), 0, H) for b in self._rows()],
+            writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
+        )
+        if self.math:
+            W = self.w.layers[layer].router[e0 : e0 + n].float()
+            self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self.ws["h"][layer, : self.B] @ W.T
+        return acc
+
+    def op_route(self, layer, a, d) -> Access:
+        """Top-k per row, routing weights, and the layer's expert table (experts ascending, each
+        with its token slots b*k + j ascending). The emulator resets the dynamic counters itself."""
+        cfg, B = self.cfg, self.B
+        E, K = cfg.num_experts, cfg.num_experts_per_tok
+        acc = Access(
+            reads=[(("rlogits", layer, b), 0, E) for b in self._rows()],
+            writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
+        )
+        if self.math:
+            logits = self.ws["rlogits"][layer, :B]
+            top, ids = torch.topk(logits, K, dim=-1)
+            if cfg.expert_selection_fn == "softmax":
+                w = torch.softmax(top, dim=-1)
+            else:
+                w = torch.sigmoid(top)
+                if cfg.norm_topk_prob:
+                    w = w / w.sum(-1, keepdim=True)
+            ids_l = ids.tolist()
+            self.ws["route_w"][layer, : B * K] = w.reshape(-1)
+        else:
+            ids_l = [list(self.rng.choice(E, K, replace=False)) for _ in range(B)]
+        by_expert: dict[int, list[int]] = {}
+        for b in range(B):
+            for j in range(K):
+                by_expert.setdefault(int(ids_l[b][j]), []).append(b * K + j)
+        table = sorted(by_expert.items())
+        self.moe_tables[layer] = table
+        rows = torch.full((E, 2 + abi.MK_MAX_TOKENS), -1, dtype=torch.int32)
+        for a, (e, slots) in enumerate(table):
+            rows[a, 0], rows[a, 1] = e, len(slots)
+            rows[a, 2 : 2 + len(slots)] = torch.tensor(slots, dtype=torch.int32)
+        self.ws["expert_tab"][layer] = rows.to(self.ws["expert_tab"].device)
+        self.ws["moe_info"][layer, 0] = len(table)
+        return acc
+
+    def _moe_slots(self, d) -> list[int]:
+        return [int(d[abi.MK_F_SLOT0 + j]) for j in range(int(d[abi.MK_F_NTOK]))]
+
+    def op_moe_up(self, layer, a, d) -> Access:
+        e, c0, n = a[0], a[1], a[2]
+        cfg = self.cfg
+        K, H, I = cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size
+        slots = self._moe_slots(d)
+        acc = Access(
+            reads=[(("moe_tab", layer), 0, 1)] + [(("h", layer, s // K), 0, H) for s in slots],
+            writes=[(("moe_act", layer, s), c0, c0 + n) for s in slots],
+        )
+        if self.math:
+            gu = self.w.layers[layer].experts_gate_up[e]
+            rows = torch.tensor([s // K for s in slots])
+            h = self.ws["h"][layer][rows]
+            g = h @ gu[c0 : c0 + n].float().T
+            u = h @ gu[I + c0 : I + c0 + n].float().T
+            self.ws["moe_act"][layer, torch.tensor(slots), c0 : c0 + n] = F.silu(g) * u
+        return acc
+
+    def op_moe_down(self, layer, a, d) -> Access:
+        e, r0, n = a[0], a[1], a[2]
+        I = self.cfg.intermediate_size
+        slots = self._moe_slots(d)
+        acc = Access(
+            reads=[(("moe_tab", layer), 0, 1)]
+            + [(("moe_act", layer, s), 0, I) for s in slots]
+            + [(("route_w", layer), s, s + 1) for s in slots],
+            writes=[(("moe_out", layer, s), r0, r0 + n) for s in slots],
+        )
+        if self.math:
+            W = self.w.layers[layer].experts_down[e][r0 : r0 + n].float()
+            idx = torch.tensor(slots)
+            y = self.ws["moe_act"][layer, idx] @ W.T
+            self.ws["moe_out"][layer, idx, r0 : r0 + n] = y * self.ws["route_w"][layer, idx][:, None]
+        return acc
+
+    def op_add_norm(self, layer, a, d) -> Access:
+        cfg, b = self.cfg, a[0]
+        H, Hkv, K = cfg.hidden_size, cfg.num_key_value_heads, cfg.num_experts_per_tok
+        dense = cfg.is_dense(layer)
+        ms = self.ws.tiling.mlp_splits
+        reads = [(("x", layer, b), 0, H)] + [(("ao", layer, s, b), 0, H) for s in range(Hkv)]
+        if dense:
+            reads += [(("mlp", layer, s, b), 0, H) for s in range(ms)]
+        else:
+            reads += [(("moe_out", layer, b * K + j), 0, H) for j in range(K)]
+        acc = Access(reads=reads, writes=[(("x", layer + 1, b), 0, H), (("h", layer + 1, b), 0, H)])
+        if self.math:
+            x = self.ws["x"][layer, b] + self.ws["ao_part"][layer, :, b].sum(0)
+            if dense:
+                x = x + self.ws["mlp_part"][layer, :ms, b].sum(0)
+            else:
+                x = x + self.ws["moe_out"][layer, b * K : (b + 1) * K].sum(0)
+            self.ws["x"][layer + 1, b] = x
+            self.ws["h"][layer + 1, b] = self._rms(x, self._norm_w(layer + 1))
+        return acc
+
+    def op_lm_head(self, layer, a, d) -> Access:
+        r0, n, t = a[0], a[1], a[2]
+        L, H = self.cfg.num_hidden_layers, self.cfg.hidden_size
+        acc = Access(
+            reads=[(("h", L, b), 0, H) for b in self._rows()],
+            writes=[(("logits", b), r0, r0 + n) for b in self._rows()] + [(("lm_best",), t, t + 1)],
+        )
+        if self.math:
+            W = self.w.lm_head[r0 : r0 + n].float()
+            lg = (self.ws["h"][L, : self.B] @ W.T) * self.cfg.logit_scale
+            self.ws["logits"][: self.B, r0 : r0 + n] = lg
+            best, arg = lg.max(-1)
+            self.ws["lm_best"][t, : self.B] = best
+            self.ws["lm_arg"][t, : self.B] = (arg + r0).to(torch.int32)
+        return acc
+
+    def op_sample(self, layer, a, d) -> Access:
+        n_lm = self.ws["lm_best"].shape[0]
+        acc = Access(reads=[(("lm_best",), 0, n_lm)], writes=[(("tokens",), 0, self.B)])
+        if self.math:
+            best = self.ws["lm_best"][:, : self.B]  # [tiles, B]
+            t = best.argmax(0)  # first maximal tile
+            self.ws["tokens_out"][: self.B] = self.ws["lm_arg"][t, torch.arange(self.B)].long()
+        return acc
+
+    def op_drain(self, layer, a, d) -> Access:
+        raise AssertionError("DRAIN is executed by the scheduler, not as an op")

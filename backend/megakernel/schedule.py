@@ -1,0 +1,355 @@
+"""The step's task graph and its schedule: per-SM descriptor lists, host work queues, counters.
+
+A step is a DAG of tasks connected through counters (DESIGN §6): a task waits until each of its
+counters reaches a target, runs, then increments its signal counters. `build_schedule` emits, for a
+batch (BS 1-8) and its attention split policy:
+
+- `tasks`: every static task in one global topological order (its id is its index);
+- `sm_lists`: that order dealt round-robin over the SMs, so each SM's list is topological and the
+  step cannot deadlock while all SMs are resident (the globally earliest unfinished task is always at
+  the head of its SM's list, and everything it waits on comes earlier);
+- host work queues of attention splits (ragged lengths), claimed by DRAIN tasks; MoE tiles are
+  claimed from per-layer device queues that ROUTE fills (routing is known only on the device);
+- `totals`: each static counter's increment per step, which the host adds to the counter bases.
+
+Layer order (the parallel block: attention and MLP read the same h, so MoE/dense tiles backfill the
+SMs that attention leaves idle): QKV, router/route (or dense up), attention drains, MoE drains,
+combines, dense down, O-proj, add+norm. Then the LM head and sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
+from mkcode.backend.model.config import ModelConfig
+
+W = abi.MK_DESC_WORDS
+
+
+@dataclass
+class CounterSet:
+    """Counter indices by name. The dynamic region [0, n_dynamic) is fixed by (L, E): per layer one
+    MoE queue head and one up-tile count per expert, reset on the device by ROUTE."""
+
+    names: list[str] = field(default_factory=list)
+    totals: list[int] = field(default_factory=list)
+    targets: dict[str, int] = field(default_factory=dict)  # the wait target each static counter serves
+    n_dynamic: int = 0
+
+    def add(self, name: str) -> int:
+        self.names.append(name)
+        self.totals.append(0)
+        return len(self.names) - 1
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+
+def moe_head_counter(cfg: ModelConfig, layer: int) -> int:
+    return layer * (cfg.num_experts + 1)
+
+
+def expert_counter(cfg: ModelConfig, layer: int, expert: int) -> int:
+    return layer * (cfg.num_experts + 1) + 1 + expert
+
+
+@dataclass
+class Schedule:
+    cfg: ModelConfig
+    tiling: Tiling
+    batch: int
+    n_sms: int
+    splits: dict[bool, list[int]]  # per layer kind (sliding?), per row
+    tasks: np.ndarray  # int32 [n_tasks, W], global order
+    sm_lists: list[list[int]]  # task ids per SM, in order
+    queue_desc: np.ndarray  # int32 [n_queue_desc, W]
+    queue_info: np.ndarray  # int32 [n_queues, 4]: first, length, head counter, 0
+    counters: CounterSet
+    n_lm_tiles: int
+
+    @property
+    def n_counters(self) -> int:
+        return len(self.counters.names)
+
+    @property
+    def totals(self) -> np.ndarray:
+        return np.array(self.counters.totals, dtype=np.int64)
+
+    def desc_array(self) -> tuple[np.ndarray, np.ndarray]:
+        """(desc [n_sms, max_tasks, W], ntasks [n_sms]) as the kernel reads them."""
+        max_tasks = max(1, max(len(s) for s in self.sm_lists))
+        desc = np.zeros((self.n_sms, max_tasks, W), dtype=np.int32)
+        ntasks = np.zeros(self.n_sms, dtype=np.int32)
+        for sm, ids in enumerate(self.sm_lists):
+            ntasks[sm] = len(ids)
+            if ids:
+                desc[sm, : len(ids)] = self.tasks[ids]
+        return desc, ntasks
+
+    def without_wait(self, task_id: int, slot: int) -> Schedule:
+        """A copy with one wait of one task removed (tests prove the emulator catches it)."""
+        tasks = self.tasks.copy()
+        base = abi.MK_F_WAIT0 + 2 * slot
+        tasks[task_id, base] = abi.MK_NO_COUNTER
+        tasks[task_id, base + 1] = 0
+        return replace(self, tasks=tasks)
+
+    def without_queue_wait(self, qdesc: int, slot: int) -> Schedule:
+        queue_desc = self.queue_desc.copy()
+        base = abi.MK_F_WAIT0 + 2 * slot
+        queue_desc[qdesc, base] = abi.MK_NO_COUNTER
+        queue_desc[qdesc, base + 1] = 0
+        return replace(self, queue_desc=queue_desc)
+
+    def describe(self, words: np.ndarray) -> str:
+        op = abi.OPNAMES.get(int(words[abi.MK_F_OP]), "?")
+        args = ",".join(str(int(words[abi.MK_F_A0 + i])) for i in range(5))
+        return f"{op}(layer={int(words[abi.MK_F_LAYER])}, args={args}, id={int(words[abi.MK_F_ID])})"
+
+    def summary(self) -> dict[str, int]:
+        ops: dict[str, int] = {}
+        for op in self.tasks[:, abi.MK_F_OP]:
+            name = abi.OPNAMES[int(op)]
+            ops[name] = ops.get(name, 0) + 1
+        ops["queued_attention"] = int(self.queue_desc.shape[0])
+        ops["max_per_sm"] = max(len(s) for s in self.sm_lists)
+        return ops
+
+
+def make_desc(
+    op: int,
+    layer: int,
+    args: tuple[int, ...] = (),
+    waits: tuple[tuple[int, int], ...] = (),
+    signals: tuple[int, ...] = (),
+    amount: int = 1,
+) -> list[int]:
+    if len(args) > 5 or len(waits) > abi.MK_MAX_WAITS or len(signals) > abi.MK_MAX_SIGNALS:
+        raise ValueError("descriptor overflow")
+    d = [0] * W
+    d[abi.MK_F_OP] = op
+    d[abi.MK_F_LAYER] = layer
+    for i, a in enumerate(args):
+        d[abi.MK_F_A0 + i] = a
+    d[abi.MK_F_NWAIT] = len(waits)
+    for i in range(abi.MK_MAX_WAITS):
+        c, t = waits[i] if i < len(waits) else (abi.MK_NO_COUNTER, 0)
+        d[abi.MK_F_WAIT0 + 2 * i] = c
+        d[abi.MK_F_WAIT0 + 2 * i + 1] = t
+    d[abi.MK_F_NSIG] = len(signals)
+    for i in range(abi.MK_MAX_SIGNALS):
+        d[abi.MK_F_SIG0 + i] = signals[i] if i < len(signals) else abi.MK_NO_COUNTER
+    d[abi.MK_F_SIG_AMOUNT] = amount
+    return d
+
+
+def build_schedule(
+    cfg: ModelConfig,
+    batch: int,
+    positions: list[int],
+    n_sms: int,
+    tiling: Tiling | None = None,
+    splits: dict[bool, list[int]] | None = None,
+) -> Schedule:
+    """Build one step's schedule for `batch` rows at `positions` (the split policy's input)."""
+    if not 1 <= batch <= abi.MK_MAX_TOKENS:
+        raise ValueError(f"batch must be in 1..{abi.MK_MAX_TOKENS}, got {batch}")
+    if len(positions) != batch:
+        raise ValueError("one position per row")
+    tiling = tiling or default_tiling(cfg)
+    tiling.validate(cfg)
+    splits = splits or attention_splits(cfg, positions, tiling, n_sms)
+    L, B, E, K = cfg.num_hidden_layers, batch, cfg.num_experts, cfg.num_experts_per_tok
+    Hkv, G, d, H = cfg.num_key_value_heads, cfg.gqa_group, cfg.head_dim, cfg.hidden_size
+    has_moe = any(not cfg.is_dense(i) for i in range(L))
+
+    cs = CounterSet()
+    if has_moe:
+        for layer in range(L):
+            cs.add(f"moe_head[{layer}]")
+            for e in range(E):
+                cs.add(f"expert[{layer}][{e}]")
+    cs.n_dynamic = len(cs.names)
+
+    tasks: list[list[int]] = []
+    qdescs: list[list[int]] = []
+    qinfo: list[list[int]] = []
+
+    def emit(d: list[int]) -> None:
+        d[abi.MK_F_ID] = len(tasks)
+        tasks.append(d)
+        for i in range(d[abi.MK_F_NSIG]):
+            cs.totals[d[abi.MK_F_SIG0 + i]] += d[abi.MK_F_SIG_AMOUNT]
+
+    def counter(name: str, target: int) -> int:
+        c = cs.add(name)
+        cs.targets[name] = target
+        return c
+
+    norm = [counter(f"norm[{layer}]", B) for layer in range(L + 1)]
+    for b in range(B):
+        emit(make_desc(abi.MK_OP_EMBED, 0, (b,), (), (norm[0],)))
+
+    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
+    n_o = (H // tiling.o_rows) * Hkv
+    for layer in range(L):
+        sliding = cfg.is_sliding(layer)
+        dense = cfg.is_dense(layer)
+        rows_splits = splits[sliding]
+        qkv_c = counter(f"qkv[{layer}]", n_qkv)
+        comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
+        att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
+        o_c = counter(f"oproj[{layer}]", n_o)
+        wait_h = ((norm[layer], B),)
+
+        # 1. QKV tiles
+        for t in range(n_qkv):
+            emit(make_desc(abi.MK_OP_QKV, layer, (t * tiling.qkv_rows, tiling.qkv_rows), wait_h, (qkv_c,)))
+
+        # 2. MLP front: dense up tiles, or router tiles + ROUTE
+        if dense:
+            D = cfg.prefix_dense_intermediate_size
+            n_up = D // tiling.dense_up_cols
+            up_c = counter(f"dense_up[{layer}]", n_up)
+            n_down = (H // tiling.dense_down_rows) * tiling.mlp_splits
+            mlp_c = counter(f"mlp[{layer}]", n_down)
+            for t in range(n_up):
+                c0 = t * tiling.dense_up_cols
+                emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
+        else:
+            n_router = E // tiling.router_rows
+            router_c = counter(f"router[{layer}]", n_router)
+            route_c = counter(f"route[{layer}]", 1)
+            moe_down_tiles = H // tiling.moe_down_rows
+            mlp_c = counter(f"mlp[{layer}]", B * K * moe_down_tiles)
+            cs.totals[mlp_c] += B * K * moe_down_tiles  # signalled by device-made MoE down tasks
+            for t in range(n_router):
+                emit(
+                    make_desc(
+                        abi.MK_OP_ROUTER,
+                        layer,
+                        (t * tiling.router_rows, tiling.router_rows),
+                        wait_h,
+                        (router_c,),
+                    )
+                )
+            emit(make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)))
+
+        # 3. attention splits into this layer's host queue, claimed by drains
+        first = len(qdescs)
+        for b in range(B):
+            for h in range(Hkv):
+                s_n = rows_splits[b]
+                for s in range(s_n):
+                    qd = make_desc(abi.MK_OP_ATTN, layer, (b, h, s, s_n), ((qkv_c, n_qkv),), (att_c[b][h],))
+                    qd[abi.MK_F_ID] = -1 - len(qdescs)  # queue items: negative ids
+                    qdescs.append(qd)
+                    cs.totals[att_c[b][h]] += 1
+        n_items = len(qdescs) - first
+        n_drains = min(n_items, n_sms)
+        head_c = counter(f"attn_head[{layer}]", 0)
+        cs.totals[head_c] += n_items + n_drains  # every drain over-claims exactly once
+        qid = len(qinfo)
+        qinfo.append([first, n_items, head_c, 0])
+        for _ in range(n_drains):
+            emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)))
+
+        # 4. MoE drains (device queue filled by ROUTE)
+        if not dense:
+            n_moe_drains = n_sms
+            for _ in range(n_moe_drains):
+                emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_MOE, layer, mlp_c), ((route_c, 1),)))
+
+        # 5. combines
+        for b in range(B):
+            for h in range(Hkv):
+                emit(
+                    make_desc(
+                        abi.MK_OP_ATTN_COMBINE,
+                        layer,
+                        (b, h, rows_splits[b]),
+                        ((att_c[b][h], rows_splits[b]),),
+                        (comb_c[h],),
+                    )
+                )
+
+        # 6. dense down
+        if dense:
+            kspan = cfg.prefix_dense_intermediate_size // tiling.mlp_splits
+            for s in range(tiling.mlp_splits):
+                for t in range(H // tiling.dense_down_rows):
+                    emit(
+                        make_desc(
+                            abi.MK_OP_DENSE_DOWN,
+                            layer,
+                            (
+                                t * tiling.dense_down_rows,
+                                tiling.dense_down_rows,
+                                s * kspan,
+                                (s + 1) * kspan,
+                                s,
+                            ),
+                            ((up_c, n_up),),
+                            (mlp_c,),
+                        )
+                    )
+
+        # 7. O-proj, K split by kv head (split s reads exactly kv head s's query heads)
+        kspan = G * d
+        for s in range(Hkv):
+            for t in range(H // tiling.o_rows):
+                emit(
+                    make_desc(
+                        abi.MK_OP_OPROJ,
+                        layer,
+                        (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
+                        ((comb_c[s], B),),
+                        (o_c,),
+                    )
+                )
+
+        # 8. residual add + next norm, per row
+        mlp_target = cs.targets[cs.names[mlp_c]]
+        for b in range(B):
+            emit(
+                make_desc(
+                    abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
+                )
+            )
+
+    n_lm = -(-cfg.vocab_size // tiling.lm_rows)
+    lm_c = counter("lm_head", n_lm)
+    for t in range(n_lm):
+        r0 = t * tiling.lm_rows
+        emit(
+            make_desc(
+                abi.MK_OP_LM_HEAD,
+                0,
+                (r0, min(tiling.lm_rows, cfg.vocab_size - r0), t),
+                ((norm[L], B),),
+                (lm_c,),
+            )
+        )
+    emit(make_desc(abi.MK_OP_SAMPLE, 0, (), ((lm_c, n_lm),)))
+
+    arr = np.array(tasks, dtype=np.int32)
+    sm_lists: list[list[int]] = [[] for _ in range(n_sms)]
+    for i in range(len(tasks)):
+        sm_lists[i % n_sms].append(i)
+    return Schedule(
+        cfg=cfg,
+        tiling=tiling,
+        batch=B,
+        n_sms=n_sms,
+        splits=splits,
+        tasks=arr,
+        sm_lists=sm_lists,
+        queue_desc=np.array(qdescs, dtype=np.int32).reshape(-1, W),
+        queue_info=np.array(qinfo, dtype=np.int32).reshape(-1, 4),
+        counters=cs,
+        n_lm_tiles=n_lm,
+    )

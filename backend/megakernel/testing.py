@@ -1,0 +1,166 @@
+"""Shared fixtures for megakernel tests and GPU checks: small geometries, ragged paged batches, and
+the reference step over the same paged KV pool (ReferenceModel through a KVStore view of pages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mkcode.backend.engine.decode_backend import DecodeBatch
+from mkcode.backend.kv.layout import (
+    NO_PAGE,
+    PAGE_SIZE,
+    first_visible_position,
+    gather_tokens,
+    pages_for,
+    pool_shape,
+    write_tokens,
+)
+from mkcode.backend.model.config import ModelConfig, north_mini_code_config
+from mkcode.backend.model.reference import ReferenceModel, Segment
+from mkcode.backend.model.weights import LayerWeights, ModelWeights
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """6 layers, full attention at 0 and 4, window 64, dense layer 0, 8 experts top-2, hidden 64,
+    4 heads / 2 kv heads of 32, vocab 512: every code path at a CPU-friendly size."""
+    n = 6
+    raw = north_mini_code_config().to_hf_dict()
+    raw.update(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=n,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=64,
+        prefix_dense_intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=64,
+        max_position_embeddings=4096,
+        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)],
+        mlp_layer_types=["dense"] + ["sparse"] * (n - 1),
+    )
+    raw.update(overrides)
+    return ModelConfig.from_dict(raw)
+
+
+def reduced_config(**overrides) -> ModelConfig:
+    """A GPU-test geometry with the release head shapes (d=128, GQA 8:1) and kernel-sized tiles."""
+    n = 6
+    raw = north_mini_code_config().to_hf_dict()
+    raw.update(
+        vocab_size=8192,
+        hidden_size=512,
+        num_hidden_layers=n,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=256,
+        prefix_dense_intermediate_size=1024,
+        num_experts=16,
+        num_experts_per_tok=4,
+        sliding_window=256,
+        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)],
+        mlp_layer_types=["dense"] + ["sparse"] * (n - 1),
+    )
+    raw.update(overrides)
+    return ModelConfig.from_dict(raw)
+
+
+class PagedKV:
+    """ReferenceModel's KVStore over one sequence's block-table rows of the paged pool."""
+
+    def __init__(self, cfg: ModelConfig, pool: torch.Tensor, tables: torch.Tensor, row: int):
+        self.cfg, self.pool, self.tables, self.row = cfg, pool, tables, row
+
+    def append(self, layer, k, v, positions):
+        table = self.tables[layer, self.row]
+        write_tokens(self.pool, table, positions, k, v)
+        last = int(positions[-1])
+        lo = first_visible_position(last, self.cfg.window(layer))
+        K, V = gather_tokens(self.pool, table, lo, last + 1)
+        return K, V, torch.arange(lo, last + 1, device=K.device)
+
+
+@dataclass
+class PagedCase:
+    batch: DecodeBatch
+    contexts: list[int]
+
+
+def make_case(
+    cfg: ModelConfig,
+    contexts: list[int],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    spare_pages: int = 3,
+) -> PagedCase:
+    """A decode batch whose row b already holds contexts[b] tokens (random K/V history, never zeros),
+    pages scattered randomly over the pool, sliding layers' pages outside the window released."""
+    g = torch.Generator().manual_seed(seed)
+    L, B = cfg.num_hidden_layers, len(contexts)
+    P = max(pages_for(c + 1) for c in contexts)
+    need = L * B * P + spare_pages
+    perm = torch.randperm(need, generator=g)
+    tables = torch.full((L, B, P), NO_PAGE, dtype=torch.int32)
+    k = 0
+    for layer in range(L):
+        for b, c in enumerate(contexts):
+            lo_page = first_visible_position(c, cfg.window(layer)) // PAGE_SIZE
+            for p in range(pages_for(c + 1)):
+                if p >= lo_page:
+                    tables[layer, b, p] = int(perm[k])
+                k += 1
+    pool = torch.randn(pool_shape(need, cfg.num_key_value_heads, cfg.head_dim), generator=g) * 0.5
+    tokens = torch.randint(0, cfg.vocab_size, (B,), generator=g)
+    batch = DecodeBatch(
+        token_ids=tokens.to(device),
+        positions=torch.tensor(contexts, dtype=torch.int64, device=device),
+        block_tables=tables.to(device),
+        kv_pool=pool.to(device=device, dtype=dtype),
+    )
+    return PagedCase(batch, list(contexts))
+
+
+class Fp32Weights:
+    """An fp32 view of (bf16) weights for the reference: layers are upcast when touched, so the
+    30B geometry's fp32 reference fits next to its bf16 weights."""
+
+    def __init__(self, w: ModelWeights):
+        self._w = w
+        self.embed = w.embed.float()
+        self.final_norm = w.final_norm.float()
+        self.lm_head = self.embed if w.lm_head.data_ptr() == w.embed.data_ptr() else w.lm_head.float()
+        self.layers = _LazyLayers(w.layers)
+        self.device, self.dtype = w.embed.device, torch.float32
+
+
+class _LazyLayers:
+    def __init__(self, layers: list[LayerWeights]):
+        self._layers = layers
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, i: int) -> LayerWeights:
+        lw = self._layers[i]
+        up = {k: (None if v is None else v.float()) for k, v in vars(lw).items()}
+        return LayerWeights(**up)
+
+
+def reference_step(cfg: ModelConfig, weights, batch: DecodeBatch) -> torch.Tensor:
+    """ReferenceModel's step over the batch's own pool (writes the new K/V there); fp32 logits."""
+    ref = ReferenceModel(cfg, weights)
+    segs = [Segment(b, b + 1, PagedKV(cfg, batch.kv_pool, batch.block_tables, b)) for b in range(batch.size)]
+    return ref.forward(batch.token_ids, batch.positions, segs).float()
+
+
+def clone_batch(batch: DecodeBatch) -> DecodeBatch:
+    return DecodeBatch(
+        batch.token_ids.clone(), batch.positions.clone(), batch.block_tables.clone(), batch.kv_pool.clone()
+    )

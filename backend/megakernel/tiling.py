@@ -1,0 +1,122 @@
+"""Tile sizes of the step's matrix work and the attention split policy.
+
+Each GEMV-shaped task streams one weight tile (rows x K) once for all <= 8 tokens; tiles are sized
+so that each matrix yields roughly one wave of tasks over the SMs (DESIGN §6). The kernel needs every
+K range a multiple of 32 (one mma k-step pair) and tiles that do not straddle the Q/K/V boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
+from mkcode.backend.model.config import ModelConfig
+
+
+class TilingError(ValueError):
+    """A tiling the kernel cannot run for this config."""
+
+
+@dataclass(frozen=True)
+class Tiling:
+    qkv_rows: int = 64  # rows of [Wq; Wk; Wv] per QKV task
+    o_rows: int = 64  # rows of Wo per O-proj task (K split by kv head: Hkv splits)
+    router_rows: int = 32  # experts per router task
+    dense_up_cols: int = 32  # intermediate columns per dense up task (reads 2x that many rows)
+    dense_down_rows: int = 64
+    mlp_splits: int = 4  # K splits of the dense down projection
+    moe_up_cols: int = 32  # intermediate columns per MoE up task
+    moe_down_rows: int = 128
+    lm_rows: int = 128  # vocab rows per LM-head task
+    max_splits: int = 32  # attention splits per (row, kv head) at most
+    split_bucket: int = 512  # context bucket (tokens) the split policy sees, for schedule reuse
+
+    def validate(self, cfg: ModelConfig) -> None:
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                raise TilingError(f"tiling {self}: {what}")
+
+        H, d = cfg.hidden_size, cfg.head_dim
+        need(self.qkv_rows % 2 == 0, "qkv_rows must be even (RoPE pairs)")
+        need(
+            cfg.q_width % self.qkv_rows == 0 and cfg.kv_width % self.qkv_rows == 0,
+            "qkv_rows must divide the Q and K/V widths",
+        )
+        need(H % 32 == 0, "hidden_size must be a multiple of 32")
+        need(
+            (cfg.gqa_group * d) % 32 == 0, "the O-proj K split (one kv head's heads) must be a multiple of 32"
+        )
+        need(H % self.o_rows == 0, "o_rows must divide hidden_size")
+        need(self.max_splits >= 1, "max_splits must be >= 1")
+        if cfg.dense_layers:
+            D = cfg.prefix_dense_intermediate_size
+            need(D % self.dense_up_cols == 0, "dense_up_cols must divide the dense intermediate size")
+            need(H % self.dense_down_rows == 0, "dense_down_rows must divide hidden_size")
+            need(
+                D % self.mlp_splits == 0 and (D // self.mlp_splits) % 32 == 0,
+                "mlp_splits must split the dense intermediate size into multiples of 32",
+            )
+        if any(not cfg.is_dense(i) for i in range(cfg.num_hidden_layers)):
+            I, E = cfg.intermediate_size, cfg.num_experts
+            need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
+            need(I % 32 == 0, "intermediate_size must be a multiple of 32")
+            need(H % self.moe_down_rows == 0, "moe_down_rows must divide hidden_size")
+            need(E % self.router_rows == 0, "router_rows must divide num_experts")
+            need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
+
+
+def default_tiling(cfg: ModelConfig) -> Tiling:
+    """The release tiling, shrunk where a small (test) geometry cannot take it."""
+
+    def fit(want: int, n: int, multiple: int = 1) -> int:
+        t = min(want, n)
+        while t > multiple and (n % t or t % multiple):
+            t -= multiple
+        return max(t, multiple)
+
+    H = cfg.hidden_size
+    qkv = fit(64, math.gcd(cfg.q_width, cfg.kv_width), 2)
+    D = cfg.prefix_dense_intermediate_size or 32
+    splits = 4
+    while splits > 1 and (D % splits or (D // splits) % 32):
+        splits -= 1
+    return Tiling(
+        qkv_rows=qkv,
+        o_rows=fit(64, H),
+        router_rows=fit(32, max(cfg.num_experts, 1)),
+        dense_up_cols=fit(32, D),
+        dense_down_rows=fit(64, H),
+        mlp_splits=splits,
+        moe_up_cols=fit(32, max(cfg.intermediate_size, 1)),
+        moe_down_rows=fit(128, H),
+        lm_rows=128,
+    )
+
+
+def visible_pages(position: int, window: int | None) -> int:
+    """Pages a query at `position` touches (the window may straddle one more page than it spans)."""
+    lo = first_visible_position(position, window)
+    return position // PAGE_SIZE - lo // PAGE_SIZE + 1
+
+
+def attention_splits(
+    cfg: ModelConfig, positions: list[int], tiling: Tiling, n_sms: int
+) -> dict[bool, list[int]]:
+    """Splits per row for full (False) and sliding (True) layers.
+
+    The policy sees each context rounded UP to `split_bucket` tokens, so one schedule serves many
+    steps; each split then covers ceil(pages / splits) of the row's real pages (some may be empty).
+    The grain makes roughly one wave of (row, kv head, split) items per layer."""
+    out: dict[bool, list[int]] = {}
+    bucket = tiling.split_bucket
+    for sliding in (False, True):
+        window = cfg.sliding_window if sliding else None
+        pages = []
+        for p in positions:
+            pb = ((p // bucket) + 1) * bucket - 1  # the bucket's last position
+            pages.append(visible_pages(pb, window))
+        total = sum(pages) * cfg.num_key_value_heads
+        grain = max(2, math.ceil(total / max(n_sms, 1)))
+        out[sliding] = [max(1, min(tiling.max_splits, math.ceil(pg / grain))) for pg in pages]
+    return out

@@ -1,0 +1,166 @@
+// mk_abi.h: the megakernel's ABI, the ONE source of truth for opcodes, the task-descriptor layout,
+// the parameter block and the dependency-counter protocol. Python (mkcode.backend.megakernel.abi)
+// parses this file; tests/backend/megakernel/test_abi.py proves the two agree.
+//
+// Rules for editing: values are plain integer literals (the Python parser reads `NAME = <int>,`
+// inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
+#pragma once
+
+#define MK_ABI_VERSION 1
+
+// A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
+#define MK_DESC_WORDS 32
+#define MK_MAX_WAITS 3    // counters a task waits on before running
+#define MK_MAX_SIGNALS 2  // counters a task increments after its writes are visible
+#define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
+#define MK_NO_COUNTER -1
+
+// Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
+enum MkOpcode {
+  MK_OP_NOP = 0,
+  MK_OP_EMBED = 1,         // one row: x[0][b] = embed[token[b]]; h[0][b] = rmsnorm(x, norm[0])
+  MK_OP_QKV = 2,           // a tile of rows of [Wq; Wk; Wv] for all rows; RoPE; K/V into the pool
+  MK_OP_ATTN = 3,          // one (row, kv head, split) of split-KV decode attention -> (o, lse)
+  MK_OP_ATTN_COMBINE = 4,  // one (row, kv head): LSE merge of the splits -> attn_out
+  MK_OP_OPROJ = 5,         // a (row tile, K split) of Wo -> ao_part[split]
+  MK_OP_DENSE_UP = 6,      // a tile of intermediate columns: silu(gate h) * (up h) -> dense_act
+  MK_OP_DENSE_DOWN = 7,    // a (row tile, K split) of Wdown -> mlp_part[split]
+  MK_OP_ROUTER = 8,        // a tile of experts: router logits
+  MK_OP_ROUTE = 9,         // one per MoE layer: top-k, weights, expert table, MoE queue reset
+  MK_OP_MOE_UP = 10,       // one expert, a tile of intermediate columns, its <= 8 tokens
+  MK_OP_MOE_DOWN = 11,     // one expert, a tile of hidden rows, its tokens -> moe_out (weighted)
+  MK_OP_ADD_NORM = 12,     // one row: x[l+1] = x[l] + attn + mlp; h[l+1] = rmsnorm(x[l+1])
+  MK_OP_LM_HEAD = 13,      // a tile of vocab rows: logits (scaled) and the tile's argmax per row
+  MK_OP_SAMPLE = 14,       // all rows: greedy argmax over the LM-head tiles -> tokens
+  MK_OP_DRAIN = 15,        // claim tasks from a work queue until it is empty, run each
+  MK_OP_COUNT = 16,
+};
+
+// Descriptor words. Waits are (counter, target) pairs, the target RELATIVE to the counter's base
+// for this step (see the protocol below). Signals add MK_F_SIG_AMOUNT (0 means 1) to each counter.
+enum MkField {
+  MK_F_OP = 0,
+  MK_F_LAYER = 1,
+  MK_F_A0 = 2,  // op arguments (meaning per opcode, see below)
+  MK_F_A1 = 3,
+  MK_F_A2 = 4,
+  MK_F_A3 = 5,
+  MK_F_A4 = 6,
+  MK_F_NWAIT = 7,
+  MK_F_WAIT0 = 8,  // counter index; MK_F_WAIT0 + 1: relative target; then the next pair
+  MK_F_NSIG = 14,
+  MK_F_SIG0 = 15,  // counter indices, MK_MAX_SIGNALS of them
+  MK_F_SIG_AMOUNT = 17,
+  MK_F_ID = 18,     // the task's id in the step's task list (diagnostics, emulator)
+  MK_F_NTOK = 19,   // MoE tasks: tokens routed to the expert
+  MK_F_SLOT0 = 20,  // MoE tasks: MK_MAX_TOKENS slots (b * top_k + j), then the end of the record
+  MK_F_END = 28,
+};
+// Arguments per opcode (A0..A4):
+//   EMBED, ADD_NORM          A0 = row
+//   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
+//   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
+//   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
+//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
+//   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
+//   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
+//   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
+//   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index
+//   ROUTE, SAMPLE, NOP       none
+
+enum MkQueueKind {
+  MK_QUEUE_HOST = 0,  // descriptors written by the host (attention splits); head is a counter
+  MK_QUEUE_MOE = 1,   // per MoE layer, filled on the device by ROUTE (implicit items)
+};
+
+// Counter protocol. Counters are uint32 in global memory and never reset by the host between
+// steps: each step the host passes base[c] (the counter's value at the step's start, tracked on the
+// host as the running sum of each step's known increments), and a wait is satisfied when
+// (int32)(counter[c] - (base[c] + target)) >= 0, so the arithmetic wraps safely. Counters whose
+// increments depend on routing (MoE queue heads, per-expert up-tile counts) live in the DYNAMIC
+// region and are reset on the device by ROUTE before it publishes (their base is always 0).
+// A wait whose counter is MK_NO_COUNTER is skipped.
+
+// Kernel error codes (written to err[0]; err[1..] = block, task id, counter, value, target).
+enum MkError {
+  MK_ERR_NONE = 0,
+  MK_ERR_TIMEOUT = 1,       // a wait exceeded the watchdog limit
+  MK_ERR_BAD_OPCODE = 2,
+  MK_ERR_QUEUE_OVERFLOW = 3,
+  MK_ERR_ABORTED = 4,       // another block failed first
+  MK_ERR_BAD_ARGS = 5,
+};
+#define MK_ERR_WORDS 8
+
+// Pointers in the parameter block, in order (an X-macro: C++ fills the struct from it, Python
+// passes the tensors' data_ptr() in the same order).
+#define MK_PARAM_PTRS(X) \
+  X(desc)          /* int32 [n_sms][max_tasks][MK_DESC_WORDS] per-SM task lists */ \
+  X(ntasks)        /* int32 [n_sms] */ \
+  X(queue)         /* int32 [n_queue_desc][MK_DESC_WORDS] host queues (attention splits) */ \
+  X(queue_info)    /* int32 [n_queues][4]: first descriptor, length, head counter, unused */ \
+  X(counters)      /* uint32 [n_counters] */ \
+  X(base)          /* uint32 [n_counters] this step's base of each counter */ \
+  X(err)           /* int32 [MK_ERR_WORDS] */ \
+  X(token_ids)     /* int64 [B] */ \
+  X(positions)     /* int64 [B] */ \
+  X(block_tables)  /* int32 [L][B][P] */ \
+  X(kv_pool)       /* bf16 [pages][2][Hkv][64][d] */ \
+  X(layer_w)       /* int64 [L][MK_LW_COUNT] weight pointers */ \
+  X(layer_flags)   /* int32 [L] MK_LAYER_* bits */ \
+  X(embed)         /* bf16 [V][H] */ \
+  X(final_norm)    /* bf16 [H] */ \
+  X(lm_head)       /* bf16 [V][H] */ \
+  X(x)             /* fp32 [L+1][B][H] residual stream */ \
+  X(h)             /* fp32 [L+1][B][H] normed */ \
+  X(q)             /* fp32 [L][B][Hq*d] */ \
+  X(o_part)        /* fp32 [L][B][Hq][S][d] */ \
+  X(lse_part)      /* fp32 [L][B][Hq][S] */ \
+  X(attn_out)      /* fp32 [L][B][Hq*d] */ \
+  X(ao_part)       /* fp32 [L][Hkv][B][H] */ \
+  X(dense_act)     /* fp32 [L][B][D] */ \
+  X(mlp_part)      /* fp32 [L][KS][B][H] */ \
+  X(rlogits)       /* fp32 [L][B][E] */ \
+  X(route_w)       /* fp32 [L][B*k] */ \
+  X(expert_tab)    /* int32 [L][E][2 + MK_MAX_TOKENS]: expert, ntok, slots */ \
+  X(moe_info)      /* int32 [L][4]: active experts, items, unused, unused */ \
+  X(moe_act)       /* fp32 [L][B*k][I] */ \
+  X(moe_out)       /* fp32 [L][B*k][H] */ \
+  X(logits)        /* fp32 [B][V] */ \
+  X(lm_best)       /* fp32 [n_lm_tiles][B] tile max */ \
+  X(lm_arg)        /* int32 [n_lm_tiles][B] tile argmax */ \
+  X(tokens_out)    /* int64 [B] greedy tokens */
+
+// Integer parameters, in order (int64 on the Python side, int32 in the kernel).
+#define MK_PARAM_INTS(X) \
+  X(n_sms) X(max_tasks) X(batch) X(num_layers) X(hidden) X(num_heads) X(num_kv_heads) \
+  X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
+  X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
+  X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
+  X(use_mma) X(timeout_ms)
+
+// Float parameters.
+#define MK_PARAM_FLOATS(X) X(rms_eps) X(rope_theta) X(logit_scale) X(attn_scale)
+
+// Per-layer flags (layer_flags[l]).
+enum MkLayerFlag {
+  MK_LAYER_ROPE = 1,
+  MK_LAYER_SLIDING = 2,
+  MK_LAYER_DENSE = 4,
+};
+
+// Per-layer weight pointer slots (layer_w[l][slot]); absent tensors are 0.
+enum MkLayerWeight {
+  MK_LW_NORM = 0,
+  MK_LW_Q = 1,
+  MK_LW_K = 2,
+  MK_LW_V = 3,
+  MK_LW_O = 4,
+  MK_LW_GATE = 5,
+  MK_LW_UP = 6,
+  MK_LW_DOWN = 7,
+  MK_LW_ROUTER = 8,
+  MK_LW_EXP_GATE_UP = 9,
+  MK_LW_EXP_DOWN = 10,
+  MK_LW_COUNT = 11,
+};

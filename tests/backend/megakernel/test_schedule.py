@@ -1,0 +1,99 @@
+"""Schedule builder at the release geometry (descriptors and counters only, no math)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.schedule import build_schedule
+from mkcode.backend.megakernel.testing import tiny_config
+from mkcode.backend.megakernel.tiling import Tiling, TilingError, attention_splits, default_tiling
+from mkcode.backend.model.config import north_mini_code_config
+
+CFG = north_mini_code_config()
+
+
+@pytest.fixture(scope="module", params=[1, 8])
+def sched(request):
+    B = request.param
+    return build_schedule(CFG, B, [8192 + 37 * b for b in range(B)], 132)
+
+
+def test_task_counts_at_release_geometry(sched):
+    s = sched.summary()
+    L = CFG.num_hidden_layers
+    assert s["QKV"] == L * (4096 + 1024) // 64
+    assert s["OPROJ"] == L * (2048 // 64) * 4
+    assert s["ROUTE"] == L - 1 and s["ROUTER"] == (L - 1) * 4
+    assert s["DENSE_UP"] == 3072 // 32 and s["DENSE_DOWN"] == (2048 // 64) * 4
+    assert s["LM_HEAD"] == 262144 // 128 and s["SAMPLE"] == 1
+    assert s["ADD_NORM"] == L * sched.batch and s["EMBED"] == sched.batch
+    assert s["max_per_sm"] <= 260
+
+
+def _producers(sched):
+    """counter -> ids of the static tasks that signal it (queue items: the drains of their queue)."""
+    prod = defaultdict(list)
+    drains_of_queue = defaultdict(list)
+    for t in sched.tasks:
+        if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_HOST:
+            drains_of_queue[int(t[abi.MK_F_A1])].append(int(t[abi.MK_F_ID]))
+        if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_MOE:
+            prod[int(t[abi.MK_F_A2])].append(int(t[abi.MK_F_ID]))  # device-made MoE down tasks
+        for i in range(int(t[abi.MK_F_NSIG])):
+            prod[int(t[abi.MK_F_SIG0 + i])].append(int(t[abi.MK_F_ID]))
+    for q, (first, n, _, _) in enumerate(sched.queue_info):
+        for item in sched.queue_desc[first : first + n]:
+            for i in range(int(item[abi.MK_F_NSIG])):
+                prod[int(item[abi.MK_F_SIG0 + i])] += drains_of_queue[q]
+    return prod
+
+
+def test_global_order_is_topological_and_lists_follow_it(sched):
+    prod = _producers(sched)
+    nd = sched.counters.n_dynamic
+    for t in sched.tasks:
+        for i in range(abi.MK_MAX_WAITS):
+            c = int(t[abi.MK_F_WAIT0 + 2 * i])
+            if c == abi.MK_NO_COUNTER or c < nd:
+                continue
+            assert prod[c], f"{sched.describe(t)} waits on {sched.counters.names[c]} that nobody signals"
+            assert max(prod[c]) < t[abi.MK_F_ID], f"{sched.describe(t)} waits on a later task"
+    for ids in sched.sm_lists:
+        assert ids == sorted(ids)
+    assert sorted(i for ids in sched.sm_lists for i in ids) == list(range(len(sched.tasks)))
+
+
+def test_wait_targets_equal_step_totals(sched):
+    cs = sched.counters
+    for name, target in cs.targets.items():
+        c = cs.index(name)
+        if name.startswith("attn_head"):
+            continue
+        assert cs.totals[c] == target, f"{name}: target {target} but {cs.totals[c]} signals per step"
+
+
+def test_descriptor_array_layout(sched):
+    desc, ntasks = sched.desc_array()
+    assert desc.dtype == np.int32 and desc.shape[2] == abi.MK_DESC_WORDS
+    assert int(ntasks.sum()) == len(sched.tasks)
+    assert (desc[0, 0] == sched.tasks[sched.sm_lists[0][0]]).all()
+
+
+def test_split_policy_buckets_and_caps():
+    t = default_tiling(CFG)
+    s1 = attention_splits(CFG, [8192], t, 132)
+    assert 1 <= s1[False][0] <= t.max_splits and 1 <= s1[True][0] <= t.max_splits
+    assert attention_splits(CFG, [8200], t, 132) == attention_splits(CFG, [8191 + 512], t, 132)
+    s8 = attention_splits(CFG, [100] * 8, t, 132)
+    assert all(x <= 4 for x in s8[False])  # short rows: few splits
+
+
+def test_bad_tilings_are_refused():
+    with pytest.raises(TilingError, match="qkv_rows"):
+        build_schedule(CFG, 1, [10], 132, Tiling(qkv_rows=48))
+    with pytest.raises(ValueError, match="batch"):
+        build_schedule(tiny_config(), 9, [1] * 9, 8)
