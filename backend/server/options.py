@@ -23,3 +23,6 @@ class ServerOptions:
     # (decoding is then forced token by token through the real engine), or None to decode freely.
     # Lets end-to-end tests script a random-weight model; never set by `mkcode serve`.
     scripted_output: Callable[[dict[str, Any]], str | None] | None = None
+    # Test-only, with scripted_output: keep only the prompt's last N tokens (the output is scripted,
+    # so the prompt's content does not matter, and CPU tests are spared a 10k-token prefill).
+    scripted_prompt_tokens: int | None = None

@@ -138,6 +138,9 @@ def prepare(state: ServerState, plan: ChatPlan) -> Prepared:
     )
     if script is not None:
         constraint = state.grammars.scripted(script)
+        keep = state.options.scripted_prompt_tokens
+        if keep:
+            ids = ids[-keep:]
     elif spec is None:
         constraint = None
     else:
