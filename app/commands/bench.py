@@ -1,0 +1,77 @@
+"""`mkcode bench decode|prefill`: speed figures at the full geometry with random weights made on
+the GPU (no checkpoint needed). Writes JSON and a PNG (matplotlib, optional) under --out."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="decode / prefill benchmarks on the GPU (random weights, synthetic KV)")
+    bsub = p.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+
+    d = bsub.add_parser("decode", help="decode ms/step, tok/s, bytes/step and %% of speed-of-light")
+    d.add_argument("--backend", default="torch,graph,megakernel", help="comma list of torch,graph,megakernel")
+    d.add_argument("--batch", type=_ints, default=[1, 2, 4, 8])
+    d.add_argument("--ctx", type=_ints, default=[1024, 8192, 32768, 131072, 262144])
+    d.add_argument("--routing", choices=["uniform", "skewed"], default="uniform")
+    d.add_argument("--steps", type=int, default=50, help="timed steps per point (median reported)")
+    d.add_argument("--warmup", type=int, default=5)
+    d.add_argument("--torch-max-ctx", type=int, default=8192, help="skip the slow torch backend beyond this")
+    d.add_argument("--torch-steps", type=int, default=5)
+    d.add_argument("--hf-reference", action="store_true", help="also time transformers at BS=1, 8K")
+    d.add_argument("--out", type=Path, default=Path("docs/perf"))
+    d.set_defaults(func=run_decode)
+
+    f = bsub.add_parser("prefill", help="GPU prefill tok/s for 1K-32K prompts")
+    f.add_argument("--lengths", type=_ints, default=[1024, 4096, 8192, 16384, 32768])
+    f.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
+    f.add_argument("--repeats", type=int, default=3)
+    f.add_argument("--out", type=Path, default=Path("docs/perf"))
+    f.set_defaults(func=run_prefill)
+
+
+def _need_cuda() -> bool:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("mkcode bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return False
+    return True
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    if not _need_cuda():
+        return 2
+    from mkcode.backend.bench.decode import DecodeBenchOptions, run_decode_bench
+
+    opts = DecodeBenchOptions(
+        backends=[b for b in args.backend.split(",") if b],
+        batches=args.batch,
+        contexts=args.ctx,
+        routing=args.routing,
+        steps=args.steps,
+        warmup=args.warmup,
+        torch_max_ctx=args.torch_max_ctx,
+        torch_steps=args.torch_steps,
+        hf_reference=args.hf_reference,
+        out=args.out,
+    )
+    run_decode_bench(opts)
+    return 0
+
+
+def run_prefill(args: argparse.Namespace) -> int:
+    if not _need_cuda():
+        return 2
+    from mkcode.backend.bench.prefill import PrefillBenchOptions, run_prefill_bench
+
+    run_prefill_bench(
+        PrefillBenchOptions(lengths=args.lengths, chunk_tokens=args.chunk, repeats=args.repeats, out=args.out)
+    )
+    return 0
