@@ -9,5 +9,6 @@ COMMAND_MODULES = [
     "generate",
     "checkpoint",
     "tool",
+    "bench",
     "serve",
 ]
