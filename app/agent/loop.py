@@ -547,15 +547,18 @@ class Agent:
         call_id = getattr(self._tls, "call_id", None)
         if call_id is None:
             return  # a call made outside this agent's turn (another user of the registry)
-        self.session.record_event(
-            "tool_decision",
-            call_id=call_id,
-            tool=entry.tool,
-            kind=entry.kind,
-            decision=entry.decision,
-            decided_by=entry.decided_by,
-            sandboxed=entry.sandboxed,
-        )
+        try:
+            self.session.record_event(
+                "tool_decision",
+                call_id=call_id,
+                tool=entry.tool,
+                kind=entry.kind,
+                decision=entry.decision,
+                decided_by=entry.decided_by,
+                sandboxed=entry.sandboxed,
+            )
+        except Exception:  # recording must never break a tool call
+            pass
 
     # -- context -----------------------------------------------------------------------------------
 

@@ -115,12 +115,12 @@ class Session:
             tokens_after=tokens_after,
         )
 
-    def record_event(self, kind: str, **data: Any) -> None:
-        """Anything else worth keeping (interruptions, errors, notices)."""
-        self._record(kind, **data)
+    def record_event(self, record_type: str, /, **data: Any) -> None:
+        """Anything else worth keeping (interruptions, errors, notices, system prompts)."""
+        self._record(record_type, **data)
 
-    def _record(self, kind: str, **data: Any) -> None:
-        self.records.append({"type": kind, "time": time.time(), **data})
+    def _record(self, record_type: str, /, **data: Any) -> None:
+        self.records.append({"type": record_type, "time": time.time(), **data})
 
     # -- JSONL ------------------------------------------------------------------------------------
 
