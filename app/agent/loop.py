@@ -547,7 +547,7 @@ class Agent:
         call_id = getattr(self._tls, "call_id", None)
         if call_id is None:
             return  # a call made outside this agent's turn (another user of the registry)
-        try:
+        with contextlib.suppress(Exception):  # recording must never break a tool call
             self.session.record_event(
                 "tool_decision",
                 call_id=call_id,
@@ -557,8 +557,6 @@ class Agent:
                 decided_by=entry.decided_by,
                 sandboxed=entry.sandboxed,
             )
-        except Exception:  # recording must never break a tool call
-            pass
 
     # -- context -----------------------------------------------------------------------------------
 
