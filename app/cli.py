@@ -11,6 +11,7 @@ import importlib
 import sys
 from importlib import metadata
 
+from mkcode.app import main_cmd
 from mkcode.app.commands import COMMAND_MODULES
 
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="mkcode: a private terminal coding assistant running North Mini Code on your own GPU.",
     )
     parser.add_argument("--version", action="version", version=f"mkcode {version()}")
+    main_cmd.add_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"mkcode.app.commands.{name}")
@@ -37,9 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 0
+    if getattr(args, "func", None) is None:  # no subcommand: the assistant itself
+        try:
+            return main_cmd.run(args)
+        except KeyboardInterrupt:
+            return 130
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
