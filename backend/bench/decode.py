@@ -149,7 +149,7 @@ def run_decode_bench(opts: DecodeBenchOptions, log=print) -> dict:
                     f"{sb.total / 1e9:6.2f} GB  SOL {r.sol_ms:6.3f} ms  {r.pct_sol:5.1f}% SOL  "
                     f"experts/layer {r.distinct_experts_mean:.1f}"
                 )
-        del backend
+        backend = None  # free its buffers and graphs before the next backend
         torch.cuda.empty_cache()
 
     report = {
