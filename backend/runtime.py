@@ -126,6 +126,11 @@ def build_runtime(opts: RuntimeOptions) -> Runtime:
     eng_opts = EngineOptions(max_model_len=opts.max_model_len)
     if opts.max_prefill_tokens:
         eng_opts.max_prefill_tokens = opts.max_prefill_tokens
+    prefill_fn = None
+    if device.type == "cuda":  # flash attention + grouped-GEMM MoE instead of the reference ops
+        from mkcode.backend.gpu.prefill import GpuPrefill
+
+        prefill_fn = GpuPrefill(model)
     eos = tuple(sorted(set(tokenizer.eos_token_ids) | set(cfg.eos_token_ids)))
     engine = Engine(
         model,
@@ -134,6 +139,7 @@ def build_runtime(opts: RuntimeOptions) -> Runtime:
         options=eng_opts,
         eos_token_ids=eos,
         detokenizer_factory=lambda: tokenizer.detokenizer(skip_special_tokens=False),
+        prefill_fn=prefill_fn,
     )
     return Runtime(
         config=cfg,
