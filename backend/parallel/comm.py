@@ -41,9 +41,9 @@ class Comm:
         return torch.cat(parts, dim=-1)
 
     def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """Overwrite `t` in place with rank `src`'s `t`."""
+        """Overwrite `t` in place with `t` of rank `src` of this group."""
         if self.world > 1:
-            dist.broadcast(t, src=src, group=self.group)
+            dist.broadcast(t, group=self.group, group_src=src)
             self.collectives += 1
         return t
 

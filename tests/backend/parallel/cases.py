@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.engine.engine import Engine
@@ -21,6 +22,7 @@ from mkcode.backend.kv.layout import NO_PAGE
 from mkcode.backend.kv.sequence import SequenceKV
 from mkcode.backend.model.reference import Segment
 from mkcode.backend.model.weights import random_weights
+from mkcode.backend.parallel.comm import Comm
 from mkcode.backend.parallel.driver import (
     ParallelDecodeBackend,
     ParallelModel,
@@ -109,14 +111,20 @@ def _engine(model: ParallelModel, pool) -> list[list[int]]:
     return [s.result(timeout=0).token_ids for s in streams]
 
 
-def run_rank(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple[int, int]]) -> None:
+def run_rank(rank: int, world: int, port: int, out_dir: str, runs: list[tuple[int, int, int]]) -> None:
+    """One process of a `world`-process spawn; `runs` are (group size, tp, ep): each run uses the
+    first `group size` ranks (the others skip it), so one spawn covers several world sizes."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    comm, _ = init_distributed("gloo", timeout_s=60)
+    init_distributed("gloo", timeout_s=60)
+    groups = {n: dist.new_group(list(range(n))) for n in sorted({n for n, _, _ in runs})}
     cfg = tiny_config()
     weights = random_weights(cfg, seed=SEED, std=STD)
-    for tp, ep in layouts:
-        model = build_parallel_model(cfg, weights, ShardPlan(world, rank, tp=tp, ep=ep), comm)
+    for size, tp, ep in runs:
+        if rank >= size:
+            continue
+        comm = Comm(groups[size])
+        model = build_parallel_model(cfg, weights, ShardPlan(size, rank, tp=tp, ep=ep), comm)
         pool = build_kv_pool(model, NUM_PAGES)
         if rank == 0:
             try:
@@ -125,7 +133,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, layouts: list[tuple
                 result["collectives"] = comm.collectives
             finally:
                 model.shutdown()
-            torch.save(result, Path(out_dir) / f"tp{tp}_ep{ep}.pt")
+            torch.save(result, Path(out_dir) / f"w{size}_tp{tp}_ep{ep}.pt")
         else:
             model.serve()
-    torch.distributed.destroy_process_group()
+    dist.destroy_process_group()
