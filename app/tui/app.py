@@ -1,0 +1,120 @@
+"""`MkcodeApp`: the Textual application. Thin on purpose: it loads the backend behind the start
+screen, then hands over to the chat screen, which owns the conversation's UI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import App
+from textual.binding import Binding, BindingType
+
+from mkcode.app.agent import Session
+from mkcode.app.settings import Settings
+from mkcode.app.tui.core.backend import Backend, BackendError, ProgressFn, open_backend
+from mkcode.app.tui.core.conversation import Conversation
+from mkcode.app.tui.core.prompt_history import PromptHistory
+from mkcode.app.tui.core.sessions import SessionStore
+from mkcode.app.tui.messages import BackendFailed, BackendReady, LoadProgress
+from mkcode.app.tui.screens.chat import ChatScreen
+from mkcode.app.tui.screens.sessions import SessionPicker
+from mkcode.app.tui.screens.start import StartScreen
+
+THEMES = {"dark": "textual-dark", "light": "textual-light"}
+BackendFactory = Callable[[Settings, ProgressFn], Backend]
+
+
+class MkcodeApp(App[str | None]):
+    TITLE = "mkcode"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("ctrl+t", "toggle_theme", "theme", show=False)]
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        cwd: Path,
+        store: SessionStore,
+        backend: Backend | None = None,
+        backend_factory: BackendFactory = open_backend,
+        session: Session | None = None,
+        pick_session: bool = False,
+        history: PromptHistory | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.cwd = cwd
+        self.store = store
+        self.backend = backend
+        self.backend_factory = backend_factory
+        self.initial_session = session
+        self.pick_session = pick_session
+        self.history = history or PromptHistory(None)
+        self.conversation: Conversation | None = None
+        self.theme = THEMES.get(settings.theme, "textual-dark")
+
+    def on_mount(self) -> None:
+        if self.backend is not None:
+            self._start_chat(self.backend)
+            return
+        model = self.settings.endpoint or self.settings.model or "the demo model"
+        self.push_screen(StartScreen(str(self.cwd), model))
+        self.load_backend()
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def load_backend(self) -> None:
+        """Off the UI thread: build the backend, reporting progress by message."""
+        try:
+            backend = self.backend_factory(
+                self.settings, lambda stage, fraction: self.post_message(LoadProgress(stage, fraction))
+            )
+        except BackendError as e:
+            self.post_message(BackendFailed(str(e)))
+            return
+        except Exception as e:  # anything else is still shown, not a traceback over the terminal
+            self.post_message(BackendFailed(f"{type(e).__name__}: {e}"))
+            return
+        self.post_message(BackendReady(backend))
+
+    @on(LoadProgress)
+    def show_load_progress(self, message: LoadProgress) -> None:
+        if isinstance(self.screen, StartScreen):
+            self.screen.show_progress(message.stage, message.fraction)
+
+    @on(BackendFailed)
+    def show_load_error(self, message: BackendFailed) -> None:
+        if isinstance(self.screen, StartScreen):
+            self.screen.show_error(message.error)
+
+    @on(BackendReady)
+    def open_chat(self, message: BackendReady) -> None:
+        self.backend = message.backend
+        self._start_chat(message.backend)
+
+    def _start_chat(self, backend: Backend) -> None:
+        self.conversation = Conversation(
+            backend, self.settings, cwd=self.cwd, store=self.store, session=self.initial_session
+        )
+        chat = ChatScreen(self.conversation, self.history)
+        if isinstance(self.screen, StartScreen):
+            self.switch_screen(chat)
+        else:
+            self.push_screen(chat)
+        if self.pick_session:
+            sessions = self.store.list(str(self.cwd))
+            if sessions:
+                self.push_screen(SessionPicker(sessions), self._resume_picked)
+
+    async def _resume_picked(self, session_id: str | None) -> None:
+        if session_id and isinstance(self.screen, ChatScreen):
+            await self.screen.run_command(f"/resume {session_id}")
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
+
+    def on_unmount(self) -> None:
+        if self.conversation is not None:
+            self.conversation.interrupt()
+            self.conversation.save()

@@ -1,0 +1,1 @@
+"""Screens: loading (start), chat (main), and the approval and session-picker modals."""

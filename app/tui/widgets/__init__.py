@@ -1,0 +1,1 @@
+"""The transcript's building blocks, the prompt and the status bar."""

@@ -1,0 +1,35 @@
+"""Fixtures for the TUI tests: a workspace, a session store and an app on the scripted engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mkcode.app.settings import Settings
+from mkcode.app.tui.app import MkcodeApp
+from mkcode.app.tui.core.sessions import SessionStore
+from tests.app.tui.scripted_engine import scripted_backend
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    (ws / "greet.py").write_text('def greet():\n    return "hello"\n')
+    return ws
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SessionStore:
+    return SessionStore(tmp_path / "data")
+
+
+@pytest.fixture
+def make_app(workspace: Path, store: SessionStore):
+    def make(steps, **kwargs) -> MkcodeApp:
+        settings = kwargs.pop("settings", None) or Settings()
+        backend = kwargs.pop("backend", None) or scripted_backend(steps)
+        return MkcodeApp(settings, cwd=workspace, store=store, backend=backend, **kwargs)
+
+    return make
