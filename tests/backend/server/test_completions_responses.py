@@ -79,7 +79,7 @@ def test_responses_streaming_events(client):
     assert len(added) == 1
     item_id = added[0].item.id
     deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
-    done = [e for e in events if e.type == "response.function_call_arguments.done"][0]
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
     assert done.item_id == item_id and json.loads(deltas) == json.loads(done.arguments)
     jsonschema.validate(
         json.loads(done.arguments), READ_SCHEMA if added[0].item.name == "read" else LIST_SCHEMA
