@@ -22,6 +22,13 @@ class Comm:
             self.world, self.rank = 1, 0
         self.collectives = 0  # count, for the bench's accounting
 
+    @classmethod
+    def local(cls) -> Comm:
+        """A world of one even inside a process group (a single-GPU baseline on rank 0)."""
+        c = cls.__new__(cls)
+        c.group, c.world, c.rank, c.collectives = None, 1, 0, 0
+        return c
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum of `t` over ranks (returned in t's dtype; reduced in fp32)."""
         if self.world == 1:

@@ -45,7 +45,6 @@ class ParallelModel:
         self.cfg: ModelConfig = sharded.cfg
         self.comm = sharded.comm
         self.steps = 0
-        self._stopped = False
 
     @property
     def device(self) -> torch.device:
@@ -65,8 +64,6 @@ class ParallelModel:
         """Rank 0: broadcast `step`, run its share, return fp32 logits [M, V]."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 drives steps; other ranks call serve()")
-        if self._stopped:
-            raise RuntimeError("the parallel model was shut down")
         send_step(self.comm, step, self.device)
         self.steps += 1
         return self.shard.run(step)
@@ -89,10 +86,10 @@ class ParallelModel:
         return self.run_step(step)
 
     def shutdown(self) -> None:
-        """Rank 0: release the other ranks from serve(). Idempotent."""
-        if self.rank == 0 and not self._stopped:
+        """Rank 0: release the other ranks from serve(), once per serve() round. The ranks may be
+        put back into serve() for another round (the bench does, once per KV pool)."""
+        if self.rank == 0:
             send_step(self.comm, None, self.device)
-            self._stopped = True
 
     # ---- ranks 1.. -----------------------------------------------------------------------------
 
@@ -103,7 +100,6 @@ class ParallelModel:
         while (step := recv_step(self.comm, self.device)) is not None:
             self.shard.run(step)
             self.steps += 1
-        self._stopped = True
         return self.steps
 
 
