@@ -116,13 +116,15 @@ def make_case(
                 if p >= lo_page:
                     tables[layer, b, p] = int(perm[k])
                 k += 1
-    pool = torch.randn(pool_shape(need, cfg.num_key_value_heads, cfg.head_dim), generator=g) * 0.5
+    gd = torch.Generator(device=device).manual_seed(seed)  # the pool is made where it lives (GBs at 30B)
+    pool = torch.empty(pool_shape(need, cfg.num_key_value_heads, cfg.head_dim), device=device, dtype=dtype)
+    pool.normal_(0.0, 0.5, generator=gd)
     tokens = torch.randint(0, cfg.vocab_size, (B,), generator=g)
     batch = DecodeBatch(
         token_ids=tokens.to(device),
         positions=torch.tensor(contexts, dtype=torch.int64, device=device),
         block_tables=tables.to(device),
-        kv_pool=pool.to(device=device, dtype=dtype),
+        kv_pool=pool,
     )
     return PagedCase(batch, list(contexts))
 

@@ -10,3 +10,7 @@ def _single_thread_torch():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "compile: compiles csrc/ with nvcc (the CI compile check; no GPU)")

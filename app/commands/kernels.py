@@ -1,0 +1,75 @@
+"""`mkcode kernels`: build and inspect the decode megakernel extension.
+
+    mkcode kernels build [--compile-only] [--force] [--verbose]
+    mkcode kernels info
+
+Builds are cached under ~/.cache/mkcode/kernels (or $MKCODE_KERNEL_CACHE) by a hash of the CUDA
+sources, flags, nvcc and Python versions. `--compile-only` compiles to an object file (no GPU
+needed, no link): it is the CI check that `csrc/` compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "kernels",
+        help="build or inspect the CUDA decode megakernel",
+        description="Build (nvcc, sm_90a) or inspect the decode megakernel extension.",
+    )
+    parser.set_defaults(func=lambda args: _usage(parser))
+    sub = parser.add_subparsers(dest="kernels_command", metavar="SUBCOMMAND")
+    b = sub.add_parser("build", help="compile the extension (cached by a hash of sources and flags)")
+    b.add_argument(
+        "--compile-only", action="store_true", help="compile to an object file only (CI: no GPU, no link)"
+    )
+    b.add_argument("--force", action="store_true", help="rebuild even if the cache has this build")
+    b.add_argument("--verbose", "-v", action="store_true", help="print the nvcc command and its output")
+    b.set_defaults(func=run_build)
+    i = sub.add_parser("info", help="show the toolchain, the cache and whether the extension is built")
+    i.set_defaults(func=run_info)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel.build import BuildError, build
+
+    try:
+        res = build(compile_only=args.compile_only, force=args.force, verbose=args.verbose)
+    except BuildError as e:
+        print(f"mkcode kernels build: {e}", file=sys.stderr)
+        return 1
+    what = "object" if args.compile_only else "extension"
+    if res.cached:
+        print(f"{what} up to date: {res.path}")
+    else:
+        print(f"built {what} in {res.seconds:.1f} s: {res.path}")
+        if args.verbose:
+            print(res.log)
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel import build as b
+
+    nvcc = b.find_nvcc()
+    print(f"nvcc:            {nvcc or 'not found'}")
+    if nvcc:
+        print(f"                 {b.nvcc_version(nvcc).splitlines()[-1]}")
+    print(f"pybind11:        {b.pybind11_include() or 'not installed'}")
+    print(f"Python headers:  {b.python_include() or 'missing'}")
+    print(f"cache:           {b.cache_root()}")
+    art = b.cached_artifact()
+    print(f"extension:       {art or 'not built'}")
+    missing = b.missing_requirements()
+    for m in missing:
+        print(f"missing:         {m}")
+    return 0 if not missing else 1

@@ -1,0 +1,323 @@
+"""`MegakernelBackend`: the `megakernel` DecodeBackend (DESIGN §5-6).
+
+One decode step = one launch of the persistent kernel over the step's schedule. Schedules are
+cached by (batch size, attention split vector), which changes only every `split_bucket` tokens.
+Counter bases advance on the host by each schedule's known totals, so counters are never reset.
+A watchdog bounds every step: the kernel abandons a wait after `timeout_s / 2` and reports where
+(MK_ERR_TIMEOUT), and the host gives up after `timeout_s` and raises; never a frozen process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mkcode.backend.engine.decode_backend import DecodeBatch
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.schedule import Schedule, build_schedule
+from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
+from mkcode.backend.megakernel.workspace import CounterBank, Workspace
+from mkcode.backend.model.config import ModelConfig
+from mkcode.backend.model.weights import ModelWeights
+
+ERROR_NAMES = {v: k for k, v in abi.load().enums["MkError"].items()}
+
+
+class MegakernelError(RuntimeError):
+    """The kernel reported an error (a dependency wait timed out, a bad descriptor, ...)."""
+
+
+class MegakernelTimeout(MegakernelError):
+    """The step did not finish within the watchdog limit."""
+
+
+@dataclass
+class _Prepared:
+    sched: Schedule
+    desc: torch.Tensor
+    ntasks: torch.Tensor
+    queue: torch.Tensor
+    queue_info: torch.Tensor
+    max_tasks: int
+
+
+def _layer_weight_ptrs(cfg: ModelConfig, w: ModelWeights) -> list[list[int]]:
+    rows = []
+    for i, lw in enumerate(w.layers):
+        slots = [0] * abi.MK_LW_COUNT
+        for slot, t in (
+            (abi.MK_LW_NORM, lw.norm),
+            (abi.MK_LW_Q, lw.q),
+            (abi.MK_LW_K, lw.k),
+            (abi.MK_LW_V, lw.v),
+            (abi.MK_LW_O, lw.o),
+            (abi.MK_LW_GATE, lw.gate),
+            (abi.MK_LW_UP, lw.up),
+            (abi.MK_LW_DOWN, lw.down),
+            (abi.MK_LW_ROUTER, lw.router),
+            (abi.MK_LW_EXP_GATE_UP, lw.experts_gate_up),
+            (abi.MK_LW_EXP_DOWN, lw.experts_down),
+        ):
+            if t is not None:
+                if t.dtype != torch.bfloat16 or not t.is_cuda or not t.is_contiguous():
+                    raise ValueError(f"layer {i}: megakernel weights must be contiguous bf16 CUDA tensors")
+                slots[slot] = t.data_ptr()
+        rows.append(slots)
+    return rows
+
+
+class MegakernelBackend:
+    name = "megakernel"
+    max_batch = abi.MK_MAX_TOKENS
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        *,
+        n_sms: int | None = None,
+        tiling: Tiling | None = None,
+        timeout_s: float = 10.0,
+        use_mma: bool = True,
+    ):
+        from mkcode.backend.megakernel import native  # builds on first use if needed
+
+        if not weights.embed.is_cuda:
+            raise ValueError("MegakernelBackend needs the weights on a CUDA device")
+        self.cfg, self.w = cfg, weights
+        self.device = weights.embed.device
+        self.tiling = tiling or default_tiling(cfg)
+        self.tiling.validate(cfg)
+        self.mod = native.load()
+        info = self.mod.device_info()
+        self.n_sms = int(n_sms or info["sm_count"])
+        self.timeout_s = timeout_s
+        self.use_mma = use_mma
+        for name, t in (
+            ("embed", weights.embed),
+            ("final_norm", weights.final_norm),
+            ("lm_head", weights.lm_head),
+        ):
+            if t.dtype != torch.bfloat16 or not t.is_contiguous():
+                raise ValueError(f"{name}: megakernel weights must be contiguous bf16")
+        self.ws = Workspace.allocate(cfg, self.tiling, self.device)
+        self.layer_w = torch.tensor(_layer_weight_ptrs(cfg, weights), dtype=torch.int64, device=self.device)
+        flags = []
+        for i in range(cfg.num_hidden_layers):
+            f = (abi.MK_LAYER_ROPE if cfg.uses_rope(i) else 0) | (
+                abi.MK_LAYER_SLIDING if cfg.is_sliding(i) else 0
+            )
+            flags.append(f | (abi.MK_LAYER_DENSE if cfg.is_dense(i) else 0))
+        self.layer_flags = torch.tensor(flags, dtype=torch.int32, device=self.device)
+        self.err = torch.zeros(abi.MK_ERR_WORDS, dtype=torch.int32, device=self.device)
+        self._cache: dict[tuple, _Prepared] = {}
+        self._alloc_counters(1024)
+        G = cfg.gqa_group
+        D = cfg.prefix_dense_intermediate_size
+        self.max_k = max(
+            cfg.hidden_size,
+            G * cfg.head_dim,
+            (D // self.tiling.mlp_splits) if D else 0,
+            cfg.intermediate_size,
+        )
+        self.steps = 0
+
+    # ---- counters ------------------------------------------------------------------------------
+    def _alloc_counters(self, capacity: int) -> None:
+        self.counters = torch.zeros(capacity, dtype=torch.int32, device=self.device)
+        self.base_dev = torch.zeros(capacity, dtype=torch.int32, device=self.device)
+        self.bank = CounterBank(capacity)
+
+    def reset_counters(self) -> None:
+        """After an error the device counters are unknown: start again from zero."""
+        self.counters.zero_()
+        self.bank = CounterBank(self.bank.capacity)
+
+    # ---- schedules -----------------------------------------------------------------------------
+    def _prepare(self, positions: list[int]) -> _Prepared:
+        B = len(positions)
+        splits = attention_splits(self.cfg, positions, self.tiling, self.n_sms)
+        key = (B, tuple(splits[False]), tuple(splits[True]))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        sched = build_schedule(self.cfg, B, positions, self.n_sms, self.tiling, splits)
+        return self._upload(key, sched)
+
+    def _upload(self, key, sched: Schedule) -> _Prepared:
+        if sched.n_counters > self.bank.capacity:
+            torch.cuda.synchronize(self.device)
+            self._alloc_counters(max(sched.n_counters, 2 * self.bank.capacity))
+        desc, ntasks = sched.desc_array()
+        qd = sched.queue_desc if len(sched.queue_desc) else np.zeros((1, abi.MK_DESC_WORDS), np.int32)
+        qi = sched.queue_info if len(sched.queue_info) else np.zeros((1, 4), np.int32)
+        dev = self.device
+        prep = _Prepared(
+            sched,
+            torch.from_numpy(desc).to(dev),
+            torch.from_numpy(ntasks).to(dev),
+            torch.from_numpy(np.ascontiguousarray(qd)).to(dev),
+            torch.from_numpy(np.ascontiguousarray(qi)).to(dev),
+            int(desc.shape[1]),
+        )
+        if key is not None:
+            self._cache[key] = prep
+        return prep
+
+    # ---- launching -----------------------------------------------------------------------------
+    def _params(self, prep: _Prepared, batch: DecodeBatch) -> tuple[list[int], list[int], list[float]]:
+        cfg, t, ws = self.cfg, self.tiling, self.ws
+        tensors = {
+            "desc": prep.desc,
+            "ntasks": prep.ntasks,
+            "queue": prep.queue,
+            "queue_info": prep.queue_info,
+            "counters": self.counters,
+            "base": self.base_dev,
+            "err": self.err,
+            "token_ids": batch.token_ids,
+            "positions": batch.positions,
+            "block_tables": batch.block_tables,
+            "kv_pool": batch.kv_pool,
+            "layer_w": self.layer_w,
+            "layer_flags": self.layer_flags,
+            "embed": self.w.embed,
+            "final_norm": self.w.final_norm,
+            "lm_head": self.w.lm_head,
+        }
+        tensors.update(ws.bufs)
+        ptrs = [int(tensors[n].data_ptr()) for n in abi.PARAM_PTRS]
+        I, H = cfg.intermediate_size, cfg.hidden_size
+        ints = {
+            "n_sms": self.n_sms,
+            "max_tasks": prep.max_tasks,
+            "batch": batch.size,
+            "num_layers": cfg.num_hidden_layers,
+            "hidden": H,
+            "num_heads": cfg.num_attention_heads,
+            "num_kv_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim,
+            "dense_inter": max(cfg.prefix_dense_intermediate_size, 1),
+            "moe_inter": max(I, 1),
+            "num_experts": max(cfg.num_experts, 1),
+            "top_k": max(cfg.num_experts_per_tok, 1),
+            "vocab": cfg.vocab_size,
+            "max_pages": int(batch.block_tables.shape[2]),
+            "max_splits": t.max_splits,
+            "mlp_splits": t.mlp_splits,
+            "n_lm_tiles": prep.sched.n_lm_tiles,
+            "dyn_base": 0,
+            "moe_up_tiles": (I // t.moe_up_cols) if I else 0,
+            "moe_up_cols": t.moe_up_cols,
+            "moe_down_tiles": H // t.moe_down_rows,
+            "moe_down_rows": t.moe_down_rows,
+            "sliding_window": cfg.sliding_window,
+            "selection_sigmoid": int(cfg.expert_selection_fn == "sigmoid"),
+            "norm_topk": int(cfg.norm_topk_prob),
+            "use_mma": int(self.use_mma),
+            "timeout_ms": max(1, int(self.timeout_s * 500)),
+        }
+        floats = {
+            "rms_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "logit_scale": cfg.logit_scale,
+            "attn_scale": 1.0 / math.sqrt(cfg.head_dim),
+        }
+        return ptrs, [int(ints[n]) for n in abi.PARAM_INTS], [float(floats[n]) for n in abi.PARAM_FLOATS]
+
+    def _check_batch(self, batch: DecodeBatch) -> None:
+        B = batch.size
+        if not 1 <= B <= self.max_batch:
+            raise ValueError(f"batch of {B}: the megakernel runs 1..{self.max_batch} rows")
+        L, Hkv, d = self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim
+        for name, t, dtype in (
+            ("token_ids", batch.token_ids, torch.int64),
+            ("positions", batch.positions, torch.int64),
+            ("block_tables", batch.block_tables, torch.int32),
+            ("kv_pool", batch.kv_pool, torch.bfloat16),
+        ):
+            if t.device != self.device or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous {dtype} tensor on {self.device}")
+        if tuple(batch.block_tables.shape[:2]) != (L, B):
+            raise ValueError(f"block_tables must be [{L}, {B}, P], got {tuple(batch.block_tables.shape)}")
+        if tuple(batch.kv_pool.shape[1:]) != (2, Hkv, 64, d):
+            raise ValueError(f"kv_pool must be [pages, 2, {Hkv}, 64, {d}], got {tuple(batch.kv_pool.shape)}")
+
+    def launch(
+        self, batch: DecodeBatch, prep: _Prepared | None = None, positions: list[int] | None = None
+    ) -> _Prepared:
+        """Enqueue one step on the current stream (no sync, no error check): for timing loops."""
+        if prep is None:
+            prep = self._prepare(positions if positions is not None else batch.positions.tolist())
+        self.bank.prepare(prep.sched)
+        self.base_dev.copy_(torch.from_numpy(self.bank.base.view(np.int32)), non_blocking=False)
+        ptrs, ints, floats = self._params(prep, batch)
+        self.mod.launch(ptrs, ints, floats, self.max_k, torch.cuda.current_stream(self.device).cuda_stream)
+        self.bank.step_done(prep.sched)
+        self.steps += 1
+        return prep
+
+    def wait(self) -> None:
+        """Wait for the launched work with the watchdog, then check the kernel's error word."""
+        ev = torch.cuda.Event()
+        ev.record()
+        deadline = time.monotonic() + self.timeout_s
+        while not ev.query():
+            if time.monotonic() > deadline:
+                raise MegakernelTimeout(
+                    f"megakernel step did not finish in {self.timeout_s:.1f} s (the GPU is still busy; "
+                    "the in-kernel watchdog should abort it shortly)"
+                )
+            time.sleep(0.0002)
+        err = self.err.tolist()
+        if err[0] != abi.MK_ERR_NONE:
+            self.err.zero_()
+            self.reset_counters()
+            raise MegakernelError(
+                f"megakernel {ERROR_NAMES.get(err[0], err[0])}: block {err[1]}, task {err[2]}, "
+                f"counter {err[3]} value {err[4]} target {err[5]}"
+            )
+
+    def decode(self, batch: DecodeBatch) -> torch.Tensor:
+        """Run one step; return fp32 logits [B, vocab]. New K/V land in batch.kv_pool."""
+        self._check_batch(batch)
+        self.launch(batch)
+        self.wait()
+        return self.ws["logits"][: batch.size].clone()
+
+    def greedy_tokens(self, batch_size: int) -> torch.Tensor:
+        """The step's on-device greedy samples [B] (int64), valid after decode()."""
+        return self.ws["tokens_out"][:batch_size].clone()
+
+    def run_tasks(self, tasks: np.ndarray, batch: DecodeBatch, n_sms: int | None = None) -> None:
+        """Run an arbitrary descriptor list (no queues) dealt over `n_sms` blocks: per-op tests."""
+        n = n_sms or min(self.n_sms, len(tasks))
+        from mkcode.backend.megakernel.schedule import CounterSet
+
+        sm_lists = [list(range(i, len(tasks), n)) for i in range(n)]
+        cs = CounterSet(names=[f"c{i}" for i in range(self.bank.capacity)], totals=[0] * self.bank.capacity)
+        sched = Schedule(
+            self.cfg,
+            self.tiling,
+            batch.size,
+            n,
+            {False: [], True: []},
+            tasks.astype(np.int32),
+            sm_lists,
+            np.zeros((0, abi.MK_DESC_WORDS), np.int32),
+            np.zeros((0, 4), np.int32),
+            cs,
+            -(-self.cfg.vocab_size // self.tiling.lm_rows),
+        )
+        saved = self.n_sms
+        self.n_sms = n
+        try:
+            self.launch(batch, self._upload(None, sched))
+            self.wait()
+        finally:
+            self.n_sms = saved
+            self.reset_counters()  # these tasks' signals are outside the bases' bookkeeping

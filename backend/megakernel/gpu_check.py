@@ -1,0 +1,175 @@
+"""GPU measurements of the megakernel, for the device tool (one call does several things).
+
+    python -m mkcode.backend.megakernel.gpu_check bench --out DIR [--contexts 8192] [--batches 1 8]
+    python -m mkcode.backend.megakernel.gpu_check sanitize      # one reduced step (run under compute-sanitizer)
+
+`bench` measures HBM bandwidth (device-to-device copy, bytes read + written), then times decode
+steps at the release geometry (random bf16 weights made on the GPU) with CUDA events, median of
+many, and reports tok/s and % of speed-of-light from the bytes the step really read (DESIGN §4:
+weights of attention, dense layer, routers, the distinct experts the batch routed to, LM head, and
+every row's visible KV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mkcode.backend.megakernel.testing import make_case, reduced_config
+from mkcode.backend.model.config import ModelConfig, north_mini_code_config
+from mkcode.backend.model.weights import random_weights
+
+
+def hbm_bandwidth(gb: float = 4.0, reps: int = 20) -> float:
+    n = int(gb * 1e9) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * n * 2 / statistics.median(times)
+
+
+def step_bytes(cfg: ModelConfig, contexts: list[int], active_experts: list[int]) -> dict[str, int]:
+    H, bf = cfg.hidden_size, 2
+    attn = cfg.num_hidden_layers * (cfg.q_width + 2 * cfg.kv_width + cfg.q_width) * H * bf
+    dense = sum(3 * H * cfg.prefix_dense_intermediate_size * bf for i in cfg.dense_layers)
+    n_moe = cfg.num_hidden_layers - len(cfg.dense_layers)
+    routers = n_moe * cfg.num_experts * H * bf
+    experts = sum(active_experts) * 3 * H * cfg.intermediate_size * bf
+    lm = cfg.vocab_size * H * bf
+    per_tok = 2 * cfg.kv_width * bf
+    kv = 0
+    for layer in range(cfg.num_hidden_layers):
+        w = cfg.window(layer)
+        for c in contexts:
+            kv += (min(c + 1, w) if w else c + 1) * per_tok
+    parts = {
+        "attention_weights": attn,
+        "dense_mlp": dense,
+        "routers": routers,
+        "experts": experts,
+        "lm_head": lm,
+        "kv": kv,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def time_steps(be, batch, reps: int) -> list[float]:
+    prep = be.launch(batch)
+    be.wait()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        be.launch(batch, prep)
+        e.record()
+        be.wait()
+        times.append(s.elapsed_time(e) / 1e3)
+    return times
+
+
+def bench(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel.backend import MegakernelBackend
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.cuda.get_device_name(0)
+    bw = hbm_bandwidth()
+    print(f"{dev}: device copy {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    cfg = north_mini_code_config()
+    t0 = time.time()
+    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    torch.cuda.synchronize()
+    print(f"release-geometry weights made in {time.time() - t0:.1f} s", flush=True)
+    results = {"device": dev, "hbm_bytes_per_s": bw, "date": time.strftime("%Y-%m-%d"), "runs": []}
+    variants = [("mma", True)] + ([("fma", False)] if args.fma else [])
+    be = MegakernelBackend(cfg, w)
+    for B in args.batches:
+        contexts = [args.context] * B
+        case = make_case(cfg, contexts, device="cuda", dtype=torch.bfloat16, seed=B)
+        for vname, use_mma in variants:
+            if vname == "fma" and B != 1:
+                continue
+            be.use_mma = use_mma
+            times = time_steps(be, case.batch, args.reps)
+            med = statistics.median(times)
+            active = be.ws["moe_info"][:, 0].tolist()
+            active = [a if not cfg.is_dense(i) else 0 for i, a in enumerate(active)]
+            by = step_bytes(cfg, contexts, active)
+            sol = by["total"] / bw
+            r = {
+                "batch": B,
+                "context": args.context,
+                "variant": vname,
+                "median_s": med,
+                "min_s": min(times),
+                "tok_per_s": B / med,
+                "bytes": by,
+                "sol_s": sol,
+                "pct_sol": 100 * sol / med,
+                "mean_active_experts": sum(active) / max(1, cfg.num_hidden_layers - len(cfg.dense_layers)),
+            }
+            results["runs"].append(r)
+            print(
+                f"BS {B} ctx {args.context} [{vname}]: step {med * 1e3:.3f} ms (min {min(times) * 1e3:.3f}), "
+                f"{B / med:.0f} tok/s, read {by['total'] / 1e9:.2f} GB, SOL {sol * 1e3:.3f} ms -> "
+                f"{100 * sol / med:.1f}% of SOL, experts/layer {r['mean_active_experts']:.1f}",
+                flush=True,
+            )
+        del case
+    be.use_mma = True
+    (out / "bench.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def sanitize(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel.backend import MegakernelBackend
+
+    cfg = reduced_config(
+        num_hidden_layers=2,
+        layer_types=["full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse"],
+        vocab_size=1024,
+    )
+    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=1, std=0.05)
+    be = MegakernelBackend(cfg, w, n_sms=16, timeout_s=120)
+    case = make_case(cfg, [3, 64, 300], device="cuda", dtype=torch.bfloat16, seed=2)
+    logits = be.decode(case.batch)
+    print("sanitize step ok:", bool(torch.isfinite(logits).all()), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gpu_check")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench")
+    b.add_argument("--out", default="bench_out")
+    b.add_argument("--context", type=int, default=8192)
+    b.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    b.add_argument("--reps", type=int, default=30)
+    b.add_argument("--fma", action="store_true", help="also time the FMA (no tensor core) GEMV at BS 1")
+    b.set_defaults(func=bench)
+    s = sub.add_parser("sanitize")
+    s.set_defaults(func=sanitize)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+// mk_device.cuh: device-side building blocks of the megakernel: the parameter block, memory
+// access helpers with the right cache/ordering semantics, counter waits and signals, and the
+// tiny-M GEMV engine (weights as the mma A operand, <= 8 tokens as N).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "mk_abi.h"
+#include "mk_params.h"
+
+namespace mk {
+
+constexpr int NT = 512;  // threads per block (16 warps); one block per SM
+constexpr int NWARPS = NT / 32;
+constexpr int MAXROWS = 16 * NWARPS;  // rows of one GEMV tile at most
+constexpr int ACT_PAD = 32;           // bf16 padding per staged activation row (bank spread)
+
+typedef __nv_bfloat16 bf16;
+
+// ---- memory helpers ----------------------------------------------------------------------------
+
+// Immutable weights: read-only path, no L1 allocation (streamed once per step).
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// Data written by other SMs during this step: L2 (coherent) loads, never a stale L1 line.
+__device__ __forceinline__ float4 ld_cg4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ int ld_cg(const int* p) { return __ldcg(p); }
+__device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+
+// Ask L2 to fetch an immutable weight range before the task waits on its inputs.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  // 16-byte aligned, size a multiple of 16 (callers round down; a prefetch is only a hint)
+  bytes &= ~15u;
+  if (bytes == 0 || (reinterpret_cast<uintptr_t>(p) & 15)) return;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// ---- errors and the watchdog --------------------------------------------------------------------
+
+__device__ __forceinline__ bool aborted(const Params& p) {
+  return *reinterpret_cast<volatile int*>(p.err) != MK_ERR_NONE;
+}
+
+__device__ __forceinline__ void raise_error(const Params& p, int code, int task, int a, int b, int c) {
+  int* err = reinterpret_cast<int*>(p.err);
+  if (atomicCAS(err, MK_ERR_NONE, code) == MK_ERR_NONE) {
+    err[1] = blockIdx.x;
+    err[2] = task;
+    err[3] = a;
+    err[4] = b;
+    err[5] = c;
+    __threadfence_system();
+  }
+}
+
+// Thread 0 only: wait until counter c reaches base[c] + rel (wrapping compare), acquire ordering.
+// Returns false on timeout or when another block has failed (the step is then abandoned).
+__device__ bool wait_counter(const Params& p, int c, int rel, int task) {
+  const uint32_t* cnt = reinterpret_cast<const uint32_t*>(p.counters) + c;
+  const uint32_t target = reinterpret_cast<const uint32_t*>(p.base)[c] + (uint32_t)rel;
+  uint32_t v = ld_acquire(cnt);
+  if ((int32_t)(v - target) >= 0) return true;
+  const uint64_t t0 = globaltimer();
+  const uint64_t limit = (uint64_t)p.timeout_ms * 1000000ull;
+  while (true) {
+    __nanosleep(40);
+    v = ld_acquire(cnt);
+    if ((int32_t)(v - target) >= 0) return true;
+    if (aborted(p)) return false;
+    if (globaltimer() - t0 > limit) {
+      raise_error(p, MK_ERR_TIMEOUT, task, c, (int)v, (int)target);
+      return false;
+    }
+  }
+}
+
+// ---- tiny-M GEMV on the tensor cores -------------------------------------------------------------
+//
+// out[r][n] = sum_k W_r[k] * act[n][k] for r < nrows, n < 8, with W_r = W0 + r*ld0 for r < nsplit
+// and W1 + (r - nsplit)*ld1 after (gate|up pairs). One warp computes a 16-row x 8-token block with
+// mma.m16n8k16 (fp32 accumulate): each thread loads 16 contiguous bytes of weight row g and of row
+// g+8 and 16 bytes of token g's activations; since a dot product does not care about the order of
+// its k terms, those 8 contiguous k values are assigned to the fragment's k slots {2t,2t+1,2t+8,
+// 2t+9} of two consecutive mma k16 steps, for A and B alike. Warps of one 16-row group split K.
+// Activations are staged in shared memory as bf16 [8][klen + ACT_PAD].
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct Gemv {
+  const bf16* W0;
+  long ld0;
+  const bf16* W1;
+  long ld1;
+  int nsplit;
+  int nrows;
+  int klen;
+};
+
+__device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
+  r = r < g.nrows ? r : g.nrows - 1;  // rows past the tile repeat the last one; results unused
+  return r < g.nsplit ? g.W0 + (long)r * g.ld0 : g.W1 + (long)(r - g.nsplit) * g.ld1;
+}
+
+// Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
+__device__ void stage_act(bf16* act_s, const float* src, long stride, const int* rows, int k0, int klen) {
+  const int lds = klen + ACT_PAD;
+  const int per_row = klen / 4;
+  for (int i = threadIdx.x; i < 8 * per_row; i += NT) {
+    const int n = i / per_row, k = (i % per_row) * 4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (rows[n] >= 0) v = ld_cg4(src + rows[n] * stride + k0 + k);
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
+  }
+}
+
+// Result: out_s[r * 8 + n] (fp32). red_s: NWARPS*128 floats scratch. Ends with __syncthreads().
+__device__ void gemv_mma(const Gemv& g, const bf16* act_s, float* red_s, float* out_s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane >> 2, t = lane & 3;
+  const int lds = g.klen + ACT_PAD;
+  const int ngroups = (g.nrows + 15) / 16;
+  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per 16-row group
+  const int gslots = NWARPS / wpg;
+  const int kw = warp % wpg;
+  const int stride = wpg * 32;
+  for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
+    const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
+    const bf16* xa = act_s + gid * lds + t * 8;
+    constexpr int U = 4;
+    for (int kc = kw * 32; kc < g.klen; kc += U * stride) {
+      uint4 wa[U], wb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int kk = kc + u * stride;
+        if (kk < g.klen) {
+          wa[u] = ld_weight16(ra + kk);
+          wb[u] = ld_weight16(rb + kk);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int kk = kc + u * stride;
+        if (kk < g.klen) {
+          const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk);
+          mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
+          mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
+        }
+      }
+    }
+    // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
+    float* red = red_s + (grp * wpg + kw) * 128;
+    red[gid * 8 + 2 * t] = c[0];
+    red[gid * 8 + 2 * t + 1] = c[1];
+    red[(gid + 8) * 8 + 2 * t] = c[2];
+    red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
+    const int r = i / 8, n = i % 8, grp = r / 16;
+    float s = 0.f;
+    for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
+    out_s[i] = s;
+  }
+  __syncthreads();
+}
+
+// Plain FMA fallback with the same contract (use_mma = 0): a warp per row, lanes stride K.
+__device__ void gemv_fma(const Gemv& g, const bf16* act_s, float* out_s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int lds = g.klen + ACT_PAD;
+  for (int r = warp; r < g.nrows; r += NWARPS) {
+    const bf16* w = gemv_row(g, r);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k = lane * 8; k < g.klen; k += 256) {
+      const uint4 wv = ld_weight16(w + k);
+      const bf16* wp = reinterpret_cast<const bf16*>(&wv);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const bf16* x = act_s + n * lds + k;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[n] += __bfloat162float(wp[j]) * __bfloat162float(x[j]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      float v = acc[n];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) out_s[r * 8 + n] = v;
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const bf16* act_s, float* red_s,
+                                     float* out_s) {
+  if (p.use_mma)
+    gemv_mma(g, act_s, red_s, out_s);
+  else
+    gemv_fma(g, act_s, out_s);
+}
+
+// Block-wide sum (all threads get the result). scratch: NWARPS floats.
+__device__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < NWARPS; ++w) s += scratch[w];
+  __syncthreads();
+  return s;
+}
+
+}  // namespace mk

@@ -1,0 +1,788 @@
+// mk_kernel.cuh: the persistent decode megakernel. One block per SM walks its descriptor list
+// (built by mkcode.backend.megakernel.schedule); each task prefetches its weights to L2, waits on
+// its counters, runs, and signals. DRAIN tasks claim further tasks from work queues. The semantics
+// of each opcode are those of mkcode.backend.megakernel.emulator_ops (the tests compare them).
+#pragma once
+
+#include "mk_device.cuh"
+
+namespace mk {
+
+// Shared-memory carve-up (dynamic smem), sized on the host by mk_smem_bytes().
+struct Smem {
+  bf16* act;    // [8][klen + ACT_PAD]
+  float* red;   // [NWARPS * 128]
+  float* out;   // [MAXROWS * 8]
+  float* misc;  // [NWARPS + 64]
+  unsigned char* raw;
+};
+
+__device__ __forceinline__ Smem carve(unsigned char* base, int max_k) {
+  Smem s;
+  s.raw = base;
+  s.act = reinterpret_cast<bf16*>(base);
+  size_t off = (size_t)8 * (max_k + ACT_PAD) * sizeof(bf16);
+  off = (off + 15) & ~(size_t)15;
+  s.red = reinterpret_cast<float*>(base + off);
+  off += NWARPS * 128 * sizeof(float);
+  s.out = reinterpret_cast<float*>(base + off);
+  off += MAXROWS * 8 * sizeof(float);
+  s.misc = reinterpret_cast<float*>(base + off);
+  return s;
+}
+
+// ---- indexing of the workspace (row strides are MK_MAX_TOKENS = 8) ----------------------------
+
+struct View {
+  const Params& p;
+  __device__ View(const Params& pp) : p(pp) {}
+  __device__ int B() const { return p.batch; }
+  __device__ int H() const { return p.hidden; }
+  __device__ int QW() const { return p.num_heads * p.head_dim; }
+  __device__ int KVW() const { return p.num_kv_heads * p.head_dim; }
+  __device__ float* x(int l) const { return (float*)p.x + (size_t)l * 8 * p.hidden; }
+  __device__ float* h(int l) const { return (float*)p.h + (size_t)l * 8 * p.hidden; }
+  __device__ float* q(int l) const { return (float*)p.q + (size_t)l * 8 * QW(); }
+  __device__ float* attn_out(int l) const { return (float*)p.attn_out + (size_t)l * 8 * QW(); }
+  __device__ float* ao_part(int l, int s) const {
+    return (float*)p.ao_part + ((size_t)l * p.num_kv_heads + s) * 8 * p.hidden;
+  }
+  __device__ float* dense_act(int l) const { return (float*)p.dense_act + (size_t)l * 8 * p.dense_inter; }
+  __device__ float* mlp_part(int l, int s) const {
+    return (float*)p.mlp_part + ((size_t)l * p.mlp_splits + s) * 8 * p.hidden;
+  }
+  __device__ float* rlogits(int l) const { return (float*)p.rlogits + (size_t)l * 8 * p.num_experts; }
+  __device__ float* route_w(int l) const { return (float*)p.route_w + (size_t)l * 8 * p.top_k; }
+  __device__ int* expert_tab(int l) const {
+    return (int*)p.expert_tab + (size_t)l * p.num_experts * (2 + MK_MAX_TOKENS);
+  }
+  __device__ int* moe_info(int l) const { return (int*)p.moe_info + (size_t)l * 4; }
+  __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
+  __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
+  __device__ const bf16* lw(int l, int slot) const {
+    return reinterpret_cast<const bf16*>(((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + slot]);
+  }
+  __device__ int flags(int l) const { return ((const int*)p.layer_flags)[l]; }
+  __device__ int page(int l, int b, int pos) const {
+    return ((const int*)p.block_tables)[((size_t)l * p.batch + b) * p.max_pages + pos / 64];
+  }
+  __device__ long long position(int b) const { return ((const long long*)p.positions)[b]; }
+  __device__ bf16* kv(int page, int which, int head, int slot) const {
+    return (bf16*)p.kv_pool + ((((size_t)page * 2 + which) * p.num_kv_heads + head) * 64 + slot) * p.head_dim;
+  }
+  __device__ uint32_t* counter(int c) const { return (uint32_t*)p.counters + c; }
+};
+
+__device__ __forceinline__ void rows_identity(int* rows, int B) {
+  if (threadIdx.x < 8) rows[threadIdx.x] = (int)threadIdx.x < B ? (int)threadIdx.x : -1;
+}
+
+// RMSNorm of one row held in `v` (fp32, H values, stored in smem by the caller) -> dst.
+__device__ void rms_row(const Params& p, const float* v, const bf16* w, float* dst, float* scratch) {
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < p.hidden; i += NT) ss += v[i] * v[i];
+  const float tot = block_sum(ss, scratch);
+  const float r = rsqrtf(tot / p.hidden + p.rms_eps);
+  for (int i = threadIdx.x; i < p.hidden; i += NT) dst[i] = v[i] * r * __bfloat162float(w[i]);
+}
+
+// ---- ops -------------------------------------------------------------------------------------------
+
+__device__ void op_embed(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const int b = d[MK_F_A0];
+  const long long tok = ((const long long*)p.token_ids)[b];
+  const bf16* e = (const bf16*)p.embed + (size_t)tok * p.hidden;
+  float* row = s.out;  // H floats (H <= MAXROWS*8)
+  float* x = V.x(0) + (size_t)b * p.hidden;
+  for (int i = threadIdx.x; i < p.hidden; i += NT) {
+    row[i] = __bfloat162float(e[i]);
+    x[i] = row[i];
+  }
+  __syncthreads();
+  rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
+}
+
+__device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
+  const int qw = V.QW(), kvw = V.KVW(), hd = p.head_dim;
+  int kind, local;
+  if (r0 < qw) {
+    kind = 0;
+    local = r0;
+  } else if (r0 < qw + kvw) {
+    kind = 1;
+    local = r0 - qw;
+  } else {
+    kind = 2;
+    local = r0 - qw - kvw;
+  }
+  const bf16* W = V.lw(l, kind == 0 ? MK_LW_Q : kind == 1 ? MK_LW_K : MK_LW_V) + (size_t)local * p.hidden;
+  rows_identity(rows, p.batch);
+  __syncthreads();
+  stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
+  __syncthreads();
+  Gemv g{W, p.hidden, W, p.hidden, n, n, p.hidden};
+  gemv(p, g, s.act, s.red, s.out);
+  const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
+  for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
+    const int b = i % p.batch, r = (i / p.batch) * 2;
+    float v0 = s.out[r * 8 + b], v1 = s.out[(r + 1) * 8 + b];
+    const long long pos = V.position(b);
+    const int col = local + r;  // even
+    if (rope) {
+      const int pair = (col % hd) / 2;
+      const float inv = 1.0f / powf(p.rope_theta, (float)(2 * pair) / (float)hd);
+      const float ang = (float)pos * inv;
+      float sn, cs;
+      sincosf(ang, &sn, &cs);
+      const float a = v0 * cs - v1 * sn, c = v0 * sn + v1 * cs;
+      v0 = a;
+      v1 = c;
+    }
+    if (kind == 0) {
+      float* q = V.q(l) + (size_t)b * qw + col;
+      q[0] = v0;
+      q[1] = v1;
+    } else {
+      const int pg = V.page(l, b, (int)pos);
+      bf16* dst = V.kv(pg, kind - 1, col / hd, (int)(pos % 64)) + col % hd;
+      *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+    }
+  }
+}
+
+// Split-KV attention of one (row, kv head, split): online softmax in base 2 over whole pages.
+__device__ void op_attn(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2], S = d[MK_F_A3];
+  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads;
+  const long long pos = V.position(b);
+  const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
+  const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
+  const long long p_lo = lo / 64, p_hi = pos / 64;
+  const long long per = (p_hi - p_lo + 1 + S - 1) / S;
+  long long a = (p_lo + split * per) * 64, e = (p_lo + (split + 1) * per) * 64;
+  if (a < lo) a = lo;
+  if (e > pos + 1) e = pos + 1;
+  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * hd;
+  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  if (a >= e) {
+    for (int i = threadIdx.x; i < G * hd; i += NT) o_base[((size_t)(i / hd) * p.max_splits + split) * hd + i % hd] = 0.f;
+    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
+    return;
+  }
+  // smem: q_s [G][hd] fp32 (pre-scaled into log2 units), K_s/V_s [64][hd+8] bf16, sc [G][64], stats
+  const int kld = hd + 8;
+  float* q_s = reinterpret_cast<float*>(s.raw);
+  bf16* K_s = reinterpret_cast<bf16*>(q_s + G * hd);
+  bf16* V_s = K_s + 64 * kld;
+  float* sc = reinterpret_cast<float*>(V_s + 64 * kld);
+  float* m_s = sc + G * 64;
+  float* l_s = m_s + G;
+  float* corr_s = l_s + G;
+  const float scale = p.attn_scale * 1.4426950408889634f;
+  const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
+  for (int i = threadIdx.x; i < G * hd; i += NT) q_s[i] = ld_cg(qsrc + i) * scale;
+  if (threadIdx.x < G) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.f;
+  }
+  constexpr int OPT = 4;  // outputs per thread at most (G*hd <= 2048)
+  float acc[OPT];
+#pragma unroll
+  for (int j = 0; j < OPT; ++j) acc[j] = 0.f;
+  const int chunks = hd / 8;  // 16-byte chunks per K/V row
+  for (long long pg = a / 64; pg <= (e - 1) / 64; ++pg) {
+    const int phys = V.page(l, b, (int)(pg * 64));
+    __syncthreads();  // previous page fully consumed
+    for (int i = threadIdx.x; i < 2 * 64 * chunks; i += NT) {
+      const int which = i / (64 * chunks), rem = i % (64 * chunks), key = rem / chunks, ch = rem % chunks;
+      const uint4 v = ld_cg16(V.kv(phys, which, kvh, key) + ch * 8);
+      *reinterpret_cast<uint4*>((which ? V_s : K_s) + key * kld + ch * 8) = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * 64; i += NT) {
+      const int hq = i / 64, key = i % 64;
+      const long long kp = pg * 64 + key;
+      float dot = -INFINITY;
+      if (kp >= a && kp < e) {
+        dot = 0.f;
+        const float* qq = q_s + hq * hd;
+        const bf16* kk = K_s + key * kld;
+        for (int c = 0; c < hd; c += 8) {
+          const uint4 kv4 = *reinterpret_cast<const uint4*>(kk + c);
+          const bf16* k8 = reinterpret_cast<const bf16*>(&kv4);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) dot += qq[c + j] * __bfloat162float(k8[j]);
+        }
+      }
+      sc[i] = dot;
+    }
+    __syncthreads();
+    {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      for (int hq = warp; hq < G; hq += NWARPS) {
+        const float s0 = sc[hq * 64 + lane], s1 = sc[hq * 64 + 32 + lane];
+        float mx = fmaxf(s0, s1);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_old = m_s[hq];
+        const float m_new = fmaxf(m_old, mx);  // finite: the page holds >= 1 visible key
+        const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
+        sc[hq * 64 + lane] = p0;
+        sc[hq * 64 + 32 + lane] = p1;
+        float sum = p0 + p1;
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        __syncwarp();
+        if (lane == 0) {
+          const float corr = exp2f(m_old - m_new);  // 0 when m_old = -inf
+          corr_s[hq] = corr;
+          l_s[hq] = l_s[hq] * corr + sum;
+          m_s[hq] = m_new;
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < OPT; ++j) {
+      const int i = threadIdx.x + j * NT;
+      if (i < G * hd) {
+        const int hq = i / hd, dim = i % hd;
+        float v = acc[j] * corr_s[hq];
+        const float* pr = sc + hq * 64;
+        for (int key = 0; key < 64; ++key) v += pr[key] * __bfloat162float(V_s[key * kld + dim]);
+        acc[j] = v;
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < OPT; ++j) {
+    const int i = threadIdx.x + j * NT;
+    if (i < G * hd) {
+      const int hq = i / hd, dim = i % hd;
+      o_base[((size_t)hq * p.max_splits + split) * hd + dim] = acc[j] / l_s[hq];
+    }
+  }
+  if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = m_s[threadIdx.x] * 0.6931471805599453f + logf(l_s[threadIdx.x]);
+}
+
+__device__ void op_attn_combine(const Params& p, const int* d) {
+  View V(p);
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
+  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads;
+  const float* o_base = (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * hd;
+  const float* lse_base = (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  float* out = V.attn_out(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
+  for (int i = threadIdx.x; i < G * hd; i += NT) {
+    const int hq = i / hd, dim = i % hd;
+    float m = -INFINITY;
+    for (int sp = 0; sp < S; ++sp) m = fmaxf(m, ld_cg(lse_base + hq * p.max_splits + sp));
+    float num = 0.f, den = 0.f;
+    for (int sp = 0; sp < S; ++sp) {
+      const float w = expf(ld_cg(lse_base + hq * p.max_splits + sp) - m);
+      den += w;
+      num += w * ld_cg(o_base + ((size_t)hq * p.max_splits + sp) * hd + dim);
+    }
+    out[i] = num / den;
+  }
+}
+
+// Generic "rows x K-range" GEMV tasks whose activations are the batch rows of one fp32 buffer.
+__device__ void gemv_rows(const Params& p, Smem& s, int* rows, const float* src, long stride, int k0, int klen,
+                          const Gemv& g) {
+  rows_identity(rows, p.batch);
+  __syncthreads();
+  stage_act(s.act, src, stride, rows, k0, klen);
+  __syncthreads();
+  gemv(p, g, s.act, s.red, s.out);
+}
+
+__device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
+  const bf16* W = V.lw(l, MK_LW_O) + (size_t)r0 * V.QW() + k0;
+  gemv_rows(p, s, rows, V.attn_out(l), V.QW(), k0, k1 - k0, Gemv{W, V.QW(), W, V.QW(), n, n, k1 - k0});
+  float* dst = V.ao_part(l, sp);
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    dst[(size_t)b * p.hidden + r0 + r] = s.out[r * 8 + b];
+  }
+}
+
+__device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
+  const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)c0 * p.hidden;
+  const bf16* Wu = V.lw(l, MK_LW_UP) + (size_t)c0 * p.hidden;
+  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden});
+  float* dst = V.dense_act(l);
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    dst[(size_t)b * p.dense_inter + c0 + r] = silu(s.out[r * 8 + b]) * s.out[(n + r) * 8 + b];
+  }
+}
+
+__device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
+  const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)r0 * p.dense_inter + k0;
+  gemv_rows(p, s, rows, V.dense_act(l), p.dense_inter, k0, k1 - k0,
+            Gemv{W, p.dense_inter, W, p.dense_inter, n, n, k1 - k0});
+  float* dst = V.mlp_part(l, sp);
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    dst[(size_t)b * p.hidden + r0 + r] = s.out[r * 8 + b];
+  }
+}
+
+__device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
+  const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)e0 * p.hidden;
+  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  float* dst = V.rlogits(l);
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    dst[(size_t)b * p.num_experts + e0 + r] = s.out[r * 8 + b];
+  }
+}
+
+// Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
+// ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
+__device__ void op_route(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch;
+  float* lg = s.out;                                     // [B][E]
+  int* ids = reinterpret_cast<int*>(s.out + 8 * E);      // [B][K]
+  int* cnt = ids + 8 * MK_MAX_TOKENS;                    // [E] tokens per expert
+  int* pos_s = cnt + E;                                  // [E] table position of each expert
+  for (int i = threadIdx.x; i < B * E; i += NT) lg[i] = ld_cg(V.rlogits(l) + (size_t)(i / E) * E + i % E);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < B) {
+    float* row = lg + warp * E;
+    float top[MK_MAX_TOKENS];
+    for (int j = 0; j < K; ++j) {
+      float best = -INFINITY;
+      int bi = 0x7fffffff;
+      for (int e = lane; e < E; e += 32) {
+        const float v = row[e];
+        if (v > best || (v == best && e < bi)) {
+          best = v;
+          bi = e;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+          best = ov;
+          bi = oi;
+        }
+      }
+      top[j] = best;
+      if (lane == 0) ids[warp * MK_MAX_TOKENS + j] = bi;
+      __syncwarp();
+      if (lane == 0) row[bi] = -INFINITY;
+      __syncwarp();
+    }
+    if (lane == 0) {
+      float w[MK_MAX_TOKENS];
+      float sum = 0.f;
+      if (!p.selection_sigmoid) {
+        const float m = top[0];
+        for (int j = 0; j < K; ++j) sum += (w[j] = expf(top[j] - m));
+        for (int j = 0; j < K; ++j) w[j] /= sum;
+      } else {
+        for (int j = 0; j < K; ++j) sum += (w[j] = 1.f / (1.f + expf(-top[j])));
+        if (p.norm_topk)
+          for (int j = 0; j < K; ++j) w[j] /= sum;
+      }
+      for (int j = 0; j < K; ++j) V.route_w(l)[warp * K + j] = w[j];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += NT) {
+    int c = 0;
+    for (int i = 0; i < B * K; ++i) c += ids[(i / K) * MK_MAX_TOKENS + i % K] == e;
+    cnt[e] = c;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += NT) {
+    int at = 0;
+    for (int f = 0; f < e; ++f) at += cnt[f] > 0;
+    pos_s[e] = at;
+    if (cnt[e] > 0) {
+      int* row = V.expert_tab(l) + (size_t)at * (2 + MK_MAX_TOKENS);
+      row[0] = e;
+      row[1] = cnt[e];
+      int k = 0;
+      for (int i = 0; i < B * K; ++i)
+        if (ids[(i / K) * MK_MAX_TOKENS + i % K] == e) row[2 + k++] = i;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int n_act = pos_s[E - 1] + (cnt[E - 1] > 0);
+    V.moe_info(l)[0] = n_act;
+    V.moe_info(l)[1] = n_act * (p.moe_up_tiles + p.moe_down_tiles);
+    atomicExch(V.counter(p.dyn_base + l * (E + 1)), 0u);
+  }
+  for (int e = threadIdx.x; e < E; e += NT) atomicExch(V.counter(p.dyn_base + l * (E + 1) + 1 + e), 0u);
+}
+
+__device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
+  if (threadIdx.x < 8) {
+    const int j = threadIdx.x;
+    rows[j] = j < d[MK_F_NTOK] ? (token_rows ? d[MK_F_SLOT0 + j] / K : d[MK_F_SLOT0 + j]) : -1;
+  }
+}
+
+__device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
+  const int I = p.moe_inter;
+  const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)e * 2 * I * p.hidden;
+  const bf16* Wg = gu + (size_t)c0 * p.hidden;
+  const bf16* Wu = gu + (size_t)(I + c0) * p.hidden;
+  moe_rows(d, rows, p.top_k, true);
+  __syncthreads();
+  stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
+  __syncthreads();
+  gemv(p, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden}, s.act, s.red, s.out);
+  const int nt = d[MK_F_NTOK];
+  float* dst = V.moe_act(l);
+  for (int i = threadIdx.x; i < n * nt; i += NT) {
+    const int r = i % n, j = i / n;
+    dst[(size_t)d[MK_F_SLOT0 + j] * I + c0 + r] = silu(s.out[r * 8 + j]) * s.out[(n + r) * 8 + j];
+  }
+}
+
+__device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int l = d[MK_F_LAYER], e = d[MK_F_A0], r0 = d[MK_F_A1], n = d[MK_F_A2];
+  const int I = p.moe_inter;
+  const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)e * p.hidden + r0) * I;
+  moe_rows(d, rows, p.top_k, false);
+  __syncthreads();
+  stage_act(s.act, V.moe_act(l), I, rows, 0, I);
+  __syncthreads();
+  gemv(p, Gemv{W, I, W, I, n, n, I}, s.act, s.red, s.out);
+  const int nt = d[MK_F_NTOK];
+  float* dst = V.moe_out(l);
+  for (int i = threadIdx.x; i < n * nt; i += NT) {
+    const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
+    dst[(size_t)slot * p.hidden + r0 + r] = ld_cg(V.route_w(l) + slot) * s.out[r * 8 + j];
+  }
+}
+
+__device__ void op_add_norm(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
+  const bool dense = V.flags(l) & MK_LAYER_DENSE;
+  float* row = s.out;
+  for (int i = threadIdx.x; i < H; i += NT) {
+    float v = ld_cg(V.x(l) + (size_t)b * H + i);
+    for (int sp = 0; sp < p.num_kv_heads; ++sp) v += ld_cg(V.ao_part(l, sp) + (size_t)b * H + i);
+    if (dense) {
+      for (int sp = 0; sp < p.mlp_splits; ++sp) v += ld_cg(V.mlp_part(l, sp) + (size_t)b * H + i);
+    } else {
+      for (int j = 0; j < p.top_k; ++j) v += ld_cg(V.moe_out(l) + (size_t)(b * p.top_k + j) * H + i);
+    }
+    row[i] = v;
+    V.x(l + 1)[(size_t)b * H + i] = v;
+  }
+  __syncthreads();
+  const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
+  rms_row(p, row, w, V.h(l + 1) + (size_t)b * H, s.misc);
+}
+
+__device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int r0 = d[MK_F_A0], n = d[MK_F_A1], t = d[MK_F_A2];
+  const bf16* W = (const bf16*)p.lm_head + (size_t)r0 * p.hidden;
+  gemv_rows(p, s, rows, V.h(p.num_layers), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  float* logits = (float*)p.logits;
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    logits[(size_t)b * p.vocab + r0 + r] = s.out[r * 8 + b] * p.logit_scale;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < p.batch) {
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int r = lane; r < n; r += 32) {
+      const float v = s.out[r * 8 + warp] * p.logit_scale;
+      if (v > best || (v == best && r < bi)) {
+        best = v;
+        bi = r;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) {
+        best = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      ((float*)p.lm_best)[(size_t)t * 8 + warp] = best;
+      ((int*)p.lm_arg)[(size_t)t * 8 + warp] = r0 + bi;
+    }
+  }
+}
+
+__device__ void op_sample(const Params& p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < p.batch) {
+    float best = -INFINITY;
+    int bt = 0x7fffffff;
+    for (int t = lane; t < p.n_lm_tiles; t += 32) {
+      const float v = ld_cg((const float*)p.lm_best + (size_t)t * 8 + warp);
+      if (v > best || (v == best && t < bt)) {
+        best = v;
+        bt = t;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bt, o);
+      if (ov > best || (ov == best && oi < bt)) {
+        best = ov;
+        bt = oi;
+      }
+    }
+    if (lane == 0) ((long long*)p.tokens_out)[warp] = ld_cg((const int*)p.lm_arg + (size_t)bt * 8 + warp);
+  }
+}
+
+// ---- prefetch, run, signal ------------------------------------------------------------------------
+
+// Issue L2 prefetches of the task's immutable weights (before its dependency wait).
+__device__ void prefetch_weights(const Params& p, const int* d) {
+  View V(p);
+  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
+  const int a0 = d[MK_F_A0], a1 = d[MK_F_A1], a2 = d[MK_F_A2], a3 = d[MK_F_A3];
+  const int H = p.hidden, tid = threadIdx.x;
+  switch (op) {
+    case MK_OP_QKV: {
+      if (tid == 0) {
+        const int qw = V.QW(), kvw = V.KVW();
+        const bf16* W = a0 < qw ? V.lw(l, MK_LW_Q) + (size_t)a0 * H
+                        : a0 < qw + kvw ? V.lw(l, MK_LW_K) + (size_t)(a0 - qw) * H
+                                        : V.lw(l, MK_LW_V) + (size_t)(a0 - qw - kvw) * H;
+        prefetch_l2(W, (uint32_t)a1 * H * 2);
+      }
+      break;
+    }
+    case MK_OP_ROUTER:
+      if (tid == 0) prefetch_l2(V.lw(l, MK_LW_ROUTER) + (size_t)a0 * H, (uint32_t)a1 * H * 2);
+      break;
+    case MK_OP_DENSE_UP:
+      if (tid == 0) prefetch_l2(V.lw(l, MK_LW_GATE) + (size_t)a0 * H, (uint32_t)a1 * H * 2);
+      if (tid == 32) prefetch_l2(V.lw(l, MK_LW_UP) + (size_t)a0 * H, (uint32_t)a1 * H * 2);
+      break;
+    case MK_OP_OPROJ:
+      if (tid < a1) prefetch_l2(V.lw(l, MK_LW_O) + (size_t)(a0 + tid) * V.QW() + a2, (uint32_t)(a3 - a2) * 2);
+      break;
+    case MK_OP_DENSE_DOWN:
+      if (tid < a1)
+        prefetch_l2(V.lw(l, MK_LW_DOWN) + (size_t)(a0 + tid) * p.dense_inter + a2, (uint32_t)(a3 - a2) * 2);
+      break;
+    case MK_OP_MOE_UP: {
+      const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)a0 * 2 * p.moe_inter * H;
+      if (tid == 0) prefetch_l2(gu + (size_t)a1 * H, (uint32_t)a2 * H * 2);
+      if (tid == 32) prefetch_l2(gu + (size_t)(p.moe_inter + a1) * H, (uint32_t)a2 * H * 2);
+      break;
+    }
+    case MK_OP_MOE_DOWN:
+      if (tid == 0)
+        prefetch_l2(V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * p.moe_inter, (uint32_t)a2 * p.moe_inter * 2);
+      break;
+    case MK_OP_LM_HEAD:
+      if (tid == 0) prefetch_l2((const bf16*)p.lm_head + (size_t)a0 * H, (uint32_t)a1 * H * 2);
+      break;
+    default:
+      break;
+  }
+}
+
+// Run one (non-DRAIN) descriptor held in shared memory. Returns false if the step was abandoned.
+__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
+  prefetch_weights(p, d);
+  if (threadIdx.x == 0) {
+    int ok = 1;
+    for (int i = 0; i < MK_MAX_WAITS && ok; ++i) {
+      const int c = d[MK_F_WAIT0 + 2 * i];
+      if (c != MK_NO_COUNTER) ok = wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID]);
+    }
+    __threadfence();
+    *flag = ok;
+  }
+  __syncthreads();
+  if (!*flag) return false;
+  switch (d[MK_F_OP]) {
+    case MK_OP_NOP:
+      break;
+    case MK_OP_EMBED:
+      op_embed(p, d, s);
+      break;
+    case MK_OP_QKV:
+      op_qkv(p, d, s, rows);
+      break;
+    case MK_OP_ATTN:
+      op_attn(p, d, s);
+      break;
+    case MK_OP_ATTN_COMBINE:
+      op_attn_combine(p, d);
+      break;
+    case MK_OP_OPROJ:
+      op_oproj(p, d, s, rows);
+      break;
+    case MK_OP_DENSE_UP:
+      op_dense_up(p, d, s, rows);
+      break;
+    case MK_OP_DENSE_DOWN:
+      op_dense_down(p, d, s, rows);
+      break;
+    case MK_OP_ROUTER:
+      op_router(p, d, s, rows);
+      break;
+    case MK_OP_ROUTE:
+      op_route(p, d, s);
+      break;
+    case MK_OP_MOE_UP:
+      op_moe_up(p, d, s, rows);
+      break;
+    case MK_OP_MOE_DOWN:
+      op_moe_down(p, d, s, rows);
+      break;
+    case MK_OP_ADD_NORM:
+      op_add_norm(p, d, s);
+      break;
+    case MK_OP_LM_HEAD:
+      op_lm_head(p, d, s, rows);
+      break;
+    case MK_OP_SAMPLE:
+      op_sample(p);
+      break;
+    case MK_OP_DRAIN:  // handled by the caller; a queue item is never a DRAIN
+    default:
+      if (threadIdx.x == 0) raise_error(p, MK_ERR_BAD_OPCODE, d[MK_F_ID], d[MK_F_OP], 0, 0);
+      return false;
+  }
+  __syncthreads();  // every thread's writes are done
+  if (threadIdx.x == 0) {
+    __threadfence();  // release: the writes above before the counter increments
+    const int amount = d[MK_F_SIG_AMOUNT] ? d[MK_F_SIG_AMOUNT] : 1;
+    for (int i = 0; i < MK_MAX_SIGNALS; ++i) {
+      const int c = d[MK_F_SIG0 + i];
+      if (c != MK_NO_COUNTER) atomicAdd((unsigned int*)p.counters + c, (unsigned int)amount);
+    }
+  }
+  return true;
+}
+
+// Build MoE queue item `idx` of layer l into `item` (thread 0). Returns false past the end.
+__device__ bool moe_item(const Params& p, int l, int idx, int mlp_counter, int* item) {
+  View V(p);
+  const int n_act = ld_cg(V.moe_info(l));
+  const int up = p.moe_up_tiles, down = p.moe_down_tiles;
+  if (idx >= n_act * (up + down)) return false;
+  for (int i = 0; i < MK_DESC_WORDS; ++i) item[i] = 0;
+  int a, t;
+  const bool is_up = idx < n_act * up;
+  if (is_up) {
+    a = idx / up;
+    t = idx % up;
+  } else {
+    a = (idx - n_act * up) / down;
+    t = (idx - n_act * up) % down;
+  }
+  const int* row = V.expert_tab(l) + (size_t)a * (2 + MK_MAX_TOKENS);
+  const int e = ld_cg(row), ntok = ld_cg(row + 1);
+  const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
+  item[MK_F_OP] = is_up ? MK_OP_MOE_UP : MK_OP_MOE_DOWN;
+  item[MK_F_LAYER] = l;
+  item[MK_F_A0] = e;
+  item[MK_F_A1] = is_up ? t * p.moe_up_cols : t * p.moe_down_rows;
+  item[MK_F_A2] = is_up ? p.moe_up_cols : p.moe_down_rows;
+  for (int i = 0; i < MK_MAX_WAITS; ++i) item[MK_F_WAIT0 + 2 * i] = MK_NO_COUNTER;
+  if (!is_up) {
+    item[MK_F_NWAIT] = 1;
+    item[MK_F_WAIT0] = ecounter;
+    item[MK_F_WAIT0 + 1] = up;
+  }
+  item[MK_F_NSIG] = 1;
+  item[MK_F_SIG0] = is_up ? ecounter : mlp_counter;
+  item[MK_F_SIG0 + 1] = MK_NO_COUNTER;
+  item[MK_F_SIG_AMOUNT] = is_up ? 1 : ntok;
+  item[MK_F_ID] = -(1 << 20) - idx;
+  item[MK_F_NTOK] = ntok;
+  for (int j = 0; j < MK_MAX_TOKENS; ++j) item[MK_F_SLOT0 + j] = j < ntok ? ld_cg(row + 2 + j) : -1;
+  return true;
+}
+
+__global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ int s_desc[MK_DESC_WORDS];
+  __shared__ int s_item[MK_DESC_WORDS];
+  __shared__ int s_rows[8];
+  __shared__ int s_flag;
+  Smem s = carve(smem_raw, max_k);
+  const int sm = blockIdx.x;
+  const int n = ((const int*)p.ntasks)[sm];
+  const int* mine = (const int*)p.desc + (size_t)sm * p.max_tasks * MK_DESC_WORDS;
+  for (int i = 0; i < n; ++i) {
+    __syncthreads();  // thread 0 may still be reading the previous descriptor's signals
+    if (threadIdx.x < MK_DESC_WORDS) s_desc[threadIdx.x] = mine[(size_t)i * MK_DESC_WORDS + threadIdx.x];
+    __syncthreads();
+    if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
+      if (!run_task(p, s_desc, s, s_rows, &s_flag)) return;
+      continue;
+    }
+    // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty.
+    if (threadIdx.x == 0) {
+      int ok = 1;
+      for (int w = 0; w < MK_MAX_WAITS && ok; ++w) {
+        const int c = s_desc[MK_F_WAIT0 + 2 * w];
+        if (c != MK_NO_COUNTER) ok = wait_counter(p, c, s_desc[MK_F_WAIT0 + 2 * w + 1], s_desc[MK_F_ID]);
+      }
+      __threadfence();
+      s_flag = ok;
+    }
+    __syncthreads();
+    if (!s_flag) return;
+    const int kind = s_desc[MK_F_A0], arg = s_desc[MK_F_A1], mlp_c = s_desc[MK_F_A2];
+    while (true) {
+      if (threadIdx.x == 0) {
+        int got = 0;
+        if (kind == MK_QUEUE_HOST) {
+          const int* qi = (const int*)p.queue_info + arg * 4;
+          const int first = qi[0], len = qi[1], head = qi[2];
+          const uint32_t raw = atomicAdd((unsigned int*)p.counters + head, 1u);
+          const uint32_t idx = raw - ((const uint32_t*)p.base)[head];
+          if (idx < (uint32_t)len) {
+            const int* src = (const int*)p.queue + (size_t)(first + idx) * MK_DESC_WORDS;
+            for (int w = 0; w < MK_DESC_WORDS; ++w) s_item[w] = src[w];
+            got = 1;
+          }
+        } else {
+          const uint32_t idx = atomicAdd((unsigned int*)p.counters + p.dyn_base + arg * (p.num_experts + 1), 1u);
+          got = moe_item(p, arg, (int)idx, mlp_c, s_item);
+        }
+        s_flag = got;
+      }
+      __syncthreads();
+      if (!s_flag) break;
+      if (!run_task(p, s_item, s, s_rows, &s_flag)) return;
+      __syncthreads();
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace mk
