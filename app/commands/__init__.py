@@ -11,4 +11,6 @@ COMMAND_MODULES = [
     "tool",
     "bench",
     "serve",
+    "kernels",
+    "doctor",
 ]
