@@ -15,7 +15,7 @@ python3 -c "from mkcode.backend.megakernel.build import build; r = build(); prin
 echo "build done at +$(( $(date +%s) - t0 ))s"
 for stage in "$@"; do
   case $stage in
-    tests) timeout ${T_TESTS:-240} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q -x -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    tests) timeout ${T_TESTS:-240} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     bench) timeout ${T_BENCH:-200} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool memcheck --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
