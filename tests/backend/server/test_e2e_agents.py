@@ -45,7 +45,9 @@ def _agent_binary(package: str, binary: str) -> Path:
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
         if not (root / "package.json").exists():
-            (root / "package.json").write_text(json.dumps({"name": f"mkcode-e2e-{binary}", "private": True}) + "\n")
+            (root / "package.json").write_text(
+                json.dumps({"name": f"mkcode-e2e-{binary}", "private": True}) + "\n"
+            )
         try:
             proc = subprocess.run(
                 ["npm", "install", "--no-audit", "--no-fund", package],
