@@ -62,12 +62,12 @@ class ApprovalScreen(ModalScreen[Decision]):
             with VerticalScroll():
                 yield Static(self._preview())
             with Horizontal():
-                yield Button("Allow once [y]", id="allow_once", variant="success")
-                always = "Always [a]"
+                yield Button("Allow once (y)", id="allow_once", variant="success")
+                always = "Always (a)"
                 if r.suggested_rule is not None:
-                    always = f"Always: {r.suggested_rule.describe()} [a]"
+                    always = f"Always (a): {r.suggested_rule.describe()}"
                 yield Button(always, id="allow_always", variant="primary", disabled=r.unsandboxed)
-                yield Button("Deny [n]", id="deny", variant="error")
+                yield Button("Deny (n)", id="deny", variant="error")
 
     def _preview(self) -> Syntax | Text:
         r = self.request

@@ -21,16 +21,16 @@ class Reasoning(Collapsible):
     def __init__(self, text: str = "", *, done: bool = False) -> None:
         self.text = text
         self._body = Static(text, markup=False)
-        super().__init__(self._body, title=self._title(done), collapsed=True)
+        super().__init__(self._body, title=self._heading(done), collapsed=True)
 
-    def _title(self, done: bool) -> str:
+    def _heading(self, done: bool) -> str:
         words = len(self.text.split())
         return f"Thought ({words} words)" if done else f"Thinking… ({words} words)"
 
     def append(self, fragment: str) -> None:
         self.text += fragment
         self._body.update(self.text)
-        self.title = self._title(False)
+        self.title = self._heading(False)
 
     def finish(self) -> None:
-        self.title = self._title(True)
+        self.title = self._heading(True)

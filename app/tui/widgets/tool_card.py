@@ -18,6 +18,7 @@ from textual.widgets import Static
 from mkcode.app.agent import ToolCallFinished
 from mkcode.app.tui.core.toolview import is_shell, output_excerpt, tool_title
 
+SHOW_DURATION_S = 2.0  # shorter calls are not worth the noise
 ICONS = {"running": "…", "waiting": "?", "ok": "✓", "failed": "✗", "denied": "⊘", "interrupted": "■"}
 
 
@@ -79,7 +80,7 @@ class ToolCard(Vertical):
             self.state = "denied"
         else:
             self.state = "ok" if ev.ok else "failed"
-        detail = f"{ev.duration_s:.1f}s" if ev.duration_s >= 0.1 else ""
+        detail = f"{ev.duration_s:.1f}s" if ev.duration_s >= SHOW_DURATION_S else ""
         if ev.denied:
             detail = "denied"
         self._render_header(detail)
