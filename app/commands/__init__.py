@@ -8,6 +8,7 @@ level) and sets `func` to a callable taking the parsed args and returning an exi
 COMMAND_MODULES = [
     "generate",
     "checkpoint",
+    "demo",
     "tool",
     "bench",
     "serve",

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The cached demo checkpoint (trained on first use: about 1.5 minutes on two free cores)."""
+    from mkcode.backend.demo import ensure_demo_model
+
+    return ensure_demo_model()
