@@ -77,12 +77,15 @@ class SessionStore:
         """The session with this id (or unique id prefix); KeyError when there is none."""
         path = self._find(session_id)
         lines = path.read_text(encoding="utf-8").splitlines()
+        torn = False
         if lines:
             try:
                 json.loads(lines[-1])
             except ValueError:  # a torn last line from a crash mid-append
-                lines = lines[:-1]
+                lines, torn = lines[:-1], True
         session = Session.from_jsonl("\n".join(lines))
+        if torn:  # rewrite without it, so later appends do not follow a broken line
+            self._write_whole(session, path)
         self._written[session.id] = len(session.records)
         return session
 
@@ -118,7 +121,7 @@ def _info(path: Path) -> SessionInfo | None:
             head = json.loads(f.readline())
             title, messages = "", 0
             for line in f:
-                if '"type": "message"' not in line:
+                if '"type": "message"' not in line or not line.rstrip().endswith("}"):
                     continue
                 messages += 1
                 if not title:
