@@ -730,6 +730,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];
+  __shared__ int s_next[MK_DESC_WORDS];
   __shared__ int s_rows[8];
   __shared__ int s_flag;
   Smem s = carve(smem_raw, max_k);
@@ -739,7 +740,12 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   for (int i = 0; i < n; ++i) {
     __syncthreads();  // thread 0 may still be reading the previous descriptor's signals
     if (threadIdx.x < MK_DESC_WORDS) s_desc[threadIdx.x] = mine[(size_t)i * MK_DESC_WORDS + threadIdx.x];
+    else if (threadIdx.x >= 32 && threadIdx.x < 32 + MK_DESC_WORDS)
+      s_next[threadIdx.x - 32] = i + 1 < n ? mine[(size_t)(i + 1) * MK_DESC_WORDS + threadIdx.x - 32] : MK_OP_NOP;
     __syncthreads();
+    // Software pipelining across tasks: while this task waits and streams its own weights, L2
+    // fetches the next static task's weights, so its loads hit L2 instead of paying HBM latency.
+    prefetch_weights(p, s_next);
     if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
       if (!run_task(p, s_desc, s, s_rows, &s_flag)) return;
       continue;

@@ -99,12 +99,13 @@ def make_case(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     spare_pages: int = 3,
+    grow: int = 0,
 ) -> PagedCase:
     """A decode batch whose row b already holds contexts[b] tokens (random K/V history, never zeros),
     pages scattered randomly over the pool, sliding layers' pages outside the window released."""
     g = torch.Generator().manual_seed(seed)
     L, B = cfg.num_hidden_layers, len(contexts)
-    P = max(pages_for(c + 1) for c in contexts)
+    P = max(pages_for(c + 1 + grow) for c in contexts)  # `grow`: room for later steps
     need = L * B * P + spare_pages
     perm = torch.randperm(need, generator=g)
     tables = torch.full((L, B, P), NO_PAGE, dtype=torch.int32)
@@ -112,7 +113,7 @@ def make_case(
     for layer in range(L):
         for b, c in enumerate(contexts):
             lo_page = first_visible_position(c, cfg.window(layer)) // PAGE_SIZE
-            for p in range(pages_for(c + 1)):
+            for p in range(pages_for(c + 1 + grow)):
                 if p >= lo_page:
                     tables[layer, b, p] = int(perm[k])
                 k += 1
@@ -155,11 +156,70 @@ class _LazyLayers:
         return LayerWeights(**up)
 
 
-def reference_step(cfg: ModelConfig, weights, batch: DecodeBatch) -> torch.Tensor:
-    """ReferenceModel's step over the batch's own pool (writes the new K/V there); fp32 logits."""
-    ref = ReferenceModel(cfg, weights)
+def kernel_routing(cfg: ModelConfig, ws, batch_size: int) -> dict[int, torch.Tensor]:
+    """The expert ids [B, k] each MoE layer's ROUTE chose on the device, read off its expert table."""
+    info, tab = ws["moe_info"].cpu(), ws["expert_tab"].cpu()
+    K = cfg.num_experts_per_tok
+    out = {}
+    for layer in range(cfg.num_hidden_layers):
+        if cfg.is_dense(layer):
+            continue
+        ids = torch.full((batch_size, K), -1, dtype=torch.long)
+        for a in range(int(info[layer, 0])):
+            e, n = int(tab[layer, a, 0]), int(tab[layer, a, 1])
+            for j in range(n):
+                slot = int(tab[layer, a, 2 + j])
+                ids[slot // K, slot % K] = e
+        out[layer] = ids
+    return out
+
+
+class ForcedRoutingModel(ReferenceModel):
+    """The reference with each MoE layer's expert CHOICE taken from the kernel (weights still from
+    the reference's own logits), so that a bf16 near-tie at the top-k boundary cannot flip an expert
+    and hide every other error. `flips` records where the choices differ and by how much the forced
+    set's worst logit trails the reference's own k-th best (relative to the logits' std)."""
+
+    def __init__(self, cfg: ModelConfig, weights, forced: dict[int, torch.Tensor]):
+        super().__init__(cfg, weights)
+        self.forced = forced
+        self.flips: list[tuple[int, int, float]] = []
+
+    def mlp_block(self, i, h):
+        cfg = self.cfg
+        if cfg.is_dense(i) or i not in self.forced:
+            return super().mlp_block(i, h)
+        lw = self.w.layers[i]
+        K = cfg.num_experts_per_tok
+        logits = torch.nn.functional.linear(h, lw.router).float()
+        ids = self.forced[i].to(h.device)
+        own = torch.topk(logits, K, dim=-1)
+        for b in range(h.shape[0]):
+            if set(own.indices[b].tolist()) != set(ids[b].tolist()):
+                lag = float(own.values[b, -1] - logits[b, ids[b]].min()) / float(logits[b].std())
+                self.flips.append((i, b, lag))
+        top = logits.gather(1, ids)
+        if cfg.expert_selection_fn == "softmax":
+            w = torch.softmax(top, dim=-1)
+        else:
+            w = torch.sigmoid(top)
+            if cfg.norm_topk_prob:
+                w = w / w.sum(-1, keepdim=True)
+        from mkcode.backend.model import ops
+
+        return ops.moe(h, w.to(h.dtype), ids, lw.experts_gate_up, lw.experts_down)
+
+
+def reference_step(
+    cfg: ModelConfig, weights, batch: DecodeBatch, forced: dict[int, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """ReferenceModel's step over the batch's own pool (writes the new K/V there); fp32 logits.
+    With `forced`, MoE expert choices are the given ones (see ForcedRoutingModel)."""
+    ref = ForcedRoutingModel(cfg, weights, forced) if forced is not None else ReferenceModel(cfg, weights)
     segs = [Segment(b, b + 1, PagedKV(cfg, batch.kv_pool, batch.block_tables, b)) for b in range(batch.size)]
-    return ref.forward(batch.token_ids, batch.positions, segs).float()
+    out = ref.forward(batch.token_ids, batch.positions, segs).float()
+    reference_step.last_flips = getattr(ref, "flips", [])  # type: ignore[attr-defined]
+    return out
 
 
 def clone_batch(batch: DecodeBatch) -> DecodeBatch:

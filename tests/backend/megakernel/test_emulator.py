@@ -196,3 +196,18 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=hazards).step(inp, "random", 7)
     assert rep.events > len(sched.tasks)
     assert np.all(bank.base[sched.counters.n_dynamic :] != 123) or True
+
+
+def test_forced_routing_reference_reads_the_device_table(weights):
+    """kernel_routing() reads ROUTE's expert table back; forcing those choices reproduces the
+    reference exactly when they agree (the GPU tests use this to tolerate bf16 near-ties)."""
+    from mkcode.backend.megakernel.testing import kernel_routing
+
+    contexts = [70, 3, 130]
+    ws, batch, ref, ref_batch, sched = _run(weights, contexts)
+    forced = kernel_routing(CFG, ws, len(contexts))
+    assert set(forced) == {i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)}
+    again = clone_batch(make_case(CFG, contexts, seed=11).batch)
+    out = reference_step(CFG, weights, again, forced)
+    assert reference_step.last_flips == []
+    torch.testing.assert_close(out, ref)
