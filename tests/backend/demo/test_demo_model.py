@@ -92,3 +92,17 @@ def test_trained_demo_model_emits_parseable_tool_calls(demo_model: Path) -> None
     tok = ChatTokenizer(demo_model)
     result = tool_call_rate(ck.config, ck.weights, tok, _tool_schemas(), seed=4242, n=6)
     assert result["valid"] >= 5, json.dumps(result["samples"], indent=1)
+
+
+@pytest.mark.slow
+def test_demo_model_command_copies_the_cached_checkpoint(
+    demo_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mkcode.app.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo-model", "--out", str(out), "-q"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert (out / "config.json").read_text() == (demo_model / "config.json").read_text()
+    assert main(["demo-model", "--out", str(out), "-q"]) == 2  # exists, no --force
+    assert main(["demo-model", "--out", str(out), "-q", "--force"]) == 0
