@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 1
+#define MK_ABI_VERSION 2
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -137,7 +137,12 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms)
+  X(use_mma) X(timeout_ms) X(prefetch_mode)
+
+// prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
+// MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
+#define MK_PREFETCH_SELF 1
+#define MK_PREFETCH_NEXT 2
 
 // Float parameters.
 #define MK_PARAM_FLOATS(X) X(rms_eps) X(rope_theta) X(logit_scale) X(attn_scale)

@@ -612,15 +612,14 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
 
 // Run one (non-DRAIN) descriptor held in shared memory. Returns false if the step was abandoned.
 __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
-  prefetch_weights(p, d);
+  if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
   if (threadIdx.x == 0) {
     int ok = 1;
     for (int i = 0; i < MK_MAX_WAITS && ok; ++i) {
       const int c = d[MK_F_WAIT0 + 2 * i];
       if (c != MK_NO_COUNTER) ok = wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID]);
     }
-    __threadfence();
-    *flag = ok;
+    *flag = ok;  // ld.acquire ordered the producers' writes; bar.sync extends it to the block
   }
   __syncthreads();
   if (!*flag) return false;
@@ -726,6 +725,19 @@ __device__ bool moe_item(const Params& p, int l, int idx, int mlp_counter, int* 
   return true;
 }
 
+// After task i: s_desc <- task i+1 (from s_next), s_next <- task i+2 (from warp 1's registers),
+// registers <- task i+3 (a global load whose latency the next task hides).
+__device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, int lane_w, const int* mine, int i,
+                                        int n) {
+  __syncthreads();  // everyone (thread 0's signals included) is done with s_desc
+  if (threadIdx.x < MK_DESC_WORDS) s_desc[threadIdx.x] = s_next[threadIdx.x];
+  __syncthreads();
+  if (lane_w >= 0 && lane_w < MK_DESC_WORDS) {
+    s_next[lane_w] = ahead;
+    ahead = i + 3 < n ? mine[(size_t)(i + 3) * MK_DESC_WORDS + lane_w] : MK_OP_NOP;
+  }
+}
+
 __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
@@ -737,17 +749,23 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];
   const int* mine = (const int*)p.desc + (size_t)sm * p.max_tasks * MK_DESC_WORDS;
+  // Descriptors are pipelined through registers: warp 1 holds task i+2's words while task i runs,
+  // so no task start waits on a global load of its descriptor.
+  const int lane_w = threadIdx.x - 32;  // warp 1's lanes own one descriptor word each
+  int ahead = MK_OP_NOP;
+  if (threadIdx.x < MK_DESC_WORDS) s_desc[threadIdx.x] = n > 0 ? mine[threadIdx.x] : MK_OP_NOP;
+  if (lane_w >= 0 && lane_w < MK_DESC_WORDS) {
+    s_next[lane_w] = n > 1 ? mine[MK_DESC_WORDS + lane_w] : MK_OP_NOP;
+    ahead = n > 2 ? mine[2 * MK_DESC_WORDS + lane_w] : MK_OP_NOP;
+  }
   for (int i = 0; i < n; ++i) {
-    __syncthreads();  // thread 0 may still be reading the previous descriptor's signals
-    if (threadIdx.x < MK_DESC_WORDS) s_desc[threadIdx.x] = mine[(size_t)i * MK_DESC_WORDS + threadIdx.x];
-    else if (threadIdx.x >= 32 && threadIdx.x < 32 + MK_DESC_WORDS)
-      s_next[threadIdx.x - 32] = i + 1 < n ? mine[(size_t)(i + 1) * MK_DESC_WORDS + threadIdx.x - 32] : MK_OP_NOP;
     __syncthreads();
     // Software pipelining across tasks: while this task waits and streams its own weights, L2
     // fetches the next static task's weights, so its loads hit L2 instead of paying HBM latency.
-    prefetch_weights(p, s_next);
+    if (p.prefetch_mode & MK_PREFETCH_NEXT) prefetch_weights(p, s_next);
     if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
       if (!run_task(p, s_desc, s, s_rows, &s_flag)) return;
+      advance(s_desc, s_next, ahead, lane_w, mine, i, n);
       continue;
     }
     // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty.
@@ -757,7 +775,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
         const int c = s_desc[MK_F_WAIT0 + 2 * w];
         if (c != MK_NO_COUNTER) ok = wait_counter(p, c, s_desc[MK_F_WAIT0 + 2 * w + 1], s_desc[MK_F_ID]);
       }
-      __threadfence();
       s_flag = ok;
     }
     __syncthreads();
@@ -787,7 +804,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (!run_task(p, s_item, s, s_rows, &s_flag)) return;
       __syncthreads();
     }
-    __syncthreads();
+    advance(s_desc, s_next, ahead, lane_w, mine, i, n);
   }
 }
 

@@ -83,6 +83,7 @@ class MegakernelBackend:
         tiling: Tiling | None = None,
         timeout_s: float = 10.0,
         use_mma: bool = True,
+        prefetch_mode: int = abi.MK_PREFETCH_SELF,
     ):
         from mkcode.backend.megakernel import native  # builds on first use if needed
 
@@ -97,6 +98,7 @@ class MegakernelBackend:
         self.n_sms = int(n_sms or info["sm_count"])
         self.timeout_s = timeout_s
         self.use_mma = use_mma
+        self.prefetch_mode = prefetch_mode
         for name, t in (
             ("embed", weights.embed),
             ("final_norm", weights.final_norm),
@@ -220,6 +222,7 @@ class MegakernelBackend:
             "norm_topk": int(cfg.norm_topk_prob),
             "use_mma": int(self.use_mma),
             "timeout_ms": max(1, int(self.timeout_s * 500)),
+            "prefetch_mode": self.prefetch_mode,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

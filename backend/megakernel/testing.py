@@ -226,3 +226,15 @@ def clone_batch(batch: DecodeBatch) -> DecodeBatch:
     return DecodeBatch(
         batch.token_ids.clone(), batch.positions.clone(), batch.block_tables.clone(), batch.kv_pool.clone()
     )
+
+
+def written_kv(cfg: ModelConfig, batch: DecodeBatch) -> torch.Tensor:
+    """The K/V slots the step writes (each row's position on each layer): [L, B, 2, Hkv, d]."""
+    L, B = cfg.num_hidden_layers, batch.size
+    pos = batch.positions.long()
+    rows = torch.arange(B, device=pos.device)
+    out = []
+    for layer in range(L):
+        pages = batch.block_tables[layer, rows, pos // PAGE_SIZE].long()
+        out.append(batch.kv_pool[pages, :, :, pos % PAGE_SIZE])  # [B, 2, Hkv, d]
+    return torch.stack(out)

@@ -204,7 +204,7 @@ def test_forced_routing_reference_reads_the_device_table(weights):
     from mkcode.backend.megakernel.testing import kernel_routing
 
     contexts = [70, 3, 130]
-    ws, batch, ref, ref_batch, sched = _run(weights, contexts)
+    ws, _, ref, _, _ = _run(weights, contexts)
     forced = kernel_routing(CFG, ws, len(contexts))
     assert set(forced) == {i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)}
     again = clone_batch(make_case(CFG, contexts, seed=11).batch)
