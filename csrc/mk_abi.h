@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 2
+#define MK_ABI_VERSION 3
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -129,7 +129,8 @@ enum MkError {
   X(logits)        /* fp32 [B][V] */ \
   X(lm_best)       /* fp32 [n_lm_tiles][B] tile max */ \
   X(lm_arg)        /* int32 [n_lm_tiles][B] tile argmax */ \
-  X(tokens_out)    /* int64 [B] greedy tokens */
+  X(tokens_out)    /* int64 [B] greedy tokens */ \
+  X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */
 
 // Integer parameters, in order (int64 on the Python side, int32 in the kernel).
 #define MK_PARAM_INTS(X) \
@@ -137,12 +138,16 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms) X(prefetch_mode)
+  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap)
 
 // prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
+
+// Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
+// words 1-3 = %globaltimer (ns) at the task's start, after its waits, after its signals.
+#define MK_TL_WORDS 4
 
 // Float parameters.
 #define MK_PARAM_FLOATS(X) X(rms_eps) X(rope_theta) X(logit_scale) X(attn_scale)

@@ -611,7 +611,21 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
 }
 
 // Run one (non-DRAIN) descriptor held in shared memory. Returns false if the step was abandoned.
-__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
+// Thread 0: append one timeline record (see MK_TL_WORDS) if the timeline is on.
+__device__ __forceinline__ void tl_record(const Params& p, int* tl_n, int op, int layer, int item, uint64_t t0,
+                                          uint64_t t1) {
+  if (p.timeline == nullptr || *tl_n >= p.timeline_cap) return;
+  long long* e = (long long*)p.timeline + ((size_t)blockIdx.x * p.timeline_cap + *tl_n) * MK_TL_WORDS;
+  e[0] = op | (layer << 8) | (item << 16);
+  e[1] = (long long)t0;
+  e[2] = (long long)t1;
+  e[3] = (long long)globaltimer();
+  ++*tl_n;
+}
+
+__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
+  const uint64_t t0 = p.timeline ? globaltimer() : 0;
+  uint64_t t1 = 0;
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
   if (threadIdx.x == 0) {
     int ok = 1;
@@ -620,6 +634,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       if (c != MK_NO_COUNTER) ok = wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID]);
     }
     *flag = ok;  // ld.acquire ordered the producers' writes; bar.sync extends it to the block
+    if (p.timeline) t1 = globaltimer();
   }
   __syncthreads();
   if (!*flag) return false;
@@ -681,6 +696,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       const int c = d[MK_F_SIG0 + i];
       if (c != MK_NO_COUNTER) atomicAdd((unsigned int*)p.counters + c, (unsigned int)amount);
     }
+    tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1);
   }
   return true;
 }
@@ -745,6 +761,9 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_next[MK_DESC_WORDS];
   __shared__ int s_rows[8];
   __shared__ int s_flag;
+  __shared__ int s_tl_n;      // timeline records written by this block
+  __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
+  if (threadIdx.x == 0) s_tl_n = 0;
   Smem s = carve(smem_raw, max_k);
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];
@@ -764,18 +783,20 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // fetches the next static task's weights, so its loads hit L2 instead of paying HBM latency.
     if (p.prefetch_mode & MK_PREFETCH_NEXT) prefetch_weights(p, s_next);
     if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
-      if (!run_task(p, s_desc, s, s_rows, &s_flag)) return;
+      if (!run_task(p, s_desc, s, s_rows, &s_flag, &s_tl_n)) return;
       advance(s_desc, s_next, ahead, lane_w, mine, i, n);
       continue;
     }
     // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty.
     if (threadIdx.x == 0) {
+      if (p.timeline) s_t0 = globaltimer();
       int ok = 1;
       for (int w = 0; w < MK_MAX_WAITS && ok; ++w) {
         const int c = s_desc[MK_F_WAIT0 + 2 * w];
         if (c != MK_NO_COUNTER) ok = wait_counter(p, c, s_desc[MK_F_WAIT0 + 2 * w + 1], s_desc[MK_F_ID]);
       }
       s_flag = ok;
+      if (p.timeline) s_t1 = globaltimer();
     }
     __syncthreads();
     if (!s_flag) return;
@@ -801,9 +822,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       }
       __syncthreads();
       if (!s_flag) break;
-      if (!run_task(p, s_item, s, s_rows, &s_flag)) return;
+      if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) return;
       __syncthreads();
     }
+    if (threadIdx.x == 0) tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1);
     advance(s_desc, s_next, ahead, lane_w, mine, i, n);
   }
 }

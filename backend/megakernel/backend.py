@@ -99,6 +99,7 @@ class MegakernelBackend:
         self.timeout_s = timeout_s
         self.use_mma = use_mma
         self.prefetch_mode = prefetch_mode
+        self.timeline: torch.Tensor | None = None  # int64 [n_sms, cap, 4] when recording (see timeline.py)
         for name, t in (
             ("embed", weights.embed),
             ("final_norm", weights.final_norm),
@@ -190,9 +191,10 @@ class MegakernelBackend:
             "embed": self.w.embed,
             "final_norm": self.w.final_norm,
             "lm_head": self.w.lm_head,
+            "timeline": self.timeline,  # None: off
         }
         tensors.update(ws.bufs)
-        ptrs = [int(tensors[n].data_ptr()) for n in abi.PARAM_PTRS]
+        ptrs = [0 if tensors[n] is None else int(tensors[n].data_ptr()) for n in abi.PARAM_PTRS]
         I, H = cfg.intermediate_size, cfg.hidden_size
         ints = {
             "n_sms": self.n_sms,
@@ -223,6 +225,7 @@ class MegakernelBackend:
             "use_mma": int(self.use_mma),
             "timeout_ms": max(1, int(self.timeout_s * 500)),
             "prefetch_mode": self.prefetch_mode,
+            "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

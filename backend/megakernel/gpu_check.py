@@ -144,7 +144,9 @@ def bench(args: argparse.Namespace) -> int:
                 "mean_active_experts": sum(active) / max(1, cfg.num_hidden_layers - len(cfg.dense_layers)),
             }
             results["runs"].append(r)
-            (out / "bench.json").write_text(json.dumps(results, indent=1))  # partial results survive a timeout
+            (out / "bench.json").write_text(
+                json.dumps(results, indent=1)
+            )  # partial results survive a timeout
             if B not in best or med < best[B][0]:
                 best[B] = (med, vname)
             print(
@@ -172,6 +174,25 @@ def bench(args: argparse.Namespace) -> int:
         )
         run(f"{extra},prefetch={fastest_mode}", fastest_mode, t)
     results["best"] = {str(B): v for B, v in best.items()}
+    # one recorded step per batch size with the fastest prefetch mode: where the time goes
+    from mkcode.backend.megakernel import timeline
+
+    be = MegakernelBackend(cfg, w, prefetch_mode=fastest_mode)
+    results["timeline"] = {}
+    for B in args.batches:
+        be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
+        be.decode(cases[B].batch)
+        summ = timeline.summarize(be.timeline)
+        results["timeline"][str(B)] = summ
+        print(
+            f"timeline BS {B}: span {summ['span_us']:.0f} us, SMs busy {100 * summ['mean_busy_fraction']:.0f}%"
+        )
+        for op, d in summ["per_op"].items():
+            print(
+                f"  {op:<14} n={d['count']:>6}  run {d['mean_run_us']:7.2f} us  wait {d['mean_wait_us']:7.2f} us"
+                f"  (total run {d['run_us'] / 1e3:8.2f} ms, wait {d['wait_us'] / 1e3:8.2f} ms)"
+            )
+    (out / "bench.json").write_text(json.dumps(results, indent=1))
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     return 0
 

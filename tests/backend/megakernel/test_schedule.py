@@ -97,3 +97,19 @@ def test_bad_tilings_are_refused():
         build_schedule(CFG, 1, [10], 132, Tiling(qkv_rows=48))
     with pytest.raises(ValueError, match="batch"):
         build_schedule(tiny_config(), 9, [1] * 9, 8)
+
+
+def test_timeline_summary_of_synthetic_records():
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 4, "cpu")
+    tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (3 << 8), 1000, 3000, 9000])
+    tl[0, 1] = torch.tensor([abi.MK_OP_MOE_UP | (1 << 16), 9000, 9000, 13000])
+    tl[1, 0] = torch.tensor([abi.MK_OP_DRAIN, 1000, 5000, 13000])
+    s = timeline.summarize(tl)
+    assert s["span_us"] == 12.0 and s["records"] == 3
+    assert s["per_op"]["QKV"]["mean_run_us"] == 6.0 and s["per_op"]["QKV"]["mean_wait_us"] == 2.0
+    assert s["per_op"]["MOE_UP*"]["count"] == 1
+    assert abs(s["mean_busy_fraction"] - (10 / 12) / 2) < 1e-9  # drains are not busy time
