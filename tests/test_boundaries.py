@@ -43,7 +43,9 @@ def test_import_contracts(tmp_path):
     for folder in ("app", "backend", "tools"):
         shutil.copytree(ROOT / folder, pkg / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    r = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [_tool("lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True, env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "BROKEN" not in r.stdout
 

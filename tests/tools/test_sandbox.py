@@ -75,7 +75,9 @@ def test_no_network_even_to_host_loopback(shell):
             f"        socket.create_connection((host, {port}), timeout=2); print(host, 'CONNECTED')\n"
             "    except OSError as e: print(host, 'blocked', e)\n"
         )
-        r = shell(f'{sys.executable} -c "{code}"; cat /proc/net/dev')
+        # the real interpreter, not a venv link: a venv under /tmp is hidden by the private /tmp
+        python = os.path.realpath(sys.executable)
+        r = shell(f'{python} -c "{code}"; cat /proc/net/dev')
         assert "CONNECTED" not in r.output, r.output
         assert r.output.count("blocked") == 4
         dev_lines = r.output.split("bytes    packets")[-1].splitlines()  # after /proc/net/dev's header
