@@ -82,7 +82,7 @@ class MegakernelBackend:
         n_sms: int | None = None,
         tiling: Tiling | None = None,
         timeout_s: float = 10.0,
-        use_mma: bool = True,
+        use_mma: int = 1,
         prefetch_mode: int = abi.MK_PREFETCH_SELF,
     ):
         from mkcode.backend.megakernel import native  # builds on first use if needed
@@ -222,7 +222,7 @@ class MegakernelBackend:
             "sliding_window": cfg.sliding_window,
             "selection_sigmoid": int(cfg.expert_selection_fn == "sigmoid"),
             "norm_topk": int(cfg.norm_topk_prob),
-            "use_mma": int(self.use_mma),
+            "use_mma": int(self.use_mma),  # 0: FMA GEMV, else mma.sync GEMV
             "timeout_ms": max(1, int(self.timeout_s * 500)),
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),

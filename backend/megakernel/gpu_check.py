@@ -114,15 +114,14 @@ def bench(args: argparse.Namespace) -> int:
         "checks": [],
     }
     base_t = default_tiling(cfg)
-    variants = [(f"prefetch={m}", m, base_t) for m in args.prefetch]
     cases = {
         B: make_case(cfg, [args.context] * B, device="cuda", dtype=torch.bfloat16, seed=B)
         for B in args.batches
     }
     best: dict[int, tuple[float, str]] = {}
 
-    def run(vname: str, mode: int, tiling: Tiling) -> None:
-        be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode)
+    def run(vname: str, mode: int, mma: int, tiling: Tiling) -> None:
+        be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma)
         for B in args.batches:
             contexts = [args.context] * B
             times = time_steps(be, cases[B].batch, args.reps)
@@ -157,27 +156,27 @@ def bench(args: argparse.Namespace) -> int:
             )
         del be
 
-    for vname, mode, tiling in variants:
-        run(vname, mode, tiling)
-    fastest_mode = min(
-        args.prefetch,
-        key=lambda m: best[args.batches[0]][0] if best[args.batches[0]][1] == f"prefetch={m}" else 1e9,
-    )
-    for extra in args.tilings:
-        kw = dict(kv.split("=") for kv in extra.split(","))
-        t = replace(base_t, **{k: int(v) for k, v in kw.items()})
-        ok = reduced_check(t, fastest_mode)
-        results["checks"].append({"tiling": extra, "prefetch": fastest_mode, "ok": ok})
-        print(
-            f"reduced-geometry check [{extra}, prefetch={fastest_mode}]: {'ok' if ok else 'FAILED'}",
-            flush=True,
-        )
-        run(f"{extra},prefetch={fastest_mode}", fastest_mode, t)
+    fastest_mode, fastest_mma = 1, 1
+    for spec in args.variants:  # e.g. "prefetch=3", "mma=2", "moe_up_cols=64,moe_down_rows=256"
+        kw = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+        mode, mma = kw.pop("prefetch", fastest_mode), kw.pop("mma", fastest_mma)
+        tiling = replace(base_t, **kw)
+        vname = f"{spec} (prefetch={mode}, mma={mma})"
+        if kw or mma != 1:
+            ok = reduced_check(tiling, mode, mma)
+            results["checks"].append({"variant": vname, "ok": ok})
+            print(f"reduced-geometry check [{vname}]: {'ok' if ok else 'FAILED'}", flush=True)
+            if not ok:
+                continue
+        run(vname, mode, mma, tiling)
+        b0 = args.batches[0]
+        if best[b0][1] == vname and not kw:
+            fastest_mode, fastest_mma = mode, mma
     results["best"] = {str(B): v for B, v in best.items()}
     # one recorded step per batch size with the fastest prefetch mode: where the time goes
     from mkcode.backend.megakernel import timeline
 
-    be = MegakernelBackend(cfg, w, prefetch_mode=fastest_mode)
+    be = MegakernelBackend(cfg, w, prefetch_mode=fastest_mode, use_mma=fastest_mma)
     results["timeline"] = {}
     for B in args.batches:
         be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
@@ -197,7 +196,7 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def reduced_check(tiling_release: Tiling, mode: int) -> bool:
+def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     """One BS-4 step at the reduced geometry with the same tile overrides (where they fit), against
     the fp32 reference with the kernel's expert choices: cosine >= 0.999."""
     from mkcode.backend.megakernel.backend import MegakernelBackend
@@ -210,7 +209,7 @@ def reduced_check(tiling_release: Tiling, mode: int) -> bool:
     }
     t = replace(t, **over)
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=5, std=0.05)
-    be = MegakernelBackend(cfg, w, tiling=t, prefetch_mode=mode)
+    be = MegakernelBackend(cfg, w, tiling=t, prefetch_mode=mode, use_mma=mma)
     case = make_case(cfg, [5, 300, 255, 256], device="cuda", dtype=torch.bfloat16, seed=4)
     ref_batch = clone_batch(case.batch)
     got = be.decode(case.batch)

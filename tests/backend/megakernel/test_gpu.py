@@ -214,14 +214,14 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [[0], [63, 64], [5, 300, 255, 256], [1, 64, 65, 127, 128, 257, 511, 700]],
     ids=lambda c: f"bs{len(c)}",
 )
-@pytest.mark.parametrize("use_mma", [True, False])
+@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
 def test_step_matches_reference_reduced(small, contexts, use_mma):
     w, be = small
     be.use_mma = use_mma
     try:
         _step_check(CFG, w, be, contexts, seed=len(contexts))
     finally:
-        be.use_mma = True
+        be.use_mma = 1
 
 
 def test_consecutive_steps_reduced(small):
