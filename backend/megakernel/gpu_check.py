@@ -203,9 +203,11 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
 
     cfg = reduced_config()
     t = default_tiling(cfg)
+    release_default = default_tiling(north_mini_code_config())
     over = {
         k: min(getattr(tiling_release, k), getattr(t, k) * 2)
-        for k in ("moe_up_cols", "moe_down_rows", "lm_rows")
+        for k in vars(release_default)
+        if getattr(tiling_release, k) != getattr(release_default, k)
     }
     t = replace(t, **over)
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=5, std=0.05)
