@@ -158,8 +158,9 @@ def bench(args: argparse.Namespace) -> int:
 
     fastest_mode, fastest_mma = 1, 1
     for spec in args.variants:  # e.g. "prefetch=3", "mma=2", "moe_up_cols=64,moe_down_rows=256"
-        kw = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
-        mode, mma = kw.pop("prefetch", fastest_mode), kw.pop("mma", fastest_mma)
+        mode, mma, kw = parse_variant(spec)
+        mode = fastest_mode if mode is None else mode
+        mma = fastest_mma if mma is None else mma
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode}, mma={mma})"
         if kw or mma != 1:
@@ -237,7 +238,21 @@ def sanitize(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_variant(spec: str) -> tuple[int | None, int | None, dict[str, int]]:
+    """'prefetch=3', 'mma=0', 'moe_up_cols=64,moe_down_rows=256' -> (prefetch, mma, tiling overrides)."""
+    kw: dict[str, int] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"variant {spec!r}: expected key=value, got {item!r}")
+        kw[key.strip()] = int(value)
+    bad = set(kw) - {"prefetch", "mma"} - set(Tiling.__dataclass_fields__)
+    if bad:
+        raise ValueError(f"variant {spec!r}: unknown keys {sorted(bad)}")
+    return kw.pop("prefetch", None), kw.pop("mma", None), kw
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu_check")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench")
@@ -246,15 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     b.add_argument("--reps", type=int, default=30)
     b.add_argument(
-        "--prefetch", type=int, nargs="+", default=[1], help="prefetch_mode variants (bits: 1 self, 2 next)"
-    )
-    b.add_argument(
-        "--tilings", nargs="*", default=[], help="tile overrides to time too, e.g. moe_up_cols=64,lm_rows=128"
+        "--variants",
+        nargs="+",
+        default=["prefetch=1"],
+        type=lambda v: (parse_variant(v), v)[1],
+        help="variants in order, each comma-separated key=value: prefetch (bits 1 self, 2 next), mma "
+        "(0 FMA, 1 mma), or Tiling fields (moe_up_cols=64); unset keys take the fastest so far",
     )
     b.set_defaults(func=bench)
     s = sub.add_parser("sanitize")
     s.set_defaults(func=sanitize)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -29,7 +29,7 @@ def test_task_counts_at_release_geometry(sched):
     assert s["OPROJ"] == L * (2048 // 64) * 4
     assert s["ROUTE"] == L - 1 and s["ROUTER"] == (L - 1) * 4
     assert s["DENSE_UP"] == 3072 // 32 and s["DENSE_DOWN"] == (2048 // 64) * 4
-    assert s["LM_HEAD"] == 262144 // 64 and s["SAMPLE"] == 1
+    assert s["LM_HEAD"] == 262144 // 128 and s["SAMPLE"] == 1
     assert s["ADD_NORM"] == L * sched.batch and s["EMBED"] == sched.batch
     assert s["max_per_sm"] <= 280
 
@@ -113,3 +113,27 @@ def test_timeline_summary_of_synthetic_records():
     assert s["per_op"]["QKV"]["mean_run_us"] == 6.0 and s["per_op"]["QKV"]["mean_wait_us"] == 2.0
     assert s["per_op"]["MOE_UP*"]["count"] == 1
     assert abs(s["mean_busy_fraction"] - (10 / 12) / 2) < 1e-9  # drains are not busy time
+
+
+def test_gpu_check_cli_parses_variants():
+    """The device run's command line is checked here, where it costs no device time."""
+    from mkcode.backend.megakernel import gpu_check
+
+    args = gpu_check.build_parser().parse_args(
+        [
+            "bench",
+            "--batches",
+            "1",
+            "8",
+            "--variants",
+            "prefetch=3",
+            "mma=0",
+            "moe_up_cols=64,moe_down_rows=256",
+        ]
+    )
+    assert args.batches == [1, 8] and len(args.variants) == 3
+    assert gpu_check.parse_variant("moe_up_cols=64,prefetch=2") == (2, None, {"moe_up_cols": 64})
+    with pytest.raises(ValueError, match="unknown"):
+        gpu_check.parse_variant("warp_size=64")
+    with pytest.raises(SystemExit):
+        gpu_check.build_parser().parse_args(["bench", "--variants", "bogus=1"])
