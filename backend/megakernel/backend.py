@@ -117,7 +117,8 @@ class MegakernelBackend:
             flags.append(f | (abi.MK_LAYER_DENSE if cfg.is_dense(i) else 0))
         self.layer_flags = torch.tensor(flags, dtype=torch.int32, device=self.device)
         self.err = torch.zeros(abi.MK_ERR_WORDS, dtype=torch.int32, device=self.device)
-        self._cache: dict[tuple, _Prepared] = {}
+        self._cache: dict[tuple, _Prepared] = {}  # schedules by (B, split vectors), bounded
+        self.max_cached_schedules = 64
         self._alloc_counters(1024)
         G = cfg.gqa_group
         D = cfg.prefix_dense_intermediate_size
@@ -168,6 +169,8 @@ class MegakernelBackend:
             int(desc.shape[1]),
         )
         if key is not None:
+            if len(self._cache) >= self.max_cached_schedules:  # oldest first (dicts keep insertion order)
+                self._cache.pop(next(iter(self._cache)))
             self._cache[key] = prep
         return prep
 
@@ -271,14 +274,18 @@ class MegakernelBackend:
         """Wait for the launched work with the watchdog, then check the kernel's error word."""
         ev = torch.cuda.Event()
         ev.record()
-        deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        deadline = start + self.timeout_s
         while not ev.query():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise MegakernelTimeout(
                     f"megakernel step did not finish in {self.timeout_s:.1f} s (the GPU is still busy; "
                     "the in-kernel watchdog should abort it shortly)"
                 )
-            time.sleep(0.0002)
+            # a step takes milliseconds: poll hot at first (no sleep granularity in the latency),
+            # then back off so a stuck step does not burn a core for the whole watchdog period
+            time.sleep(0 if now - start < 0.05 else 0.0005)
         err = self.err.tolist()
         if err[0] != abi.MK_ERR_NONE:
             self.err.zero_()
@@ -288,8 +295,19 @@ class MegakernelBackend:
                 f"counter {err[3]} value {err[4]} target {err[5]}"
             )
 
+    def _normalize(self, batch: DecodeBatch) -> DecodeBatch:
+        """The small per-step tensors as the kernel reads them (contiguous, int64/int32); the pool
+        is used in place (the step writes K/V into it)."""
+        return DecodeBatch(
+            token_ids=batch.token_ids.to(self.device, torch.int64).contiguous(),
+            positions=batch.positions.to(self.device, torch.int64).contiguous(),
+            block_tables=batch.block_tables.to(self.device, torch.int32).contiguous(),
+            kv_pool=batch.kv_pool,
+        )
+
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
         """Run one step; return fp32 logits [B, vocab]. New K/V land in batch.kv_pool."""
+        batch = self._normalize(batch)
         self._check_batch(batch)
         self.launch(batch)
         self.wait()
