@@ -152,6 +152,19 @@ class MegakernelBackend:
         sched = build_schedule(self.cfg, B, positions, self.n_sms, self.tiling, splits)
         return self._upload(key, sched)
 
+    def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
+        """Build and upload the schedules for these batch sizes at this context (all rows at it), so
+        no step pays the ~0.4 s build when a request joins or leaves. Returns how many were built."""
+        built = 0
+        for B in batch_sizes:
+            positions = [context] * B
+            splits = attention_splits(self.cfg, positions, self.tiling, self.n_sms)
+            key = (B, tuple(splits[False]), tuple(splits[True]))
+            if key not in self._cache:
+                self._upload(key, build_schedule(self.cfg, B, positions, self.n_sms, self.tiling, splits))
+                built += 1
+        return built
+
     def _upload(self, key, sched: Schedule) -> _Prepared:
         if sched.n_counters > self.bank.capacity:
             torch.cuda.synchronize(self.device)

@@ -30,7 +30,7 @@ class Tiling:
     moe_down_rows: int = 128
     lm_rows: int = 128  # vocab rows per LM-head task (512 KB tiles; the configuration measured fastest)
     max_splits: int = 32  # attention splits per (row, kv head) at most
-    split_bucket: int = 512  # context bucket (tokens) the split policy sees, for schedule reuse
+    split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -100,23 +100,30 @@ def visible_pages(position: int, window: int | None) -> int:
     return position // PAGE_SIZE - lo // PAGE_SIZE + 1
 
 
+def split_bucket_position(positions: list[int], tiling: Tiling) -> int:
+    """The context the split policy plans for: the batch's longest row rounded UP to a power of two
+    (at least `split_bucket` tokens), minus one. Schedules are cached by the split counts, so the
+    step's schedule changes only when the longest row crosses a power of two or the batch size
+    changes (rebuilding costs ~0.4 s at the release geometry: never per step)."""
+    need = max(positions) + 1
+    bucket = max(tiling.split_bucket, 1 << (need - 1).bit_length())
+    return bucket - 1
+
+
 def attention_splits(
     cfg: ModelConfig, positions: list[int], tiling: Tiling, n_sms: int
 ) -> dict[bool, list[int]]:
-    """Splits per row for full (False) and sliding (True) layers.
+    """Splits per row for full (False) and sliding (True) layers: the same count for every row.
 
-    The policy sees each context rounded UP to `split_bucket` tokens, so one schedule serves many
-    steps; each split then covers ceil(pages / splits) of the row's real pages (some may be empty).
-    The grain makes roughly one wave of (row, kv head, split) items per layer."""
+    The count is planned for all rows at the bucketed longest context (`split_bucket_position`),
+    with a grain that makes roughly one wave of (row, kv head, split) items per layer; each split
+    then covers ceil(pages / splits) of its row's REAL visible pages, so shorter rows simply get
+    shorter (or empty) splits and the drains balance the rest."""
     out: dict[bool, list[int]] = {}
-    bucket = tiling.split_bucket
+    pb = split_bucket_position(positions, tiling)
     for sliding in (False, True):
-        window = cfg.sliding_window if sliding else None
-        pages = []
-        for p in positions:
-            pb = ((p // bucket) + 1) * bucket - 1  # the bucket's last position
-            pages.append(visible_pages(pb, window))
-        total = sum(pages) * cfg.num_key_value_heads
+        pages = visible_pages(pb, cfg.sliding_window if sliding else None)
+        total = pages * len(positions) * cfg.num_key_value_heads
         grain = max(2, math.ceil(total / max(n_sms, 1)))
-        out[sliding] = [max(1, min(tiling.max_splits, math.ceil(pg / grain))) for pg in pages]
+        out[sliding] = [max(1, min(tiling.max_splits, math.ceil(pages / grain)))] * len(positions)
     return out

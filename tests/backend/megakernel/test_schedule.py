@@ -87,9 +87,13 @@ def test_split_policy_buckets_and_caps():
     t = default_tiling(CFG)
     s1 = attention_splits(CFG, [8192], t, 132)
     assert 1 <= s1[False][0] <= t.max_splits and 1 <= s1[True][0] <= t.max_splits
-    assert attention_splits(CFG, [8200], t, 132) == attention_splits(CFG, [8191 + 512], t, 132)
+    # one schedule from 8192 up to 16383 tokens: the policy sees the power-of-two bucket
+    assert attention_splits(CFG, [8200], t, 132) == attention_splits(CFG, [16383], t, 132)
+    assert attention_splits(CFG, [3, 8200], t, 132) == attention_splits(CFG, [9000, 100], t, 132)
     s8 = attention_splits(CFG, [100] * 8, t, 132)
     assert all(x <= 4 for x in s8[False])  # short rows: few splits
+    ragged = attention_splits(CFG, [10, 5000, 9000], t, 132)
+    assert len(set(ragged[False])) == 1 and len(set(ragged[True])) == 1
 
 
 def test_bad_tilings_are_refused():
