@@ -120,6 +120,17 @@ class Schedule:
         return ops
 
 
+_F_OP, _F_LAYER, _F_A0, _F_NWAIT = abi.MK_F_OP, abi.MK_F_LAYER, abi.MK_F_A0, abi.MK_F_NWAIT
+_F_WAIT0, _F_NSIG, _F_SIG0, _F_AMOUNT = abi.MK_F_WAIT0, abi.MK_F_NSIG, abi.MK_F_SIG0, abi.MK_F_SIG_AMOUNT
+_MAX_WAITS, _MAX_SIGNALS = abi.MK_MAX_WAITS, abi.MK_MAX_SIGNALS
+# an empty descriptor: no waits, no signals (the builder copies it ~30K times per schedule)
+_TEMPLATE = [0] * W
+for _i in range(_MAX_WAITS):
+    _TEMPLATE[_F_WAIT0 + 2 * _i] = abi.MK_NO_COUNTER
+for _i in range(_MAX_SIGNALS):
+    _TEMPLATE[_F_SIG0 + _i] = abi.MK_NO_COUNTER
+
+
 def make_desc(
     op: int,
     layer: int,
@@ -128,22 +139,19 @@ def make_desc(
     signals: tuple[int, ...] = (),
     amount: int = 1,
 ) -> list[int]:
-    if len(args) > 5 or len(waits) > abi.MK_MAX_WAITS or len(signals) > abi.MK_MAX_SIGNALS:
+    if len(args) > 5 or len(waits) > _MAX_WAITS or len(signals) > _MAX_SIGNALS:
         raise ValueError("descriptor overflow")
-    d = [0] * W
-    d[abi.MK_F_OP] = op
-    d[abi.MK_F_LAYER] = layer
-    for i, a in enumerate(args):
-        d[abi.MK_F_A0 + i] = a
-    d[abi.MK_F_NWAIT] = len(waits)
-    for i in range(abi.MK_MAX_WAITS):
-        c, t = waits[i] if i < len(waits) else (abi.MK_NO_COUNTER, 0)
-        d[abi.MK_F_WAIT0 + 2 * i] = c
-        d[abi.MK_F_WAIT0 + 2 * i + 1] = t
-    d[abi.MK_F_NSIG] = len(signals)
-    for i in range(abi.MK_MAX_SIGNALS):
-        d[abi.MK_F_SIG0 + i] = signals[i] if i < len(signals) else abi.MK_NO_COUNTER
-    d[abi.MK_F_SIG_AMOUNT] = amount
+    d = _TEMPLATE.copy()
+    d[_F_OP] = op
+    d[_F_LAYER] = layer
+    d[_F_A0 : _F_A0 + len(args)] = args
+    d[_F_NWAIT] = len(waits)
+    for i, (c, t) in enumerate(waits):
+        d[_F_WAIT0 + 2 * i] = c
+        d[_F_WAIT0 + 2 * i + 1] = t
+    d[_F_NSIG] = len(signals)
+    d[_F_SIG0 : _F_SIG0 + len(signals)] = signals
+    d[_F_AMOUNT] = amount
     return d
 
 
