@@ -5,7 +5,8 @@ Dialogues are OpenAI-shaped messages (system, user, assistant with `tool_calls`,
 assistant text) rendered by the checkpoint's chat template, so the model learns exactly the format
 the engine will parse. Tool outputs imitate mkcode's tools (line-numbered reads, `path:line:text`
 grep hits, `name  (N bytes)` listings, unified diffs, `[exit code: N]`). Everything is drawn from
-a seeded `random.Random`: the same seed gives the same dialogues.
+a seeded `random.Random`: the same seed gives the same dialogues. A third of the dialogues hold two
+tasks in a row (a finished exchange, then a new request), as a session does.
 """
 
 from __future__ import annotations
@@ -263,11 +264,31 @@ def system_prompt(rng: random.Random) -> str:
     return rng.choice(INSTRUCTIONS) + "\n\n# Environment\n" + "\n".join(env)
 
 
-def make_dialogue(rng: random.Random) -> list[Message]:
-    project = make_project(rng)
+def _renumber(messages: list[Message], offset: int) -> list[Message]:
+    """Shift the call ids of a later task so that ids stay unique in the whole conversation."""
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            c["id"] = f"call_{int(c['id'].split('_')[1]) + offset}"
+        if m.get("role") == "tool":
+            m["tool_call_id"] = f"call_{int(m['tool_call_id'].split('_')[1]) + offset}"
+    return messages
+
+
+def _task(rng: random.Random, project: Project, system: str) -> list[Message]:
     tasks, weights = zip(*TASKS)
-    task = rng.choices(tasks, weights=weights)[0]
-    return task(rng, project, system_prompt(rng))
+    return rng.choices(tasks, weights=weights)[0](rng, project, system)
+
+
+def make_dialogue(rng: random.Random) -> list[Message]:
+    """One task; a third of the time preceded by an earlier, finished task in the same session, so
+    that the model also acts on a second request."""
+    project = make_project(rng)
+    system = system_prompt(rng)
+    messages = _task(rng, project, system)
+    if rng.random() < 1 / 3:
+        calls = sum(len(m.get("tool_calls") or []) for m in messages)
+        messages += _renumber(_task(rng, project, system)[1:], calls)
+    return messages
 
 
 def fresh_prompt(rng: random.Random) -> list[Message]:
