@@ -27,7 +27,7 @@ class RuntimeOptions:
     dtype: str | None = None  # default: bfloat16 on GPU, float32 on CPU
     decode: str = "auto"
     gpu_memory_utilization: float = 0.90
-    kv_memory_gb: float | None = None  # CPU: KV pool size (default 1 GB)
+    kv_memory_gb: float | None = None  # KV pool size; default: 1 GB on CPU, from utilization on GPU
     max_model_len: int | None = None
     max_prefill_tokens: int | None = None
     progress: bool = True
@@ -69,6 +69,8 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 def kv_budget_bytes(opts: RuntimeOptions, device: torch.device) -> int:
+    if opts.kv_memory_gb is not None:  # an explicit size wins on any device
+        return int(opts.kv_memory_gb * (1 << 30))
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         used_by_others = total - free

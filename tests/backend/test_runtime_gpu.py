@@ -33,7 +33,7 @@ def _run(ckpt, decode: str) -> tuple[list[list[int]], float, str]:
     from mkcode.backend.sampling import SamplingParams
 
     rt = build_runtime(
-        RuntimeOptions(model=ckpt, device="cuda", decode=decode, progress=False, gpu_memory_utilization=0.3)
+        RuntimeOptions(model=ckpt, device="cuda", decode=decode, progress=False, kv_memory_gb=4.0)
     )
     try:
         eng = rt.engine
