@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from mkcode.backend.bench.accounting import step_bytes as account_step_bytes
+from mkcode.backend.bench.hbm import measure_copy_bandwidth
 from mkcode.backend.megakernel.testing import (
     Fp32Weights,
     clone_batch,
@@ -35,48 +37,15 @@ from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 
 
-def hbm_bandwidth(gb: float = 4.0, reps: int = 20) -> float:
-    n = int(gb * 1e9) // 2
-    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    del a, b
-    return 2 * n * 2 / statistics.median(times)
+def hbm_bandwidth() -> float:
+    """Device-copy bandwidth (read + write), measured as the benchmarks measure it."""
+    return measure_copy_bandwidth(nbytes=4 << 30, repeats=20)
 
 
 def step_bytes(cfg: ModelConfig, contexts: list[int], active_experts: list[int]) -> dict[str, int]:
-    H, bf = cfg.hidden_size, 2
-    attn = cfg.num_hidden_layers * (cfg.q_width + 2 * cfg.kv_width + cfg.q_width) * H * bf
-    dense = sum(3 * H * cfg.prefix_dense_intermediate_size * bf for i in cfg.dense_layers)
-    n_moe = cfg.num_hidden_layers - len(cfg.dense_layers)
-    routers = n_moe * cfg.num_experts * H * bf
-    experts = sum(active_experts) * 3 * H * cfg.intermediate_size * bf
-    lm = cfg.vocab_size * H * bf
-    per_tok = 2 * cfg.kv_width * bf
-    kv = 0
-    for layer in range(cfg.num_hidden_layers):
-        w = cfg.window(layer)
-        for c in contexts:
-            kv += (min(c + 1, w) if w else c + 1) * per_tok
-    parts = {
-        "attention_weights": attn,
-        "dense_mlp": dense,
-        "routers": routers,
-        "experts": experts,
-        "lm_head": lm,
-        "kv": kv,
-    }
-    parts["total"] = sum(parts.values())
-    return parts
+    """Bytes the step really read (DESIGN §4), with the distinct experts the device routed to per
+    layer; one accounting for every benchmark (`mkcode.backend.bench.accounting`)."""
+    return account_step_bytes(cfg, contexts, active_experts).as_dict()
 
 
 def time_steps(be, batch, reps: int) -> list[float]:
