@@ -21,7 +21,7 @@ from typing import Any
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo-model",
-        help="train the tiny demo checkpoint (cmd4 tool calling, CPU, ~1.5 min) and print its path",
+        help="train the tiny demo checkpoint (cmd4 tool calling, CPU, ~2-3.5 min) and print its path",
         description=(
             "Train a tiny North Mini Code checkpoint on generated tool-use dialogues (list, read, grep, "
             "edit, run, answer) with a fixed seed, on the CPU. The result is cached under "

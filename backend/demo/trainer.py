@@ -3,8 +3,8 @@
 The model has the `tiny` preset's architecture (parallel block, dense layer 0, routed experts, GQA,
 sliding and full attention, tied embeddings) in a smaller geometry, trained from the synthetic
 initialisation with AdamW on generated dialogues (`dialogues.py`), loss on the assistant's tokens
-only. With the fixed seed it is deterministic for a given torch build; about 1.5 minutes on two
-free CPU cores. The result is a normal HF checkpoint directory (config.json, safetensors shards + index,
+only. With the fixed seed it is deterministic for a given torch build; about 2 minutes on two
+free CPU cores (3.5 on a busy machine). The result is a normal HF checkpoint directory (config.json, safetensors shards + index,
 tokenizer files with the chat template), loadable by `build_runtime`.
 
 `ensure_demo_model()` caches it under `$XDG_CACHE_HOME/mkcode/demo-model/<key>`, the key being a
@@ -49,7 +49,7 @@ DEMO_GEOMETRY: dict[str, Any] = {
 @dataclass(frozen=True)
 class DemoTrainConfig:
     seed: int = 0
-    steps: int = 400  # ~85 s on two free cores; 12/12 fresh dialogues decode to valid calls from ~200
+    steps: int = 320  # ~2 min on two free cores; fresh dialogues decode to valid calls from ~200 on
     batch_size: int = 4  # dialogues per step (they share the tool-schema prefix)
     lr: float = 4e-3
     warmup_steps: int = 15
