@@ -4,6 +4,7 @@ backend and engine. The one place the CLI, the TUI and the server get an engine 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ class RuntimeOptions:
     kv_memory_gb: float | None = None  # KV pool size; default: 1 GB on CPU, from utilization on GPU
     max_model_len: int | None = None
     max_prefill_tokens: int | None = None
-    progress: bool = True
+    progress: bool | Callable[[int, int], None] = True  # or callback(done_bytes, total_bytes)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ def load_state_dict(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    progress: bool = True,
+    progress: bool | Callable[[int, int], None] = True,
 ) -> dict[str, torch.Tensor]:
     """Canonical-name tensors of a checkpoint on `device` (tied lm_head omitted, as in `expected_shapes`)."""
     plan, _ = plan_checkpoint(ckpt_dir, config)
@@ -97,7 +98,7 @@ def load_checkpoint(
     path: str | Path,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-    progress: bool = True,
+    progress: bool | Callable[[int, int], None] = True,
 ) -> LoadedCheckpoint:
     """Load the Hugging Face checkpoint directory `path` onto `device` in `dtype` (None: as stored).
 
@@ -132,7 +133,11 @@ def load_checkpoint(
 
 
 def _execute(
-    plan: LoadPlan, device: torch.device, dtype: torch.dtype, progress: bool, ckpt_dir: Path
+    plan: LoadPlan,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: bool | Callable[[int, int], None],
+    ckpt_dir: Path,
 ) -> tuple[dict[str, torch.Tensor], float]:
     """Allocate the targets and fill them from the shards; returns (state dict, seconds)."""
     targets = {name: torch.empty(shape, device=device, dtype=dtype) for name, shape in plan.targets.items()}
@@ -141,7 +146,9 @@ def _execute(
         by_file[p.source.file].append(p)
     copier = ChunkCopier(device)
     t0 = time.perf_counter()
-    with ByteProgress(f"loading {ckpt_dir.name}", plan.nbytes, enabled=progress) as bar:
+    callback = progress if callable(progress) else None
+    bar_on = bool(progress) and callback is None
+    with ByteProgress(f"loading {ckpt_dir.name}", plan.nbytes, enabled=bar_on, callback=callback) as bar:
         tied: list[Placement] = []
         files = list(by_file)
         for i, (file, placements) in enumerate(by_file.items()):

@@ -6,6 +6,7 @@ stay clean.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -23,7 +24,18 @@ from rich.progress import (
 class ByteProgress:
     """Context manager: `advance(nbytes)` moves the bar; a no-op when disabled or not a TTY."""
 
-    def __init__(self, description: str, total_bytes: int, *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        description: str,
+        total_bytes: int,
+        *,
+        enabled: bool = True,
+        callback: Callable[[int, int], None] | None = None,
+    ) -> None:
+        # callback(done_bytes, total_bytes): for UIs that draw their own bar (the TUI start screen)
+        self._callback = callback
+        self._done = 0
+        self._total = total_bytes
         console = Console(stderr=True)
         self.active = enabled and console.is_terminal
         self._progress: Progress | None = None
@@ -46,6 +58,9 @@ class ByteProgress:
         return self
 
     def advance(self, nbytes: int) -> None:
+        self._done += nbytes
+        if self._callback is not None:
+            self._callback(self._done, self._total)
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, nbytes)
 

@@ -125,13 +125,26 @@ def _local(settings: Settings, progress: ProgressFn, *, demo: bool) -> Backend:
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
 
     progress(f"loading weights of {model_dir.name}", 0.3)
+    t0 = time.monotonic()
+
+    def weights_progress(done: int, total: int) -> None:  # byte-level: GB, GB/s and share done
+        rate = done / max(time.monotonic() - t0, 1e-6) / 1e9
+        progress(
+            f"loading weights: {done / 1e9:.1f} / {total / 1e9:.1f} GB ({rate:.1f} GB/s)",
+            0.3 + 0.6 * done / max(total, 1),
+        )
+
     try:
         runtime = build_runtime(
-            RuntimeOptions(model=model_dir, device=settings.device, decode=settings.decode, progress=False)
+            RuntimeOptions(
+                model=model_dir, device=settings.device, decode=settings.decode, progress=weights_progress
+            )
         )
     except (RuntimeError, ValueError, OSError) as e:
         raise BackendError(f"could not load {model_dir}: {e}") from e
     progress("starting the engine", 0.9)
+    if demo:  # the cache directory is a hash: name the model for what it is
+        runtime.model_name = f"demo-model-{model_dir.name[:8]}"
     runtime.engine.start()
     client = InProcessClient.from_runtime(runtime)
     label = f"{runtime.decode_backend} · {runtime.device}"

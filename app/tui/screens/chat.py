@@ -300,7 +300,13 @@ class ChatScreen(Screen[None]):
         elif message.key == "down":
             menu.action_cursor_down()
         elif message.key in ("tab", "enter"):
+            if menu.option_count == 0:  # the menu emptied under the key (typing raced the refresh)
+                self._close_completions()
+                if message.key == "enter":
+                    self.prompt._submit_or_continue()
+                return
             index = menu.highlighted if menu.highlighted is not None else 0
+            index = min(max(index, 0), menu.option_count - 1)
             chosen = menu.get_option_at_index(index).id or ""
             self._close_completions()
             suffix = "" if chosen.endswith("/") else " "
