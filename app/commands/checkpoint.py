@@ -44,6 +44,16 @@ def register(subparsers: Any) -> None:
     synth.add_argument("--shard-mb", type=float, default=None, help="maximum shard size in MB")
     synth.set_defaults(func=run_synth)
 
+    demo = sub.add_parser(
+        "demo",
+        help="train (or reuse from the cache) the tiny demo checkpoint that makes real tool calls",
+        description="Same as `mkcode demo-model`: a tiny North Mini Code checkpoint trained on the CPU "
+        "on generated tool-use dialogues, cached, and copied to --out.",
+    )
+    from mkcode.app.commands.demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(demo)
+
     inspect = sub.add_parser(
         "inspect",
         help="summarise a checkpoint directory: config, parameter counts, tensors, bytes",

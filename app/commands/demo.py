@@ -28,6 +28,11 @@ def register(subparsers: Any) -> None:
             "$XDG_CACHE_HOME/mkcode/demo-model/<hash of the trainer>, so later calls are instant."
         ),
     )
+    add_arguments(p)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The demo trainer's flags; also used by `mkcode checkpoint demo`."""
     p.add_argument("--out", type=Path, help="also copy the checkpoint to this directory")
     p.add_argument("--steps", type=int, help="training steps (default: the trainer's; changes the cache key)")
     p.add_argument("--seed", type=int, help="training seed (default 0; changes the cache key)")
