@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
@@ -68,7 +69,7 @@ class EngineMetrics:
         return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: `seq in list` must not compare fields
 class _Seq:
     req: GenerationRequest
     stream: RequestStream
@@ -351,10 +352,12 @@ class Engine:
         for c in range(0, len(batch), self.backend.max_batch):
             part = batch[c : c + self.backend.max_batch]
             logits = self.backend.decode(self._decode_batch(part))
+            greedy = logits.argmax(dim=-1).tolist()  # one device sync for every greedy row
             for i, seq in enumerate(part):
                 seq.num_computed = len(seq.tokens)
                 self._after_compute(seq)
-                self._accept(seq, self._sample(seq, logits[i]))
+                plain_greedy = seq.req.sampling.greedy and seq.req.constraint is None
+                self._accept(seq, greedy[i] if plain_greedy else self._sample(seq, logits[i]))
         self._sync()
         self._decode_rate.add(len(batch), time.perf_counter() - t0)
         self.stats.decode_tokens_total += len(batch)
@@ -362,17 +365,15 @@ class Engine:
 
     def _decode_batch(self, seqs: list[_Seq]) -> DecodeBatch:
         L = self.cfg.num_hidden_layers
-        width = max(len(s.kv.tables[0]) for s in seqs)
-        tables = torch.full((L, len(seqs), width), NO_PAGE, dtype=torch.int32)
+        width = max(s.kv.num_blocks for s in seqs)
+        tables = np.full((L, len(seqs), width), NO_PAGE, dtype=np.int32)
         for b, s in enumerate(seqs):
-            for layer in range(L):
-                row = s.kv.tables[layer]
-                tables[layer, b, : len(row)] = torch.tensor(row, dtype=torch.int32)
+            tables[:, b, : s.kv.num_blocks] = s.kv.array
         dev = self.device
         return DecodeBatch(
             token_ids=torch.tensor([s.tokens[-1] for s in seqs], device=dev),
             positions=torch.tensor([len(s.tokens) - 1 for s in seqs], device=dev),
-            block_tables=tables.to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
             kv_pool=self.pool.tensor,
         )
 

@@ -147,10 +147,7 @@ class GpuPrefill:
         """The segment's block tables [L, P] on the device, when its KV is the paged view."""
         if not isinstance(seg.kv, PagedKVView):
             return None
-        t = seg.kv.seq.tables
-        width = max(len(r) for r in t)
-        rows = [r + [-1] * (width - len(r)) for r in t]
-        return torch.tensor(rows, dtype=torch.long, device=self.pm.device)
+        return torch.from_numpy(seg.kv.seq.array.astype("int64")).to(self.pm.device)
 
     def _kv(self, layer, seg, table, k, v, pos, first, last):
         if table is None:

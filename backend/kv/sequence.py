@@ -6,6 +6,7 @@ released it). The sequence holds one pool reference per mapped page.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mkcode.backend.kv.layout import NO_PAGE, PAGE_SIZE, first_visible_position, gather_tokens, write_tokens
@@ -14,32 +15,65 @@ from mkcode.backend.model.config import ModelConfig
 
 
 class SequenceKV:
+    """Block tables of one sequence: an int32 array [L, capacity] (the first `num_blocks` columns
+    are live), kept as an array so that a decode step gathers a batch's tables with one numpy copy
+    per sequence rather than Python lists per layer."""
+
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
-        self.tables: list[list[int]] = [[] for _ in range(cfg.num_hidden_layers)]
+        self.num_layers = cfg.num_hidden_layers
+        self._array = np.full((self.num_layers, 16), NO_PAGE, dtype=np.int32)
+        self.num_blocks = 0  # blocks mapped on every layer (released sliding pages stay NO_PAGE)
         self.registered_blocks = 0  # full blocks already offered to the prefix cache
+        self._released_blocks = 0  # sliding-layer blocks [0, n) already released
+        windows = {cfg.window(i) for i in range(self.num_layers)} - {None}
+        self._window = min(windows) if windows else None
+        self._sliding = np.array([cfg.window(i) is not None for i in range(self.num_layers)])
+
+    @property
+    def array(self) -> np.ndarray:
+        """Live block tables [L, num_blocks] (a view; NO_PAGE where released)."""
+        return self._array[:, : self.num_blocks]
+
+    @property
+    def tables(self) -> list[list[int]]:
+        """Per-layer page lists (a copy, for accounting checks and readers that want lists)."""
+        return self.array.tolist()
+
+    def _grow(self, blocks: int) -> None:
+        if blocks > self._array.shape[1]:
+            cap = max(blocks, 2 * self._array.shape[1])
+            grown = np.full((self.num_layers, cap), NO_PAGE, dtype=np.int32)
+            grown[:, : self.num_blocks] = self._array[:, : self.num_blocks]
+            self._array = grown
 
     # ---- allocation ---------------------------------------------------------------------------
 
     def pages_needed(self, num_tokens: int) -> int:
         """New pages required so that positions < num_tokens are mapped on every layer."""
         blocks = (num_tokens + PAGE_SIZE - 1) // PAGE_SIZE
-        return sum(max(0, blocks - len(t)) for t in self.tables)
+        return max(0, blocks - self.num_blocks) * self.num_layers
 
     def ensure_capacity(self, pool: KVPool, num_tokens: int) -> None:
         """Map pages for every position < num_tokens (caller checked pages_needed is available)."""
         blocks = (num_tokens + PAGE_SIZE - 1) // PAGE_SIZE
-        for table in self.tables:
-            while len(table) < blocks:
-                table.append(pool.allocate())
+        if blocks <= self.num_blocks:
+            return
+        self._grow(blocks)
+        for b in range(self.num_blocks, blocks):
+            for layer in range(self.num_layers):
+                self._array[layer, b] = pool.allocate()
+            self.num_blocks = b + 1
 
     def adopt_prefix(self, pool: KVPool, entries: list[PrefixEntry]) -> None:
         """Map cached prefix blocks (must be called on an empty sequence)."""
-        assert all(not t for t in self.tables)
-        for entry in entries:
+        assert self.num_blocks == 0
+        self._grow(len(entries))
+        for b, entry in enumerate(entries):
             for layer, page in enumerate(entry.pages):
                 pool.ref(page)
-                self.tables[layer].append(page)
+                self._array[layer, b] = page
+            self.num_blocks = b + 1
         self.registered_blocks = len(entries)
 
     def register_full_blocks(self, pool: KVPool, keys: list[bytes], num_computed: int) -> None:
@@ -47,40 +81,44 @@ class SequenceKV:
         full = min(num_computed // PAGE_SIZE, len(keys))
         while self.registered_blocks < full:
             b = self.registered_blocks
-            pages = [t[b] for t in self.tables]
+            pages = self._array[:, b].tolist()
             if all(p != NO_PAGE for p in pages):
                 pool.register_prefix(keys[b], pages)
             self.registered_blocks += 1
 
     def release_outside_window(self, pool: KVPool, next_position: int) -> None:
         """Sliding layers drop pages wholly before the oldest key the next query can see."""
-        for layer, table in enumerate(self.tables):
-            window = self.cfg.window(layer)
-            if window is None:
-                continue
-            oldest = first_visible_position(next_position, window)
-            for b in range(min(oldest // PAGE_SIZE, len(table))):
-                if table[b] != NO_PAGE:
-                    pool.unref(table[b])
-                    table[b] = NO_PAGE
-
-    def free_all(self, pool: KVPool) -> None:
-        for table in self.tables:
-            for p in table:
+        if self._window is None:
+            return
+        upto = min(first_visible_position(next_position, self._window) // PAGE_SIZE, self.num_blocks)
+        if upto <= self._released_blocks:
+            return
+        for b in range(self._released_blocks, upto):
+            for layer in np.flatnonzero(self._sliding):
+                p = int(self._array[layer, b])
                 if p != NO_PAGE:
                     pool.unref(p)
-            table.clear()
+                    self._array[layer, b] = NO_PAGE
+        self._released_blocks = upto
+
+    def free_all(self, pool: KVPool) -> None:
+        for p in self.array[self.array != NO_PAGE].tolist():
+            pool.unref(p)
+        self._array[:, : self.num_blocks] = NO_PAGE
+        self.num_blocks = 0
         self.registered_blocks = 0
+        self._released_blocks = 0
 
     @property
     def mapped_pages(self) -> int:
-        return sum(1 for t in self.tables for p in t if p != NO_PAGE)
+        return int((self.array != NO_PAGE).sum())
 
     # ---- views --------------------------------------------------------------------------------
 
     def table_tensor(self, layer: int, width: int, device: torch.device | str) -> torch.Tensor:
-        row = self.tables[layer] + [NO_PAGE] * (width - len(self.tables[layer]))
-        return torch.tensor(row, dtype=torch.int32, device=device)
+        row = np.full(width, NO_PAGE, dtype=np.int32)
+        row[: self.num_blocks] = self._array[layer, : self.num_blocks]
+        return torch.from_numpy(row).to(device)
 
     def view(self, pool: KVPool) -> PagedKVView:
         return PagedKVView(self, pool)
@@ -95,8 +133,7 @@ class PagedKVView:
         self._rows: dict[int, torch.Tensor] = {}
 
     def append(self, layer, k, v, positions):
-        table = self.seq.tables[layer]
-        row = torch.tensor(table, dtype=torch.int32, device=self.pool.tensor.device)
+        row = torch.from_numpy(self.seq.array[layer].copy()).to(self.pool.tensor.device)
         write_tokens(self.pool.tensor, row, positions, k, v)
         first, last = int(positions[0]), int(positions[-1])
         start = first_visible_position(first, self.seq.cfg.window(layer))
