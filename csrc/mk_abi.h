@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 3
+#define MK_ABI_VERSION 4
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -33,7 +33,8 @@ enum MkOpcode {
   MK_OP_LM_HEAD = 13,      // a tile of vocab rows: logits (scaled) and the tile's argmax per row
   MK_OP_SAMPLE = 14,       // all rows: greedy argmax over the LM-head tiles -> tokens
   MK_OP_DRAIN = 15,        // claim tasks from a work queue until it is empty, run each
-  MK_OP_COUNT = 16,
+  MK_OP_SAMPLE_ROW = 16,   // one row: greedy / temperature / top-k / top-p draw -> tokens[b]
+  MK_OP_COUNT = 17,
 };
 
 // Descriptor words. Waits are (counter, target) pairs, the target RELATIVE to the counter's base
@@ -66,6 +67,7 @@ enum MkField {
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index
+//   SAMPLE_ROW               A0 = row
 //   ROUTE, SAMPLE, NOP       none
 
 enum MkQueueKind {
@@ -130,7 +132,8 @@ enum MkError {
   X(lm_best)       /* fp32 [n_lm_tiles][B] tile max */ \
   X(lm_arg)        /* int32 [n_lm_tiles][B] tile argmax */ \
   X(tokens_out)    /* int64 [B] greedy tokens */ \
-  X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */
+  X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */ \
+  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */
 
 // Integer parameters, in order (int64 on the Python side, int32 in the kernel).
 #define MK_PARAM_INTS(X) \
@@ -144,10 +147,28 @@ enum MkError {
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
+// MK_PREFETCH_TMA (variant, off by default): the mma GEMV streams its weights through a
+// shared-memory ring filled by TMA bulk copies (cp.async.bulk + mbarrier); the first stages are
+// issued before the task's dependency wait.
+#define MK_PREFETCH_TMA 4
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-3 = %globaltimer (ns) at the task's start, after its waits, after its signals.
 #define MK_TL_WORDS 4
+
+// Per-row sampling parameters (sample_params[b][field], int32 words; floats stored as their bits).
+// Semantics: mkcode.backend.megakernel.sampling (greedy when temperature <= 0, top_k == 1 or
+// top_p <= 0; top_k 0 = off; top_p >= 1 = off; Gumbel-max draw with a counter-based hash of
+// seed, step and token id, so a row's draw does not depend on the rest of the batch).
+#define MK_SP_WORDS 8
+enum MkSampleField {
+  MK_SP_SEED_LO = 0,
+  MK_SP_SEED_HI = 1,
+  MK_SP_STEP = 2,
+  MK_SP_TOP_K = 3,
+  MK_SP_TEMPERATURE = 4,  // float bits
+  MK_SP_TOP_P = 5,        // float bits
+};
 
 // Float parameters.
 #define MK_PARAM_FLOATS(X) X(rms_eps) X(rope_theta) X(logit_scale) X(attn_scale)

@@ -13,7 +13,10 @@ size_t smem_bytes(const Params& p, int max_k) {
                 (NWARPS + 64) * 4;
   const int G = p.num_heads / p.num_kv_heads;
   size_t attn = (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 + 3 * G * 4 + 16;
-  return gemv > attn ? gemv : attn;
+  // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates
+  const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)SAMPLE_CAP * 8;
+  size_t need = gemv > attn ? gemv : attn;
+  return need > samp ? need : samp;
 }
 
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap) {

@@ -559,6 +559,275 @@ __device__ void op_sample(const Params& p) {
   }
 }
 
+// ---- per-row sampling (semantics: mkcode.backend.megakernel.sampling) ----------------------------
+
+__device__ __forceinline__ uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// Order-preserving uint32 key of an fp32 value.
+__device__ __forceinline__ uint32_t fkey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float gumbel_noise(uint32_t rk, uint32_t tok) {
+  const uint32_t bits = mix32(rk ^ mix32(tok + 0x632BE5ABu));
+  const float u = ((float)(bits >> 9) + 0.5f) * (1.0f / 8388608.0f);
+  return -logf(-logf(u));
+}
+
+// The row's candidates: the whole logits row in global memory (L2), or a compacted list in smem.
+struct SampleSrc {
+  const float* g;
+  const int* ci;
+  const float* cv;
+  int n;
+  __device__ __forceinline__ void at(int i, int& idx, float& l) const {
+    if (ci) {
+      idx = ci[i];
+      l = cv[i];
+    } else {
+      idx = i;
+      l = ld_cg(g + i);
+    }
+  }
+};
+
+constexpr int SAMPLE_CAP = 2048;  // compacted candidates kept in shared memory
+constexpr unsigned FULL = 0xffffffffu;
+
+// All 32 lanes: add w into this warp's private histogram at `bin` (bin < 0: nothing). Lanes with
+// the same bin are summed with shuffles and one lane stores, so no atomics and no contention.
+__device__ __forceinline__ void warp_hist_add(float* wh, int bin, float w) {
+  const int lane = threadIdx.x % 32;
+  unsigned pending = __ballot_sync(FULL, bin >= 0);
+  while (pending) {
+    const int src = __ffs(pending) - 1;
+    const int lb = __shfl_sync(FULL, bin, src);
+    const unsigned same = __ballot_sync(FULL, bin == lb);
+    float v = bin == lb ? w : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    if (lane == src) wh[lb] += v;
+    pending &= ~same;
+  }
+}
+
+// Largest key v with sum(weight of {key >= floor_key, key >= v}) >= target, by four 8-bit radix
+// passes (weights 1, or exp((l - m) / T) when `mass`); the smallest candidate key if rounding leaves
+// no bin reaching the target. hist: NWARPS*256 floats, tot: 256 floats, sh: 2 words.
+__device__ uint32_t select_key(const SampleSrc& src, uint32_t floor_key, bool mass, float m, float T, float target,
+                               float* hist, float* tot, int* sh) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint32_t prefix = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int j = threadIdx.x; j < NWARPS * 256; j += NT) hist[j] = 0.f;
+    __syncthreads();
+    const uint32_t hmask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+    float* wh = hist + warp * 256;
+    for (int base = warp * 32; base < src.n; base += NT) {  // warp-uniform trip count
+      const int i = base + lane;
+      int bin = -1;
+      float w = 0.f;
+      if (i < src.n) {
+        int idx;
+        float l;
+        src.at(i, idx, l);
+        const uint32_t k = fkey(l);
+        if (k >= floor_key && (k & hmask) == prefix) {
+          bin = (int)((k >> shift) & 255u);
+          w = mass ? expf((l - m) / T) : 1.f;
+        }
+      }
+      warp_hist_add(wh, bin, w);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < 256; j += NT) {
+      float t = 0.f;
+      for (int w = 0; w < NWARPS; ++w) t += hist[w * 256 + j];
+      tot[j] = t;
+    }
+    __syncthreads();
+    if (warp == 0) {  // lane owns bins 255-8*lane down to 248-8*lane; scan from the top
+      float part = 0.f;
+      for (int q = 0; q < 8; ++q) part += tot[255 - 8 * lane - q];
+      float incl = part;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float v = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const float excl = incl - part;
+      const unsigned hit = __ballot_sync(FULL, incl >= target);
+      const unsigned nonempty = __ballot_sync(FULL, part > 0.f);
+      const int L = hit ? __ffs(hit) - 1 : (nonempty ? 31 - __clz(nonempty) : 0);
+      if (lane == L) {
+        float c = excl;
+        int sel = -1;
+        float above = c;
+        for (int q = 0; q < 8; ++q) {
+          const int j = 255 - 8 * lane - q;
+          if (hit) {
+            if (sel < 0 && c + tot[j] >= target) {
+              sel = j;
+              above = c;
+            }
+          } else if (tot[j] > 0.f) {  // rounding: the lowest non-empty bin
+            sel = j;
+            above = c;
+          }
+          c += tot[j];
+        }
+        if (sel < 0) sel = 255 - 8 * lane - 7;
+        sh[0] = sel;
+        reinterpret_cast<float*>(sh)[1] = above;
+      }
+    }
+    __syncthreads();
+    prefix |= (uint32_t)sh[0] << shift;
+    target -= reinterpret_cast<float*>(sh)[1];
+    __syncthreads();
+  }
+  return prefix;
+}
+
+// Block-wide max (all threads get it). scratch: NWARPS floats.
+__device__ float block_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < NWARPS; ++w) r = fmaxf(r, scratch[w]);
+  __syncthreads();
+  return r;
+}
+
+__device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& s) {
+  const int b = d[MK_F_A0], V = p.vocab;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int* sp = p.sample_params ? (const int*)p.sample_params + (size_t)b * MK_SP_WORDS : nullptr;
+  const float T = sp ? __int_as_float(sp[MK_SP_TEMPERATURE]) : 0.f;
+  const int top_k = sp ? sp[MK_SP_TOP_K] : 0;
+  const float top_p = sp ? __int_as_float(sp[MK_SP_TOP_P]) : 1.f;
+  if (!(T > 0.f) || top_k == 1 || !(top_p > 0.f)) {  // greedy: merge the LM-head tiles' argmax
+    if (warp == 0) {
+      float best = -INFINITY;
+      int bt = 0x7fffffff;
+      for (int t = lane; t < p.n_lm_tiles; t += 32) {
+        const float v = ld_cg((const float*)p.lm_best + (size_t)t * 8 + b);
+        if (v > best || (v == best && t < bt)) {
+          best = v;
+          bt = t;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, bt, o);
+        if (ov > best || (ov == best && oi < bt)) {
+          best = ov;
+          bt = oi;
+        }
+      }
+      if (lane == 0) ((long long*)p.tokens_out)[b] = ld_cg((const int*)p.lm_arg + (size_t)bt * 8 + b);
+    }
+    return;
+  }
+  // smem: hist [NWARPS][256], tot [256], misc [NWARPS], sh [32], compacted idx/val [SAMPLE_CAP] each
+  float* hist = reinterpret_cast<float*>(s.raw);
+  float* tot = hist + NWARPS * 256;
+  float* misc = tot + 256;
+  int* sh = reinterpret_cast<int*>(misc + NWARPS);
+  int* cidx = sh + 32;
+  float* cval = reinterpret_cast<float*>(cidx + SAMPLE_CAP);
+  const float* lg = (const float*)p.logits + (size_t)b * V;
+  // the row max from the tiles' maxima (the same values the tiles wrote)
+  float mx = -INFINITY;
+  for (int t = threadIdx.x; t < p.n_lm_tiles; t += NT) mx = fmaxf(mx, ld_cg((const float*)p.lm_best + (size_t)t * 8 + b));
+  const float m = block_max(mx, misc);
+  SampleSrc src{lg, nullptr, nullptr, V};
+  uint32_t thr = 0;
+  if (top_k > 0 && top_k < V) {
+    thr = select_key(src, 0u, false, m, T, (float)top_k, hist, tot, sh);
+    // compact the kept set into smem when it fits (ties can make it larger than k)
+    if (threadIdx.x == 0) sh[0] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < V; i += NT) {
+      const float l = ld_cg(lg + i);
+      if (fkey(l) >= thr) {
+        const int at = atomicAdd(sh, 1);
+        if (at < SAMPLE_CAP) {
+          cidx[at] = i;
+          cval[at] = l;
+        }
+      }
+    }
+    __syncthreads();
+    const int n = sh[0];
+    __syncthreads();
+    if (n <= SAMPLE_CAP) src = SampleSrc{lg, cidx, cval, n};
+  }
+  if (top_p < 1.f) {
+    float z = 0.f;
+    for (int i = threadIdx.x; i < src.n; i += NT) {
+      int idx;
+      float l;
+      src.at(i, idx, l);
+      if (fkey(l) >= thr) z += expf((l - m) / T);
+    }
+    const float Z = block_sum(z, misc);
+    const uint32_t pth = select_key(src, thr, true, m, T, top_p * Z, hist, tot, sh);
+    thr = pth > thr ? pth : thr;
+  }
+  // Gumbel-max over the kept set
+  const uint32_t rk = mix32(mix32(mix32((uint32_t)sp[MK_SP_SEED_LO] ^ 0x9E3779B9u) ^ (uint32_t)sp[MK_SP_SEED_HI]) +
+                            (uint32_t)sp[MK_SP_STEP]);
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < src.n; i += NT) {
+    int idx;
+    float l;
+    src.at(i, idx, l);
+    if (fkey(l) >= thr) {
+      const float v = (l - m) / T + gumbel_noise(rk, (uint32_t)idx);
+      if (v > best || (v == best && idx < bi)) {
+        best = v;
+        bi = idx;
+      }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(FULL, best, o);
+    const int oi = __shfl_xor_sync(FULL, bi, o);
+    if (ov > best || (ov == best && oi < bi)) {
+      best = ov;
+      bi = oi;
+    }
+  }
+  __syncthreads();
+  if (lane == 0) {
+    misc[warp] = best;
+    sh[8 + warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float bb = misc[0];
+    int bix = sh[8];
+    for (int w = 1; w < NWARPS; ++w) {
+      if (misc[w] > bb || (misc[w] == bb && sh[8 + w] < bix)) {
+        bb = misc[w];
+        bix = sh[8 + w];
+      }
+    }
+    ((long long*)p.tokens_out)[b] = bix;
+  }
+}
+
 // ---- prefetch, run, signal ------------------------------------------------------------------------
 
 // Issue L2 prefetches of the task's immutable weights (before its dependency wait).
@@ -682,6 +951,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       break;
     case MK_OP_SAMPLE:
       op_sample(p);
+      break;
+    case MK_OP_SAMPLE_ROW:
+      op_sample_row(p, d, s);
       break;
     case MK_OP_DRAIN:  // handled by the caller; a queue item is never a DRAIN
     default:

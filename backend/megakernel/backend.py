@@ -18,6 +18,7 @@ import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.sampling import SamplingParams, pack
 from mkcode.backend.megakernel.schedule import Schedule, build_schedule
 from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
@@ -100,6 +101,11 @@ class MegakernelBackend:
         self.use_mma = use_mma
         self.prefetch_mode = prefetch_mode
         self.timeline: torch.Tensor | None = None  # int64 [n_sms, cap, 4] when recording (see timeline.py)
+        # per-row sampling block (MK_SP_*); passed to the kernel only by sample() (None: greedy)
+        self.sample_params = torch.zeros(
+            (abi.MK_MAX_TOKENS, abi.MK_SP_WORDS), dtype=torch.int32, device=weights.embed.device
+        )
+        self._sampling: torch.Tensor | None = None
         for name, t in (
             ("embed", weights.embed),
             ("final_norm", weights.final_norm),
@@ -208,6 +214,7 @@ class MegakernelBackend:
             "final_norm": self.w.final_norm,
             "lm_head": self.w.lm_head,
             "timeline": self.timeline,  # None: off
+            "sample_params": self._sampling,  # None: every row greedy
         }
         tensors.update(ws.bufs)
         ptrs = [0 if tensors[n] is None else int(tensors[n].data_ptr()) for n in abi.PARAM_PTRS]
@@ -326,11 +333,41 @@ class MegakernelBackend:
         self.wait()
         return self.ws["logits"][: batch.size].clone()
 
+    def sample(self, batch: DecodeBatch, params: SamplingParams | list[SamplingParams]) -> torch.Tensor:
+        """Run one step and draw one token per row on the device (int64 [B], on the GPU): greedy,
+        temperature, top-k, top-p per row (`mkcode.backend.megakernel.sampling`). The same seed and
+        step give the same token whatever the rest of the batch. The step's logits stay readable
+        with `last_logits(B)`."""
+        batch = self._normalize(batch)
+        self._check_batch(batch)
+        B = batch.size
+        rows = [params] * B if isinstance(params, SamplingParams) else list(params)
+        if len(rows) != B:
+            raise ValueError(f"{len(rows)} sampling params for a batch of {B}")
+        self.sample_params.copy_(torch.from_numpy(pack(rows)))
+        self._sampling = self.sample_params
+        try:
+            self.launch(batch)
+        finally:
+            self._sampling = None
+        self.wait()
+        return self.ws["tokens_out"][:B].clone()
+
+    def last_logits(self, batch_size: int) -> torch.Tensor:
+        """The last step's fp32 logits [B, vocab] (a copy)."""
+        return self.ws["logits"][:batch_size].clone()
+
     def greedy_tokens(self, batch_size: int) -> torch.Tensor:
         """The step's on-device greedy samples [B] (int64), valid after decode()."""
         return self.ws["tokens_out"][:batch_size].clone()
 
-    def run_tasks(self, tasks: np.ndarray, batch: DecodeBatch, n_sms: int | None = None) -> None:
+    def run_tasks(
+        self,
+        tasks: np.ndarray,
+        batch: DecodeBatch,
+        n_sms: int | None = None,
+        sampling: list[SamplingParams] | None = None,
+    ) -> None:
         """Run an arbitrary descriptor list (no queues) dealt over `n_sms` blocks: per-op tests."""
         n = n_sms or min(self.n_sms, len(tasks))
         from mkcode.backend.megakernel.schedule import CounterSet
@@ -352,9 +389,13 @@ class MegakernelBackend:
         )
         saved = self.n_sms
         self.n_sms = n
+        if sampling is not None:
+            self.sample_params.copy_(torch.from_numpy(pack(sampling)))
+            self._sampling = self.sample_params
         try:
             self.launch(batch, self._upload(None, sched))
             self.wait()
         finally:
             self.n_sms = saved
+            self._sampling = None
             self.reset_counters()  # these tasks' signals are outside the bases' bookkeeping

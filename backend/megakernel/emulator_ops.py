@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
-from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.workspace import Workspace
 from mkcode.backend.model import ops
 from mkcode.backend.model.config import ModelConfig
@@ -31,6 +31,7 @@ class StepInputs:
     positions: torch.Tensor  # [B] int64
     block_tables: torch.Tensor  # [L, B, P] int32
     kv_pool: torch.Tensor  # [pages, 2, Hkv, 64, d]
+    sample_params: torch.Tensor | np.ndarray | None = None  # int32 [>= B, MK_SP_WORDS]; None: greedy
 
     @property
     def batch(self) -> int:
@@ -425,6 +426,22 @@ class OpSemantics:
             best = self.ws["lm_best"][:, : self.B]  # [tiles, B]
             t = best.argmax(0)  # first maximal tile
             self.ws["tokens_out"][: self.B] = self.ws["lm_arg"][t, torch.arange(self.B)].long()
+        return acc
+
+    def op_sample_row(self, layer, a, d) -> Access:
+        b = a[0]
+        n_lm = self.ws["lm_best"].shape[0]
+        V = self.cfg.vocab_size
+        acc = Access(reads=[(("lm_best",), 0, n_lm), (("logits", b), 0, V)], writes=[(("tokens",), b, b + 1)])
+        if self.math:
+            sp = self.inp.sample_params
+            p = sampling.SamplingParams() if sp is None else sampling.unpack(np.asarray(sp)[b])
+            if p.greedy:  # the first maximal tile's argmax, as SAMPLE
+                t = int(self.ws["lm_best"][:, b].argmax())
+                tok = int(self.ws["lm_arg"][t, b])
+            else:
+                tok = int(sampling.sample_row(self.ws["logits"][b].detach().cpu().numpy(), p)[0])
+            self.ws["tokens_out"][b] = tok
         return acc
 
     def op_drain(self, layer, a, d) -> Access:

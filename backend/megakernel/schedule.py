@@ -342,7 +342,8 @@ def build_schedule(
                 (lm_c,),
             )
         )
-    emit(make_desc(abi.MK_OP_SAMPLE, 0, (), ((lm_c, n_lm),)))
+    for b in range(B):  # one draw per row (greedy unless the row's sampling params say otherwise)
+        emit(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,), ((lm_c, n_lm),)))
 
     arr = np.array(tasks, dtype=np.int32)
     sm_lists: list[list[int]] = [[] for _ in range(n_sms)]

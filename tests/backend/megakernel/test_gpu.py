@@ -4,12 +4,15 @@ at a reduced and at the release geometry, consecutive steps, and the watchdog.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
+from mkcode.backend.megakernel.sampling import SamplingParams, sample_row
 from mkcode.backend.megakernel.schedule import expert_counter, make_desc
 from mkcode.backend.megakernel.testing import (
     Fp32Weights,
@@ -60,6 +63,7 @@ OUTPUTS = {
     abi.MK_OP_ADD_NORM: ["x", "h"],
     abi.MK_OP_LM_HEAD: ["logits", "lm_best", "lm_arg"],
     abi.MK_OP_SAMPLE: ["tokens_out"],
+    abi.MK_OP_SAMPLE_ROW: ["tokens_out"],  # greedy rows (no sampling params)
 }
 
 
@@ -111,6 +115,8 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
         return [make_desc(op, 0, (r, 128, r // 128)) for r in (0, 128, 8064)]
     if op == abi.MK_OP_SAMPLE:
         return [make_desc(op, 0, ())]
+    if op == abi.MK_OP_SAMPLE_ROW:
+        return [make_desc(op, 0, (b,)) for b in range(B)]
     raise AssertionError(op)
 
 
@@ -268,3 +274,75 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
+
+
+# ---- device sampling ---------------------------------------------------------------------------
+
+SAMPLE_CASES = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=40),
+    SamplingParams(temperature=1.3, top_p=0.9),
+    SamplingParams(temperature=0.9, top_k=2500, top_p=0.8),  # top-k set larger than the smem list
+    SamplingParams(temperature=1.0, top_k=1),
+    SamplingParams(temperature=0.0, top_p=0.5),
+    SamplingParams(temperature=0.8, top_k=64, top_p=0.95),
+    SamplingParams(temperature=2.0, top_p=0.3),
+]
+
+
+def _fill_logits(be, B, seed):
+    """Random logits in the workspace with consistent per-tile maxima/argmaxima (what LM_HEAD writes)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    V, rows = CFG.vocab_size, be.tiling.lm_rows
+    lg = torch.randn(B, V, device="cuda", generator=g) * 3
+    be.ws["logits"][:B] = lg
+    n = be.ws["lm_best"].shape[0]
+    for t in range(n):
+        best, arg = lg[:, t * rows : (t + 1) * rows].max(-1)
+        be.ws["lm_best"][t, :B] = best
+        be.ws["lm_arg"][t, :B] = (arg + t * rows).int()
+    return lg.cpu().numpy()
+
+
+def test_sample_row_matches_the_emulator(small):
+    """Kernel draws equal the reference sampler's for the same logits, seeds and steps (allowing a
+    rare 1-ulp tie of log between CUDA and numpy), and do not depend on the row's batch slot."""
+    _w, be = small
+    case = make_case(CFG, [40] * 8, device="cuda", dtype=torch.bfloat16, seed=1)
+    descs = np.array([_strip(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,))) for b in range(8)], dtype=np.int32)
+    total = bad = 0
+    for rep in range(6):
+        logits = _fill_logits(be, 8, 100 + rep)
+        params = [replace(SAMPLE_CASES[b], seed=1000 * rep + b, step=rep) for b in range(8)]
+        be.run_tasks(descs, case.batch, n_sms=8, sampling=params)
+        got = be.ws["tokens_out"][:8].tolist()
+        for b in range(8):
+            want = int(sample_row(logits[b], params[b])[0])
+            total += 1
+            bad += got[b] != want
+            assert sampling.kept_mask(logits[b], params[b])[got[b]] or params[b].greedy
+        # batch independence: the same rows dealt in reverse slots draw the same tokens
+        be.ws["logits"][:8] = torch.from_numpy(logits[::-1].copy()).cuda()
+        _fill_logits_from(be, 8)
+        be.run_tasks(descs, case.batch, n_sms=8, sampling=params[::-1])
+        assert be.ws["tokens_out"][:8].tolist()[::-1] == got
+    assert bad <= 1, f"{bad} of {total} draws differ from the emulator's"
+
+
+def _fill_logits_from(be, B):
+    rows, lg = be.tiling.lm_rows, be.ws["logits"][:B]
+    for t in range(be.ws["lm_best"].shape[0]):
+        best, arg = lg[:, t * rows : (t + 1) * rows].max(-1)
+        be.ws["lm_best"][t, :B] = best
+        be.ws["lm_arg"][t, :B] = (arg + t * rows).int()
+
+
+def test_backend_sample_whole_step(small):
+    _w, be = small
+    case = make_case(CFG, [3, 70, 200, 64], device="cuda", dtype=torch.bfloat16, seed=12)
+    params = [SAMPLE_CASES[i] for i in (1, 2, 6, 5)]
+    params = [replace(p, seed=77 + i, step=5) for i, p in enumerate(params)]
+    toks = be.sample(case.batch, params).tolist()
+    logits = be.last_logits(4).cpu().numpy()
+    for b in range(4):
+        assert toks[b] == int(sample_row(logits[b], params[b])[0])

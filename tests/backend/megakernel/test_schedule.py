@@ -29,7 +29,7 @@ def test_task_counts_at_release_geometry(sched):
     assert s["OPROJ"] == L * (2048 // 64) * 4
     assert s["ROUTE"] == L - 1 and s["ROUTER"] == (L - 1) * 4
     assert s["DENSE_UP"] == 3072 // 32 and s["DENSE_DOWN"] == (2048 // 64) * 4
-    assert s["LM_HEAD"] == 262144 // 128 and s["SAMPLE"] == 1
+    assert s["LM_HEAD"] == 262144 // 128 and s["SAMPLE_ROW"] == sched.batch and "SAMPLE" not in s
     assert s["ADD_NORM"] == L * sched.batch and s["EMBED"] == sched.batch
     assert s["max_per_sm"] <= 280
 
