@@ -46,7 +46,7 @@ class _Prepared:
     max_tasks: int
 
 
-def _layer_weight_ptrs(cfg: ModelConfig, w: ModelWeights) -> list[list[int]]:
+def _layer_weight_ptrs(cfg: ModelConfig, w: ModelWeights, device: torch.device) -> list[list[int]]:
     rows = []
     for i, lw in enumerate(w.layers):
         slots = [0] * abi.MK_LW_COUNT
@@ -64,7 +64,7 @@ def _layer_weight_ptrs(cfg: ModelConfig, w: ModelWeights) -> list[list[int]]:
             (abi.MK_LW_EXP_DOWN, lw.experts_down),
         ):
             if t is not None:
-                if t.dtype != torch.bfloat16 or not t.is_cuda or not t.is_contiguous():
+                if t.dtype != torch.bfloat16 or t.device != device or not t.is_contiguous():
                     raise ValueError(f"layer {i}: megakernel weights must be contiguous bf16 CUDA tensors")
                 slots[slot] = t.data_ptr()
         rows.append(slots)
@@ -85,16 +85,23 @@ class MegakernelBackend:
         timeout_s: float = 10.0,
         use_mma: int = 1,
         prefetch_mode: int = abi.MK_PREFETCH_SELF,
+        native_module=None,
     ):
-        from mkcode.backend.megakernel import native  # builds on first use if needed
+        """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
+        with the same `device_info()`/`launch()` and a `make_event()`, which lets the host logic
+        run on the CPU."""
+        if native_module is None:
+            from mkcode.backend.megakernel import native  # builds on first use if needed
 
-        if not weights.embed.is_cuda:
-            raise ValueError("MegakernelBackend needs the weights on a CUDA device")
+            if not weights.embed.is_cuda:
+                raise ValueError("MegakernelBackend needs the weights on a CUDA device")
+            native_module = native.load()
         self.cfg, self.w = cfg, weights
         self.device = weights.embed.device
         self.tiling = tiling or default_tiling(cfg)
         self.tiling.validate(cfg)
-        self.mod = native.load()
+        self.mod = native_module
+        self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
         info = self.mod.device_info()
         self.n_sms = int(n_sms or info["sm_count"])
         self.timeout_s = timeout_s
@@ -114,7 +121,9 @@ class MegakernelBackend:
             if t.dtype != torch.bfloat16 or not t.is_contiguous():
                 raise ValueError(f"{name}: megakernel weights must be contiguous bf16")
         self.ws = Workspace.allocate(cfg, self.tiling, self.device)
-        self.layer_w = torch.tensor(_layer_weight_ptrs(cfg, weights), dtype=torch.int64, device=self.device)
+        self.layer_w = torch.tensor(
+            _layer_weight_ptrs(cfg, weights, self.device), dtype=torch.int64, device=self.device
+        )
         flags = []
         for i in range(cfg.num_hidden_layers):
             f = (abi.MK_LAYER_ROPE if cfg.uses_rope(i) else 0) | (
@@ -173,7 +182,8 @@ class MegakernelBackend:
 
     def _upload(self, key, sched: Schedule) -> _Prepared:
         if sched.n_counters > self.bank.capacity:
-            torch.cuda.synchronize(self.device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             self._alloc_counters(max(sched.n_counters, 2 * self.bank.capacity))
         desc, ntasks = sched.desc_array()
         qd = sched.queue_desc if len(sched.queue_desc) else np.zeros((1, abi.MK_DESC_WORDS), np.int32)
@@ -285,20 +295,24 @@ class MegakernelBackend:
         self.bank.prepare(prep.sched)
         self.base_dev.copy_(torch.from_numpy(self.bank.base.view(np.int32)), non_blocking=False)
         ptrs, ints, floats = self._params(prep, batch)
-        self.mod.launch(ptrs, ints, floats, self.max_k, torch.cuda.current_stream(self.device).cuda_stream)
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        self.mod.launch(ptrs, ints, floats, self.max_k, stream)
         self.bank.step_done(prep.sched)
         self.steps += 1
         return prep
 
     def wait(self) -> None:
         """Wait for the launched work with the watchdog, then check the kernel's error word."""
-        ev = torch.cuda.Event()
+        ev = self._make_event()
         ev.record()
         start = time.monotonic()
         deadline = start + self.timeout_s
         while not ev.query():
             now = time.monotonic()
             if now > deadline:
+                # stream-ordered after the stuck launch: the next step starts from clean counters
+                self.err.zero_()
+                self.reset_counters()
                 raise MegakernelTimeout(
                     f"megakernel step did not finish in {self.timeout_s:.1f} s (the GPU is still busy; "
                     "the in-kernel watchdog should abort it shortly)"

@@ -1,0 +1,224 @@
+"""`MegakernelBackend`'s host logic on the CPU, through a fake native extension.
+
+The fake reads the parameter block the way the kernel does (pointers + ints + floats in ABI order;
+per-step tensors read back from their addresses) and runs the step on the CPU emulator, with its
+own persistent device counters. So the host's schedule caching, input normalisation, counter bases
+across steps, parameter order, sampling block, watchdog and error reporting are all exercised
+without a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mkcode.backend.engine.decode_backend import DecodeBatch
+from mkcode.backend.megakernel import abi, sampling
+from mkcode.backend.megakernel.backend import MegakernelBackend, MegakernelError, MegakernelTimeout
+from mkcode.backend.megakernel.emulator import Emulator
+from mkcode.backend.megakernel.emulator_ops import StepInputs
+from mkcode.backend.megakernel.sampling import SamplingParams
+from mkcode.backend.megakernel.testing import Fp32Weights, clone_batch, make_case, reference_step, tiny_config
+from mkcode.backend.megakernel.tiling import Tiling
+from mkcode.backend.megakernel.workspace import CounterBank
+from mkcode.backend.model.weights import random_weights
+
+CFG = tiny_config()
+TILING = Tiling(
+    qkv_rows=32, o_rows=32, router_rows=4, mlp_splits=2, moe_down_rows=32, lm_rows=96, max_splits=4
+)
+
+
+def _array(ptr: int, ctype, shape) -> np.ndarray:
+    n = int(np.prod(shape))
+    return np.ctypeslib.as_array((ctype * n).from_address(ptr)).reshape(shape)
+
+
+class _Event:
+    def __init__(self, fake):
+        self.fake = fake
+
+    def record(self):
+        pass
+
+    def query(self) -> bool:
+        return self.fake.mode != "hang"
+
+
+class FakeNative:
+    """Stands in for mk_native: `device_info`, `launch`, and `make_event` for the watchdog."""
+
+    def __init__(self, n_sms: int = 4):
+        self.n_sms = n_sms
+        self.mode = "emulate"  # | "hang" | "error"
+        self.calls: list[dict] = []
+        self.registry: dict[int, torch.Tensor] = {}  # tensors used in place (the KV pool)
+        self.backend: MegakernelBackend | None = None
+
+    def device_info(self):
+        return {"sm_count": self.n_sms, "name": "fake"}
+
+    def make_event(self):
+        return _Event(self)
+
+    def launch(self, ptrs, ints, floats, max_k, stream):
+        assert len(ptrs) == len(abi.PARAM_PTRS) and len(ints) == len(abi.PARAM_INTS)
+        assert len(floats) == len(abi.PARAM_FLOATS)
+        P = dict(zip(abi.PARAM_PTRS, ptrs, strict=True))
+        ints_d = dict(zip(abi.PARAM_INTS, ints, strict=True))
+        floats_d = dict(zip(abi.PARAM_FLOATS, floats, strict=True))
+        self.calls.append({"ptrs": P, "ints": ints_d, "floats": floats_d, "max_k": max_k})
+        be = self.backend
+        if self.mode == "error":  # the kernel's error block: code, block, task, counter, value, target
+            err = _array(P["err"], ctypes.c_int32, (abi.MK_ERR_WORDS,))
+            err[:6] = [abi.MK_ERR_TIMEOUT, 3, 123, 45, 7, 9]
+            return
+        if self.mode == "hang":
+            return
+        B, L, Pg = ints_d["batch"], ints_d["num_layers"], ints_d["max_pages"]
+        tok = torch.from_numpy(_array(P["token_ids"], ctypes.c_int64, (B,)).copy())
+        pos = torch.from_numpy(_array(P["positions"], ctypes.c_int64, (B,)).copy())
+        bt = torch.from_numpy(_array(P["block_tables"], ctypes.c_int32, (L, B, Pg)).copy())
+        sp = None
+        if P["sample_params"]:
+            sp = _array(P["sample_params"], ctypes.c_int32, (abi.MK_MAX_TOKENS, abi.MK_SP_WORDS)).copy()
+        prep = next(p for p in be._cache.values() if p.desc.data_ptr() == P["desc"])
+        cap = be.bank.capacity
+        counters = _array(P["counters"], ctypes.c_uint32, (cap,))  # the "device" counters, in place
+        bank = CounterBank(cap)
+        bank.base[:] = _array(P["base"], ctypes.c_uint32, (cap,))
+        bank.values[:] = counters
+        inp = StepInputs(tok, pos, bt, self.registry[P["kv_pool"]], sp)
+        Emulator(CFG, be.w, prep.sched, be.ws, bank).step(inp, "random", len(self.calls))
+        counters[:] = bank.values
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(CFG, seed=1, std=0.1, dtype=torch.bfloat16)
+
+
+@pytest.fixture
+def be(weights):
+    fake = FakeNative()
+    b = MegakernelBackend(CFG, weights, tiling=TILING, timeout_s=0.3, native_module=fake)
+    fake.backend = b
+    return b
+
+
+def _case(contexts, seed):
+    case = make_case(CFG, contexts, seed=seed, dtype=torch.bfloat16)
+    return case.batch
+
+
+def _check_logits(got, weights, ref_batch):
+    ref = reference_step(CFG, Fp32Weights(weights), ref_batch)
+    cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=-1)
+    assert float(cos.min()) > 0.9999, cos
+    return ref
+
+
+def test_steps_bases_parameters_and_schedule_cache(be, weights):
+    fake = be.mod
+    batch = _case([5, 70, 130], seed=3)
+    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    ref_batch = clone_batch(batch)
+    for _step in range(3):  # consecutive steps: the host's bases must match the fake's counters
+        logits = be.decode(batch)
+        ref = _check_logits(logits, weights, ref_batch)
+        assert be.greedy_tokens(3).tolist() == logits.argmax(-1).tolist()
+        nxt = ref.argmax(-1)
+        for b in (batch, ref_batch):
+            b.token_ids = nxt.clone()
+            b.positions = b.positions + 1
+    assert len(be._cache) == 1, "same batch size and split bucket must reuse the schedule"
+    assert len({c["ptrs"]["desc"] for c in fake.calls}) == 1
+    c = fake.calls[-1]
+    assert c["ints"]["batch"] == 3 and c["ints"]["vocab"] == CFG.vocab_size
+    assert c["ints"]["num_layers"] == CFG.num_hidden_layers and c["ints"]["n_sms"] == 4
+    assert c["ints"]["timeout_ms"] == 150  # the in-kernel watchdog fires at half the host's
+    assert c["floats"]["rms_eps"] == pytest.approx(CFG.rms_norm_eps)
+    assert c["ptrs"]["sample_params"] == 0 and c["ptrs"]["timeline"] == 0
+    assert be.steps == 3
+
+
+def test_inputs_are_normalised(be, weights):
+    batch = _case([9, 64], seed=5)
+    be.mod.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    ref_batch = clone_batch(batch)
+    odd = DecodeBatch(
+        token_ids=batch.token_ids.to(torch.int32),
+        positions=batch.positions.to(torch.int32),
+        block_tables=batch.block_tables.to(torch.int64),
+        kv_pool=batch.kv_pool,
+    )
+    _check_logits(be.decode(odd), weights, ref_batch)
+    with pytest.raises(ValueError, match=r"1\.\.8"):
+        be.decode(_case([1] * 9, seed=1))
+    bad = clone_batch(batch)
+    bad.kv_pool = bad.kv_pool.float()
+    with pytest.raises(ValueError, match="kv_pool"):
+        be.decode(bad)
+
+
+def test_schedule_cache_is_bounded_and_keyed_by_batch(be):
+    be.max_cached_schedules = 2
+    for B in (1, 2, 3):
+        be._prepare([10] * B)
+    assert [k[0] for k in be._cache] == [2, 3]
+    assert be.prewarm([2, 3], 10) == 0  # already there
+    be._prepare([10, 10])
+    assert len(be._cache) == 2
+
+
+def test_sample_uses_the_row_params(be):
+    batch = _case([5, 70, 130], seed=8)
+    be.mod.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    params = [
+        SamplingParams(temperature=0.8, top_k=10, seed=5, step=2),
+        SamplingParams(),
+        SamplingParams(temperature=1.5, top_p=0.8, seed=6, step=2),
+    ]
+    toks = be.sample(batch, params).tolist()
+    assert be.mod.calls[-1]["ptrs"]["sample_params"] == be.sample_params.data_ptr()
+    logits = be.last_logits(3).numpy()
+    for b in range(3):
+        assert toks[b] == int(sampling.sample_row(logits[b], params[b])[0])
+    be.mod.mode = "hang"  # sampling state must not leak into the next step after an exception
+    with pytest.raises(MegakernelTimeout):
+        be.sample(batch, params)
+    be.mod.mode = "error"
+    with pytest.raises(MegakernelError):
+        be.decode(batch)
+    assert be.mod.calls[-1]["ptrs"]["sample_params"] == 0
+    with pytest.raises(ValueError, match="sampling params"):
+        be.sample(batch, params[:2])
+
+
+def test_watchdog_raises_instead_of_hanging_and_the_next_step_works(be, weights):
+    batch = _case([3, 80], seed=2)
+    be.mod.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    be.decode(batch)  # counters and bases are mid-stream now
+    be.mod.mode = "hang"
+    t0 = time.monotonic()
+    with pytest.raises(MegakernelTimeout, match="did not finish"):
+        be.decode(batch)
+    assert time.monotonic() - t0 < 0.3 + 1.0
+    be.mod.mode = "emulate"
+    ref_batch = clone_batch(batch)
+    _check_logits(be.decode(batch), weights, ref_batch)  # bases and counters agree again
+
+
+def test_kernel_error_names_the_task_and_counter_and_resets(be):
+    batch = _case([3], seed=2)
+    be.mod.mode = "error"
+    be.counters.fill_(5)
+    with pytest.raises(
+        MegakernelError, match=r"MK_ERR_TIMEOUT: block 3, task 123, counter 45 value 7 target 9"
+    ):
+        be.decode(batch)
+    assert int(be.err.abs().sum()) == 0, "error word cleared for the next step"
+    assert int(be.counters.abs().sum()) == 0 and int(be.bank.base.sum()) == 0, "counters restart from zero"
