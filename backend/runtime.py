@@ -169,3 +169,12 @@ def build_runtime(opts: RuntimeOptions) -> Runtime:
         decode_note=note,
         model_name=Path(opts.model).resolve().name,
     )
+
+
+def build_parallel_runtime(opts: RuntimeOptions, tp: int, ep: int, **kwargs: object) -> Runtime | None:
+    """`build_runtime` over tensor/expert parallelism, on every rank of a torchrun world: rank 0 gets
+    the Runtime (the engine over the sharded model); the other ranks run its steps until rank 0's
+    `Runtime.close()`, then get None. See `mkcode.backend.parallel.runtime`."""
+    from mkcode.backend.parallel.runtime import build_parallel_runtime as build
+
+    return build(opts, tp, ep, **kwargs)  # type: ignore[arg-type]

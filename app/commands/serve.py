@@ -3,20 +3,33 @@
 Binds 127.0.0.1 unless --host says otherwise; --api-key (or MKCODE_API_KEY) makes every /v1
 request need `Authorization: Bearer <key>`. `--print-opencode-config` / `--print-codex-config`
 print a client configuration for this server and exit (no model is loaded).
+
+`--tensor-parallel N` / `--expert-parallel N` split the model over N GPUs of this host. Typed
+directly, the command re-launches itself as N ranks through torchrun (in a session of its own, so
+Ctrl+C reaches only this process, which then stops rank 0 and, through it, the others); under
+torchrun (WORLD_SIZE set) rank 0 serves HTTP over the parallel runtime and the other ranks run its
+steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 DEFAULT_PORT = 8080
 DEFAULT_OUTPUT_TOKENS = 16384
+_PARSER: argparse.ArgumentParser | None = None  # the serve sub-parser: re-launch forwards its flags
+_NOT_FORWARDED = {"help", "api_key", "print_opencode_config", "print_codex_config"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +49,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     p.add_argument("--decode", default="auto", choices=["auto", "torch", "graph", "megakernel"])
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split attention, dense MLP and LM head over N GPUs of this host (1 or the GPU count)",
+    )
+    p.add_argument(
+        "--expert-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the routed experts over N GPUs of this host (1 or the GPU count)",
+    )
     p.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body accepted (MiB)")
     p.add_argument(
         "--forced-thinking-tokens",
@@ -49,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--print-codex-config", action="store_true", help="print a Codex CLI config.toml fragment")
     p.set_defaults(func=run)
+    global _PARSER
+    _PARSER = p
 
 
 def _model_config(model: Path | None) -> dict[str, Any]:
@@ -106,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
 
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if args.tensor_parallel != 1 or args.expert_parallel != 1 or world > 1:
+        return _run_parallel(args, name, api_key, base_url)
+
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
     from mkcode.backend.server import ServerOptions, create_app
     from mkcode.backend.server.runner import serve_forever
@@ -134,6 +167,199 @@ def run(args: argparse.Namespace) -> int:
     try:
         serve_forever(app, args.host, args.port, args.log_level)
     finally:
+        rt.close()
+    return 0
+
+
+# ---- tensor / expert parallel ----------------------------------------------------------------------
+
+
+def _run_parallel(args: argparse.Namespace, name: str, api_key: str | None, base_url: str) -> int:
+    from mkcode.backend.checkpoint.errors import CheckpointError
+    from mkcode.backend.checkpoint.loader import read_config
+    from mkcode.backend.parallel.plan import PlanError, ShardPlan
+    from mkcode.backend.parallel.runtime import PARALLEL_DECODE, check_devices, world_degrees
+
+    tp, ep = args.tensor_parallel, args.expert_parallel
+    under_torchrun = "WORLD_SIZE" in os.environ
+    try:
+        n = world_degrees(tp, ep, int(os.environ["WORLD_SIZE"]) if under_torchrun else None)
+        if args.decode not in PARALLEL_DECODE:
+            raise ValueError(
+                f"--decode {args.decode}: with tensor/expert parallelism the decode backend is the "
+                "sharded torch path (choose auto or torch)"
+            )
+        check_devices(args.device, n)
+        ShardPlan(n, 0, tp=tp, ep=ep).validate(read_config(args.model))
+    except (PlanError, ValueError, RuntimeError, CheckpointError) as e:
+        print(f"mkcode serve: {e}", file=sys.stderr)
+        return 2
+    if not under_torchrun:
+        return _launch_ranks(args, n, name, api_key)
+    return _serve_rank(args, name, api_key, base_url)
+
+
+def _forwarded_argv(args: argparse.Namespace, name: str) -> list[str]:
+    """This command's flags for the ranks (the API key travels in the environment, not argv)."""
+    assert _PARSER is not None
+    out: list[str] = []
+    for action in _PARSER._actions:
+        if not action.option_strings or action.dest in _NOT_FORWARDED:
+            continue
+        value = name if action.dest == "served_model_name" else getattr(args, action.dest, None)
+        if (
+            value is None
+            or value is False
+            or (value == action.default and action.dest != "served_model_name")
+        ):
+            continue
+        flag = action.option_strings[-1]
+        out += [flag] if value is True else [flag, str(value)]
+    return out
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    """Direct child processes of `pid` (Linux /proc)."""
+    kids: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            kids.append(int(entry))
+    return kids
+
+
+def _launch_ranks(args: argparse.Namespace, n: int, name: str, api_key: str | None) -> int:
+    """Re-run this command as `n` ranks under torchrun and wait; Ctrl+C / SIGTERM stop them in order
+    (the ranks get SIGTERM: rank 0 shuts the server down and releases the others)."""
+    from mkcode.backend.parallel.launch import NCCL_SAFE_ENV
+    from mkcode.backend.parallel.torchrun import LAUNCHER_PID_ENV
+
+    if not _port_free(args.host, args.port):
+        print(f"mkcode serve: {args.host}:{args.port} is already in use", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    for k, v in NCCL_SAFE_ENV.items():
+        env.setdefault(k, v)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    env[LAUNCHER_PID_ENV] = str(os.getpid())
+    if api_key:
+        env["MKCODE_API_KEY"] = api_key
+    cmd = [
+        sys.executable,
+        "-m",
+        "mkcode.backend.parallel.torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        str(n),
+        "-m",
+        "mkcode.app.cli",
+        "serve",
+        *_forwarded_argv(args, name),
+    ]
+    print(
+        f"mkcode serve: starting {n} ranks (tensor-parallel {args.tensor_parallel}, "
+        f"expert-parallel {args.expert_parallel})",
+        file=sys.stderr,
+    )
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    stopping: list[float] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if stopping:
+            return  # torchrun kills what is left after its grace period
+        stopping.append(time.monotonic())
+        print("mkcode serve: stopping the ranks…", file=sys.stderr)
+        workers = _children(proc.pid)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if not workers:
+            proc.send_signal(signal.SIGTERM)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, stop) for s in handled}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > 60:
+                    proc.send_signal(signal.SIGTERM)  # torchrun: SIGTERM the ranks, then SIGKILL
+                    stopping[0] = float("inf")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 0 if stopping and rc == 0 else rc
+
+
+def _serve_rank(args: argparse.Namespace, name: str, api_key: str | None, base_url: str) -> int:
+    """One rank under torchrun: rank 0 serves HTTP, the others run rank 0's steps until it stops."""
+    from mkcode.backend.parallel.launch import set_parent_death_signal
+    from mkcode.backend.runtime import RuntimeOptions, build_parallel_runtime
+    from mkcode.backend.server import ServerOptions, create_app
+    from mkcode.backend.server.runner import serve_forever
+
+    set_parent_death_signal(signal.SIGKILL)  # torchrun gone: no rank outlives it
+
+    def hand_signals_to_rank0() -> None:
+        # Ranks 1.. leave shutdown to rank 0: it finishes the step in flight and then releases them.
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+
+    rt = build_parallel_runtime(
+        RuntimeOptions(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            decode=args.decode,
+            max_model_len=args.max_model_len,
+        ),
+        args.tensor_parallel,
+        args.expert_parallel,
+        before_serve=hand_signals_to_rank0,
+    )
+    if rt is None:
+        return 0
+    try:
+        options = ServerOptions(
+            served_model_name=name,
+            api_key=api_key,
+            max_body_bytes=int(args.max_body_mb * (1 << 20)),
+            default_sampling=_generation_defaults(args.model),
+            forced_thinking_tokens=args.forced_thinking_tokens,
+        )
+        app = create_app(rt, options=options)
+        print(
+            f"mkcode serve: {name} on {base_url} (decode backend: {rt.decode_backend}; {rt.decode_note})",
+            file=sys.stderr,
+        )
+        # uvicorn stops gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler
+        # found before it: make that a no-op so the `finally` below always releases the ranks.
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, lambda signum, frame: None)
+        serve_forever(app, args.host, args.port, args.log_level)
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
         rt.close()
     return 0
 

@@ -13,6 +13,9 @@ engine, and the other ranks learn the tables from each step.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
@@ -24,7 +27,7 @@ from mkcode.backend.parallel.comm import Comm
 from mkcode.backend.parallel.plan import ShardPlan
 from mkcode.backend.parallel.shard import shard_weights
 from mkcode.backend.parallel.sharded_model import ShardedModel
-from mkcode.backend.parallel.step import StepInputs, recv_step, send_step
+from mkcode.backend.parallel.step import StepInputs, recv_step, send_ping, send_step
 
 
 def _segment_tables(seg: Segment) -> list[list[int]]:
@@ -45,6 +48,12 @@ class ParallelModel:
         self.cfg: ModelConfig = sharded.cfg
         self.comm = sharded.comm
         self.steps = 0
+        # Rank 0: one thread at a time puts collectives on the wire (the engine's steps, the
+        # keep-alive's pings, shutdown), so every rank sees them in the same order.
+        self._lock = threading.Lock()
+        self._closed = False
+        self.broken: str | None = None  # why the ranks may be out of step (then no more steps)
+        self.last_send = time.monotonic()
 
     @property
     def device(self) -> torch.device:
@@ -64,9 +73,32 @@ class ParallelModel:
         """Rank 0: broadcast `step`, run its share, return fp32 logits [M, V]."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 drives steps; other ranks call serve()")
-        send_step(self.comm, step, self.device)
-        self.steps += 1
-        return self.shard.run(step)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the parallel model was shut down")
+            if self.broken is not None:
+                raise RuntimeError(f"the parallel group is out of step after a failed step ({self.broken})")
+            send_step(self.comm, step, self.device)
+            self.steps += 1
+            try:
+                return self.shard.run(step)
+            except Exception as e:
+                # The other ranks may be inside a collective this rank never reached: no later
+                # message can be matched safely, so refuse further steps (restart the server).
+                self.broken = f"{type(e).__name__}: {e}"
+                raise
+            finally:
+                self.last_send = time.monotonic()
+
+    def ping(self, idle_s: float = 0.0) -> bool:
+        """Rank 0: a no-op message to the other ranks if nothing was sent for `idle_s` seconds
+        (keeps their pending receive under the process-group timeout). Returns whether it pinged."""
+        with self._lock:
+            if self._closed or self.broken or time.monotonic() - self.last_send < idle_s:
+                return False
+            send_ping(self.comm, self.device)
+            self.last_send = time.monotonic()
+            return True
 
     def forward(
         self,
@@ -89,6 +121,18 @@ class ParallelModel:
         """Rank 0: release the other ranks from serve(), once per serve() round. The ranks may be
         put back into serve() for another round (the bench does, once per KV pool)."""
         if self.rank == 0:
+            with self._lock:
+                send_step(self.comm, None, self.device)
+                self.last_send = time.monotonic()
+
+    def close(self) -> None:
+        """Rank 0: the final shutdown (idempotent); later steps and pings are refused."""
+        if self.rank != 0:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             send_step(self.comm, None, self.device)
 
     # ---- ranks 1.. -----------------------------------------------------------------------------

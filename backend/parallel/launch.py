@@ -6,13 +6,17 @@ out of service (see the device notes); set here as a default so any launcher inh
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from mkcode.backend.parallel.comm import Comm
+
+PR_SET_PDEATHSIG = 1
 
 NCCL_SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -37,3 +41,15 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600.0) -> tu
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     return Comm(), device
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Linux: have the kernel send `sig` to this process when its parent exits (so a killed
+    launcher leaves no ranks behind). Returns whether it was set; a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

@@ -20,6 +20,7 @@ from mkcode.backend.parallel.comm import Comm
 
 OP_STOP = 0
 OP_FORWARD = 1
+OP_PING = 2  # no work: keeps an idle server's pending collective under the process-group timeout
 HEADER_LEN = 6
 
 
@@ -101,10 +102,21 @@ def send_step(comm: Comm, step: StepInputs | None, device: torch.device) -> None
     comm.broadcast_(payload)
 
 
+def send_ping(comm: Comm, device: torch.device) -> None:
+    """Rank 0: a header with no work. An idle server's other ranks wait in a broadcast; NCCL (and
+    gloo) fail a collective pending longer than the process-group timeout, so rank 0 pings well
+    inside it."""
+    if comm.world > 1:
+        comm.broadcast_(torch.tensor([OP_PING, 0, 0, 0, 0, 0], dtype=torch.int64, device=device))
+
+
 def recv_step(comm: Comm, device: torch.device) -> StepInputs | None:
-    """Other ranks: wait for rank 0's next step; None means stop serving."""
-    header = comm.broadcast_(torch.zeros(HEADER_LEN, dtype=torch.int64, device=device))
-    op, N, S, M, L, P = (int(v) for v in header.tolist())
+    """Other ranks: wait for rank 0's next step (skipping pings); None means stop serving."""
+    while True:
+        header = comm.broadcast_(torch.zeros(HEADER_LEN, dtype=torch.int64, device=device))
+        op, N, S, M, L, P = (int(v) for v in header.tolist())
+        if op != OP_PING:
+            break
     if op == OP_STOP:
         return None
     if op != OP_FORWARD:
