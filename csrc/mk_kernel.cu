@@ -8,16 +8,7 @@ static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
 
 namespace mk {
 
-size_t smem_bytes(const Params& p, int max_k) {
-  size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + NWARPS * 128 * 4 + MAXROWS * 8 * 4 +
-                (NWARPS + 64) * 4;
-  const int G = p.num_heads / p.num_kv_heads;
-  size_t attn = (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 + 3 * G * 4 + 16;
-  // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates
-  const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)SAMPLE_CAP * 8;
-  size_t need = gemv > attn ? gemv : attn;
-  return need > samp ? need : samp;
-}
+size_t smem_bytes(const Params& p, int max_k) { return base_smem_bytes(p, max_k) + ring_bytes(p); }
 
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap) {
   int dev = 0, sms = 0;
@@ -32,19 +23,21 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
     return cudaErrorInvalidValue;
   }
   const size_t smem = smem_bytes(p, max_k);
-  e = cudaFuncSetAttribute(mk_step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  // two instances: the default one, and the TMA weight-ring variant (prefetch_mode & MK_PREFETCH_TMA)
+  auto kernel = tma_on(p) ? mk_step_kernel<true> : mk_step_kernel<false>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) {
     snprintf(msg, cap, "cudaFuncSetAttribute(%zu bytes smem): %s", smem, cudaGetErrorString(e));
     return e;
   }
   int per_sm = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_step_kernel, NT, smem);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NT, smem);
   if (e != cudaSuccess || per_sm < 1) {
     snprintf(msg, cap, "one %d-thread block with %zu bytes smem does not fit an SM (%s)", NT, smem,
              cudaGetErrorString(e));
     return e != cudaSuccess ? e : cudaErrorInvalidConfiguration;
   }
-  mk_step_kernel<<<p.n_sms, NT, smem, stream>>>(p, max_k);
+  kernel<<<p.n_sms, NT, smem, stream>>>(p, max_k);
   e = cudaGetLastError();
   if (e != cudaSuccess) snprintf(msg, cap, "mk_step_kernel launch: %s", cudaGetErrorString(e));
   return e;

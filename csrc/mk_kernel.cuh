@@ -8,16 +8,49 @@
 
 namespace mk {
 
-// Shared-memory carve-up (dynamic smem), sized on the host by mk_smem_bytes().
+// State of the TMA weight ring (MK_PREFETCH_TMA), in static shared memory. Stages are numbered
+// by a running sequence: slot = seq % RING_STAGES, mbarrier parity = (seq / RING_STAGES) & 1.
+struct RingState {
+  uint32_t issued;    // stages issued so far (this launch)
+  uint32_t consumed;  // stages consumed so far
+  int job_issued;     // stages of the running task's GEMV issued so far
+  int pre_id;         // static task whose first stages were issued by the previous task (or INT_MIN)
+  int pre_n;          // how many
+};
+
+// Shared-memory carve-up (dynamic smem), sized on the host by smem_bytes().
 struct Smem {
   bf16* act;    // [8][klen + ACT_PAD]
   float* red;   // [NWARPS * 128]
   float* out;   // [MAXROWS * 8]
   float* misc;  // [NWARPS + 64]
   unsigned char* raw;
+  uint64_t* bars;      // [RING_STAGES] mbarriers (TMA ring), 128-byte aligned after every op's region
+  unsigned char* ring; // [RING_STAGES][RING_SLOT]
+  RingState* rs;
+  const int* next;     // the next static task's descriptor while a static task runs (else nullptr)
 };
 
-__device__ __forceinline__ Smem carve(unsigned char* base, int max_k) {
+// Bytes of dynamic shared memory every op needs (the GEMV, attention and sampling regions overlap).
+__host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
+  const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + NWARPS * 128 * 4 +
+                      MAXROWS * 8 * 4 + (NWARPS + 64) * 4;
+  const int G = p.num_heads / p.num_kv_heads;
+  const size_t attn = (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 + 3 * G * 4 + 16;
+  // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates (2048 of them)
+  const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)2048 * 8;
+  size_t need = gemv > attn ? gemv : attn;
+  need = need > samp ? need : samp;
+  return (need + 127) & ~(size_t)127;
+}
+
+__host__ __device__ inline bool tma_on(const Params& p) { return (p.prefetch_mode & MK_PREFETCH_TMA) && p.use_mma; }
+
+__host__ __device__ inline size_t ring_bytes(const Params& p) {
+  return tma_on(p) ? 128 + (size_t)RING_STAGES * RING_SLOT : 0;
+}
+
+__device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k, RingState* rs) {
   Smem s;
   s.raw = base;
   s.act = reinterpret_cast<bf16*>(base);
@@ -28,6 +61,11 @@ __device__ __forceinline__ Smem carve(unsigned char* base, int max_k) {
   s.out = reinterpret_cast<float*>(base + off);
   off += MAXROWS * 8 * sizeof(float);
   s.misc = reinterpret_cast<float*>(base + off);
+  const size_t r = base_smem_bytes(p, max_k);
+  s.bars = reinterpret_cast<uint64_t*>(base + r);
+  s.ring = base + r + 128;
+  s.rs = rs;
+  s.next = nullptr;
   return s;
 }
 
@@ -86,6 +124,248 @@ __device__ void rms_row(const Params& p, const float* v, const bf16* w, float* d
   for (int i = threadIdx.x; i < p.hidden; i += NT) dst[i] = v[i] * r * __bfloat162float(w[i]);
 }
 
+// ---- the weight tile of each GEMV task (one definition: the ops and the TMA prologue use it) -----
+
+__device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g) {
+  View V(p);
+  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
+  const int a0 = d[MK_F_A0], a1 = d[MK_F_A1], a2 = d[MK_F_A2], a3 = d[MK_F_A3];
+  const int H = p.hidden;
+  switch (op) {
+    case MK_OP_QKV: {
+      const int qw = V.QW(), kvw = V.KVW();
+      const bf16* W = a0 < qw          ? V.lw(l, MK_LW_Q) + (size_t)a0 * H
+                      : a0 < qw + kvw ? V.lw(l, MK_LW_K) + (size_t)(a0 - qw) * H
+                                      : V.lw(l, MK_LW_V) + (size_t)(a0 - qw - kvw) * H;
+      g = Gemv{W, H, W, H, a1, a1, H};
+      return true;
+    }
+    case MK_OP_ROUTER: {
+      const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)a0 * H;
+      g = Gemv{W, H, W, H, a1, a1, H};
+      return true;
+    }
+    case MK_OP_DENSE_UP: {
+      const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)a0 * H;
+      const bf16* Wu = V.lw(l, MK_LW_UP) + (size_t)a0 * H;
+      g = Gemv{Wg, H, Wu, H, a1, 2 * a1, H};
+      return true;
+    }
+    case MK_OP_OPROJ: {
+      const bf16* W = V.lw(l, MK_LW_O) + (size_t)a0 * V.QW() + a2;
+      g = Gemv{W, V.QW(), W, V.QW(), a1, a1, a3 - a2};
+      return true;
+    }
+    case MK_OP_DENSE_DOWN: {
+      const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)a0 * p.dense_inter + a2;
+      g = Gemv{W, p.dense_inter, W, p.dense_inter, a1, a1, a3 - a2};
+      return true;
+    }
+    case MK_OP_LM_HEAD: {
+      const bf16* W = (const bf16*)p.lm_head + (size_t)a0 * H;
+      g = Gemv{W, H, W, H, a1, a1, H};
+      return true;
+    }
+    case MK_OP_MOE_UP: {  // A0 expert, A1 first column, A2 columns
+      const int I = p.moe_inter;
+      const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)a0 * 2 * I * H;
+      g = Gemv{gu + (size_t)a1 * H, H, gu + (size_t)(I + a1) * H, H, a2, 2 * a2, H};
+      return true;
+    }
+    case MK_OP_MOE_DOWN: {  // A0 expert, A1 first hidden row, A2 rows
+      const int I = p.moe_inter;
+      const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * I;
+      g = Gemv{W, I, W, I, a2, a2, I};
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+__device__ __forceinline__ Gemv task_g(const Params& p, const int* d) {
+  Gemv g;
+  task_gemv(p, d, g);
+  return g;
+}
+
+// ---- the TMA weight ring (MK_PREFETCH_TMA) --------------------------------------------------------
+//
+// A GEMV's weight tile streams through RING_STAGES shared-memory slots, one K chunk of all its rows
+// per stage (one cp.async.bulk per row, completing on the slot's mbarrier). run_task issues a task's
+// first stages BEFORE its dependency wait; each consumed stage frees a slot that is refilled with
+// the task's next stage or, at the end of its K range, with the first stages of the next static
+// GEMV task, so the ring does not drain between tasks. Stages are consumed in issue order.
+
+// K chunk per stage for this GEMV (0: the GEMV does not use the ring).
+__device__ __forceinline__ int tma_kc(const Gemv& g) {
+  for (int kc = 512; kc >= 32; kc >>= 1)
+    if (g.klen % kc == 0 && g.nrows * (kc * 2 + RING_PAD) <= RING_SLOT) return kc;
+  return 0;
+}
+
+// All 32 lanes of warp 0: issue stage `stage` of g into the next slot.
+__device__ void ring_issue(Smem& s, const Gemv& g, int kc, int stage) {
+  const int lane = threadIdx.x & 31;
+  const uint32_t seq = s.rs->issued;
+  const int slot = (int)(seq % RING_STAGES);
+  uint64_t* bar = s.bars + slot;
+  unsigned char* dst = s.ring + (size_t)slot * RING_SLOT;
+  const uint32_t rowbytes = (uint32_t)kc * 2, stride = rowbytes + RING_PAD;
+  fence_proxy_async_smem();  // the slot's previous generic reads before the async-proxy writes
+  if (lane == 0) mbar_arrive_expect_tx(bar, rowbytes * (uint32_t)g.nrows);
+  __syncwarp();
+  for (int r = lane; r < g.nrows; r += 32) tma_load(dst + (size_t)r * stride, gemv_row(g, r) + (size_t)stage * kc, rowbytes, bar);
+  __syncwarp();
+  if (lane == 0) s.rs->issued = seq + 1;
+  __syncwarp();
+}
+
+// Wait for stage `seq` to land (bounded by the watchdog). Returns false on timeout.
+__device__ bool ring_wait(const Params& p, Smem& s, uint32_t seq) {
+  uint64_t* bar = s.bars + seq % RING_STAGES;
+  const uint32_t parity = (seq / RING_STAGES) & 1;
+  if (mbar_try_wait(bar, parity)) return true;
+  const uint64_t t0 = globaltimer(), limit = (uint64_t)p.timeout_ms * 1000000ull;
+  while (!mbar_try_wait(bar, parity)) {
+    if (globaltimer() - t0 > limit) {
+      if (threadIdx.x == 0) raise_error(p, MK_ERR_TIMEOUT, -3, (int)(seq % RING_STAGES), (int)seq, 0);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Before the block exits early: let every issued copy land (no bulk copy may outlive the block).
+__device__ __noinline__ void ring_quiesce(const Params& p, Smem& s) {
+  if (!tma_on(p)) return;
+  __syncthreads();
+  for (uint32_t q = s.rs->consumed; q != s.rs->issued; ++q) ring_wait(p, s, q);
+  __syncthreads();
+}
+
+// Warp 0, before the task's dependency wait: issue its first stages (some may have been issued by
+// the previous task already).
+__device__ __noinline__ void ring_prologue(const Params& p, const int* d, Smem& s) {
+  if (!tma_on(p) || threadIdx.x >= 32) return;
+  Gemv g;
+  if (!task_gemv(p, d, g)) return;
+  const int kc = tma_kc(g);
+  if (!kc) return;
+  const int nst = g.klen / kc;
+  const int lane = threadIdx.x;
+  const int done = s.rs->pre_id == d[MK_F_ID] ? s.rs->pre_n : 0;
+  const int inflight = (int)(s.rs->issued - s.rs->consumed);
+  const int free_slots = RING_STAGES - inflight;
+  const int want = min(nst, done + free_slots);
+  __syncwarp();
+  if (inflight != done) {  // stages of another task in flight: the bookkeeping is broken
+    if (lane == 0) raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], inflight, done, -3);
+  }
+  for (int st = done; st < want; ++st) ring_issue(s, g, kc, st);
+  if (lane == 0) {
+    s.rs->job_issued = want > done ? want : done;
+    s.rs->pre_id = INT_MIN;
+    s.rs->pre_n = 0;
+  }
+  __syncwarp();
+}
+
+// Warp 0, after a stage was consumed: refill the freed slot.
+__device__ __noinline__ void ring_refill(const Params& p, Smem& s, const Gemv& g, int kc, int nst) {
+  const int lane = threadIdx.x & 31;
+  const int ji = s.rs->job_issued;
+  __syncwarp();
+  if (ji < nst) {
+    ring_issue(s, g, kc, ji);
+    if (lane == 0) s.rs->job_issued = ji + 1;
+    __syncwarp();
+    return;
+  }
+  if (s.next == nullptr) return;
+  Gemv g2;
+  if (!task_gemv(p, s.next, g2)) return;
+  const int kc2 = tma_kc(g2);
+  if (!kc2) return;
+  const int id = s.next[MK_F_ID];
+  const int pn = s.rs->pre_id == id ? s.rs->pre_n : 0;
+  __syncwarp();
+  if (pn < min(g2.klen / kc2, RING_STAGES)) {
+    ring_issue(s, g2, kc2, pn);
+    if (lane == 0) {
+      s.rs->pre_id = id;
+      s.rs->pre_n = pn + 1;
+    }
+    __syncwarp();
+  }
+}
+
+// The mma GEMV fed from the ring: same contract and fragment layout as gemv_mma (weights as A, the
+// <= 8 staged tokens as N), K split over the warps of a 16-row group inside each stage.
+__device__ __noinline__ void gemv_tma(const Params& p, const Gemv& g, Smem& s, int kc) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane >> 2, t = lane & 3;
+  const int lds = g.klen + ACT_PAD;
+  const int ngroups = (g.nrows + 15) / 16;
+  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);
+  const int grp = warp / wpg, kw = warp % wpg;
+  const bool active = grp < ngroups;
+  const int nst = g.klen / kc;
+  const int stride = kc * 2 + RING_PAD;
+  const int ra = min(grp * 16 + gid, g.nrows - 1), rb = min(grp * 16 + gid + 8, g.nrows - 1);
+  const bf16* xa = s.act + gid * lds + t * 8;
+  const uint32_t seq0 = s.rs->consumed;
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int st = 0; st < nst; ++st) {
+    const uint32_t seq = seq0 + st;
+    ring_wait(p, s, seq);
+    if (active) {
+      const unsigned char* slot = s.ring + (size_t)(seq % RING_STAGES) * RING_SLOT;
+      const bf16* pa = reinterpret_cast<const bf16*>(slot + (size_t)ra * stride) + t * 8;
+      const bf16* pb = reinterpret_cast<const bf16*>(slot + (size_t)rb * stride) + t * 8;
+      for (int ch = kw * 32; ch < kc; ch += wpg * 32) {
+        const uint4 wa = *reinterpret_cast<const uint4*>(pa + ch);
+        const uint4 wb = *reinterpret_cast<const uint4*>(pb + ch);
+        const uint4 bx = *reinterpret_cast<const uint4*>(xa + st * kc + ch);
+        mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
+        mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
+      }
+    }
+    __syncthreads();  // every warp is done with this slot
+    if (warp == 0) ring_refill(p, s, g, kc, nst);
+  }
+  if (threadIdx.x == 0) s.rs->consumed = seq0 + nst;
+  if (active) {
+    float* red = s.red + (grp * wpg + kw) * 128;
+    red[gid * 8 + 2 * t] = c[0];
+    red[gid * 8 + 2 * t + 1] = c[1];
+    red[(gid + 8) * 8 + 2 * t] = c[2];
+    red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
+    const int r = i / 8, n = i % 8, gr = r / 16;
+    float sum = 0.f;
+    for (int w = 0; w < wpg; ++w) sum += s.red[(gr * wpg + w) * 128 + (r % 16) * 8 + n];
+    s.out[i] = sum;
+  }
+  __syncthreads();
+}
+
+// The GEMV of a task: from the TMA ring in the TMA instance of the kernel when the tile fits it
+// (the default instance compiles none of the ring code).
+template <bool TMA>
+__device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, Smem& s) {
+  if constexpr (TMA) {
+    const int kc = tma_kc(g);
+    if (kc) {
+      gemv_tma(p, g, s, kc);
+      return;
+    }
+  }
+  gemv(p, g, s.act, s.red, s.out);
+}
+
 // ---- ops -------------------------------------------------------------------------------------------
 
 __device__ void op_embed(const Params& p, const int* d, Smem& s) {
@@ -103,6 +383,7 @@ __device__ void op_embed(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
+template <bool TMA>
 __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
@@ -124,7 +405,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
   stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
   __syncthreads();
   Gemv g{W, p.hidden, W, p.hidden, n, n, p.hidden};
-  gemv(p, g, s.act, s.red, s.out);
+  gemv_task<TMA>(p, g, s);
   const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
@@ -290,20 +571,22 @@ __device__ void op_attn_combine(const Params& p, const int* d) {
 }
 
 // Generic "rows x K-range" GEMV tasks whose activations are the batch rows of one fp32 buffer.
+template <bool TMA>
 __device__ void gemv_rows(const Params& p, Smem& s, int* rows, const float* src, long stride, int k0, int klen,
                           const Gemv& g) {
   rows_identity(rows, p.batch);
   __syncthreads();
   stage_act(s.act, src, stride, rows, k0, klen);
   __syncthreads();
-  gemv(p, g, s.act, s.red, s.out);
+  gemv_task<TMA>(p, g, s);
 }
 
+template <bool TMA>
 __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
   const bf16* W = V.lw(l, MK_LW_O) + (size_t)r0 * V.QW() + k0;
-  gemv_rows(p, s, rows, V.attn_out(l), V.QW(), k0, k1 - k0, Gemv{W, V.QW(), W, V.QW(), n, n, k1 - k0});
+  gemv_rows<TMA>(p, s, rows, V.attn_out(l), V.QW(), k0, k1 - k0, Gemv{W, V.QW(), W, V.QW(), n, n, k1 - k0});
   float* dst = V.ao_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -311,12 +594,13 @@ __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
+template <bool TMA>
 __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
   const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)c0 * p.hidden;
   const bf16* Wu = V.lw(l, MK_LW_UP) + (size_t)c0 * p.hidden;
-  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden});
+  gemv_rows<TMA>(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden});
   float* dst = V.dense_act(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -324,11 +608,12 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
+template <bool TMA>
 __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
   const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)r0 * p.dense_inter + k0;
-  gemv_rows(p, s, rows, V.dense_act(l), p.dense_inter, k0, k1 - k0,
+  gemv_rows<TMA>(p, s, rows, V.dense_act(l), p.dense_inter, k0, k1 - k0,
             Gemv{W, p.dense_inter, W, p.dense_inter, n, n, k1 - k0});
   float* dst = V.mlp_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
@@ -337,11 +622,12 @@ __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows)
   }
 }
 
+template <bool TMA>
 __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
   const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)e0 * p.hidden;
-  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  gemv_rows<TMA>(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
   float* dst = V.rlogits(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -440,6 +726,7 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
   }
 }
 
+template <bool TMA>
 __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
@@ -451,7 +738,7 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   __syncthreads();
   stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
   __syncthreads();
-  gemv(p, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden}, s.act, s.red, s.out);
+  gemv_task<TMA>(p, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -460,6 +747,7 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
+template <bool TMA>
 __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], r0 = d[MK_F_A1], n = d[MK_F_A2];
@@ -469,7 +757,7 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   __syncthreads();
   stage_act(s.act, V.moe_act(l), I, rows, 0, I);
   __syncthreads();
-  gemv(p, Gemv{W, I, W, I, n, n, I}, s.act, s.red, s.out);
+  gemv_task<TMA>(p, Gemv{W, I, W, I, n, n, I}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -499,11 +787,12 @@ __device__ void op_add_norm(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, w, V.h(l + 1) + (size_t)b * H, s.misc);
 }
 
+template <bool TMA>
 __device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int r0 = d[MK_F_A0], n = d[MK_F_A1], t = d[MK_F_A2];
   const bf16* W = (const bf16*)p.lm_head + (size_t)r0 * p.hidden;
-  gemv_rows(p, s, rows, V.h(p.num_layers), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  gemv_rows<TMA>(p, s, rows, V.h(p.num_layers), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
   float* logits = (float*)p.logits;
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -892,10 +1181,15 @@ __device__ __forceinline__ void tl_record(const Params& p, int* tl_n, int op, in
   ++*tl_n;
 }
 
-__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
+template <bool TMA>
+__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n, const int* next) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
   uint64_t t1 = 0;
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
+  if constexpr (TMA) {
+    ring_prologue(p, d, s);  // the first weight stages land while we wait
+    s.next = next;
+  }
   if (threadIdx.x == 0) {
     int ok = 1;
     for (int i = 0; i < MK_MAX_WAITS && ok; ++i) {
@@ -914,7 +1208,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_embed(p, d, s);
       break;
     case MK_OP_QKV:
-      op_qkv(p, d, s, rows);
+      op_qkv<TMA>(p, d, s, rows);
       break;
     case MK_OP_ATTN:
       op_attn(p, d, s);
@@ -923,31 +1217,31 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_attn_combine(p, d);
       break;
     case MK_OP_OPROJ:
-      op_oproj(p, d, s, rows);
+      op_oproj<TMA>(p, d, s, rows);
       break;
     case MK_OP_DENSE_UP:
-      op_dense_up(p, d, s, rows);
+      op_dense_up<TMA>(p, d, s, rows);
       break;
     case MK_OP_DENSE_DOWN:
-      op_dense_down(p, d, s, rows);
+      op_dense_down<TMA>(p, d, s, rows);
       break;
     case MK_OP_ROUTER:
-      op_router(p, d, s, rows);
+      op_router<TMA>(p, d, s, rows);
       break;
     case MK_OP_ROUTE:
       op_route(p, d, s);
       break;
     case MK_OP_MOE_UP:
-      op_moe_up(p, d, s, rows);
+      op_moe_up<TMA>(p, d, s, rows);
       break;
     case MK_OP_MOE_DOWN:
-      op_moe_down(p, d, s, rows);
+      op_moe_down<TMA>(p, d, s, rows);
       break;
     case MK_OP_ADD_NORM:
       op_add_norm(p, d, s);
       break;
     case MK_OP_LM_HEAD:
-      op_lm_head(p, d, s, rows);
+      op_lm_head<TMA>(p, d, s, rows);
       break;
     case MK_OP_SAMPLE:
       op_sample(p);
@@ -1026,8 +1320,9 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
   }
 }
 
+template <bool TMA>
 __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];
   __shared__ int s_next[MK_DESC_WORDS];
@@ -1035,8 +1330,20 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_flag;
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
-  if (threadIdx.x == 0) s_tl_n = 0;
-  Smem s = carve(smem_raw, max_k);
+  __shared__ RingState s_ring;
+  if (threadIdx.x == 0) {
+    s_tl_n = 0;
+    s_ring.issued = s_ring.consumed = 0;
+    s_ring.job_issued = 0;
+    s_ring.pre_id = INT_MIN;
+    s_ring.pre_n = 0;
+  }
+  Smem s = carve(smem_raw, p, max_k, &s_ring);
+  if (TMA && threadIdx.x == 0) {
+    for (int i = 0; i < RING_STAGES; ++i) mbar_init(s.bars + i, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];
   const int* mine = (const int*)p.desc + (size_t)sm * p.max_tasks * MK_DESC_WORDS;
@@ -1055,7 +1362,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // fetches the next static task's weights, so its loads hit L2 instead of paying HBM latency.
     if (p.prefetch_mode & MK_PREFETCH_NEXT) prefetch_weights(p, s_next);
     if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
-      if (!run_task(p, s_desc, s, s_rows, &s_flag, &s_tl_n)) return;
+      if (!run_task<TMA>(p, s_desc, s, s_rows, &s_flag, &s_tl_n, s_next)) {
+        if constexpr (TMA) ring_quiesce(p, s);
+        return;
+      }
       advance(s_desc, s_next, ahead, lane_w, mine, i, n);
       continue;
     }
@@ -1071,7 +1381,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (p.timeline) s_t1 = globaltimer();
     }
     __syncthreads();
-    if (!s_flag) return;
+    if (!s_flag) {
+      if constexpr (TMA) ring_quiesce(p, s);
+      return;
+    }
     const int kind = s_desc[MK_F_A0], arg = s_desc[MK_F_A1], mlp_c = s_desc[MK_F_A2];
     while (true) {
       if (threadIdx.x == 0) {
@@ -1094,7 +1407,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       }
       __syncthreads();
       if (!s_flag) break;
-      if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) return;
+      if (!run_task<TMA>(p, s_item, s, s_rows, &s_flag, &s_tl_n, nullptr)) {
+        if constexpr (TMA) ring_quiesce(p, s);
+        return;
+      }
       __syncthreads();
     }
     if (threadIdx.x == 0) tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1);

@@ -220,14 +220,30 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [[0], [63, 64], [5, 300, 255, 256], [1, 64, 65, 127, 128, 257, 511, 700]],
     ids=lambda c: f"bs{len(c)}",
 )
-@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
-def test_step_matches_reference_reduced(small, contexts, use_mma):
+@pytest.mark.parametrize(
+    "use_mma,prefetch",
+    [(1, abi.MK_PREFETCH_SELF), (0, abi.MK_PREFETCH_SELF), (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_TMA)],
+    ids=["mma", "fma", "mma-tma"],
+)
+def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
-    be.use_mma = use_mma
+    be.use_mma, be.prefetch_mode = use_mma, prefetch
     try:
         _step_check(CFG, w, be, contexts, seed=len(contexts))
     finally:
-        be.use_mma = 1
+        be.use_mma, be.prefetch_mode = 1, abi.MK_PREFETCH_SELF
+
+
+def test_tma_ring_consecutive_launches(small):
+    """The TMA weight-ring variant over consecutive launches (the ring's sequence restarts each
+    launch) at batch 3, 4 and 5."""
+    w, be = small
+    be.prefetch_mode = abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_TMA
+    try:
+        for i in range(3):
+            _step_check(CFG, w, be, [1, 64, 65, 127, 128, 257, 511, 700][: 3 + i], seed=40 + i)
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_SELF
 
 
 def test_consecutive_steps_reduced(small):
