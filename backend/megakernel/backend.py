@@ -10,6 +10,7 @@ A watchdog bounds every step: the kernel abandons a wait after `timeout_s / 2` a
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ class MegakernelBackend:
         tiling: Tiling | None = None,
         timeout_s: float = 10.0,
         use_mma: int = 1,
-        prefetch_mode: int = abi.MK_PREFETCH_SELF,
+        prefetch_mode: int | None = None,
         native_module=None,
     ):
         """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
@@ -106,6 +107,10 @@ class MegakernelBackend:
         self.n_sms = int(n_sms or info["sm_count"])
         self.timeout_s = timeout_s
         self.use_mma = use_mma
+        # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_SELF (the measured path);
+        # MKCODE_MK_PREFETCH=5 selects the TMA weight-ring variant for benches that build the backend
+        if prefetch_mode is None:
+            prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_SELF))
         self.prefetch_mode = prefetch_mode
         self.timeline: torch.Tensor | None = None  # int64 [n_sms, cap, 4] when recording (see timeline.py)
         # per-row sampling block (MK_SP_*); passed to the kernel only by sample() (None: greedy)

@@ -1,6 +1,10 @@
 #!/bin/bash
 # One device-tool call: build the extension, run the GPU tests, benchmark, (optionally) sanitize.
-# Usage (from the repo root, on the GPU machine): bash backend/megakernel/gpu_run.sh [tests|bench|san]...
+# Usage (from the repo root, on the GPU machine):
+#   bash backend/megakernel/gpu_run.sh [tests|bench|decode|san]...
+#   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
+# Every stage has a time cap (T_TESTS, T_BENCH, T_DECODE, T_SAN seconds) and writes under $OUT;
+# partial results survive a cap (bench.json is rewritten after every run).
 set -u
 OUT=${OUT:-/tmp/mk_out}
 mkdir -p "$OUT"
@@ -9,14 +13,26 @@ export PYTHONPATH=/tmp/mkpp:${PYTHONPATH:-}
 # the image's python3 has torch; expose this checkout as the mkcode package (app/, backend/, tools/)
 mkdir -p /tmp/mkpp/mkcode && for d in app backend tools; do ln -sfn "$PWD/$d" /tmp/mkpp/mkcode/$d; done
 touch /tmp/mkpp/mkcode/__init__.py
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
-python3 -c "from mkcode.backend.megakernel.build import build; r = build(); print('build', r.path, 'cached' if r.cached else f'{r.seconds:.0f}s'); print(r.log[-1500:])" 2>&1 | tee "$OUT/build.log" || exit 1
+python3 -c "from mkcode.backend.megakernel.build import build; r = build(); print('build', r.path, 'cached' if r.cached else f'{r.seconds:.0f}s'); print(r.log[-3000:])" 2>&1 | tee "$OUT/build.log" || exit 1
 echo "build done at +$(( $(date +%s) - t0 ))s"
-for stage in "$@"; do
+stages=("$@")
+[[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
+# megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
+#   prefetch=1  the default (self L2 prefetch), the measured-correct path
+#   prefetch=5  + the TMA weight ring (MK_PREFETCH_TMA)
+#   then tile shapes on top of the fastest prefetch mode: fuller MoE tiles for BS 8, bigger QKV/O
+VARIANTS=${VARIANTS:-"prefetch=1 prefetch=5 moe_up_cols=64,moe_down_rows=256 qkv_rows=128,o_rows=128"}
+for stage in "${stages[@]}"; do
   case $stage in
-    tests) timeout ${T_TESTS:-240} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
-    bench) timeout ${T_BENCH:-200} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
+    tests) timeout ${T_TESTS:-190} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    bench) timeout ${T_BENCH:-140} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches 1 8 --context 8192 --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
+    decode)  # the engine's bench harness: graph vs megakernel (default), then megakernel with the TMA ring
+      timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch 1,8 --ctx 8192 \
+        --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20
+      MKCODE_MK_PREFETCH=5 timeout ${T_DECODE_TMA:-40} python3 -m mkcode.app.cli bench decode --backend megakernel \
+        --batch 1,8 --ctx 8192 --steps ${STEPS:-30} --out "$OUT/decode_tma" 2>&1 | tee "$OUT/decode_tma.log" | tail -12 ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool memcheck --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"

@@ -222,3 +222,14 @@ def test_kernel_error_names_the_task_and_counter_and_resets(be):
         be.decode(batch)
     assert int(be.err.abs().sum()) == 0, "error word cleared for the next step"
     assert int(be.counters.abs().sum()) == 0 and int(be.bank.base.sum()) == 0, "counters restart from zero"
+
+
+def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatch):
+    fake = FakeNative()
+    assert (
+        MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake).prefetch_mode
+        == abi.MK_PREFETCH_SELF
+    )
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", "5")
+    be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
+    assert be.prefetch_mode == abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_TMA

@@ -211,3 +211,33 @@ def test_forced_routing_reference_reads_the_device_table(weights):
     out = reference_step(CFG, weights, again, forced)
     assert reference_step.last_flips == []
     torch.testing.assert_close(out, ref)
+
+
+# the tile variants the next GPU sweep times (gpu_run.sh VARIANTS): they must validate, build and
+# run on the emulator at the release geometry with the full happens-before check
+SWEEP_TILINGS = [
+    {"moe_up_cols": 64, "moe_down_rows": 256},
+    {"qkv_rows": 128, "o_rows": 128},
+]
+
+
+@pytest.mark.parametrize("over", SWEEP_TILINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("batch", [1, 8])
+def test_sweep_tilings_at_release_geometry(over, batch):
+    from dataclasses import replace
+
+    layers = 5
+    cfg = north_mini_code_config(
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
+        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
+    )
+    tiling = replace(default_tiling(cfg), **over)
+    tiling.validate(cfg)
+    contexts = [8192 + 977 * b for b in range(batch)]
+    sched = build_schedule(cfg, batch, contexts, 132, tiling)
+    ws = Workspace.allocate(cfg, tiling, "cpu", math=False)
+    bank = CounterBank(sched.n_counters)
+    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
+    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 3)
+    assert rep.events > len(sched.tasks)
