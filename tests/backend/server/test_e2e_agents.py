@@ -147,6 +147,7 @@ def test_opencode_run_calls_a_tool(agent_runtime, tmp_path):
             OPENCODE_DISABLE_AUTOUPDATE="1",
             OPENCODE_DISABLE_SHARE="1",
             OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+            PWD=str(project),  # OpenCode takes its working directory from $PWD, not the real cwd
         )
         proc = subprocess.run(
             [str(opencode), "run", "--format", "json", "TOOLTEST"],
