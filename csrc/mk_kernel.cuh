@@ -903,6 +903,7 @@ __device__ __forceinline__ void warp_hist_add(float* wh, int bin, float w) {
     float v = bin == lb ? w : 0.f;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     if (lane == src) wh[lb] += v;
+    __syncwarp();  // the next round may update the same bin from another lane
     pending &= ~same;
   }
 }
@@ -956,22 +957,24 @@ __device__ uint32_t select_key(const SampleSrc& src, uint32_t floor_key, bool ma
       const int L = hit ? __ffs(hit) - 1 : (nonempty ? 31 - __clz(nonempty) : 0);
       if (lane == L) {
         float c = excl;
-        int sel = -1;
-        float above = c;
+        int sel = -1, last = -1;
+        float above = c, above_last = c;
         for (int q = 0; q < 8; ++q) {
           const int j = 255 - 8 * lane - q;
-          if (hit) {
-            if (sel < 0 && c + tot[j] >= target) {
-              sel = j;
-              above = c;
-            }
-          } else if (tot[j] > 0.f) {  // rounding: the lowest non-empty bin
+          if (hit && sel < 0 && c + tot[j] >= target) {
             sel = j;
             above = c;
           }
+          if (tot[j] > 0.f) {  // the lowest non-empty bin so far
+            last = j;
+            above_last = c;
+          }
           c += tot[j];
         }
-        if (sel < 0) sel = 255 - 8 * lane - 7;
+        if (sel < 0) {  // no bin reaches the target (rounding): the lowest non-empty one
+          sel = last >= 0 ? last : 255 - 8 * lane - 7;
+          above = above_last;
+        }
         sh[0] = sel;
         reinterpret_cast<float*>(sh)[1] = above;
       }
@@ -1111,6 +1114,16 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
       if (misc[w] > bb || (misc[w] == bb && sh[8 + w] < bix)) {
         bb = misc[w];
         bix = sh[8 + w];
+      }
+    }
+    if (bix == 0x7fffffff) {  // an empty kept set (cannot happen short of NaN logits): the argmax
+      float bv = -INFINITY;
+      for (int t = 0; t < p.n_lm_tiles; ++t) {
+        const float v = ld_cg((const float*)p.lm_best + (size_t)t * 8 + b);
+        if (v > bv) {
+          bv = v;
+          bix = ld_cg((const int*)p.lm_arg + (size_t)t * 8 + b);
+        }
       }
     }
     ((long long*)p.tokens_out)[b] = bix;
