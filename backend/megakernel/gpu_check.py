@@ -143,6 +143,7 @@ def bench(args: argparse.Namespace) -> int:
         if best[b0][1] == vname and not kw:
             fastest_mode, fastest_mma = mode, mma
     results["best"] = {str(B): v for B, v in best.items()}
+    results["sampling"] = sampling_cost(cfg, w, cases, args.batches)
     # one recorded step per batch size with the fastest prefetch mode: where the time goes
     from mkcode.backend.megakernel import timeline
 
@@ -164,6 +165,50 @@ def bench(args: argparse.Namespace) -> int:
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     return 0
+
+
+def sampling_cost(cfg, w, cases, batches) -> dict:
+    """Wall time per step of decode() (greedy) vs sample() (temperature 0.8, top-k 50, top-p 0.95;
+    and temperature only): the on-device sampler's cost, median of 15 synchronised steps."""
+    from mkcode.backend.megakernel.backend import MegakernelBackend
+    from mkcode.backend.megakernel.sampling import SamplingParams
+
+    out = {}
+    try:
+        be = MegakernelBackend(cfg, w)
+        for B in batches:
+            batch = cases[B].batch
+            row = {}
+            for name, sp in (
+                ("greedy", None),
+                ("topk_topp", SamplingParams(0.8, 50, 0.95, seed=1, step=2)),
+                ("temperature", SamplingParams(0.8, seed=1, step=2)),
+                ("topp_only", SamplingParams(1.0, 0, 0.9, seed=1, step=2)),
+            ):
+
+                def fn(sp=sp, batch=batch):
+                    return be.decode(batch) if sp is None else be.sample(batch, sp)
+
+                fn()
+                ts = []
+                for _ in range(15):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    fn()
+                    torch.cuda.synchronize()
+                    ts.append(time.perf_counter() - t)
+                row[name] = statistics.median(ts)
+            out[str(B)] = row
+            print(
+                f"sampling BS {B}: "
+                + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items())
+                + f" (top-k/top-p costs {(row['topk_topp'] - row['greedy']) * 1e6:.0f} us)",
+                flush=True,
+            )
+    except Exception as e:  # a sampling failure must not lose the timings above
+        out["error"] = f"{type(e).__name__}: {e}"
+        print("sampling cost failed:", out["error"], flush=True)
+    return out
 
 
 def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
