@@ -277,21 +277,6 @@ def test_watchdog_reports_a_stuck_step(small):
     _step_check(CFG, w, be, [10], seed=2)  # and the backend still works afterwards
 
 
-@pytest.fixture(scope="module")
-def release():
-    cfg = north_mini_code_config()
-    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
-    return cfg, w, MegakernelBackend(cfg, w)
-
-
-@pytest.mark.parametrize(
-    "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
-)
-def test_step_matches_reference_release_geometry(release, contexts):
-    cfg, w, be = release
-    _step_check(cfg, w, be, contexts, seed=len(contexts))
-
-
 # ---- device sampling ---------------------------------------------------------------------------
 
 SAMPLE_CASES = [
@@ -362,3 +347,21 @@ def test_backend_sample_whole_step(small):
     logits = be.last_logits(4).cpu().numpy()
     for b in range(4):
         assert toks[b] == int(sample_row(logits[b], params[b])[0])
+
+
+# ---- release geometry (last: the slowest) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def release():
+    cfg = north_mini_code_config()
+    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    return cfg, w, MegakernelBackend(cfg, w)
+
+
+@pytest.mark.parametrize(
+    "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
+)
+def test_step_matches_reference_release_geometry(release, contexts):
+    cfg, w, be = release
+    _step_check(cfg, w, be, contexts, seed=len(contexts))
