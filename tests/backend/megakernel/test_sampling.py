@@ -147,3 +147,62 @@ def test_emulator_step_samples_each_row_independently_of_the_batch():
         assert sampling.kept_mask(logits[b], params[b])[toks[b]]
     # the same row alone (batch of one, other seeds elsewhere) draws the same token from its logits
     assert int(sample_row(logits[2].copy(), params[2])[0]) == toks[2]
+
+
+def _kernel_radix_select(k: np.ndarray, w: np.ndarray, floor: int, target: float) -> int:
+    """A line-by-line model of the kernel's select_key (csrc/mk_kernel.cuh): four 8-bit passes,
+    32 lanes owning 8 bins each from the top, a ballot for the first lane reaching the target, the
+    lowest non-empty bin when rounding leaves none. fp32 sums, as on the device."""
+    prefix = 0
+    target = np.float32(target)
+    for shift in (24, 16, 8, 0):
+        hmask = 0 if shift == 24 else (0xFFFFFFFF << (shift + 8)) & 0xFFFFFFFF
+        sel = (k >= floor) & ((k & np.uint32(hmask)) == np.uint32(prefix))
+        tot = np.zeros(256, np.float32)
+        np.add.at(
+            tot, ((k[sel] >> np.uint32(shift)) & np.uint32(255)).astype(np.int64), w[sel].astype(np.float32)
+        )
+        part = np.array([np.float32(sum(tot[255 - 8 * lane - q] for q in range(8))) for lane in range(32)])
+        incl = np.cumsum(part, dtype=np.float32)
+        excl = incl - part
+        hit = np.flatnonzero(incl >= target)
+        nonempty = np.flatnonzero(part > 0)
+        lane = int(hit[0]) if len(hit) else (int(nonempty[-1]) if len(nonempty) else 0)
+        c, chosen, above, last, above_last = excl[lane], -1, excl[lane], -1, excl[lane]
+        for q in range(8):
+            j = 255 - 8 * lane - q
+            if len(hit) and chosen < 0 and c + tot[j] >= target:
+                chosen, above = j, c
+            if tot[j] > 0:
+                last, above_last = j, c
+            c = np.float32(c + tot[j])
+        if chosen < 0:
+            chosen, above = (last if last >= 0 else 255 - 8 * lane - 7), above_last
+        prefix |= chosen << shift
+        target = np.float32(target - above)
+    return prefix
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_radix_select_model_matches_the_definition(seed):
+    rng = np.random.default_rng(seed)
+    V = 3000
+    lg = (rng.standard_normal(V) * 3).astype(np.float32)
+    lg[rng.integers(0, V, 200)] = lg[rng.integers(0, V, 200)]  # ties
+    lg = np.round(lg, 1 + seed % 3).astype(np.float32)  # more ties
+    k = sampling.keys(lg)
+    ones = np.ones(V, np.float32)
+    for top_k in (2, 17, 500, V - 1):
+        assert _kernel_radix_select(k, ones, 0, float(top_k)) == sampling.select_key(k, ones, float(top_k))
+    kth = sampling.select_key(k, ones, 700.0)
+    inside = k >= kth
+    for T in (0.5, 1.0, 2.0):
+        w = np.where(inside, np.exp((lg - lg.max()) / np.float32(T)), 0).astype(np.float32)
+        Z = float(w.astype(np.float64).sum())
+        for top_p in (0.1, 0.5, 0.9, 0.99):
+            want = sampling.select_key(k[inside], w[inside], float(np.float32(top_p)) * Z)
+            got = _kernel_radix_select(k, w, kth, float(np.float32(top_p)) * Z)
+            if got != want:  # only a rounding boundary may differ: the tails on both sides ~ target
+                lo, hi = sorted((got, want))
+                between = w[(k >= lo) & (k < hi)].sum()
+                assert between <= 1e-5 * Z, (top_p, T, got, want)
