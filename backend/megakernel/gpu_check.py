@@ -133,12 +133,21 @@ def bench(args: argparse.Namespace) -> int:
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode}, mma={mma})"
         if kw or mma != 1 or mode & 4:  # tile overrides, the FMA GEMV and the TMA ring: check first
-            ok = reduced_check(tiling, mode, mma)
+            try:
+                ok = reduced_check(tiling, mode, mma)
+            except Exception as e:  # e.g. the watchdog: report, go on with the other variants
+                print(f"reduced-geometry check [{vname}] raised {type(e).__name__}: {e}", flush=True)
+                ok = False
             results["checks"].append({"variant": vname, "ok": ok})
             print(f"reduced-geometry check [{vname}]: {'ok' if ok else 'FAILED'}", flush=True)
             if not ok:
                 continue
-        run(vname, mode, mma, tiling)
+        try:
+            run(vname, mode, mma, tiling)
+        except Exception as e:
+            print(f"variant [{vname}] raised {type(e).__name__}: {e}", flush=True)
+            results["checks"].append({"variant": vname, "ok": False, "error": str(e)})
+            continue
         b0 = args.batches[0]
         if best[b0][1] == vname and not kw:
             fastest_mode, fastest_mma = mode, mma
