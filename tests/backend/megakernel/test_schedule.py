@@ -141,3 +141,27 @@ def test_gpu_check_cli_parses_variants():
         gpu_check.parse_variant("warp_size=64")
     with pytest.raises(SystemExit):
         gpu_check.build_parser().parse_args(["bench", "--variants", "bogus=1"])
+
+
+def test_gpu_run_plan_variants_parse_and_are_emulated():
+    """gpu_run.sh's default VARIANTS parse with gpu_check's parser, the TMA mode is among them, and
+    every tiling it sweeps is one the emulator test runs at the release geometry."""
+    import re
+    from pathlib import Path
+
+    from mkcode.backend.megakernel import gpu_check
+
+    from .test_emulator import SWEEP_TILINGS
+
+    script = (Path(gpu_check.__file__).parent / "gpu_run.sh").read_text()
+    m = re.search(r'VARIANTS=\$\{VARIANTS:-"([^"]+)"\}', script)
+    assert m, "gpu_run.sh lost its VARIANTS default"
+    specs = m.group(1).split()
+    args = gpu_check.build_parser().parse_args(["bench", "--variants", *specs])
+    parsed = [gpu_check.parse_variant(v) for v in args.variants]
+    assert (abi.MK_PREFETCH_SELF, None, {}) in parsed
+    assert (abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_TMA, None, {}) in parsed
+    for _, _, kw in parsed:
+        if kw:
+            assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
+    assert "plan" in script and "bench decode --backend graph,megakernel --batch 1,8 --ctx 8192" in script
