@@ -26,7 +26,6 @@ def reduced_config(num_layers: int = 5, **overrides) -> ModelConfig:
     raw = dict(
         vocab_size=1024,
         hidden_size=256,
-        num_hidden_layers=num_layers,
         num_attention_heads=8,
         num_key_value_heads=2,
         head_dim=64,
@@ -34,13 +33,11 @@ def reduced_config(num_layers: int = 5, **overrides) -> ModelConfig:
         prefix_dense_intermediate_size=256,
         num_experts=16,
         num_experts_per_tok=4,
-        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(num_layers)],
-        mlp_layer_types=["dense"] + ["sparse"] * (num_layers - 1),
         sliding_window=96,
         max_position_embeddings=8192,
     )
     raw.update(overrides)
-    return north_mini_code_config(**raw)
+    return north_mini_code_config(num_layers, **raw)
 
 
 def zipf_law(num_experts: int, exponent: float, seed: int) -> torch.Tensor:

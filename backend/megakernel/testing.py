@@ -25,12 +25,9 @@ from mkcode.backend.model.weights import LayerWeights, ModelWeights
 def tiny_config(**overrides) -> ModelConfig:
     """6 layers, full attention at 0 and 4, window 64, dense layer 0, 8 experts top-2, hidden 64,
     4 heads / 2 kv heads of 32, vocab 512: every code path at a CPU-friendly size."""
-    n = 6
-    raw = north_mini_code_config().to_hf_dict()
-    raw.update(
+    raw = dict(
         vocab_size=512,
         hidden_size=64,
-        num_hidden_layers=n,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
@@ -40,21 +37,16 @@ def tiny_config(**overrides) -> ModelConfig:
         num_experts_per_tok=2,
         sliding_window=64,
         max_position_embeddings=4096,
-        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)],
-        mlp_layer_types=["dense"] + ["sparse"] * (n - 1),
     )
     raw.update(overrides)
-    return ModelConfig.from_dict(raw)
+    return north_mini_code_config(6, **raw)
 
 
 def reduced_config(**overrides) -> ModelConfig:
     """A GPU-test geometry with the release head shapes (d=128, GQA 8:1) and kernel-sized tiles."""
-    n = 6
-    raw = north_mini_code_config().to_hf_dict()
-    raw.update(
+    raw = dict(
         vocab_size=8192,
         hidden_size=512,
-        num_hidden_layers=n,
         num_attention_heads=16,
         num_key_value_heads=2,
         head_dim=128,
@@ -63,11 +55,9 @@ def reduced_config(**overrides) -> ModelConfig:
         num_experts=16,
         num_experts_per_tok=4,
         sliding_window=256,
-        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)],
-        mlp_layer_types=["dense"] + ["sparse"] * (n - 1),
     )
     raw.update(overrides)
-    return ModelConfig.from_dict(raw)
+    return north_mini_code_config(6, **raw)
 
 
 class PagedKV:

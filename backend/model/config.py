@@ -291,9 +291,12 @@ class ModelConfig:
         }
 
 
-def north_mini_code_config(**overrides: Any) -> ModelConfig:
-    """The release geometry of North Mini Code (DESIGN §3), for synthetic 30B-shaped models."""
-    n = 49
+def north_mini_code_config(num_layers: int = 49, **overrides: Any) -> ModelConfig:
+    """The release geometry of North Mini Code (DESIGN §3), for synthetic 30B-shaped models.
+
+    `num_layers` keeps the release layer pattern (full attention every 4th layer from 0, one dense
+    layer first) at any depth; `overrides` replace config.json fields (e.g. a reduced geometry)."""
+    n = num_layers
     raw: dict[str, Any] = {
         "model_type": MODEL_TYPE,
         "vocab_size": 262144,
