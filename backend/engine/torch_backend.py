@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
-from mkcode.backend.kv.layout import first_visible_position, gather_tokens, write_tokens
+from mkcode.backend.kv.layout import append_and_gather
 from mkcode.backend.model.reference import ReferenceModel, Segment
 
 
@@ -21,11 +21,7 @@ class _TableView:
 
     def append(self, layer, k, v, positions):
         row = self.tables[layer, self.b]
-        write_tokens(self.pool, row, positions, k, v)
-        first, last = int(positions[0]), int(positions[-1])
-        start = first_visible_position(first, self.model.cfg.window(layer))
-        K, V = gather_tokens(self.pool, row, start, last + 1)
-        return K.to(k.dtype), V.to(v.dtype), torch.arange(start, last + 1, device=k.device)
+        return append_and_gather(self.pool, row, self.model.cfg.window(layer), k, v, positions)
 
 
 class TorchDecodeBackend:

@@ -65,3 +65,22 @@ def gather_tokens(
     k = pool[pages, 0, :, slots]
     v = pool[pages, 1, :, slots]
     return k, v
+
+
+def append_and_gather(
+    pool: torch.Tensor,
+    block_table_row: torch.Tensor,
+    window: int | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference model's `KVStore.append` over one layer's block-table row: write k, v
+    [T, Hkv, d] at `positions` (consecutive), then return every key, value and key position the
+    first of those queries can see (the window counts the current token), in k's dtype. Every
+    paged KV view (engine sequences, decode batches, test cases) goes through this one function."""
+    write_tokens(pool, block_table_row, positions, k, v)
+    first, last = int(positions[0]), int(positions[-1])
+    start = first_visible_position(first, window)
+    K, V = gather_tokens(pool, block_table_row, start, last + 1)
+    return K.to(k.dtype), V.to(v.dtype), torch.arange(start, last + 1, device=k.device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mkcode.backend.kv.layout import NO_PAGE, PAGE_SIZE, first_visible_position, gather_tokens, write_tokens
+from mkcode.backend.kv.layout import NO_PAGE, PAGE_SIZE, append_and_gather, first_visible_position
 from mkcode.backend.kv.pool import KVPool, PrefixEntry
 from mkcode.backend.model.config import ModelConfig
 
@@ -134,9 +134,4 @@ class PagedKVView:
 
     def append(self, layer, k, v, positions):
         row = torch.from_numpy(self.seq.array[layer].copy()).to(self.pool.tensor.device)
-        write_tokens(self.pool.tensor, row, positions, k, v)
-        first, last = int(positions[0]), int(positions[-1])
-        start = first_visible_position(first, self.seq.cfg.window(layer))
-        K, V = gather_tokens(self.pool.tensor, row, start, last + 1)
-        kpos = torch.arange(start, last + 1, device=k.device)
-        return K.to(k.dtype), V.to(v.dtype), kpos
+        return append_and_gather(self.pool.tensor, row, self.seq.cfg.window(layer), k, v, positions)

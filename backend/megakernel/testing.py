@@ -11,11 +11,10 @@ from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.kv.layout import (
     NO_PAGE,
     PAGE_SIZE,
+    append_and_gather,
     first_visible_position,
-    gather_tokens,
     pages_for,
     pool_shape,
-    write_tokens,
 )
 from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.reference import ReferenceModel, Segment
@@ -68,11 +67,7 @@ class PagedKV:
 
     def append(self, layer, k, v, positions):
         table = self.tables[layer, self.row]
-        write_tokens(self.pool, table, positions, k, v)
-        last = int(positions[-1])
-        lo = first_visible_position(last, self.cfg.window(layer))
-        K, V = gather_tokens(self.pool, table, lo, last + 1)
-        return K, V, torch.arange(lo, last + 1, device=K.device)
+        return append_and_gather(self.pool, table, self.cfg.window(layer), k, v, positions)
 
 
 @dataclass
