@@ -111,6 +111,37 @@ def _generation_defaults(model: Path) -> dict[str, Any]:
     return out
 
 
+def _runtime_options(args: argparse.Namespace):
+    from mkcode.backend.runtime import RuntimeOptions
+
+    return RuntimeOptions(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        decode=args.decode,
+        max_model_len=args.max_model_len,
+    )
+
+
+def _app(rt, args: argparse.Namespace, name: str, api_key: str | None, base_url: str):
+    """The FastAPI app over a built runtime (single GPU or rank 0 of a parallel one)."""
+    from mkcode.backend.server import ServerOptions, create_app
+
+    options = ServerOptions(
+        served_model_name=name,
+        api_key=api_key,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        default_sampling=_generation_defaults(args.model),
+        forced_thinking_tokens=args.forced_thinking_tokens,
+    )
+    app = create_app(rt, options=options)
+    print(
+        f"mkcode serve: {name} on {base_url} (decode backend: {rt.decode_backend}; {rt.decode_note})",
+        file=sys.stderr,
+    )
+    return app
+
+
 def run(args: argparse.Namespace) -> int:
     base_url = f"http://{_client_host(args.host)}:{args.port}/v1"
     name = _served_name(args)
@@ -139,31 +170,11 @@ def run(args: argparse.Namespace) -> int:
     if args.tensor_parallel != 1 or args.expert_parallel != 1 or world > 1:
         return _run_parallel(args, name, api_key, base_url)
 
-    from mkcode.backend.runtime import RuntimeOptions, build_runtime
-    from mkcode.backend.server import ServerOptions, create_app
+    from mkcode.backend.runtime import build_runtime
     from mkcode.backend.server.runner import serve_forever
 
-    rt = build_runtime(
-        RuntimeOptions(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            decode=args.decode,
-            max_model_len=args.max_model_len,
-        )
-    )
-    options = ServerOptions(
-        served_model_name=name,
-        api_key=api_key,
-        max_body_bytes=int(args.max_body_mb * (1 << 20)),
-        default_sampling=_generation_defaults(args.model),
-        forced_thinking_tokens=args.forced_thinking_tokens,
-    )
-    app = create_app(rt, options=options)
-    print(
-        f"mkcode serve: {name} on {base_url} (decode backend: {rt.decode_backend}; {rt.decode_note})",
-        file=sys.stderr,
-    )
+    rt = build_runtime(_runtime_options(args))
+    app = _app(rt, args, name, api_key, base_url)
     try:
         serve_forever(app, args.host, args.port, args.log_level)
     finally:
@@ -314,8 +325,7 @@ def _launch_ranks(args: argparse.Namespace, n: int, name: str, api_key: str | No
 def _serve_rank(args: argparse.Namespace, name: str, api_key: str | None, base_url: str) -> int:
     """One rank under torchrun: rank 0 serves HTTP, the others run rank 0's steps until it stops."""
     from mkcode.backend.parallel.launch import set_parent_death_signal
-    from mkcode.backend.runtime import RuntimeOptions, build_parallel_runtime
-    from mkcode.backend.server import ServerOptions, create_app
+    from mkcode.backend.runtime import build_parallel_runtime
     from mkcode.backend.server.runner import serve_forever
 
     set_parent_death_signal(signal.SIGKILL)  # torchrun gone: no rank outlives it
@@ -326,13 +336,7 @@ def _serve_rank(args: argparse.Namespace, name: str, api_key: str | None, base_u
             signal.signal(s, signal.SIG_IGN)
 
     rt = build_parallel_runtime(
-        RuntimeOptions(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            decode=args.decode,
-            max_model_len=args.max_model_len,
-        ),
+        _runtime_options(args),
         args.tensor_parallel,
         args.expert_parallel,
         before_serve=hand_signals_to_rank0,
@@ -340,18 +344,7 @@ def _serve_rank(args: argparse.Namespace, name: str, api_key: str | None, base_u
     if rt is None:
         return 0
     try:
-        options = ServerOptions(
-            served_model_name=name,
-            api_key=api_key,
-            max_body_bytes=int(args.max_body_mb * (1 << 20)),
-            default_sampling=_generation_defaults(args.model),
-            forced_thinking_tokens=args.forced_thinking_tokens,
-        )
-        app = create_app(rt, options=options)
-        print(
-            f"mkcode serve: {name} on {base_url} (decode backend: {rt.decode_backend}; {rt.decode_note})",
-            file=sys.stderr,
-        )
+        app = _app(rt, args, name, api_key, base_url)
         # uvicorn stops gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler
         # found before it: make that a no-op so the `finally` below always releases the ranks.
         for s in (signal.SIGINT, signal.SIGTERM):
