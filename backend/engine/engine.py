@@ -35,7 +35,7 @@ from mkcode.backend.engine.request import (
 )
 from mkcode.backend.engine.text import Detokenizer, TextAssembler
 from mkcode.backend.kv.layout import NO_PAGE, PAGE_SIZE
-from mkcode.backend.kv.pool import ROOT_KEY, KVPool, block_key
+from mkcode.backend.kv.pool import KVPool
 from mkcode.backend.kv.sequence import SequenceKV
 from mkcode.backend.model.reference import ReferenceModel, Segment
 from mkcode.backend.sampling import sample_token
@@ -276,7 +276,9 @@ class Engine:
         while self._waiting and len(self._running) < self.opts.max_running:
             seq = self._waiting[0]
             target = seq.prefill_target
-            entries, seq.keys = self.pool.lookup_prefix(seq.tokens, max_blocks=(target - 1) // PAGE_SIZE)
+            max_blocks = (target - 1) // PAGE_SIZE
+            seq.keys = self.pool.prefix_keys(seq.tokens, seq.keys)  # hashed once while it waits
+            entries = self.pool.match_prefix(seq.keys, max_blocks)
             seq.kv.adopt_prefix(self.pool, entries)
             seq.num_computed = len(entries) * PAGE_SIZE
             first_end = min(target, seq.num_computed + self.opts.max_prefill_tokens)
@@ -289,6 +291,7 @@ class Engine:
                 break
             if seq.generated == 0:
                 seq.cached_tokens = seq.num_computed
+            self.pool.record_prefix_lookup(min(len(seq.keys), max_blocks), len(entries))
             self._waiting.popleft()
             self._running.append(seq)
             seq.kv.release_outside_window(self.pool, seq.num_computed)
@@ -378,11 +381,8 @@ class Engine:
         )
 
     def _after_compute(self, seq: _Seq) -> None:
-        parent = seq.keys[-1] if seq.keys else ROOT_KEY
-        while (len(seq.keys) + 1) * PAGE_SIZE <= seq.num_computed:
-            b = len(seq.keys)
-            parent = block_key(parent, seq.tokens[b * PAGE_SIZE : (b + 1) * PAGE_SIZE])
-            seq.keys.append(parent)
+        if (len(seq.keys) + 1) * PAGE_SIZE <= seq.num_computed:
+            seq.keys = self.pool.prefix_keys(seq.tokens[: seq.num_computed], seq.keys)
         seq.kv.register_full_blocks(self.pool, seq.keys, seq.num_computed)
         seq.kv.release_outside_window(self.pool, seq.num_computed)
 

@@ -151,34 +151,48 @@ class KVPool:
 
     # ---- prefix cache -----------------------------------------------------------------------
 
-    def lookup_prefix(self, tokens: list[int], max_blocks: int) -> tuple[list[PrefixEntry], list[bytes]]:
-        """Longest cached run of full blocks at the start of `tokens` (at most max_blocks).
-
-        Returns the entries (marked recently used) and the chained keys of every full block of
-        `tokens` (so the caller can register new blocks later without rehashing)."""
-        keys: list[bytes] = []
-        parent = ROOT_KEY
-        for b in range(len(tokens) // PAGE_SIZE):
+    def prefix_keys(self, tokens: list[int], known: list[bytes] = ()) -> list[bytes]:
+        """Chained keys of every full block of `tokens`, extending `known` (the keys of an earlier,
+        shorter view of the same token list) instead of rehashing from the start."""
+        keys = list(known)
+        parent = keys[-1] if keys else ROOT_KEY
+        for b in range(len(keys), len(tokens) // PAGE_SIZE):
             parent = block_key(parent, tokens[b * PAGE_SIZE : (b + 1) * PAGE_SIZE])
             keys.append(parent)
+        return keys
+
+    def match_prefix(self, keys: list[bytes], max_blocks: int) -> list[PrefixEntry]:
+        """The longest cached run of blocks for `keys` (at most max_blocks), marked recently used."""
         found: list[PrefixEntry] = []
         if self.enable_prefix_cache:
-            self.prefix_queries += 1
             for key in keys[:max_blocks]:
                 entry = self.prefix.get(key)
                 if entry is None:
                     break
                 self.prefix.move_to_end(key)
                 found.append(entry)
-            self.prefix_lookups += min(len(keys), max_blocks)
-            self.prefix_hits += len(found)
+        return found
+
+    def record_prefix_lookup(self, looked_for: int, found: int) -> None:
+        """Count one admitted request's lookup in the hit-rate statistics."""
+        if self.enable_prefix_cache:
+            self.prefix_queries += 1
+            self.prefix_lookups += looked_for
+            self.prefix_hits += found
+
+    def lookup_prefix(self, tokens: list[int], max_blocks: int) -> tuple[list[PrefixEntry], list[bytes]]:
+        """Keys, match and statistics in one call: (cached entries, keys of every full block)."""
+        keys = self.prefix_keys(tokens)
+        found = self.match_prefix(keys, max_blocks)
+        self.record_prefix_lookup(min(len(keys), max_blocks), len(found))
         return found, keys
 
     def register_prefix(self, key: bytes, pages: list[int]) -> None:
         """Offer a just-filled block (its page on every layer) to the prefix cache."""
-        if not self.enable_prefix_cache or key in self.prefix:
-            if key in self.prefix:
-                self.prefix.move_to_end(key)
+        if not self.enable_prefix_cache:
+            return
+        if key in self.prefix:
+            self.prefix.move_to_end(key)
             return
         for p in pages:
             self.ref(p)
