@@ -147,10 +147,6 @@ enum MkError {
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
-// MK_PREFETCH_TMA (variant, off by default): the mma GEMV streams its weights through a
-// shared-memory ring filled by TMA bulk copies (cp.async.bulk + mbarrier); the first stages are
-// issued before the task's dependency wait.
-#define MK_PREFETCH_TMA 4
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-3 = %globaltimer (ns) at the task's start, after its waits, after its signals.

@@ -97,51 +97,8 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task) {
   }
 }
 
-// ---- TMA bulk copies and mbarriers (the MK_PREFETCH_TMA weight ring) ------------------------------
-
-constexpr int RING_STAGES = 4;           // shared-memory slots of the weight ring
-constexpr int RING_SLOT = 40 * 1024;     // bytes per slot (rows x (KC*2 + RING_PAD))
-constexpr int RING_PAD = 64;             // bytes after each row chunk: rows g and g+1 land 64 B apart in the banks
-
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// Generic-proxy accesses to shared memory before async-proxy (TMA) writes to it.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-// One TMA bulk copy global -> shared, completing `bytes` transactions on `bar`.
-__device__ __forceinline__ void tma_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n .reg .pred P;\n mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n selp.u32 %0, 1, 0, P;\n}"
-      : "=r"(ok)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
 }
 
 // ---- tiny-M GEMV on the tensor cores -------------------------------------------------------------
@@ -179,18 +136,35 @@ __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
 }
 
 // Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
+// Each thread issues its (up to 8) float4 loads before converting any (one L2 round trip).
 __device__ void stage_act(bf16* act_s, const float* src, long stride, const int* rows, int k0, int klen) {
   const int lds = klen + ACT_PAD;
   const int per_row = klen / 4;
-  for (int i = threadIdx.x; i < 8 * per_row; i += NT) {
-    const int n = i / per_row, k = (i % per_row) * 4;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (rows[n] >= 0) v = ld_cg4(src + rows[n] * stride + k0 + k);
-    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
+  const int total = 8 * per_row;
+  constexpr int U = 8;
+  for (int base = threadIdx.x; base < total; base += U * NT) {
+    float4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * NT;
+      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < total) {
+        const int n = i / per_row, k = (i % per_row) * 4;
+        if (rows[n] >= 0) v[u] = ld_cg4(src + rows[n] * stride + k0 + k);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * NT;
+      if (i < total) {
+        const int n = i / per_row, k = (i % per_row) * 4;
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y), hi = __floats2bfloat162_rn(v[u].z, v[u].w);
+        uint2 packed;
+        packed.x = *reinterpret_cast<uint32_t*>(&lo);
+        packed.y = *reinterpret_cast<uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
+      }
+    }
   }
 }
 

@@ -8,7 +8,7 @@ static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
 
 namespace mk {
 
-size_t smem_bytes(const Params& p, int max_k) { return base_smem_bytes(p, max_k) + ring_bytes(p); }
+size_t smem_bytes(const Params& p, int max_k) { return base_smem_bytes(p, max_k); }
 
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap) {
   int dev = 0, sms = 0;
@@ -23,8 +23,7 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
     return cudaErrorInvalidValue;
   }
   const size_t smem = smem_bytes(p, max_k);
-  // two instances: the default one, and the TMA weight-ring variant (prefetch_mode & MK_PREFETCH_TMA)
-  auto kernel = tma_on(p) ? mk_step_kernel<true> : mk_step_kernel<false>;
+  auto kernel = mk_step_kernel;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) {
     snprintf(msg, cap, "cudaFuncSetAttribute(%zu bytes smem): %s", smem, cudaGetErrorString(e));

@@ -8,16 +8,6 @@
 
 namespace mk {
 
-// State of the TMA weight ring (MK_PREFETCH_TMA), in static shared memory. Stages are numbered
-// by a running sequence: slot = seq % RING_STAGES, mbarrier parity = (seq / RING_STAGES) & 1.
-struct RingState {
-  uint32_t issued;    // stages issued so far (this launch)
-  uint32_t consumed;  // stages consumed so far
-  int job_issued;     // stages of the running task's GEMV issued so far
-  int pre_id;         // static task whose first stages were issued by the previous task (or INT_MIN)
-  int pre_n;          // how many
-};
-
 // Shared-memory carve-up (dynamic smem), sized on the host by smem_bytes().
 struct Smem {
   bf16* act;    // [8][klen + ACT_PAD]
@@ -25,32 +15,9 @@ struct Smem {
   float* out;   // [MAXROWS * 8]
   float* misc;  // [NWARPS + 64]
   unsigned char* raw;
-  uint64_t* bars;      // [RING_STAGES] mbarriers (TMA ring), 128-byte aligned after every op's region
-  unsigned char* ring; // [RING_STAGES][RING_SLOT]
-  RingState* rs;
-  const int* next;     // the next static task's descriptor while a static task runs (else nullptr)
 };
 
-// Bytes of dynamic shared memory every op needs (the GEMV, attention and sampling regions overlap).
-__host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
-  const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + NWARPS * 128 * 4 +
-                      MAXROWS * 8 * 4 + (NWARPS + 64) * 4;
-  const int G = p.num_heads / p.num_kv_heads;
-  const size_t attn = (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 + 3 * G * 4 + 16;
-  // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates (2048 of them)
-  const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)2048 * 8;
-  size_t need = gemv > attn ? gemv : attn;
-  need = need > samp ? need : samp;
-  return (need + 127) & ~(size_t)127;
-}
-
-__host__ __device__ inline bool tma_on(const Params& p) { return (p.prefetch_mode & MK_PREFETCH_TMA) && p.use_mma; }
-
-__host__ __device__ inline size_t ring_bytes(const Params& p) {
-  return tma_on(p) ? 128 + (size_t)RING_STAGES * RING_SLOT : 0;
-}
-
-__device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k, RingState* rs) {
+__device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k) {
   Smem s;
   s.raw = base;
   s.act = reinterpret_cast<bf16*>(base);
@@ -61,11 +28,6 @@ __device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int 
   s.out = reinterpret_cast<float*>(base + off);
   off += MAXROWS * 8 * sizeof(float);
   s.misc = reinterpret_cast<float*>(base + off);
-  const size_t r = base_smem_bytes(p, max_k);
-  s.bars = reinterpret_cast<uint64_t*>(base + r);
-  s.ring = base + r + 128;
-  s.rs = rs;
-  s.next = nullptr;
   return s;
 }
 
@@ -110,6 +72,27 @@ struct View {
   }
   __device__ uint32_t* counter(int c) const { return (uint32_t*)p.counters + c; }
 };
+
+}  // namespace mk
+
+#include "mk_attn.cuh"  // the tensor-core attention (needs View and Smem)
+
+namespace mk {
+
+// Bytes of dynamic shared memory every op needs (the GEMV, attention and sampling regions overlap).
+__host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
+  const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + NWARPS * 128 * 4 +
+                      MAXROWS * 8 * 4 + (NWARPS + 64) * 4;
+  const int G = p.num_heads / p.num_kv_heads;
+  const size_t attn = attn_fast(p) ? attn_fast_smem(p.head_dim)
+                                    : (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 +
+                                          3 * G * 4 + 16;
+  // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates (2048 of them)
+  const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)2048 * 8;
+  size_t need = gemv > attn ? gemv : attn;
+  need = need > samp ? need : samp;
+  return (need + 127) & ~(size_t)127;
+}
 
 __device__ __forceinline__ void rows_identity(int* rows, int B) {
   if (threadIdx.x < 8) rows[threadIdx.x] = (int)threadIdx.x < B ? (int)threadIdx.x : -1;
@@ -189,186 +172,12 @@ __device__ __forceinline__ Gemv task_g(const Params& p, const int* d) {
   return g;
 }
 
-// ---- the TMA weight ring (MK_PREFETCH_TMA) --------------------------------------------------------
-//
-// A GEMV's weight tile streams through RING_STAGES shared-memory slots, one K chunk of all its rows
-// per stage (one cp.async.bulk per row, completing on the slot's mbarrier). run_task issues a task's
-// first stages BEFORE its dependency wait; each consumed stage frees a slot that is refilled with
-// the task's next stage or, at the end of its K range, with the first stages of the next static
-// GEMV task, so the ring does not drain between tasks. Stages are consumed in issue order.
-
-// K chunk per stage for this GEMV (0: the GEMV does not use the ring).
-__device__ __forceinline__ int tma_kc(const Gemv& g) {
-  for (int kc = 512; kc >= 32; kc >>= 1)
-    if (g.klen % kc == 0 && g.nrows * (kc * 2 + RING_PAD) <= RING_SLOT) return kc;
-  return 0;
-}
-
-// All 32 lanes of warp 0: issue stage `stage` of g into the next slot.
-__device__ void ring_issue(Smem& s, const Gemv& g, int kc, int stage) {
-  const int lane = threadIdx.x & 31;
-  const uint32_t seq = s.rs->issued;
-  const int slot = (int)(seq % RING_STAGES);
-  uint64_t* bar = s.bars + slot;
-  unsigned char* dst = s.ring + (size_t)slot * RING_SLOT;
-  const uint32_t rowbytes = (uint32_t)kc * 2, stride = rowbytes + RING_PAD;
-  fence_proxy_async_smem();  // the slot's previous generic reads before the async-proxy writes
-  if (lane == 0) mbar_arrive_expect_tx(bar, rowbytes * (uint32_t)g.nrows);
-  __syncwarp();
-  for (int r = lane; r < g.nrows; r += 32) tma_load(dst + (size_t)r * stride, gemv_row(g, r) + (size_t)stage * kc, rowbytes, bar);
-  __syncwarp();
-  if (lane == 0) s.rs->issued = seq + 1;
-  __syncwarp();
-}
-
-// Wait for stage `seq` to land (bounded by the watchdog). Returns false on timeout.
-__device__ bool ring_wait(const Params& p, Smem& s, uint32_t seq) {
-  uint64_t* bar = s.bars + seq % RING_STAGES;
-  const uint32_t parity = (seq / RING_STAGES) & 1;
-  if (mbar_try_wait(bar, parity)) return true;
-  const uint64_t t0 = globaltimer(), limit = (uint64_t)p.timeout_ms * 1000000ull;
-  while (!mbar_try_wait(bar, parity)) {
-    if (globaltimer() - t0 > limit) {
-      if (threadIdx.x == 0) raise_error(p, MK_ERR_TIMEOUT, -3, (int)(seq % RING_STAGES), (int)seq, 0);
-      return false;
-    }
-  }
-  return true;
-}
-
-// Before the block exits early: let every issued copy land (no bulk copy may outlive the block).
-__device__ __noinline__ void ring_quiesce(const Params& p, Smem& s) {
-  if (!tma_on(p)) return;
-  __syncthreads();
-  for (uint32_t q = s.rs->consumed; q != s.rs->issued; ++q) ring_wait(p, s, q);
-  __syncthreads();
-}
-
-// Warp 0, before the task's dependency wait: issue its first stages (some may have been issued by
-// the previous task already).
-__device__ __noinline__ void ring_prologue(const Params& p, const int* d, Smem& s) {
-  if (!tma_on(p) || threadIdx.x >= 32) return;
-  Gemv g;
-  if (!task_gemv(p, d, g)) return;
-  const int kc = tma_kc(g);
-  if (!kc) return;
-  const int nst = g.klen / kc;
-  const int lane = threadIdx.x;
-  const int done = s.rs->pre_id == d[MK_F_ID] ? s.rs->pre_n : 0;
-  const int inflight = (int)(s.rs->issued - s.rs->consumed);
-  const int free_slots = RING_STAGES - inflight;
-  const int want = min(nst, done + free_slots);
-  __syncwarp();
-  if (inflight != done) {  // stages of another task in flight: the bookkeeping is broken
-    if (lane == 0) raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], inflight, done, -3);
-  }
-  for (int st = done; st < want; ++st) ring_issue(s, g, kc, st);
-  if (lane == 0) {
-    s.rs->job_issued = want > done ? want : done;
-    s.rs->pre_id = INT_MIN;
-    s.rs->pre_n = 0;
-  }
-  __syncwarp();
-}
-
-// Warp 0, after a stage was consumed: refill the freed slot.
-__device__ __noinline__ void ring_refill(const Params& p, Smem& s, const Gemv& g, int kc, int nst) {
-  const int lane = threadIdx.x & 31;
-  const int ji = s.rs->job_issued;
-  __syncwarp();
-  if (ji < nst) {
-    ring_issue(s, g, kc, ji);
-    if (lane == 0) s.rs->job_issued = ji + 1;
-    __syncwarp();
-    return;
-  }
-  if (s.next == nullptr) return;
-  Gemv g2;
-  if (!task_gemv(p, s.next, g2)) return;
-  const int kc2 = tma_kc(g2);
-  if (!kc2) return;
-  const int id = s.next[MK_F_ID];
-  const int pn = s.rs->pre_id == id ? s.rs->pre_n : 0;
-  __syncwarp();
-  if (pn < min(g2.klen / kc2, RING_STAGES)) {
-    ring_issue(s, g2, kc2, pn);
-    if (lane == 0) {
-      s.rs->pre_id = id;
-      s.rs->pre_n = pn + 1;
-    }
-    __syncwarp();
-  }
-}
-
-// The mma GEMV fed from the ring: same contract and fragment layout as gemv_mma (weights as A, the
-// <= 8 staged tokens as N), K split over the warps of a 16-row group inside each stage.
-__device__ __noinline__ void gemv_tma(const Params& p, const Gemv& g, Smem& s, int kc) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gid = lane >> 2, t = lane & 3;
-  const int lds = g.klen + ACT_PAD;
-  const int ngroups = (g.nrows + 15) / 16;
-  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);
-  const int grp = warp / wpg, kw = warp % wpg;
-  const bool active = grp < ngroups;
-  const int nst = g.klen / kc;
-  const int stride = kc * 2 + RING_PAD;
-  const int ra = min(grp * 16 + gid, g.nrows - 1), rb = min(grp * 16 + gid + 8, g.nrows - 1);
-  const bf16* xa = s.act + gid * lds + t * 8;
-  const uint32_t seq0 = s.rs->consumed;
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int st = 0; st < nst; ++st) {
-    const uint32_t seq = seq0 + st;
-    ring_wait(p, s, seq);
-    if (active) {
-      const unsigned char* slot = s.ring + (size_t)(seq % RING_STAGES) * RING_SLOT;
-      const bf16* pa = reinterpret_cast<const bf16*>(slot + (size_t)ra * stride) + t * 8;
-      const bf16* pb = reinterpret_cast<const bf16*>(slot + (size_t)rb * stride) + t * 8;
-      for (int ch = kw * 32; ch < kc; ch += wpg * 32) {
-        const uint4 wa = *reinterpret_cast<const uint4*>(pa + ch);
-        const uint4 wb = *reinterpret_cast<const uint4*>(pb + ch);
-        const uint4 bx = *reinterpret_cast<const uint4*>(xa + st * kc + ch);
-        mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
-        mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
-      }
-    }
-    __syncthreads();  // every warp is done with this slot
-    if (warp == 0) ring_refill(p, s, g, kc, nst);
-  }
-  if (threadIdx.x == 0) s.rs->consumed = seq0 + nst;
-  if (active) {
-    float* red = s.red + (grp * wpg + kw) * 128;
-    red[gid * 8 + 2 * t] = c[0];
-    red[gid * 8 + 2 * t + 1] = c[1];
-    red[(gid + 8) * 8 + 2 * t] = c[2];
-    red[(gid + 8) * 8 + 2 * t + 1] = c[3];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
-    const int r = i / 8, n = i % 8, gr = r / 16;
-    float sum = 0.f;
-    for (int w = 0; w < wpg; ++w) sum += s.red[(gr * wpg + w) * 128 + (r % 16) * 8 + n];
-    s.out[i] = sum;
-  }
-  __syncthreads();
-}
-
-// The GEMV of a task: from the TMA ring in the TMA instance of the kernel when the tile fits it
-// (the default instance compiles none of the ring code).
-template <bool TMA>
-__device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, Smem& s) {
-  if constexpr (TMA) {
-    const int kc = tma_kc(g);
-    if (kc) {
-      gemv_tma(p, g, s, kc);
-      return;
-    }
-  }
-  gemv(p, g, s.act, s.red, s.out);
-}
+// The GEMV of a task (weights streamed from global memory by the mma or FMA core).
+__device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, Smem& s) { gemv(p, g, s.act, s.red, s.out); }
 
 // ---- ops -------------------------------------------------------------------------------------------
 
-__device__ void op_embed(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int b = d[MK_F_A0];
   const long long tok = ((const long long*)p.token_ids)[b];
@@ -383,8 +192,7 @@ __device__ void op_embed(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
-template <bool TMA>
-__device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
   const int qw = V.QW(), kvw = V.KVW(), hd = p.head_dim;
@@ -405,7 +213,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
   stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
   __syncthreads();
   Gemv g{W, p.hidden, W, p.hidden, n, n, p.hidden};
-  gemv_task<TMA>(p, g, s);
+  gemv_task(p, g, s);
   const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
@@ -435,7 +243,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
 }
 
 // Split-KV attention of one (row, kv head, split): online softmax in base 2 over whole pages.
-__device__ void op_attn(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2], S = d[MK_F_A3];
   const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads;
@@ -549,44 +357,66 @@ __device__ void op_attn(const Params& p, const int* d, Smem& s) {
   if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = m_s[threadIdx.x] * 0.6931471805599453f + logf(l_s[threadIdx.x]);
 }
 
-__device__ void op_attn_combine(const Params& p, const int* d) {
+// out = sum_s w_s o_s with w_s = exp(lse_s - max) / sum: the weights of the (row, kv head)'s G
+// heads are computed once into shared memory (a warp per head), then every output element reads
+// its S partials with independent loads.
+__device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
-  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads;
-  const float* o_base = (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * hd;
-  const float* lse_base = (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads, MS = p.max_splits;
+  const float* o_base = (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS) * hd;
+  const float* lse_base = (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS;
   float* out = V.attn_out(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
+  float* wts = s.out;  // [G][S] (<= MAXROWS * 8 floats: G <= 64, S <= 32)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int hq = warp; hq < G; hq += NWARPS) {
+    float m = -INFINITY;
+    for (int sp = lane; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse_base + hq * MS + sp));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float den = 0.f;
+    for (int sp = lane; sp < S; sp += 32) {
+      const float e = expf(ld_cg(lse_base + hq * MS + sp) - m);  // 0 for an empty split
+      wts[hq * S + sp] = e;
+      den += e;
+    }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    __syncwarp();
+    for (int sp = lane; sp < S; sp += 32) wts[hq * S + sp] /= den;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < G * hd; i += NT) {
     const int hq = i / hd, dim = i % hd;
-    float m = -INFINITY;
-    for (int sp = 0; sp < S; ++sp) m = fmaxf(m, ld_cg(lse_base + hq * p.max_splits + sp));
-    float num = 0.f, den = 0.f;
-    for (int sp = 0; sp < S; ++sp) {
-      const float w = expf(ld_cg(lse_base + hq * p.max_splits + sp) - m);
-      den += w;
-      num += w * ld_cg(o_base + ((size_t)hq * p.max_splits + sp) * hd + dim);
+    const float* src = o_base + (size_t)hq * MS * hd + dim;
+    const float* wr = wts + hq * S;
+    float acc = 0.f;
+    int sp = 0;
+    for (; sp + 8 <= S; sp += 8) {
+      float x[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) x[u] = ld_cg(src + (size_t)(sp + u) * hd);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc += wr[sp + u] * x[u];
     }
-    out[i] = num / den;
+    for (; sp < S; ++sp) acc += wr[sp] * ld_cg(src + (size_t)sp * hd);
+    out[i] = acc;
   }
 }
 
 // Generic "rows x K-range" GEMV tasks whose activations are the batch rows of one fp32 buffer.
-template <bool TMA>
 __device__ void gemv_rows(const Params& p, Smem& s, int* rows, const float* src, long stride, int k0, int klen,
                           const Gemv& g) {
   rows_identity(rows, p.batch);
   __syncthreads();
   stage_act(s.act, src, stride, rows, k0, klen);
   __syncthreads();
-  gemv_task<TMA>(p, g, s);
+  gemv_task(p, g, s);
 }
 
-template <bool TMA>
-__device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
   const bf16* W = V.lw(l, MK_LW_O) + (size_t)r0 * V.QW() + k0;
-  gemv_rows<TMA>(p, s, rows, V.attn_out(l), V.QW(), k0, k1 - k0, Gemv{W, V.QW(), W, V.QW(), n, n, k1 - k0});
+  gemv_rows(p, s, rows, V.attn_out(l), V.QW(), k0, k1 - k0, Gemv{W, V.QW(), W, V.QW(), n, n, k1 - k0});
   float* dst = V.ao_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -594,13 +424,12 @@ __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-template <bool TMA>
-__device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
   const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)c0 * p.hidden;
   const bf16* Wu = V.lw(l, MK_LW_UP) + (size_t)c0 * p.hidden;
-  gemv_rows<TMA>(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden});
+  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden});
   float* dst = V.dense_act(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -608,12 +437,11 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-template <bool TMA>
-__device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
   const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)r0 * p.dense_inter + k0;
-  gemv_rows<TMA>(p, s, rows, V.dense_act(l), p.dense_inter, k0, k1 - k0,
+  gemv_rows(p, s, rows, V.dense_act(l), p.dense_inter, k0, k1 - k0,
             Gemv{W, p.dense_inter, W, p.dense_inter, n, n, k1 - k0});
   float* dst = V.mlp_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
@@ -622,12 +450,11 @@ __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows)
   }
 }
 
-template <bool TMA>
-__device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
   const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)e0 * p.hidden;
-  gemv_rows<TMA>(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
   float* dst = V.rlogits(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -637,7 +464,7 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
-__device__ void op_route(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch;
   float* lg = s.out;                                     // [B][E]
@@ -726,8 +553,7 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
   }
 }
 
-template <bool TMA>
-__device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
@@ -738,7 +564,7 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   __syncthreads();
   stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
   __syncthreads();
-  gemv_task<TMA>(p, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden}, s);
+  gemv_task(p, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -747,8 +573,7 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-template <bool TMA>
-__device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
@@ -757,7 +582,7 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   __syncthreads();
   stage_act(s.act, V.moe_act(l), I, rows, 0, I);
   __syncthreads();
-  gemv_task<TMA>(p, Gemv{W, I, W, I, n, n, I}, s);
+  gemv_task(p, Gemv{W, I, W, I, n, n, I}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -766,33 +591,69 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-__device__ void op_add_norm(const Params& p, const int* d, Smem& s) {
+// One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
+// MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
+// float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
+// of one per partial).
+__device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
   const bool dense = V.flags(l) & MK_LAYER_DENSE;
-  float* row = s.out;
-  for (int i = threadIdx.x; i < H; i += NT) {
-    float v = ld_cg(V.x(l) + (size_t)b * H + i);
-    for (int sp = 0; sp < p.num_kv_heads; ++sp) v += ld_cg(V.ao_part(l, sp) + (size_t)b * H + i);
-    if (dense) {
-      for (int sp = 0; sp < p.mlp_splits; ++sp) v += ld_cg(V.mlp_part(l, sp) + (size_t)b * H + i);
-    } else {
-      for (int j = 0; j < p.top_k; ++j) v += ld_cg(V.moe_out(l) + (size_t)(b * p.top_k + j) * H + i);
-    }
-    row[i] = v;
-    V.x(l + 1)[(size_t)b * H + i] = v;
-  }
-  __syncthreads();
+  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.top_k;
+  // MLP partial j: dense K split j ([8][H] per split) or MoE slot b * top_k + j (see View)
+  const float* mlp = dense ? V.mlp_part(l, 0) + (size_t)b * H : V.moe_out(l) + (size_t)b * p.top_k * H;
+  const size_t mlp_stride = dense ? (size_t)8 * H : (size_t)H;
+  const float* ao = V.ao_part(l, 0) + (size_t)b * H;
+  const size_t ao_stride = (size_t)8 * H;  // see View::ao_part
   const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
-  rms_row(p, row, w, V.h(l + 1) + (size_t)b * H, s.misc);
+  float* row = s.out;  // H <= MAXROWS * 8 floats
+  float ss = 0.f;
+  for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
+    float4 a = ld_cg4(V.x(l) + (size_t)b * H + i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < n_attn) {
+        const float4 q = ld_cg4(ao + j * ao_stride + i);
+        a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+      }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < n_mlp) {
+        const float4 q = ld_cg4(mlp + j * mlp_stride + i);
+        a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+      }
+    for (int j = 8; j < n_attn; ++j) {  // geometries beyond the unrolled counts
+      const float4 q = ld_cg4(ao + j * ao_stride + i);
+      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    }
+    for (int j = 8; j < n_mlp; ++j) {
+      const float4 q = ld_cg4(mlp + j * mlp_stride + i);
+      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    }
+    *reinterpret_cast<float4*>(row + i) = a;
+    *reinterpret_cast<float4*>(V.x(l + 1) + (size_t)b * H + i) = a;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  }
+  const float r = rsqrtf(block_sum(ss, s.misc) / H + p.rms_eps);
+  for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
+    const float4 a = *reinterpret_cast<const float4*>(row + i);
+    const uint2 wr = __ldg(reinterpret_cast<const uint2*>(w + i));
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wr.x);
+    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wr.y);
+    float4 o;
+    o.x = a.x * r * __low2float(w01);
+    o.y = a.y * r * __high2float(w01);
+    o.z = a.z * r * __low2float(w23);
+    o.w = a.w * r * __high2float(w23);
+    *reinterpret_cast<float4*>(V.h(l + 1) + (size_t)b * H + i) = o;
+  }
 }
 
-template <bool TMA>
-__device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ __noinline__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int r0 = d[MK_F_A0], n = d[MK_F_A1], t = d[MK_F_A2];
   const bf16* W = (const bf16*)p.lm_head + (size_t)r0 * p.hidden;
-  gemv_rows<TMA>(p, s, rows, V.h(p.num_layers), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  gemv_rows(p, s, rows, V.h(p.num_layers), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
   float* logits = (float*)p.logits;
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -824,7 +685,7 @@ __device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-__device__ void op_sample(const Params& p) {
+__device__ __noinline__ void op_sample(const Params& p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp < p.batch) {
     float best = -INFINITY;
@@ -1194,15 +1055,11 @@ __device__ __forceinline__ void tl_record(const Params& p, int* tl_n, int op, in
   ++*tl_n;
 }
 
-template <bool TMA>
-__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n, const int* next) {
+__device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
   uint64_t t1 = 0;
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
-  if constexpr (TMA) {
-    ring_prologue(p, d, s);  // the first weight stages land while we wait
-    s.next = next;
-  }
+  if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
   if (threadIdx.x == 0) {
     int ok = 1;
     for (int i = 0; i < MK_MAX_WAITS && ok; ++i) {
@@ -1213,7 +1070,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     if (p.timeline) t1 = globaltimer();
   }
   __syncthreads();
-  if (!*flag) return false;
+  if (!*flag) {
+    cp_async_wait_all();  // no copy may land after the block has left
+    return false;
+  }
   switch (d[MK_F_OP]) {
     case MK_OP_NOP:
       break;
@@ -1221,40 +1081,43 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_embed(p, d, s);
       break;
     case MK_OP_QKV:
-      op_qkv<TMA>(p, d, s, rows);
+      op_qkv(p, d, s, rows);
       break;
     case MK_OP_ATTN:
-      op_attn(p, d, s);
+      if (attn_fast(p))
+        attn_mma(p, d, s);
+      else
+        op_attn(p, d, s);
       break;
     case MK_OP_ATTN_COMBINE:
-      op_attn_combine(p, d);
+      op_attn_combine(p, d, s);
       break;
     case MK_OP_OPROJ:
-      op_oproj<TMA>(p, d, s, rows);
+      op_oproj(p, d, s, rows);
       break;
     case MK_OP_DENSE_UP:
-      op_dense_up<TMA>(p, d, s, rows);
+      op_dense_up(p, d, s, rows);
       break;
     case MK_OP_DENSE_DOWN:
-      op_dense_down<TMA>(p, d, s, rows);
+      op_dense_down(p, d, s, rows);
       break;
     case MK_OP_ROUTER:
-      op_router<TMA>(p, d, s, rows);
+      op_router(p, d, s, rows);
       break;
     case MK_OP_ROUTE:
       op_route(p, d, s);
       break;
     case MK_OP_MOE_UP:
-      op_moe_up<TMA>(p, d, s, rows);
+      op_moe_up(p, d, s, rows);
       break;
     case MK_OP_MOE_DOWN:
-      op_moe_down<TMA>(p, d, s, rows);
+      op_moe_down(p, d, s, rows);
       break;
     case MK_OP_ADD_NORM:
       op_add_norm(p, d, s);
       break;
     case MK_OP_LM_HEAD:
-      op_lm_head<TMA>(p, d, s, rows);
+      op_lm_head(p, d, s, rows);
       break;
     case MK_OP_SAMPLE:
       op_sample(p);
@@ -1280,43 +1143,41 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   return true;
 }
 
-// Build MoE queue item `idx` of layer l into `item` (thread 0). Returns false past the end.
+// Build MoE queue item `idx` of layer l: threads w < MK_DESC_WORDS each write word w of `item`
+// (the expert table row is read by every thread: broadcast loads, no serial chain through one
+// thread). Returns false (uniformly) past the end of the layer's queue.
 __device__ bool moe_item(const Params& p, int l, int idx, int mlp_counter, int* item) {
   View V(p);
   const int n_act = ld_cg(V.moe_info(l));
   const int up = p.moe_up_tiles, down = p.moe_down_tiles;
   if (idx >= n_act * (up + down)) return false;
-  for (int i = 0; i < MK_DESC_WORDS; ++i) item[i] = 0;
-  int a, t;
   const bool is_up = idx < n_act * up;
-  if (is_up) {
-    a = idx / up;
-    t = idx % up;
-  } else {
-    a = (idx - n_act * up) / down;
-    t = (idx - n_act * up) % down;
-  }
+  const int a = is_up ? idx / up : (idx - n_act * up) / down;
+  const int t = is_up ? idx % up : (idx - n_act * up) % down;
   const int* row = V.expert_tab(l) + (size_t)a * (2 + MK_MAX_TOKENS);
+  const int w = threadIdx.x;
+  if (w >= MK_DESC_WORDS) return true;
   const int e = ld_cg(row), ntok = ld_cg(row + 1);
   const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
-  item[MK_F_OP] = is_up ? MK_OP_MOE_UP : MK_OP_MOE_DOWN;
-  item[MK_F_LAYER] = l;
-  item[MK_F_A0] = e;
-  item[MK_F_A1] = is_up ? t * p.moe_up_cols : t * p.moe_down_rows;
-  item[MK_F_A2] = is_up ? p.moe_up_cols : p.moe_down_rows;
-  for (int i = 0; i < MK_MAX_WAITS; ++i) item[MK_F_WAIT0 + 2 * i] = MK_NO_COUNTER;
-  if (!is_up) {
-    item[MK_F_NWAIT] = 1;
-    item[MK_F_WAIT0] = ecounter;
-    item[MK_F_WAIT0 + 1] = up;
-  }
-  item[MK_F_NSIG] = 1;
-  item[MK_F_SIG0] = is_up ? ecounter : mlp_counter;
-  item[MK_F_SIG0 + 1] = MK_NO_COUNTER;
-  item[MK_F_SIG_AMOUNT] = is_up ? 1 : ntok;
-  item[MK_F_ID] = -(1 << 20) - idx;
-  item[MK_F_NTOK] = ntok;
-  for (int j = 0; j < MK_MAX_TOKENS; ++j) item[MK_F_SLOT0 + j] = j < ntok ? ld_cg(row + 2 + j) : -1;
+  int v = 0;
+  if (w == MK_F_OP) v = is_up ? MK_OP_MOE_UP : MK_OP_MOE_DOWN;
+  else if (w == MK_F_LAYER) v = l;
+  else if (w == MK_F_A0) v = e;
+  else if (w == MK_F_A1) v = is_up ? t * p.moe_up_cols : t * p.moe_down_rows;
+  else if (w == MK_F_A2) v = is_up ? p.moe_up_cols : p.moe_down_rows;
+  else if (w >= MK_F_WAIT0 && w < MK_F_WAIT0 + 2 * MK_MAX_WAITS) {
+    const int i = (w - MK_F_WAIT0) / 2;
+    const bool second = (w - MK_F_WAIT0) % 2;
+    v = (!is_up && i == 0) ? (second ? up : ecounter) : (second ? 0 : MK_NO_COUNTER);
+  } else if (w == MK_F_NWAIT) v = is_up ? 0 : 1;
+  else if (w == MK_F_NSIG) v = 1;
+  else if (w == MK_F_SIG0) v = is_up ? ecounter : mlp_counter;
+  else if (w > MK_F_SIG0 && w < MK_F_SIG0 + MK_MAX_SIGNALS) v = MK_NO_COUNTER;
+  else if (w == MK_F_SIG_AMOUNT) v = is_up ? 1 : ntok;
+  else if (w == MK_F_ID) v = -(1 << 20) - idx;
+  else if (w == MK_F_NTOK) v = ntok;
+  else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? ld_cg(row + 2 + (w - MK_F_SLOT0)) : -1;
+  item[w] = v;
   return true;
 }
 
@@ -1333,7 +1194,6 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
   }
 }
 
-template <bool TMA>
 __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
@@ -1341,21 +1201,13 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_next[MK_DESC_WORDS];
   __shared__ int s_rows[8];
   __shared__ int s_flag;
+  __shared__ uint32_t s_claim;  // a DRAIN's current claim (queue index)
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
-  __shared__ RingState s_ring;
   if (threadIdx.x == 0) {
     s_tl_n = 0;
-    s_ring.issued = s_ring.consumed = 0;
-    s_ring.job_issued = 0;
-    s_ring.pre_id = INT_MIN;
-    s_ring.pre_n = 0;
   }
-  Smem s = carve(smem_raw, p, max_k, &s_ring);
-  if (TMA && threadIdx.x == 0) {
-    for (int i = 0; i < RING_STAGES; ++i) mbar_init(s.bars + i, 1);
-    mbar_init_fence();
-  }
+  Smem s = carve(smem_raw, p, max_k);
   __syncthreads();
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];
@@ -1375,8 +1227,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // fetches the next static task's weights, so its loads hit L2 instead of paying HBM latency.
     if (p.prefetch_mode & MK_PREFETCH_NEXT) prefetch_weights(p, s_next);
     if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
-      if (!run_task<TMA>(p, s_desc, s, s_rows, &s_flag, &s_tl_n, s_next)) {
-        if constexpr (TMA) ring_quiesce(p, s);
+      if (!run_task(p, s_desc, s, s_rows, &s_flag, &s_tl_n)) {
         return;
       }
       advance(s_desc, s_next, ahead, lane_w, mine, i, n);
@@ -1395,35 +1246,33 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     }
     __syncthreads();
     if (!s_flag) {
-      if constexpr (TMA) ring_quiesce(p, s);
       return;
     }
     const int kind = s_desc[MK_F_A0], arg = s_desc[MK_F_A1], mlp_c = s_desc[MK_F_A2];
+    const int* qi = (const int*)p.queue_info + arg * 4;  // host queues: first item, length, head counter
+    unsigned int* head = (unsigned int*)p.counters +
+                         (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
+    const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
+    // Claims run one item ahead: the next claim's atomic is in flight while the current item runs.
+    // A drain still stops at its first claim past the end (so each drain over-claims exactly once).
+    uint32_t claim = 0;
+    if (threadIdx.x == 0) claim = atomicAdd(head, 1u);
     while (true) {
-      if (threadIdx.x == 0) {
-        int got = 0;
-        if (kind == MK_QUEUE_HOST) {
-          const int* qi = (const int*)p.queue_info + arg * 4;
-          const int first = qi[0], len = qi[1], head = qi[2];
-          const uint32_t raw = atomicAdd((unsigned int*)p.counters + head, 1u);
-          const uint32_t idx = raw - ((const uint32_t*)p.base)[head];
-          if (idx < (uint32_t)len) {
-            const int* src = (const int*)p.queue + (size_t)(first + idx) * MK_DESC_WORDS;
-            for (int w = 0; w < MK_DESC_WORDS; ++w) s_item[w] = src[w];
-            got = 1;
-          }
-        } else {
-          const uint32_t idx = atomicAdd((unsigned int*)p.counters + p.dyn_base + arg * (p.num_experts + 1), 1u);
-          got = moe_item(p, arg, (int)idx, mlp_c, s_item);
-        }
-        s_flag = got;
+      if (threadIdx.x == 0) s_claim = claim - head_base;
+      __syncthreads();
+      const uint32_t idx = s_claim;
+      bool got;
+      if (kind == MK_QUEUE_HOST) {
+        got = idx < (uint32_t)qi[1];
+        if (got && threadIdx.x < MK_DESC_WORDS)
+          s_item[threadIdx.x] = __ldg((const int*)p.queue + (size_t)(qi[0] + idx) * MK_DESC_WORDS + threadIdx.x);
+      } else {
+        got = moe_item(p, arg, (int)idx, mlp_c, s_item);
       }
       __syncthreads();
-      if (!s_flag) break;
-      if (!run_task<TMA>(p, s_item, s, s_rows, &s_flag, &s_tl_n, nullptr)) {
-        if constexpr (TMA) ring_quiesce(p, s);
-        return;
-      }
+      if (!got) break;
+      if (threadIdx.x == 0) claim = atomicAdd(head, 1u);
+      if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) return;
       __syncthreads();
     }
     if (threadIdx.x == 0) tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1);

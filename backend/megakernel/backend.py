@@ -108,7 +108,7 @@ class MegakernelBackend:
         self.timeout_s = timeout_s
         self.use_mma = use_mma
         # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_SELF (the measured path);
-        # MKCODE_MK_PREFETCH=5 selects the TMA weight-ring variant for benches that build the backend
+        # MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
             prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_SELF))
         self.prefetch_mode = prefetch_mode

@@ -132,7 +132,7 @@ def bench(args: argparse.Namespace) -> int:
         mma = fastest_mma if mma is None else mma
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode}, mma={mma})"
-        if kw or mma != 1 or mode & 4:  # tile overrides, the FMA GEMV and the TMA ring: check first
+        if kw or mma != 1 or mode != 1:  # tile overrides, the FMA GEMV, other prefetch modes: check first
             try:
                 ok = reduced_check(tiling, mode, mma)
             except Exception as e:  # e.g. the watchdog: report, go on with the other variants
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["prefetch=1"],
         type=lambda v: (parse_variant(v), v)[1],
-        help="variants in order, each comma-separated key=value: prefetch (bits 1 self, 2 next, 4 TMA ring), mma "
+        help="variants in order, each comma-separated key=value: prefetch (bits 1 self, 2 next), mma "
         "(0 FMA, 1 mma), or Tiling fields (moe_up_cols=64); unset keys take the fastest so far",
     )
     b.set_defaults(func=bench)

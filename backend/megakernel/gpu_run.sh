@@ -21,28 +21,18 @@ stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
 #   prefetch=1  the default (self L2 prefetch), the measured-correct path
-#   prefetch=5  + the TMA weight ring (MK_PREFETCH_TMA)
 #   then tile shapes on top of the fastest prefetch mode: fuller MoE tiles for BS 8, bigger QKV/O
-TMA_OK=1
-VARIANTS=${VARIANTS:-"prefetch=1 prefetch=5 moe_up_cols=64,moe_down_rows=256 qkv_rows=128,o_rows=128"}
+VARIANTS=${VARIANTS:-"prefetch=1 moe_up_cols=64,moe_down_rows=256 qkv_rows=128,o_rows=128"}
 for stage in "${stages[@]}"; do
   case $stage in
-    tests)  # the TMA-ring tests in their own process first: a fault there cannot take the others down
-      timeout ${T_TESTS_TMA:-45} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q -p no:cacheprovider -k tma 2>&1 | tee "$OUT/pytest_tma.log" | tail -15
-      if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
-        TMA_OK=0
-        echo "TMA ring tests failed: the TMA variant is left out of the benches" | tee -a "$OUT/pytest_tma.log"
-      fi
-      timeout ${T_TESTS:-160} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider -k "not tma${PYTEST_K:+ and ($PYTEST_K)}" 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
+    tests)
+      timeout ${T_TESTS:-160} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     bench)
-      [[ $TMA_OK == 1 ]] || VARIANTS=${VARIANTS//prefetch=5/}
-      timeout ${T_BENCH:-130} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches 1 8 --context 8192 --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
-    decode)  # the engine's bench harness: graph vs megakernel (default), then megakernel with the TMA ring
+      timeout ${T_BENCH:-130} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches ${BATCHES:-1 8} --context 8192 --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
+    decode)  # the engine's bench harness: graph vs megakernel, one run
       timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch 1,8 --ctx 8192 \
-        --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20
-      [[ $TMA_OK == 1 ]] && MKCODE_MK_PREFETCH=5 timeout ${T_DECODE_TMA:-40} python3 -m mkcode.app.cli bench decode \
-        --backend megakernel --batch 1,8 --ctx 8192 --steps ${STEPS:-30} --out "$OUT/decode_tma" 2>&1 | tee "$OUT/decode_tma.log" | tail -12 ;;
-    san) timeout ${T_SAN:-150} compute-sanitizer --tool memcheck --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
+        --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
+    san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
 done

@@ -230,6 +230,6 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
         MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake).prefetch_mode
         == abi.MK_PREFETCH_SELF
     )
-    monkeypatch.setenv("MKCODE_MK_PREFETCH", "5")
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", "3")
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
-    assert be.prefetch_mode == abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_TMA
+    assert be.prefetch_mode == abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT

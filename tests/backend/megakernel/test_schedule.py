@@ -144,7 +144,7 @@ def test_gpu_check_cli_parses_variants():
 
 
 def test_gpu_run_plan_variants_parse_and_are_emulated():
-    """gpu_run.sh's default VARIANTS parse with gpu_check's parser, the TMA mode is among them, and
+    """gpu_run.sh's default VARIANTS parse with gpu_check's parser, the default mode is among them, and
     every tiling it sweeps is one the emulator test runs at the release geometry."""
     import re
     from pathlib import Path
@@ -160,7 +160,6 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
     args = gpu_check.build_parser().parse_args(["bench", "--variants", *specs])
     parsed = [gpu_check.parse_variant(v) for v in args.variants]
     assert (abi.MK_PREFETCH_SELF, None, {}) in parsed
-    assert (abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_TMA, None, {}) in parsed
     for _, _, kw in parsed:
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"

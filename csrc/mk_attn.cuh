@@ -1,0 +1,297 @@
+// mk_attn.cuh: split-KV paged decode attention of one (row, kv head, split) on the tensor cores.
+// Included by mk_kernel.cuh after View and Smem. Semantics: emulator_ops (ATTN): the split's
+// normalised output o_part and its log-sum-exp lse_part, combined later by ATTN_COMBINE.
+//
+// Data flow: the item's K/V pages stream through a ring of ATTN_STAGES shared-memory page slots by
+// cp.async (16 B per thread-copy, L2 only). The first ATTN_STAGES pages are issued BEFORE the
+// item's dependency wait (they were written by earlier steps), except the current token's row,
+// which this step's QKV writes: that row is read after the wait. Keys outside the visible range are
+// zero-filled, so no NaN of an unwritten slot reaches the PV product.
+//
+// Math per warp (16 warps = 8 key groups x 2 halves of the head dimension): a key group is 16 keys
+// of one page. S = Q K^T with mma.m16n8k16 (A = the kv head's G <= 8 query heads as rows 0..7, B = K
+// rows straight from shared memory: 16 contiguous bytes per thread are the k slots {2t,2t+1,2t+8,
+// 2t+9} of two k16 steps, for Q and K alike); an online softmax in base 2 per warp; the S
+// accumulator becomes the A operand of O += P V (the FlashAttention-2 register reuse), with V's B
+// fragments from ldmatrix.trans. The 16 warps' partial (m, l, O) merge in shared memory at the end.
+#pragma once
+
+namespace mk {
+
+constexpr int ATTN_STAGES = 4;  // page slots of K and V (2 rounds of 2 pages in flight)
+
+template <int HD>
+struct AttnShape {
+  // K rows: stride = 16 banks mod 32, so the two rows of one 8-lane phase use disjoint banks
+  static constexpr int KLD = HD + ((HD % 64) == 0 ? 32 : 0);
+  // V rows: stride = 4 banks mod 32, so the 8 rows of an ldmatrix are conflict-free
+  static constexpr int VLD = HD + 8;
+  static constexpr int PAGE_BYTES = 64 * (KLD + VLD) * 2;
+  static constexpr int STAGE_BYTES = ATTN_STAGES * PAGE_BYTES;
+  static constexpr int MERGE_BYTES = NWARPS * 8 * (HD / 2) * 4 + 2 * NWARPS * 8 * 4;
+  static constexpr int SMEM = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
+};
+
+// The tensor-core path covers the release geometry (G = 8, d = 128) and the test geometries.
+__host__ __device__ inline bool attn_fast(const Params& p) {
+  const int G = p.num_heads / p.num_kv_heads;
+  return p.use_mma && G <= 8 && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128);
+}
+
+__host__ __device__ inline size_t attn_fast_smem(int hd) {
+  return hd == 32 ? AttnShape<32>::SMEM : hd == 64 ? AttnShape<64>::SMEM : AttnShape<128>::SMEM;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The visible keys [a, e) of one split and its pages (logical page indices pa .. pa + np - 1).
+struct AttnSpan {
+  long long pos, a, e;
+  long long pa;
+  int np;
+};
+
+__device__ __forceinline__ AttnSpan attn_span(const Params& p, const View& V, const int* d) {
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], split = d[MK_F_A2], S = d[MK_F_A3];
+  AttnSpan sp;
+  sp.pos = V.position(b);
+  const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
+  const long long lo = sliding ? (sp.pos - p.sliding_window + 1 > 0 ? sp.pos - p.sliding_window + 1 : 0) : 0;
+  const long long p_lo = lo / 64, p_hi = sp.pos / 64;
+  const long long per = (p_hi - p_lo + 1 + S - 1) / S;
+  sp.a = (p_lo + split * per) * 64;
+  sp.e = (p_lo + (split + 1) * per) * 64;
+  if (sp.a < lo) sp.a = lo;
+  if (sp.e > sp.pos + 1) sp.e = sp.pos + 1;
+  sp.pa = sp.a / 64;
+  sp.np = sp.a < sp.e ? (int)((sp.e - 1) / 64 - sp.pa + 1) : 0;
+  return sp;
+}
+
+// Issue page j of the item into slot j % ATTN_STAGES and commit one cp.async group (empty past the
+// item's pages, so every thread's group count stays uniform). `before_wait`: skip the current
+// token's row (this step's QKV has not written it yet).
+template <int HD>
+__device__ __forceinline__ void attn_issue(const View& V, int l, int b, int kvh, const AttnSpan& sp, int j,
+                                           unsigned char* stages, bool before_wait) {
+  using SH = AttnShape<HD>;
+  if (j < sp.np) {
+    constexpr int CH = HD / 8;  // 16-byte chunks per row
+    const long long pg = sp.pa + j;
+    const int phys = V.page(l, b, (int)(pg * 64));
+    bf16* Ks = reinterpret_cast<bf16*>(stages + (j % ATTN_STAGES) * SH::PAGE_BYTES);
+    bf16* Vs = Ks + 64 * SH::KLD;
+    const bf16* Kg = V.kv(phys, 0, kvh, 0);
+    const bf16* Vg = V.kv(phys, 1, kvh, 0);
+    for (int i = threadIdx.x; i < 2 * 64 * CH; i += NT) {
+      const int which = i / (64 * CH), rem = i % (64 * CH), key = rem / CH, ch = rem % CH;
+      const long long kp = pg * 64 + key;
+      const bool ok = kp >= sp.a && kp < sp.e;
+      if (before_wait && ok && kp == sp.pos) continue;
+      const bf16* src = (which ? Vg : Kg) + key * HD + ch * 8;
+      bf16* dst = (which ? Vs + key * SH::VLD : Ks + key * SH::KLD) + ch * 8;
+      cp_async16(dst, src, ok);
+    }
+  }
+  cp_async_commit();
+}
+
+template <int HD>
+__device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const AttnSpan sp = attn_span(p, V, d);
+  if (sp.np == 0) return;
+  for (int j = 0; j < ATTN_STAGES; ++j)
+    attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
+}
+
+// Before the dependency wait of an ATTN item: start its first pages (fast path only).
+__device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
+  if (!attn_fast(p)) return;
+  switch (p.head_dim) {
+    case 32: attn_prologue_t<32>(p, d, s); break;
+    case 64: attn_prologue_t<64>(p, d, s); break;
+    default: attn_prologue_t<128>(p, d, s); break;
+  }
+}
+
+template <int HD>
+__device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) {
+  using SH = AttnShape<HD>;
+  View V(p);
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
+  const int G = p.num_heads / p.num_kv_heads;
+  const AttnSpan sp = attn_span(p, V, d);
+  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * HD;
+  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  if (sp.np == 0) {
+    for (int i = threadIdx.x; i < G * HD; i += NT) o_base[((size_t)(i / HD) * p.max_splits + split) * HD + i % HD] = 0.f;
+    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
+    return;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int kg = warp >> 1, half = warp & 1;
+  constexpr int CH = HD / 8;
+  // the current token's K/V row (written by this step's QKV) into its slot, if the prologue skipped it
+  if (sp.pos >= sp.a && sp.pos < sp.e) {
+    const int j = (int)(sp.pos / 64 - sp.pa);
+    if (j < ATTN_STAGES && threadIdx.x < 2 * CH) {
+      const int which = threadIdx.x / CH, ch = threadIdx.x % CH, key = (int)(sp.pos % 64);
+      const int phys = V.page(l, b, (int)sp.pos);
+      const uint4 v = ld_cg16(V.kv(phys, which, kvh, key) + ch * 8);
+      bf16* Ks = reinterpret_cast<bf16*>(s.raw + (j % ATTN_STAGES) * SH::PAGE_BYTES);
+      bf16* dst = which ? Ks + 64 * SH::KLD + key * SH::VLD : Ks + key * SH::KLD;
+      *reinterpret_cast<uint4*>(dst + ch * 8) = v;
+    }
+  }
+  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16; rows >= G are zero
+  constexpr int NC = HD / 32;
+  uint32_t qa[NC][4];
+  {
+    const float scale = p.attn_scale * 1.4426950408889634f;
+    const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (gid < G) {
+        x0 = ld_cg4(qsrc + c * 32);
+        x1 = ld_cg4(qsrc + c * 32 + 4);
+      }
+      qa[c][0] = pack_bf16(x0.x * scale, x0.y * scale);
+      qa[c][1] = pack_bf16(x0.z * scale, x0.w * scale);
+      qa[c][2] = pack_bf16(x1.x * scale, x1.y * scale);
+      qa[c][3] = pack_bf16(x1.z * scale, x1.w * scale);
+    }
+  }
+  constexpr int NTD = HD / 16;  // n-tiles of 8 dims in this warp's half of the head dimension
+  float o[NTD][4];
+#pragma unroll
+  for (int n = 0; n < NTD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m = -INFINITY, lsum = 0.f;
+  const int rounds = (sp.np + 1) / 2;
+  for (int r = 0; r < rounds; ++r) {
+    cp_async_wait<ATTN_STAGES - 2>();  // this round's two pages have landed (this thread's copies)
+    __syncthreads();                    // ... and everyone's
+    const int j = 2 * r + (kg >> 2);
+    if (j < sp.np) {
+      const bf16* Ks = reinterpret_cast<const bf16*>(s.raw + (j % ATTN_STAGES) * SH::PAGE_BYTES) + (kg & 3) * 16 * SH::KLD;
+      const bf16* Vs = reinterpret_cast<const bf16*>(s.raw + (j % ATTN_STAGES) * SH::PAGE_BYTES) + 64 * SH::KLD +
+                       (kg & 3) * 16 * SH::VLD;
+      float sc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+        const bf16* kr = Ks + (nt * 8 + gid) * SH::KLD + t * 8;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const uint4 kx = *reinterpret_cast<const uint4*>(kr + c * 32);
+          mma16816(sc[nt], qa[c][0], 0u, qa[c][1], 0u, kx.x, kx.y);
+          mma16816(sc[nt], qa[c][2], 0u, qa[c][3], 0u, kx.z, kx.w);
+        }
+      }
+      // c0, c1 of n-tile nt: head gid, keys nt*8 + 2t, +1 of the group
+      const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + 2 * t;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const long long kp = k0 + nt * 8 + c;
+          if (kp < sp.a || kp >= sp.e) sc[nt][c] = -INFINITY;
+          mx = fmaxf(mx, sc[nt][c]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);
+      if (m_new != -INFINITY) {  // the same for the whole quad (one head)
+        const float corr = exp2f(m - m_new);
+        const float p00 = exp2f(sc[0][0] - m_new), p01 = exp2f(sc[0][1] - m_new);
+        const float p10 = exp2f(sc[1][0] - m_new), p11 = exp2f(sc[1][1] - m_new);
+        lsum = lsum * corr + (p00 + p01 + p10 + p11);
+        m = m_new;
+#pragma unroll
+        for (int n = 0; n < NTD; ++n) {
+          o[n][0] *= corr;
+          o[n][1] *= corr;
+        }
+        const uint32_t pa0 = pack_bf16(p00, p01), pa2 = pack_bf16(p10, p11);
+        const bf16* vrow = Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * SH::VLD + half * (HD / 2) + (lane >> 4) * 8;
+#pragma unroll
+        for (int n = 0; n < NTD; n += 2) {
+          uint32_t v0, v1, v2, v3;
+          ldsm_x4_trans(v0, v1, v2, v3, vrow + n * 8);
+          mma16816(o[n], pa0, 0u, pa2, 0u, v0, v1);
+          mma16816(o[n + 1], pa0, 0u, pa2, 0u, v2, v3);
+        }
+      }
+    }
+    __syncthreads();  // slots of this round are free
+    attn_issue<HD>(V, l, b, kvh, sp, 2 * r + ATTN_STAGES, s.raw, false);
+    attn_issue<HD>(V, l, b, kvh, sp, 2 * r + ATTN_STAGES + 1, s.raw, false);
+  }
+  cp_async_wait_all();
+  lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+  lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+  __syncthreads();  // the page slots become the merge scratch
+  float* Ms = reinterpret_cast<float*>(s.raw);
+  float* Ls = Ms + NWARPS * 8;
+  float* Os = Ls + NWARPS * 8;  // [NWARPS][8][HD/2]
+  if (t == 0) {
+    Ms[warp * 8 + gid] = m;
+    Ls[warp * 8 + gid] = lsum;
+  }
+#pragma unroll
+  for (int n = 0; n < NTD; ++n) {
+    float* dst = Os + (warp * 8 + gid) * (HD / 2) + n * 8 + 2 * t;
+    dst[0] = o[n][0];
+    dst[1] = o[n][1];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * HD; i += NT) {
+    const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int w = 2 * k + h;
+      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
+      den += Ls[w * 8 + hq] * f;
+      num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
+    }
+    o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
+    if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
+  }
+}
+
+// The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
+__device__ void attn_mma(const Params& p, const int* d, Smem& s) {
+  switch (p.head_dim) {
+    case 32: attn_mma_t<32>(p, d, s); break;
+    case 64: attn_mma_t<64>(p, d, s); break;
+    default: attn_mma_t<128>(p, d, s); break;
+  }
+}
+
+}  // namespace mk
