@@ -147,6 +147,11 @@ enum MkError {
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
+// Variant bits in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
+// attention instead of the tensor-core one; MK_MODE_NO_CLAIM_AHEAD = a DRAIN claims its next item
+// only after the current one ran.
+#define MK_MODE_SIMT_ATTN 4
+#define MK_MODE_NO_CLAIM_AHEAD 8
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-3 = %globaltimer (ns) at the task's start, after its waits, after its signals.

@@ -21,10 +21,11 @@ typedef __nv_bfloat16 bf16;
 
 // ---- memory helpers ----------------------------------------------------------------------------
 
-// Immutable weights: read-only path, no L1 allocation (streamed once per step).
+// Immutable weights: read-only path, no L1 allocation (streamed once per step). Not volatile: the
+// compiler may hoist these loads above unrelated math (they never alias a write of the step).
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
@@ -113,7 +114,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -136,12 +137,12 @@ __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
 }
 
 // Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
-// Each thread issues its (up to 8) float4 loads before converting any (one L2 round trip).
+// Each thread issues U float4 loads before converting any (fewer L2 round trips in a row).
 __device__ void stage_act(bf16* act_s, const float* src, long stride, const int* rows, int k0, int klen) {
   const int lds = klen + ACT_PAD;
   const int per_row = klen / 4;
   const int total = 8 * per_row;
-  constexpr int U = 8;
+  constexpr int U = 4;
   for (int base = threadIdx.x; base < total; base += U * NT) {
     float4 v[U];
 #pragma unroll
@@ -169,40 +170,44 @@ __device__ void stage_act(bf16* act_s, const float* src, long stride, const int*
 }
 
 // Result: out_s[r * 8 + n] (fp32). red_s: NWARPS*128 floats scratch. Ends with __syncthreads().
-__device__ void gemv_mma(const Gemv& g, const bf16* act_s, float* red_s, float* out_s) {
+// Not inlined: it gets the whole register budget, so the U weight loads in flight per thread stay
+// in registers (inlined into the kernel's dispatch they were spilled to local memory).
+__device__ __noinline__ void gemv_mma(const Gemv g, const bf16* act_s, float* red_s, float* out_s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
-  const int lds = g.klen + ACT_PAD;
+  const int klen = g.klen;
+  const int lds = klen + ACT_PAD;
   const int ngroups = (g.nrows + 15) / 16;
   const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per 16-row group
   const int gslots = NWARPS / wpg;
   const int kw = warp % wpg;
   const int stride = wpg * 32;
+  constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
     const bf16* xa = act_s + gid * lds + t * 8;
-    constexpr int U = 4;
-    for (int kc = kw * 32; kc < g.klen; kc += U * stride) {
+    int kk = kw * 32;
+    for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
       uint4 wa[U], wb[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int kk = kc + u * stride;
-        if (kk < g.klen) {
-          wa[u] = ld_weight16(ra + kk);
-          wb[u] = ld_weight16(rb + kk);
-        }
+        wa[u] = ld_weight16(ra + kk + u * stride);
+        wb[u] = ld_weight16(rb + kk + u * stride);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int kk = kc + u * stride;
-        if (kk < g.klen) {
-          const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk);
-          mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
-          mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
-        }
+        const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk + u * stride);
+        mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
+        mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
       }
+    }
+    for (; kk < klen; kk += stride) {  // the tail, one k-step pair at a time
+      const uint4 wa = ld_weight16(ra + kk), wb = ld_weight16(rb + kk);
+      const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk);
+      mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
+      mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
     }
     // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
     float* red = red_s + (grp * wpg + kw) * 128;
@@ -222,7 +227,7 @@ __device__ void gemv_mma(const Gemv& g, const bf16* act_s, float* red_s, float* 
 }
 
 // Plain FMA fallback with the same contract (use_mma = 0): a warp per row, lanes stride K.
-__device__ void gemv_fma(const Gemv& g, const bf16* act_s, float* out_s) {
+__device__ __noinline__ void gemv_fma(const Gemv g, const bf16* act_s, float* out_s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lds = g.klen + ACT_PAD;
   for (int r = warp; r < g.nrows; r += NWARPS) {

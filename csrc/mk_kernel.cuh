@@ -192,7 +192,7 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
-__device__ __noinline__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
   const int qw = V.QW(), kvw = V.KVW(), hd = p.head_dim;
@@ -412,7 +412,7 @@ __device__ void gemv_rows(const Params& p, Smem& s, int* rows, const float* src,
   gemv_task(p, g, s);
 }
 
-__device__ __noinline__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
   const bf16* W = V.lw(l, MK_LW_O) + (size_t)r0 * V.QW() + k0;
@@ -424,7 +424,7 @@ __device__ __noinline__ void op_oproj(const Params& p, const int* d, Smem& s, in
   }
 }
 
-__device__ __noinline__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
   const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)c0 * p.hidden;
@@ -437,7 +437,7 @@ __device__ __noinline__ void op_dense_up(const Params& p, const int* d, Smem& s,
   }
 }
 
-__device__ __noinline__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
   const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)r0 * p.dense_inter + k0;
@@ -450,7 +450,7 @@ __device__ __noinline__ void op_dense_down(const Params& p, const int* d, Smem& 
   }
 }
 
-__device__ __noinline__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
   const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)e0 * p.hidden;
@@ -553,7 +553,7 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
   }
 }
 
-__device__ __noinline__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
@@ -573,7 +573,7 @@ __device__ __noinline__ void op_moe_up(const Params& p, const int* d, Smem& s, i
   }
 }
 
-__device__ __noinline__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
@@ -649,7 +649,7 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
   }
 }
 
-__device__ __noinline__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int r0 = d[MK_F_A0], n = d[MK_F_A1], t = d[MK_F_A2];
   const bf16* W = (const bf16*)p.lm_head + (size_t)r0 * p.hidden;
@@ -1255,10 +1255,14 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
     // Claims run one item ahead: the next claim's atomic is in flight while the current item runs.
     // A drain still stops at its first claim past the end (so each drain over-claims exactly once).
+    const bool claim_ahead = !(p.prefetch_mode & MK_MODE_NO_CLAIM_AHEAD);
     uint32_t claim = 0;
-    if (threadIdx.x == 0) claim = atomicAdd(head, 1u);
+    if (threadIdx.x == 0 && claim_ahead) claim = atomicAdd(head, 1u);
     while (true) {
-      if (threadIdx.x == 0) s_claim = claim - head_base;
+      if (threadIdx.x == 0) {
+        if (!claim_ahead) claim = atomicAdd(head, 1u);
+        s_claim = claim - head_base;
+      }
       __syncthreads();
       const uint32_t idx = s_claim;
       bool got;
@@ -1271,7 +1275,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       }
       __syncthreads();
       if (!got) break;
-      if (threadIdx.x == 0) claim = atomicAdd(head, 1u);
+      if (threadIdx.x == 0 && claim_ahead) claim = atomicAdd(head, 1u);
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) return;
       __syncthreads();
     }

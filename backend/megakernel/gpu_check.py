@@ -244,21 +244,37 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     return bool(cos.min() >= 0.999)
 
 
-def sanitize(args: argparse.Namespace) -> int:
+def step(args: argparse.Namespace) -> int:
+    """One reduced-geometry step (2 layers: full + sliding, dense + MoE) in one variant, against
+    the fp32 reference: the bisection and sanitizer harness (`gpu_run.sh san` runs it under
+    compute-sanitizer). Exit status 1 when the logits disagree."""
     from mkcode.backend.megakernel.backend import MegakernelBackend
 
-    cfg = reduced_config(
-        num_hidden_layers=2,
-        layer_types=["full_attention", "sliding_attention"],
-        mlp_layer_types=["dense", "sparse"],
-        vocab_size=1024,
+    cfg = (
+        reduced_config()  # the GPU tests' 6-layer geometry
+        if args.layers == 6
+        else reduced_config(
+            num_hidden_layers=2,
+            layer_types=["full_attention", "sliding_attention"],
+            mlp_layer_types=["dense", "sparse"],
+            vocab_size=1024,
+        )
     )
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=1, std=0.05)
-    be = MegakernelBackend(cfg, w, n_sms=16, timeout_s=120)
-    case = make_case(cfg, [3, 64, 300], device="cuda", dtype=torch.bfloat16, seed=2)
-    logits = be.decode(case.batch)
-    print("sanitize step ok:", bool(torch.isfinite(logits).all()), flush=True)
-    return 0
+    be = MegakernelBackend(
+        cfg, w, n_sms=args.sms or None, timeout_s=args.timeout, prefetch_mode=args.mode, use_mma=args.mma
+    )
+    case = make_case(cfg, args.contexts, device="cuda", dtype=torch.bfloat16, seed=2)
+    ref_batch = clone_batch(case.batch)
+    got = be.decode(case.batch)
+    ref = reference_step(cfg, Fp32Weights(w), ref_batch, kernel_routing(cfg, be.ws, len(args.contexts)))
+    cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=-1)
+    ok = bool(torch.isfinite(got).all()) and bool(cos.min() >= 0.999)
+    print(
+        f"step mode={args.mode} mma={args.mma} contexts={args.contexts}: cosine {cos.tolist()} ok={ok}",
+        flush=True,
+    )
+    return 0 if ok else 1
 
 
 def parse_variant(spec: str) -> tuple[int | None, int | None, dict[str, int]]:
@@ -292,8 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(0 FMA, 1 mma), or Tiling fields (moe_up_cols=64); unset keys take the fastest so far",
     )
     b.set_defaults(func=bench)
-    s = sub.add_parser("sanitize")
-    s.set_defaults(func=sanitize)
+    s = sub.add_parser("step", aliases=["sanitize"])
+    s.add_argument("--mode", type=int, default=1, help="prefetch_mode bits (MK_PREFETCH_*, MK_MODE_*)")
+    s.add_argument("--mma", type=int, default=1)
+    s.add_argument("--sms", type=int, default=16, help="0: every SM")
+    s.add_argument("--layers", type=int, default=2, choices=[2, 6])
+    s.add_argument("--timeout", type=float, default=120.0)
+    s.add_argument("--contexts", type=int, nargs="+", default=[3, 64, 300])
+    s.set_defaults(func=step)
     return p
 
 
