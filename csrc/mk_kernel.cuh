@@ -523,9 +523,20 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
     cnt[e] = c;
   }
   __syncthreads();
+  // table position of each active expert = active experts before it: warp ballots + warp offsets
+  // (one thread per expert when E <= NT; a serial count otherwise)
+  int* wcnt = pos_s + E;  // [NWARPS]
+  const unsigned bal = __ballot_sync(0xffffffffu, (int)threadIdx.x < E && cnt[threadIdx.x < E ? threadIdx.x : 0] > 0);
+  if (E <= NT && lane == 0) wcnt[warp] = __popc(bal);
+  __syncthreads();
   for (int e = threadIdx.x; e < E; e += NT) {
     int at = 0;
-    for (int f = 0; f < e; ++f) at += cnt[f] > 0;
+    if (E <= NT) {
+      for (int w = 0; w < warp; ++w) at += wcnt[w];
+      at += __popc(bal & ((1u << lane) - 1u));
+    } else {
+      for (int f = 0; f < e; ++f) at += cnt[f] > 0;
+    }
     pos_s[e] = at;
     if (cnt[e] > 0) {
       int* row = V.expert_tab(l) + (size_t)at * (2 + MK_MAX_TOKENS);
