@@ -21,7 +21,7 @@ from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.sampling import SamplingParams, pack
 from mkcode.backend.megakernel.schedule import Schedule, build_schedule
-from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
+from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling, tiling_for_batch
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import ModelConfig
 from mkcode.backend.model.weights import ModelWeights
@@ -101,6 +101,7 @@ class MegakernelBackend:
         self.device = weights.embed.device
         self.tiling = tiling or default_tiling(cfg)
         self.tiling.validate(cfg)
+        self.auto_tiling = tiling is None  # the default adapts its MoE tiles to the batch size
         self.mod = native_module
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
         info = self.mod.device_info()
@@ -169,8 +170,11 @@ class MegakernelBackend:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        sched = build_schedule(self.cfg, B, positions, self.n_sms, self.tiling, splits)
+        sched = build_schedule(self.cfg, B, positions, self.n_sms, self._tiling_for(B), splits)
         return self._upload(key, sched)
+
+    def _tiling_for(self, B: int) -> Tiling:
+        return tiling_for_batch(self.cfg, self.tiling, B) if self.auto_tiling else self.tiling
 
     def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
         """Build and upload the schedules for these batch sizes at this context (all rows at it), so
@@ -181,7 +185,9 @@ class MegakernelBackend:
             splits = attention_splits(self.cfg, positions, self.tiling, self.n_sms)
             key = (B, tuple(splits[False]), tuple(splits[True]))
             if key not in self._cache:
-                self._upload(key, build_schedule(self.cfg, B, positions, self.n_sms, self.tiling, splits))
+                self._upload(
+                    key, build_schedule(self.cfg, B, positions, self.n_sms, self._tiling_for(B), splits)
+                )
                 built += 1
         return built
 
@@ -210,7 +216,7 @@ class MegakernelBackend:
 
     # ---- launching -----------------------------------------------------------------------------
     def _params(self, prep: _Prepared, batch: DecodeBatch) -> tuple[list[int], list[int], list[float]]:
-        cfg, t, ws = self.cfg, self.tiling, self.ws
+        cfg, t, ws = self.cfg, prep.sched.tiling, self.ws  # the schedule's tiling (MoE tiles per batch size)
         tensors = {
             "desc": prep.desc,
             "ntasks": prep.ntasks,

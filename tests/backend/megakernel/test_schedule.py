@@ -164,3 +164,21 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
     assert "plan" in script and "bench decode --backend graph,megakernel --batch 1,8 --ctx 8192" in script
+
+
+def test_moe_tiles_widen_with_the_batch():
+    """From WIDE_MOE_FROM_BATCH rows the default tiling doubles the MoE tiles (measured faster at BS 8,
+    slower at BS 1); a config that cannot take them keeps the base tiling."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.tiling import WIDE_MOE_FROM_BATCH, tiling_for_batch
+
+    cfg = north_mini_code_config(4)
+    base = default_tiling(cfg)
+    assert tiling_for_batch(cfg, base, 1) == base
+    assert tiling_for_batch(cfg, base, WIDE_MOE_FROM_BATCH - 1) == base
+    wide = tiling_for_batch(cfg, base, 8)
+    assert (wide.moe_up_cols, wide.moe_down_rows) == (2 * base.moe_up_cols, 2 * base.moe_down_rows)
+    assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
+    odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
+    assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)
