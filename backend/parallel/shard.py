@@ -13,25 +13,16 @@ from dataclasses import dataclass
 import torch
 
 from mkcode.backend.model.config import ModelConfig
-from mkcode.backend.model.weights import ModelWeights
+from mkcode.backend.model.weights import LayerWeights, ModelWeights
 from mkcode.backend.parallel.plan import ShardPlan
 
 
 @dataclass
-class ShardLayer:
-    norm: torch.Tensor  # [H]
-    q: torch.Tensor  # [hq_local*d, H]
-    k: torch.Tensor  # [hkv_local*d, H]
-    v: torch.Tensor  # [hkv_local*d, H]
-    o: torch.Tensor  # [H, hq_local*d]
-    # dense layers: gate/up rows and down columns of this rank's intermediate slice
-    gate: torch.Tensor | None = None  # [D_local, H]
-    up: torch.Tensor | None = None  # [D_local, H]
-    down: torch.Tensor | None = None  # [H, D_local]
-    # sparse layers: the full router, this rank's experts [first_expert, first_expert + E_local)
-    router: torch.Tensor | None = None  # [E, H]
-    experts_gate_up: torch.Tensor | None = None  # [E_local, 2I, H]
-    experts_down: torch.Tensor | None = None  # [E_local, H, I]
+class ShardLayer(LayerWeights):
+    """One layer's slice on this rank: the LayerWeights fields hold local shapes (q/k/v rows and o
+    columns of this rank's heads, the dense intermediate slice, experts [first_expert, first_expert
+    + E_local)); the router stays whole."""
+
     first_expert: int = 0
 
 
