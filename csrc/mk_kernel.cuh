@@ -175,6 +175,17 @@ __device__ __forceinline__ Gemv task_g(const Params& p, const int* d) {
 // The GEMV of a task (weights streamed from global memory by the mma or FMA core).
 __device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, Smem& s) { gemv(p, g, s.act, s.red, s.out); }
 
+// GEMV tasks whose activations are the batch rows of one fp32 buffer (columns k0 .. k0 + the
+// tile's K): the task's weight tile is task_gemv's.
+__device__ void gemv_rows(const Params& p, const int* d, Smem& s, int* rows, const float* src, long stride, int k0) {
+  const Gemv g = task_g(p, d);
+  rows_identity(rows, p.batch);
+  __syncthreads();
+  stage_act(s.act, src, stride, rows, k0, g.klen);
+  __syncthreads();
+  gemv_task(p, g, s);
+}
+
 // ---- ops -------------------------------------------------------------------------------------------
 
 __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
@@ -207,13 +218,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
     kind = 2;
     local = r0 - qw - kvw;
   }
-  const bf16* W = V.lw(l, kind == 0 ? MK_LW_Q : kind == 1 ? MK_LW_K : MK_LW_V) + (size_t)local * p.hidden;
-  rows_identity(rows, p.batch);
-  __syncthreads();
-  stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
-  __syncthreads();
-  Gemv g{W, p.hidden, W, p.hidden, n, n, p.hidden};
-  gemv_task(p, g, s);
+  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
@@ -402,21 +407,10 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   }
 }
 
-// Generic "rows x K-range" GEMV tasks whose activations are the batch rows of one fp32 buffer.
-__device__ void gemv_rows(const Params& p, Smem& s, int* rows, const float* src, long stride, int k0, int klen,
-                          const Gemv& g) {
-  rows_identity(rows, p.batch);
-  __syncthreads();
-  stage_act(s.act, src, stride, rows, k0, klen);
-  __syncthreads();
-  gemv_task(p, g, s);
-}
-
 __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
-  const bf16* W = V.lw(l, MK_LW_O) + (size_t)r0 * V.QW() + k0;
-  gemv_rows(p, s, rows, V.attn_out(l), V.QW(), k0, k1 - k0, Gemv{W, V.QW(), W, V.QW(), n, n, k1 - k0});
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], sp = d[MK_F_A4];
+  gemv_rows(p, d, s, rows, V.attn_out(l), V.QW(), k0);
   float* dst = V.ao_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -427,9 +421,7 @@ __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
 __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
-  const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)c0 * p.hidden;
-  const bf16* Wu = V.lw(l, MK_LW_UP) + (size_t)c0 * p.hidden;
-  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden});
+  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   float* dst = V.dense_act(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -439,10 +431,8 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
 
 __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3], sp = d[MK_F_A4];
-  const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)r0 * p.dense_inter + k0;
-  gemv_rows(p, s, rows, V.dense_act(l), p.dense_inter, k0, k1 - k0,
-            Gemv{W, p.dense_inter, W, p.dense_inter, n, n, k1 - k0});
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], sp = d[MK_F_A4];
+  gemv_rows(p, d, s, rows, V.dense_act(l), p.dense_inter, k0);
   float* dst = V.mlp_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -453,8 +443,7 @@ __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows)
 __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
-  const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)e0 * p.hidden;
-  gemv_rows(p, s, rows, V.h(l), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   float* dst = V.rlogits(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -566,16 +555,13 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
 
 __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
+  const int l = d[MK_F_LAYER], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
-  const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)e * 2 * I * p.hidden;
-  const bf16* Wg = gu + (size_t)c0 * p.hidden;
-  const bf16* Wu = gu + (size_t)(I + c0) * p.hidden;
   moe_rows(d, rows, p.top_k, true);
   __syncthreads();
   stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
   __syncthreads();
-  gemv_task(p, Gemv{Wg, p.hidden, Wu, p.hidden, n, 2 * n, p.hidden}, s);
+  gemv_task(p, task_g(p, d), s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -586,14 +572,13 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
 
 __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  const int l = d[MK_F_LAYER], e = d[MK_F_A0], r0 = d[MK_F_A1], n = d[MK_F_A2];
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
-  const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)e * p.hidden + r0) * I;
   moe_rows(d, rows, p.top_k, false);
   __syncthreads();
   stage_act(s.act, V.moe_act(l), I, rows, 0, I);
   __syncthreads();
-  gemv_task(p, Gemv{W, I, W, I, n, n, I}, s);
+  gemv_task(p, task_g(p, d), s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -611,38 +596,36 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
   const bool dense = V.flags(l) & MK_LAYER_DENSE;
   const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.top_k;
-  // MLP partial j: dense K split j ([8][H] per split) or MoE slot b * top_k + j (see View)
-  const float* mlp = dense ? V.mlp_part(l, 0) + (size_t)b * H : V.moe_out(l) + (size_t)b * p.top_k * H;
-  const size_t mlp_stride = dense ? (size_t)8 * H : (size_t)H;
-  const float* ao = V.ao_part(l, 0) + (size_t)b * H;
-  const size_t ao_stride = (size_t)8 * H;  // see View::ao_part
+  const size_t rb = (size_t)b * H;
+  // MLP partial j of this row: the dense K split j, or the MoE output of slot b * top_k + j
+  auto mlp = [&](int j) { return dense ? V.mlp_part(l, j) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H); };
   const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
   float* row = s.out;  // H <= MAXROWS * 8 floats
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
-    float4 a = ld_cg4(V.x(l) + (size_t)b * H + i);
+    float4 a = ld_cg4(V.x(l) + rb + i);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (j < n_attn) {
-        const float4 q = ld_cg4(ao + j * ao_stride + i);
+        const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
         a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
       }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (j < n_mlp) {
-        const float4 q = ld_cg4(mlp + j * mlp_stride + i);
+        const float4 q = ld_cg4(mlp(j) + i);
         a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
       }
     for (int j = 8; j < n_attn; ++j) {  // geometries beyond the unrolled counts
-      const float4 q = ld_cg4(ao + j * ao_stride + i);
+      const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
       a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
     }
     for (int j = 8; j < n_mlp; ++j) {
-      const float4 q = ld_cg4(mlp + j * mlp_stride + i);
+      const float4 q = ld_cg4(mlp(j) + i);
       a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
     }
     *reinterpret_cast<float4*>(row + i) = a;
-    *reinterpret_cast<float4*>(V.x(l + 1) + (size_t)b * H + i) = a;
+    *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
   }
   const float r = rsqrtf(block_sum(ss, s.misc) / H + p.rms_eps);
@@ -656,15 +639,14 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
     o.y = a.y * r * __high2float(w01);
     o.z = a.z * r * __low2float(w23);
     o.w = a.w * r * __high2float(w23);
-    *reinterpret_cast<float4*>(V.h(l + 1) + (size_t)b * H + i) = o;
+    *reinterpret_cast<float4*>(V.h(l + 1) + rb + i) = o;
   }
 }
 
 __device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int r0 = d[MK_F_A0], n = d[MK_F_A1], t = d[MK_F_A2];
-  const bf16* W = (const bf16*)p.lm_head + (size_t)r0 * p.hidden;
-  gemv_rows(p, s, rows, V.h(p.num_layers), p.hidden, 0, p.hidden, Gemv{W, p.hidden, W, p.hidden, n, n, p.hidden});
+  gemv_rows(p, d, s, rows, V.h(p.num_layers), p.hidden, 0);
   float* logits = (float*)p.logits;
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -1004,53 +986,28 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 
 // ---- prefetch, run, signal ------------------------------------------------------------------------
 
-// Issue L2 prefetches of the task's immutable weights (before its dependency wait).
+// Issue L2 prefetches of the task's immutable weights (before its dependency wait): the tile of
+// task_gemv, one range per contiguous block of rows (thread 0: the first nsplit rows, thread 32:
+// the rest) or one per row when the tile is a K range of longer rows.
 __device__ void prefetch_weights(const Params& p, const int* d) {
-  View V(p);
-  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
-  const int a0 = d[MK_F_A0], a1 = d[MK_F_A1], a2 = d[MK_F_A2], a3 = d[MK_F_A3];
-  const int H = p.hidden, tid = threadIdx.x;
-  switch (op) {
-    case MK_OP_QKV: {
-      if (tid == 0) {
-        const int qw = V.QW(), kvw = V.KVW();
-        const bf16* W = a0 < qw ? V.lw(l, MK_LW_Q) + (size_t)a0 * H
-                        : a0 < qw + kvw ? V.lw(l, MK_LW_K) + (size_t)(a0 - qw) * H
-                                        : V.lw(l, MK_LW_V) + (size_t)(a0 - qw - kvw) * H;
-        prefetch_l2(W, (uint32_t)a1 * H * 2);
-      }
-      break;
-    }
-    case MK_OP_ROUTER:
-      if (tid == 0) prefetch_l2(V.lw(l, MK_LW_ROUTER) + (size_t)a0 * H, (uint32_t)a1 * H * 2);
-      break;
-    case MK_OP_DENSE_UP:
-      if (tid == 0) prefetch_l2(V.lw(l, MK_LW_GATE) + (size_t)a0 * H, (uint32_t)a1 * H * 2);
-      if (tid == 32) prefetch_l2(V.lw(l, MK_LW_UP) + (size_t)a0 * H, (uint32_t)a1 * H * 2);
-      break;
-    case MK_OP_OPROJ:
-      if (tid < a1) prefetch_l2(V.lw(l, MK_LW_O) + (size_t)(a0 + tid) * V.QW() + a2, (uint32_t)(a3 - a2) * 2);
-      break;
-    case MK_OP_DENSE_DOWN:
-      if (tid < a1)
-        prefetch_l2(V.lw(l, MK_LW_DOWN) + (size_t)(a0 + tid) * p.dense_inter + a2, (uint32_t)(a3 - a2) * 2);
-      break;
-    case MK_OP_MOE_UP: {
-      const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)a0 * 2 * p.moe_inter * H;
-      if (tid == 0) prefetch_l2(gu + (size_t)a1 * H, (uint32_t)a2 * H * 2);
-      if (tid == 32) prefetch_l2(gu + (size_t)(p.moe_inter + a1) * H, (uint32_t)a2 * H * 2);
-      break;
-    }
-    case MK_OP_MOE_DOWN:
-      if (tid == 0)
-        prefetch_l2(V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * p.moe_inter, (uint32_t)a2 * p.moe_inter * 2);
-      break;
-    case MK_OP_LM_HEAD:
-      if (tid == 0) prefetch_l2((const bf16*)p.lm_head + (size_t)a0 * H, (uint32_t)a1 * H * 2);
-      break;
-    default:
-      break;
+  Gemv g;
+  if (!task_gemv(p, d, g)) return;
+  const int tid = threadIdx.x;
+  if (g.ld0 == g.klen && g.ld1 == g.klen) {
+    if (tid == 0) prefetch_l2(g.W0, (uint32_t)g.nsplit * g.klen * 2);
+    if (tid == 32 && g.nrows > g.nsplit) prefetch_l2(g.W1, (uint32_t)(g.nrows - g.nsplit) * g.klen * 2);
+  } else if (tid < g.nrows) {
+    prefetch_l2(gemv_row(g, tid), (uint32_t)g.klen * 2);
   }
+}
+
+// Thread 0: wait for every counter the descriptor names (false: the step was abandoned).
+__device__ bool wait_task(const Params& p, const int* d) {
+  for (int i = 0; i < MK_MAX_WAITS; ++i) {
+    const int c = d[MK_F_WAIT0 + 2 * i];
+    if (c != MK_NO_COUNTER && !wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID])) return false;
+  }
+  return true;
 }
 
 // Run one (non-DRAIN) descriptor held in shared memory. Returns false if the step was abandoned.
@@ -1072,12 +1029,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
   if (threadIdx.x == 0) {
-    int ok = 1;
-    for (int i = 0; i < MK_MAX_WAITS && ok; ++i) {
-      const int c = d[MK_F_WAIT0 + 2 * i];
-      if (c != MK_NO_COUNTER) ok = wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID]);
-    }
-    *flag = ok;  // ld.acquire ordered the producers' writes; bar.sync extends it to the block
+    *flag = wait_task(p, d);  // ld.acquire ordered the producers' writes; bar.sync extends it to the block
     if (p.timeline) t1 = globaltimer();
   }
   __syncthreads();
@@ -1247,12 +1199,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty.
     if (threadIdx.x == 0) {
       if (p.timeline) s_t0 = globaltimer();
-      int ok = 1;
-      for (int w = 0; w < MK_MAX_WAITS && ok; ++w) {
-        const int c = s_desc[MK_F_WAIT0 + 2 * w];
-        if (c != MK_NO_COUNTER) ok = wait_counter(p, c, s_desc[MK_F_WAIT0 + 2 * w + 1], s_desc[MK_F_ID]);
-      }
-      s_flag = ok;
+      s_flag = wait_task(p, s_desc);
       if (p.timeline) s_t1 = globaltimer();
     }
     __syncthreads();

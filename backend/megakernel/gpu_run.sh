@@ -22,7 +22,7 @@ stages=("$@")
 # megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
 #   prefetch=1  the default (self L2 prefetch), the measured-correct path
 #   then tile shapes on top of the fastest prefetch mode: fuller MoE tiles for BS 8, bigger QKV/O
-VARIANTS=${VARIANTS:-"prefetch=1 moe_up_cols=48 moe_up_cols=64,moe_down_rows=256 qkv_rows=128,o_rows=128"}
+VARIANTS=${VARIANTS:-"prefetch=1 moe_up_cols=64,moe_down_rows=256 qkv_rows=128,o_rows=128"}
 for stage in "${stages[@]}"; do
   case $stage in
     tests)

@@ -216,7 +216,6 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # the tile variants the next GPU sweep times (gpu_run.sh VARIANTS): they must validate, build and
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
-    {"moe_up_cols": 48},
     {"moe_up_cols": 64, "moe_down_rows": 256},
     {"qkv_rows": 128, "o_rows": 128},
 ]
