@@ -13,6 +13,7 @@
 #define MK_MAX_WAITS 3    // counters a task waits on before running
 #define MK_MAX_SIGNALS 2  // counters a task increments after its writes are visible
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
+#define MK_MAX_TILE_ROWS 256  // weight rows of one GEMV task at most (gate+up count twice)
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
@@ -147,15 +148,15 @@ enum MkError {
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
-// Variant bits in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
-// attention instead of the tensor-core one; MK_MODE_NO_CLAIM_AHEAD = a DRAIN claims its next item
-// only after the current one ran.
+// Variant bit in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
+// attention instead of the tensor-core one.
 #define MK_MODE_SIMT_ATTN 4
-#define MK_MODE_NO_CLAIM_AHEAD 8
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
-// words 1-3 = %globaltimer (ns) at the task's start, after its waits, after its signals.
-#define MK_TL_WORDS 4
+// words 1-6 = %globaltimer (ns) at the task's start, after its waits, when its GEMV began (the
+// activations staged; 0 for ops without a GEMV), when its GEMV ended (0 likewise), when every
+// thread finished the op (before the release fence), after its signals.
+#define MK_TL_WORDS 7
 
 // Per-row sampling parameters (sample_params[b][field], int32 words; floats stored as their bits).
 // Semantics: mkcode.backend.megakernel.sampling (greedy when temperature <= 0, top_k == 1 or

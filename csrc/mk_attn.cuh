@@ -8,17 +8,21 @@
 // which this step's QKV writes: that row is read after the wait. Keys outside the visible range are
 // zero-filled, so no NaN of an unwritten slot reaches the PV product.
 //
-// Math per warp (16 warps = 8 key groups x 2 halves of the head dimension): a key group is 16 keys
-// of one page. S = Q K^T with mma.m16n8k16 (A = the kv head's G <= 8 query heads as rows 0..7, B = K
-// rows straight from shared memory: 16 contiguous bytes per thread are the k slots {2t,2t+1,2t+8,
-// 2t+9} of two k16 steps, for Q and K alike); an online softmax in base 2 per warp; the S
-// accumulator becomes the A operand of O += P V (the FlashAttention-2 register reuse), with V's B
-// fragments from ldmatrix.trans. The 16 warps' partial (m, l, O) merge in shared memory at the end.
+// Math per warp (NWARPS/2 key groups x 2 halves of the head dimension): a key group is 16 keys of
+// one page, so a round covers PPR = NWARPS/8 pages (2 with 16 warps, 1 with 8). S = Q K^T with
+// mma.m16n8k16 (A = the kv head's G <= 8 query heads as rows 0..7, B = K rows straight from shared
+// memory: 16 contiguous bytes per thread are the k slots {2t,2t+1,2t+8, 2t+9} of two k16 steps, for
+// Q and K alike); an online softmax in base 2 per warp; the S accumulator becomes the A operand of
+// O += P V (the FlashAttention-2 register reuse), with V's B fragments from ldmatrix.trans. The
+// warps' partial (m, l, O) merge in shared memory at the end.
 #pragma once
 
 namespace mk {
 
-constexpr int ATTN_STAGES = 4;  // page slots of K and V (2 rounds of 2 pages in flight)
+constexpr int ATTN_PPR = NWARPS / 8;  // pages per round (4 key groups of 16 keys per page)
+static_assert(NWARPS % 8 == 0, "the attention needs a multiple of 8 warps");
+// page slots of K and V: 16 warps 4 (2 rounds of 2 pages); 8 warps 3 (two blocks share an SM's smem)
+constexpr int ATTN_STAGES = ATTN_PPR == 2 ? 4 : 3;
 
 template <int HD>
 struct AttnShape {
@@ -42,16 +46,10 @@ __host__ __device__ inline size_t attn_fast_smem(int hd) {
   return hd == 32 ? AttnShape<32>::SMEM : hd == 64 ? AttnShape<64>::SMEM : AttnShape<128>::SMEM;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -188,11 +186,11 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
 #pragma unroll
   for (int n = 0; n < NTD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m = -INFINITY, lsum = 0.f;
-  const int rounds = (sp.np + 1) / 2;
+  const int rounds = (sp.np + ATTN_PPR - 1) / ATTN_PPR;
   for (int r = 0; r < rounds; ++r) {
-    cp_async_wait<ATTN_STAGES - 2>();  // this round's two pages have landed (this thread's copies)
-    __syncthreads();                    // ... and everyone's
-    const int j = 2 * r + (kg >> 2);
+    cp_async_wait<ATTN_STAGES - ATTN_PPR>();  // this round's pages have landed (this thread's copies)
+    __syncthreads();                           // ... and everyone's
+    const int j = ATTN_PPR * r + (kg >> 2);
     if (j < sp.np) {
       const bf16* Ks = reinterpret_cast<const bf16*>(s.raw + (j % ATTN_STAGES) * SH::PAGE_BYTES) + (kg & 3) * 16 * SH::KLD;
       const bf16* Vs = reinterpret_cast<const bf16*>(s.raw + (j % ATTN_STAGES) * SH::PAGE_BYTES) + 64 * SH::KLD +
@@ -246,8 +244,8 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
       }
     }
     __syncthreads();  // slots of this round are free
-    attn_issue<HD>(V, l, b, kvh, sp, 2 * r + ATTN_STAGES, s.raw, false);
-    attn_issue<HD>(V, l, b, kvh, sp, 2 * r + ATTN_STAGES + 1, s.raw, false);
+#pragma unroll
+    for (int i = 0; i < ATTN_PPR; ++i) attn_issue<HD>(V, l, b, kvh, sp, ATTN_PPR * r + ATTN_STAGES + i, s.raw, false);
   }
   cp_async_wait_all();
   lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
@@ -271,10 +269,10 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
     const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
     float M = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
+    for (int k = 0; k < NWARPS / 2; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
     float num = 0.f, den = 0.f;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < NWARPS / 2; ++k) {
       const int w = 2 * k + h;
       const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
       den += Ls[w * 8 + hq] * f;

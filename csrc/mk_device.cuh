@@ -12,9 +12,17 @@
 
 namespace mk {
 
-constexpr int NT = 512;  // threads per block (16 warps); one block per SM
+// Threads per block, one block per SM. (Two 256-thread blocks per SM, so that one block's
+// latency-bound prologue/epilogue would overlap the other's weight stream, measured slower on the
+// H200 on 2026-11-29: BS 1 6.95 vs 5.7 ms, BS 8 16.4 vs 14.1; every task ran ~2x longer, the SM's
+// stream is shared, not overlapped. The attention's warp count is a parameter since then.)
+constexpr int NT = 512;
 constexpr int NWARPS = NT / 32;
-constexpr int MAXROWS = 16 * NWARPS;  // rows of one GEMV tile at most
+constexpr int BLOCKS_PER_SM = 1;  // resident blocks per SM the launch asks for (all must be resident)
+constexpr int MAXROWS = MK_MAX_TILE_ROWS;  // rows of one GEMV tile at most (tiling.py checks it)
+constexpr int OUT_FLOATS = MAXROWS * 8;    // the GEMV result / one hidden row / ROUTE's scratch
+// GEMV reduction scratch: one 16x8 block per (row group, K-split warp)
+constexpr int RED_FLOATS = (NWARPS > MAXROWS / 16 ? NWARPS : MAXROWS / 16) * 128;
 constexpr int ACT_PAD = 32;           // bf16 padding per staged activation row (bank spread)
 
 typedef __nv_bfloat16 bf16;
@@ -98,6 +106,10 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task) {
   }
 }
 
+// Timeline marks of the running task (thread 0 writes them when the timeline is on): when its GEMV
+// began (activations staged) and ended. Reset by run_task; see MK_TL_WORDS.
+__shared__ unsigned long long tl_marks[2];
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -136,9 +148,22 @@ __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
   return r < g.nsplit ? g.W0 + (long)r * g.ld0 : g.W1 + (long)(r - g.nsplit) * g.ld1;
 }
 
+// Where a GEMV's activations come from: act[n][k] = src[rows[n] * stride + k0 + k] for n < 8
+// (rows[n] < 0: an unused token column, staged as zeros). rows is in shared memory.
+struct ActSrc {
+  const float* src;
+  long stride;
+  const int* rows;
+  int k0;
+};
+
 // Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
 // Each thread issues U float4 loads before converting any (fewer L2 round trips in a row).
-__device__ void stage_act(bf16* act_s, const float* src, long stride, const int* rows, int k0, int klen) {
+__device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen) {
+  const float* src = a.src;
+  const long stride = a.stride;
+  const int* rows = a.rows;
+  const int k0 = a.k0;
   const int lds = klen + ACT_PAD;
   const int per_row = klen / 4;
   const int total = 8 * per_row;
@@ -169,10 +194,61 @@ __device__ void stage_act(bf16* act_s, const float* src, long stride, const int*
   }
 }
 
-// Result: out_s[r * 8 + n] (fp32). red_s: NWARPS*128 floats scratch. Ends with __syncthreads().
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Result: out_s[r * 8 + n] (fp32). red_s: RED_FLOATS floats scratch. Ends with __syncthreads().
+// Stages the activations (act_s: [8][klen + ACT_PAD] bf16) first. (Issuing the first weight loads
+// before the staging, with the activations copied by cp.async so that no register is held across
+// them, was measured slower on the H200, 2026-11-29: MoE up items 14.9 vs 12.4 us at BS 1.)
+// `mark`: thread 0 stamps tl_marks[0] once the activations are staged.
 // Not inlined: it gets the whole register budget, so the U weight loads in flight per thread stay
 // in registers (inlined into the kernel's dispatch they were spilled to local memory).
-__device__ __noinline__ void gemv_mma(const Gemv g, const bf16* act_s, float* red_s, float* out_s) {
+template <int U>
+__device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], const uint4 (&wb)[U], const bf16* xa,
+                                          int stride) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint4 bx = *reinterpret_cast<const uint4*>(xa + u * stride);
+    mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
+    mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
+  }
+}
+
+// One 16-row group of a warp from k = kk on (the k-steps before kk were already accumulated in c);
+// the partial sums go to this warp's block of red_s.
+template <int U>
+__device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
+                                           int klen, int stride, float* red) {
+  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wa[u] = ld_weight16(ra + kk + u * stride);
+      wb[u] = ld_weight16(rb + kk + u * stride);
+    }
+    mma_steps<U>(c, wa, wb, xa + kk, stride);
+  }
+  for (; kk < klen; kk += stride) {  // the tail, one k-step pair at a time
+    const uint4 wa = ld_weight16(ra + kk), wb = ld_weight16(rb + kk);
+    const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk);
+    mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
+    mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
+  }
+  // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
+  red[gid * 8 + 2 * t] = c[0];
+  red[gid * 8 + 2 * t + 1] = c[1];
+  red[(gid + 8) * 8 + 2 * t] = c[2];
+  red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+}
+
+__device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
+                                      bool mark) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
@@ -183,38 +259,15 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const bf16* act_s, float* re
   const int kw = warp % wpg;
   const int stride = wpg * 32;
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
+  stage_act(act_s, act, klen);
+  __syncthreads();
+  if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
+  const bf16* xa = act_s + gid * lds + t * 8;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
-    const bf16* xa = act_s + gid * lds + t * 8;
-    int kk = kw * 32;
-    for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
-      uint4 wa[U], wb[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        wa[u] = ld_weight16(ra + kk + u * stride);
-        wb[u] = ld_weight16(rb + kk + u * stride);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk + u * stride);
-        mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
-        mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
-      }
-    }
-    for (; kk < klen; kk += stride) {  // the tail, one k-step pair at a time
-      const uint4 wa = ld_weight16(ra + kk), wb = ld_weight16(rb + kk);
-      const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk);
-      mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
-      mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
-    }
-    // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
-    float* red = red_s + (grp * wpg + kw) * 128;
-    red[gid * 8 + 2 * t] = c[0];
-    red[gid * 8 + 2 * t + 1] = c[1];
-    red[(gid + 8) * 8 + 2 * t] = c[2];
-    red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+    gemv_group<U>(c, ra, rb, xa, kw * 32, klen, stride, red_s + (grp * wpg + kw) * 128);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
@@ -253,12 +306,18 @@ __device__ __noinline__ void gemv_fma(const Gemv g, const bf16* act_s, float* ou
   __syncthreads();
 }
 
-__device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const bf16* act_s, float* red_s,
+// The GEMV of a task with its activation staging (see gemv_mma). Callers have synced `act.rows`.
+__device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s) {
-  if (p.use_mma)
-    gemv_mma(g, act_s, red_s, out_s);
-  else
+  if (p.use_mma) {
+    gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr);
+  } else {
+    stage_act(act_s, act, g.klen);
+    __syncthreads();
+    if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
     gemv_fma(g, act_s, out_s);
+  }
+  if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // both end with __syncthreads
 }
 
 // Block-wide sum (all threads get the result). scratch: NWARPS floats.

@@ -11,8 +11,8 @@ namespace mk {
 // Shared-memory carve-up (dynamic smem), sized on the host by smem_bytes().
 struct Smem {
   bf16* act;    // [8][klen + ACT_PAD]
-  float* red;   // [NWARPS * 128]
-  float* out;   // [MAXROWS * 8]
+  float* red;   // [RED_FLOATS]
+  float* out;   // [OUT_FLOATS]
   float* misc;  // [NWARPS + 64]
   unsigned char* raw;
 };
@@ -24,9 +24,9 @@ __device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int 
   size_t off = (size_t)8 * (max_k + ACT_PAD) * sizeof(bf16);
   off = (off + 15) & ~(size_t)15;
   s.red = reinterpret_cast<float*>(base + off);
-  off += NWARPS * 128 * sizeof(float);
+  off += RED_FLOATS * sizeof(float);
   s.out = reinterpret_cast<float*>(base + off);
-  off += MAXROWS * 8 * sizeof(float);
+  off += OUT_FLOATS * sizeof(float);
   s.misc = reinterpret_cast<float*>(base + off);
   return s;
 }
@@ -81,8 +81,8 @@ namespace mk {
 
 // Bytes of dynamic shared memory every op needs (the GEMV, attention and sampling regions overlap).
 __host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
-  const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + NWARPS * 128 * 4 +
-                      MAXROWS * 8 * 4 + (NWARPS + 64) * 4;
+  const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + RED_FLOATS * 4 +
+                      OUT_FLOATS * 4 + (NWARPS + 64) * 4;
   const int G = p.num_heads / p.num_kv_heads;
   const size_t attn = attn_fast(p) ? attn_fast_smem(p.head_dim)
                                     : (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 +
@@ -172,8 +172,11 @@ __device__ __forceinline__ Gemv task_g(const Params& p, const int* d) {
   return g;
 }
 
-// The GEMV of a task (weights streamed from global memory by the mma or FMA core).
-__device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, Smem& s) { gemv(p, g, s.act, s.red, s.out); }
+// The GEMV of a task (weights streamed from global memory by the mma or FMA core) with the staging
+// of its activations; `rows` (shared) must be written and synced by the caller.
+__device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, const ActSrc& act, Smem& s) {
+  gemv(p, g, act, s.act, s.red, s.out);
+}
 
 // GEMV tasks whose activations are the batch rows of one fp32 buffer (columns k0 .. k0 + the
 // tile's K): the task's weight tile is task_gemv's.
@@ -181,9 +184,7 @@ __device__ void gemv_rows(const Params& p, const int* d, Smem& s, int* rows, con
   const Gemv g = task_g(p, d);
   rows_identity(rows, p.batch);
   __syncthreads();
-  stage_act(s.act, src, stride, rows, k0, g.klen);
-  __syncthreads();
-  gemv_task(p, g, s);
+  gemv_task(p, g, ActSrc{src, stride, rows, k0}, s);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -193,7 +194,7 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   const int b = d[MK_F_A0];
   const long long tok = ((const long long*)p.token_ids)[b];
   const bf16* e = (const bf16*)p.embed + (size_t)tok * p.hidden;
-  float* row = s.out;  // H floats (H <= MAXROWS*8)
+  float* row = s.out;  // H floats (H <= OUT_FLOATS, checked by the launcher)
   float* x = V.x(0) + (size_t)b * p.hidden;
   for (int i = threadIdx.x; i < p.hidden; i += NT) {
     row[i] = __bfloat162float(e[i]);
@@ -372,7 +373,7 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   const float* o_base = (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS) * hd;
   const float* lse_base = (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS;
   float* out = V.attn_out(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
-  float* wts = s.out;  // [G][S] (<= MAXROWS * 8 floats: G <= 64, S <= 32)
+  float* wts = s.out;  // [G][S] (<= OUT_FLOATS floats: G <= 64, S <= 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int hq = warp; hq < G; hq += NWARPS) {
     float m = -INFINITY;
@@ -453,15 +454,22 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
+// Top-k: warp b takes K warp-wide arg-maxes over row b (a version holding the row in registers
+// was slower: 11.4 vs 7.8 us at BS 8). The table: slot counts by shared atomics, table positions by warp ballots, and each slot's
+// place among its expert's slots by counting the earlier slots (all parallel; the serial per-expert
+// scans with divisions by K cost ~10 us at BS 8, measured).
 __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
   View V(p);
-  const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch;
-  float* lg = s.out;                                     // [B][E]
-  int* ids = reinterpret_cast<int*>(s.out + 8 * E);      // [B][K]
-  int* cnt = ids + 8 * MK_MAX_TOKENS;                    // [E] tokens per expert
-  int* pos_s = cnt + E;                                  // [E] table position of each expert
+  const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
+  float* lg = s.out;                                   // [B][E]
+  int* fid = reinterpret_cast<int*>(s.out + 8 * E);    // [B*K] expert of slot b*K + j
+  int* cnt = fid + 8 * MK_MAX_TOKENS;                  // [E] tokens per expert
+  int* pos_s = cnt + E;                                // [E] table position of each expert
+  int* wcnt = pos_s + E;                               // [NWARPS]
   for (int i = threadIdx.x; i < B * E; i += NT) lg[i] = ld_cg(V.rlogits(l) + (size_t)(i / E) * E + i % E);
+  for (int e = threadIdx.x; e < E; e += NT) cnt[e] = 0;
   __syncthreads();
+  if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: logits loaded
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp < B) {
     float* row = lg + warp * E;
@@ -485,9 +493,10 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
         }
       }
       top[j] = best;
-      if (lane == 0) ids[warp * MK_MAX_TOKENS + j] = bi;
-      __syncwarp();
-      if (lane == 0) row[bi] = -INFINITY;
+      if (lane == 0) {
+        fid[warp * K + j] = bi;
+        row[bi] = -INFINITY;
+      }
       __syncwarp();
     }
     if (lane == 0) {
@@ -506,15 +515,11 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += NT) {
-    int c = 0;
-    for (int i = 0; i < B * K; ++i) c += ids[(i / K) * MK_MAX_TOKENS + i % K] == e;
-    cnt[e] = c;
-  }
+  if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // timeline: top-k done
+  for (int i = threadIdx.x; i < BK; i += NT) atomicAdd(&cnt[fid[i]], 1);
   __syncthreads();
   // table position of each active expert = active experts before it: warp ballots + warp offsets
   // (one thread per expert when E <= NT; a serial count otherwise)
-  int* wcnt = pos_s + E;  // [NWARPS]
   const unsigned bal = __ballot_sync(0xffffffffu, (int)threadIdx.x < E && cnt[threadIdx.x < E ? threadIdx.x : 0] > 0);
   if (E <= NT && lane == 0) wcnt[warp] = __popc(bal);
   __syncthreads();
@@ -527,16 +532,19 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
       for (int f = 0; f < e; ++f) at += cnt[f] > 0;
     }
     pos_s[e] = at;
-    if (cnt[e] > 0) {
-      int* row = V.expert_tab(l) + (size_t)at * (2 + MK_MAX_TOKENS);
-      row[0] = e;
-      row[1] = cnt[e];
-      int k = 0;
-      for (int i = 0; i < B * K; ++i)
-        if (ids[(i / K) * MK_MAX_TOKENS + i % K] == e) row[2 + k++] = i;
-    }
   }
   __syncthreads();
+  for (int i = threadIdx.x; i < BK; i += NT) {  // slot i: its place among its expert's slots
+    const int e = fid[i];
+    int rank = 0;
+    for (int i2 = 0; i2 < i; ++i2) rank += fid[i2] == e;
+    int* row = V.expert_tab(l) + (size_t)pos_s[e] * (2 + MK_MAX_TOKENS);
+    row[2 + rank] = i;
+    if (rank == 0) {
+      row[0] = e;
+      row[1] = cnt[e];
+    }
+  }
   if (threadIdx.x == 0) {
     const int n_act = pos_s[E - 1] + (cnt[E - 1] > 0);
     V.moe_info(l)[0] = n_act;
@@ -559,9 +567,7 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   const int I = p.moe_inter;
   moe_rows(d, rows, p.top_k, true);
   __syncthreads();
-  stage_act(s.act, V.h(l), p.hidden, rows, 0, p.hidden);
-  __syncthreads();
-  gemv_task(p, task_g(p, d), s);
+  gemv_task(p, task_g(p, d), ActSrc{V.h(l), p.hidden, rows, 0}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -576,9 +582,7 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   const int I = p.moe_inter;
   moe_rows(d, rows, p.top_k, false);
   __syncthreads();
-  stage_act(s.act, V.moe_act(l), I, rows, 0, I);
-  __syncthreads();
-  gemv_task(p, task_g(p, d), s);
+  gemv_task(p, task_g(p, d), ActSrc{V.moe_act(l), I, rows, 0}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -600,7 +604,7 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
   // MLP partial j of this row: the dense K split j, or the MoE output of slot b * top_k + j
   auto mlp = [&](int j) { return dense ? V.mlp_part(l, j) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H); };
   const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
-  float* row = s.out;  // H <= MAXROWS * 8 floats
+  float* row = s.out;  // H <= OUT_FLOATS floats (checked by the launcher)
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
     float4 a = ld_cg4(V.x(l) + rb + i);
@@ -1013,13 +1017,16 @@ __device__ bool wait_task(const Params& p, const int* d) {
 // Run one (non-DRAIN) descriptor held in shared memory. Returns false if the step was abandoned.
 // Thread 0: append one timeline record (see MK_TL_WORDS) if the timeline is on.
 __device__ __forceinline__ void tl_record(const Params& p, int* tl_n, int op, int layer, int item, uint64_t t0,
-                                          uint64_t t1) {
+                                          uint64_t t1, uint64_t t2) {
   if (p.timeline == nullptr || *tl_n >= p.timeline_cap) return;
   long long* e = (long long*)p.timeline + ((size_t)blockIdx.x * p.timeline_cap + *tl_n) * MK_TL_WORDS;
   e[0] = op | (layer << 8) | (item << 16);
   e[1] = (long long)t0;
   e[2] = (long long)t1;
-  e[3] = (long long)globaltimer();
+  e[3] = (long long)tl_marks[0];
+  e[4] = (long long)tl_marks[1];
+  e[5] = (long long)t2;
+  e[6] = (long long)globaltimer();
   ++*tl_n;
 }
 
@@ -1030,7 +1037,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
   if (threadIdx.x == 0) {
     *flag = wait_task(p, d);  // ld.acquire ordered the producers' writes; bar.sync extends it to the block
-    if (p.timeline) t1 = globaltimer();
+    if (p.timeline) {
+      t1 = globaltimer();
+      tl_marks[0] = tl_marks[1] = 0;
+    }
   }
   __syncthreads();
   if (!*flag) {
@@ -1095,32 +1105,64 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   }
   __syncthreads();  // every thread's writes are done
   if (threadIdx.x == 0) {
+    const uint64_t t2 = p.timeline ? globaltimer() : 0;
     __threadfence();  // release: the writes above before the counter increments
     const int amount = d[MK_F_SIG_AMOUNT] ? d[MK_F_SIG_AMOUNT] : 1;
     for (int i = 0; i < MK_MAX_SIGNALS; ++i) {
       const int c = d[MK_F_SIG0 + i];
       if (c != MK_NO_COUNTER) atomicAdd((unsigned int*)p.counters + c, (unsigned int)amount);
     }
-    tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1);
+    tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
   }
   return true;
 }
 
-// Build MoE queue item `idx` of layer l: threads w < MK_DESC_WORDS each write word w of `item`
-// (the expert table row is read by every thread: broadcast loads, no serial chain through one
-// thread). Returns false (uniformly) past the end of the layer's queue.
-__device__ bool moe_item(const Params& p, int l, int idx, int mlp_counter, int* item) {
-  View V(p);
-  const int n_act = ld_cg(V.moe_info(l));
-  const int up = p.moe_up_tiles, down = p.moe_down_tiles;
-  if (idx >= n_act * (up + down)) return false;
-  const bool is_up = idx < n_act * up;
-  const int a = is_up ? idx / up : (idx - n_act * up) / down;
-  const int t = is_up ? idx % up : (idx - n_act * up) % down;
-  const int* row = V.expert_tab(l) + (size_t)a * (2 + MK_MAX_TOKENS);
+// ---- DRAIN items: fetched into shared memory one item ahead, built from there ---------------------
+//
+// A claimed item's words are copied into `raw` (cp.async, no registers held across the running
+// item) while the item before it runs; `drain_build` then writes the descriptor without a global
+// round trip. Host queues: the 32-word descriptor. MoE queue (layer l): the expert table row of the
+// item's active expert (expert, tokens, slots), the rest follows from the index and n_act (the
+// layer's active experts, read once per drain after ROUTE published).
+
+__device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int* qi, int l, uint32_t idx, int n_act,
+                                            int* raw) {
+  if (kind == MK_QUEUE_HOST) {
+    if (idx < (uint32_t)qi[1] && threadIdx.x < MK_DESC_WORDS / 4)
+      cp_async16(raw + 4 * threadIdx.x, (const int*)p.queue + (size_t)(qi[0] + idx) * MK_DESC_WORDS + 4 * threadIdx.x,
+                 true);
+  } else {
+    const int up = p.moe_up_tiles, down = p.moe_down_tiles;
+    if (idx < (uint32_t)(n_act * (up + down)) && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
+      const int i = (int)idx;
+      const int a = i < n_act * up ? i / up : (i - n_act * up) / down;
+      const int* row = View(p).expert_tab(l) + (size_t)a * (2 + MK_MAX_TOKENS);
+      cp_async8_ca(raw + 2 * threadIdx.x, row + 2 * threadIdx.x);  // written by ROUTE this step, after route[l]
+    }
+  }
+  cp_async_commit();
+}
+
+// Threads w < MK_DESC_WORDS write word w of `item` from `raw`. Returns false (uniformly) past the
+// end of the queue.
+__device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uint32_t idx, int n_act, int mlp_counter,
+                            const int* raw, int* item) {
   const int w = threadIdx.x;
+  if (kind == MK_QUEUE_HOST) {
+    if (idx >= (uint32_t)qi[1]) return false;
+    if (w < MK_DESC_WORDS) item[w] = raw[w];
+    return true;
+  }
+  const int up = p.moe_up_tiles, down = p.moe_down_tiles;
+  if (idx >= (uint32_t)(n_act * (up + down))) return false;
   if (w >= MK_DESC_WORDS) return true;
-  const int e = ld_cg(row), ntok = ld_cg(row + 1);
+  const bool is_up = (int)idx < n_act * up;
+  const int t = is_up ? (int)idx % up : ((int)idx - n_act * up) % down;
+  const int e = raw[0], ntok = raw[1];
   const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
   int v = 0;
   if (w == MK_F_OP) v = is_up ? MK_OP_MOE_UP : MK_OP_MOE_DOWN;
@@ -1137,9 +1179,9 @@ __device__ bool moe_item(const Params& p, int l, int idx, int mlp_counter, int* 
   else if (w == MK_F_SIG0) v = is_up ? ecounter : mlp_counter;
   else if (w > MK_F_SIG0 && w < MK_F_SIG0 + MK_MAX_SIGNALS) v = MK_NO_COUNTER;
   else if (w == MK_F_SIG_AMOUNT) v = is_up ? 1 : ntok;
-  else if (w == MK_F_ID) v = -(1 << 20) - idx;
+  else if (w == MK_F_ID) v = -(1 << 20) - (int)idx;
   else if (w == MK_F_NTOK) v = ntok;
-  else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? ld_cg(row + 2 + (w - MK_F_SLOT0)) : -1;
+  else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? raw[2 + (w - MK_F_SLOT0)] : -1;
   item[w] = v;
   return true;
 }
@@ -1157,14 +1199,16 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
   }
 }
 
-__global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
+__global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];
   __shared__ int s_next[MK_DESC_WORDS];
   __shared__ int s_rows[8];
   __shared__ int s_flag;
-  __shared__ uint32_t s_claim;  // a DRAIN's current claim (queue index)
+  __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
+  __shared__ int s_nact;        // a MoE DRAIN's active experts
+  __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
   if (threadIdx.x == 0) {
@@ -1211,33 +1255,41 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     unsigned int* head = (unsigned int*)p.counters +
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
-    // Claims run one item ahead: the next claim's atomic is in flight while the current item runs.
-    // A drain still stops at its first claim past the end (so each drain over-claims exactly once).
-    const bool claim_ahead = !(p.prefetch_mode & MK_MODE_NO_CLAIM_AHEAD);
-    uint32_t claim = 0;
-    if (threadIdx.x == 0 && claim_ahead) claim = atomicAdd(head, 1u);
+    // Claims run two items ahead: while item i runs, item i+1's words are on their way into shared
+    // memory (drain_fetch) and the claim of item i+2 is in flight. A drain stops at its first claim
+    // past the end, so each drain over-claims exactly twice (schedule.py counts it).
+    uint32_t claim_far = 0;
+    if (threadIdx.x == 0) {
+      const uint32_t c0 = atomicAdd(head, 1u);
+      claim_far = atomicAdd(head, 1u);
+      s_claim = c0 - head_base;
+      s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
+    }
+    __syncthreads();
+    drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);
     while (true) {
-      if (threadIdx.x == 0) {
-        if (!claim_ahead) claim = atomicAdd(head, 1u);
-        s_claim = claim - head_base;
-      }
-      __syncthreads();
+      cp_async_wait_all();
+      __syncthreads();  // the item's words are in s_raw
       const uint32_t idx = s_claim;
-      bool got;
-      if (kind == MK_QUEUE_HOST) {
-        got = idx < (uint32_t)qi[1];
-        if (got && threadIdx.x < MK_DESC_WORDS)
-          s_item[threadIdx.x] = __ldg((const int*)p.queue + (size_t)(qi[0] + idx) * MK_DESC_WORDS + threadIdx.x);
-      } else {
-        got = moe_item(p, arg, (int)idx, mlp_c, s_item);
-      }
+      const bool got = drain_build(p, kind, qi, arg, idx, s_nact, mlp_c, s_raw, s_item);
       __syncthreads();
       if (!got) break;
-      if (threadIdx.x == 0 && claim_ahead) claim = atomicAdd(head, 1u);
-      if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) return;
+      if (threadIdx.x == 0) {
+        s_claim = claim_far - head_base;  // the claim issued one item ago
+        claim_far = atomicAdd(head, 1u);
+      }
+      __syncthreads();
+      drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);  // s_raw is free: s_item was built
+      if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
+        cp_async_wait_all();  // no copy may land after the block has left
+        return;
+      }
       __syncthreads();
     }
-    if (threadIdx.x == 0) tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1);
+    if (threadIdx.x == 0) {
+      tl_marks[0] = tl_marks[1] = 0;
+      tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1, s_t1);
+    }
     advance(s_desc, s_next, ahead, lane_w, mine, i, n);
   }
 }

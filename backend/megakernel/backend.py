@@ -105,7 +105,8 @@ class MegakernelBackend:
         self.mod = native_module
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
         info = self.mod.device_info()
-        self.n_sms = int(n_sms or info["sm_count"])
+        # resident blocks (the schedule's "SMs"): BLOCKS_PER_SM per SM
+        self.n_sms = int(n_sms or info["sm_count"] * int(getattr(self.mod, "BLOCKS_PER_SM", 1)))
         self.timeout_s = timeout_s
         self.use_mma = use_mma
         # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_SELF (the measured path);

@@ -159,23 +159,32 @@ class Emulator:
         yield None
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
+        """Claims run two ahead, as in the kernel: a drain claims twice before its first item and
+        once per item it runs, so it over-claims exactly twice (the host queue totals count it)."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
         t = self.sched.tiling
-        while True:
+        if kind == abi.MK_QUEUE_HOST:
+            first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
+        else:
+            head_c = moe_head_counter(self.cfg, arg)
+
+        def claim() -> int:
+            raw = self.vals[head_c]
+            self.vals[head_c] = (raw + 1) & _U32
             if kind == abi.MK_QUEUE_HOST:
-                first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
-                raw = self.vals[head_c]
-                self.vals[head_c] = (raw + 1) & _U32
-                idx = (raw - self.base[head_c]) & _U32
                 self._check_head(head_c)
+                return (raw - self.base[head_c]) & _U32
+            return raw
+
+        pending = [claim(), claim()]
+        while True:
+            idx = pending.pop(0)
+            if kind == abi.MK_QUEUE_HOST:
                 if idx >= length:
                     return
                 item = self.sched.queue_desc[first + idx]
             else:
                 layer = arg
-                head_c = moe_head_counter(self.cfg, layer)
-                idx = self.vals[head_c]
-                self.vals[head_c] = idx + 1
                 item = moe_item(
                     self.ops.moe_tables[layer],
                     layer,
@@ -189,6 +198,7 @@ class Emulator:
                 )
                 if item is None:
                     return
+            pending.append(claim())
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
 

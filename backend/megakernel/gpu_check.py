@@ -32,7 +32,7 @@ from mkcode.backend.megakernel.testing import (
     reduced_config,
     reference_step,
 )
-from mkcode.backend.megakernel.tiling import Tiling, default_tiling
+from mkcode.backend.megakernel.tiling import Tiling, TilingError, default_tiling
 from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 
@@ -163,13 +163,28 @@ def bench(args: argparse.Namespace) -> int:
         be.decode(cases[B].batch)
         summ = timeline.summarize(be.timeline)
         results["timeline"][str(B)] = summ
+        recs = timeline.records(be.timeline)
+        torch.save(recs, out / f"timeline_bs{B}.pt")  # the raw records, for offline analysis
         print(
-            f"timeline BS {B}: span {summ['span_us']:.0f} us, SMs busy {100 * summ['mean_busy_fraction']:.0f}%"
+            f"timeline BS {B} ({be.n_sms} blocks): span {summ['span_us']:.0f} us, "
+            f"blocks busy {100 * summ['mean_busy_fraction']:.0f}%"
         )
         for op, d in summ["per_op"].items():
+            parts = (
+                f" = stage {d['mean_stage_us']:5.2f} + gemv {d['mean_gemv_us']:6.2f} + epi {d['mean_epilogue_us']:5.2f}"
+                if d["gemv_n"]
+                else ""
+            )
             print(
-                f"  {op:<14} n={d['count']:>6}  run {d['mean_run_us']:7.2f} us  wait {d['mean_wait_us']:7.2f} us"
-                f"  (total run {d['run_us'] / 1e3:8.2f} ms, wait {d['wait_us'] / 1e3:8.2f} ms)"
+                f"  {op:<14} n={d['count']:>6}  run {d['mean_run_us']:7.2f} us{parts} + signal {d['mean_signal_us']:5.2f}"
+                f"  wait {d['mean_wait_us']:7.2f} us  (total run {d['run_us'] / 1e3:8.2f} ms, wait {d['wait_us'] / 1e3:8.2f} ms)"
+            )
+        mid = cfg.num_hidden_layers // 2 + 1  # a MoE layer in the middle (sliding unless l % 4 == 0)
+        print(f"  layer {mid} critical path (us from the layer's first task start):")
+        for d in timeline.layer_spans(recs, mid):
+            print(
+                f"    {d['op']:<13} n={d['count']:>4} ready {d['first_ready_us']:7.1f}..{d['last_ready_us']:7.1f}"
+                f"  end {d['last_end_us']:7.1f}  run {d['mean_run_us']:6.2f} (signal {d['mean_signal_us']:5.2f})"
             )
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     (out / "bench.json").write_text(json.dumps(results, indent=1))
@@ -233,7 +248,14 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)
     }
-    t = replace(t, **over)
+    fits = {}
+    for k, v in over.items():  # e.g. moe_up_cols=48 does not divide the reduced 256: keep its default
+        try:
+            replace(t, **{k: v}).validate(cfg)
+            fits[k] = v
+        except TilingError:
+            print(f"reduced-geometry check: {k}={v} does not fit the reduced geometry, kept {getattr(t, k)}")
+    t = replace(t, **fits)
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=5, std=0.05)
     be = MegakernelBackend(cfg, w, tiling=t, prefetch_mode=mode, use_mma=mma)
     case = make_case(cfg, [5, 300, 255, 256], device="cuda", dtype=torch.bfloat16, seed=4)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 
 from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
+from mkcode.backend.megakernel import abi
 from mkcode.backend.model.config import ModelConfig
 
 
@@ -49,6 +50,18 @@ class Tiling:
         )
         need(H % self.o_rows == 0, "o_rows must divide hidden_size")
         need(self.max_splits >= 1, "max_splits must be >= 1")
+        rows = {
+            "qkv_rows": self.qkv_rows,
+            "o_rows": self.o_rows,
+            "router_rows": self.router_rows,
+            "2 * dense_up_cols": 2 * self.dense_up_cols,
+            "dense_down_rows": self.dense_down_rows,
+            "2 * moe_up_cols": 2 * self.moe_up_cols,
+            "moe_down_rows": self.moe_down_rows,
+            "lm_rows": self.lm_rows,
+        }
+        for name, n in rows.items():
+            need(0 < n <= abi.MK_MAX_TILE_ROWS, f"{name} = {n} weight rows, the kernel takes 1..{abi.MK_MAX_TILE_ROWS}")
         if cfg.dense_layers:
             D = cfg.prefix_dense_intermediate_size
             need(D % self.dense_up_cols == 0, "dense_up_cols must divide the dense intermediate size")
@@ -94,25 +107,29 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
     )
 
 
-# Batches from this size on stream MoE weights in tiles twice as large (measured on the H200 at 8K:
-# BS 8 14.08 ms instead of 16.26 ms per step; BS 1 6.23 ms instead of 5.78, so small batches keep
-# the default). The fixed cost of a queue item (claim, staging, reduction, signal) is amortised
-# over more bytes once there are several waves of items; the crossover between BS 1 and 8 is not
-# measured yet.
+# Batches from this size on stream MoE weights in wider tiles: up tiles 4x the columns (256 weight
+# rows, 1 MB), down tiles 2x the rows (256). Measured on the H200 at 8K, BS 8: 12.94 ms per step with
+# 4x/2x, 13.67 with 2x/2x, 16.5 with the default (2026-11-29, session 3); BS 1 is slower with any
+# wider tile (6.3-6.8 vs 6.2 ms). The fixed cost of a queue item (claim, staging, reduction, signal:
+# ~5-8 us, measured by the timeline) is amortised over more bytes once there are several waves of
+# items. The crossover between BS 1 and 8 is not measured yet.
 WIDE_MOE_FROM_BATCH = 4
+WIDE_MOE_SCALES = ((4, 2), (2, 2))  # (up columns, down rows) factors, the first the config takes
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: wider MoE tiles from WIDE_MOE_FROM_BATCH rows on,
-    where the config allows them (else `base` unchanged)."""
+    the widest of WIDE_MOE_SCALES the config allows (else `base` unchanged)."""
     if batch < WIDE_MOE_FROM_BATCH:
         return base
-    wide = replace(base, moe_up_cols=2 * base.moe_up_cols, moe_down_rows=2 * base.moe_down_rows)
-    try:
-        wide.validate(cfg)
-    except TilingError:
-        return base
-    return wide
+    for up, down in WIDE_MOE_SCALES:
+        wide = replace(base, moe_up_cols=up * base.moe_up_cols, moe_down_rows=down * base.moe_down_rows)
+        try:
+            wide.validate(cfg)
+        except TilingError:
+            continue
+        return wide
+    return base
 
 
 def visible_pages(position: int, window: int | None) -> int:

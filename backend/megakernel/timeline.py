@@ -1,9 +1,12 @@
 """Per-SM timeline of one megakernel step (DESIGN §6 step 4): where the time goes.
 
-With `backend.timeline` set to an int64 tensor [n_sms, cap, 4], the kernel's thread 0 of each block
-writes one record per task (and per DRAIN): opcode | layer << 8 | queue-item << 16, then the
-%globaltimer stamps at start, after the dependency waits, and after the signals. `summarize` turns
-them into per-opcode wait/run totals and the SMs' busy fraction.
+With `backend.timeline` set to an int64 tensor [n_sms, cap, MK_TL_WORDS], the kernel's thread 0 of
+each block writes one record per task (and per DRAIN): opcode | layer << 8 | queue-item << 16, then
+the %globaltimer stamps at start, after the dependency waits, GEMV start and end (0 for ops
+without one), when the op finished (before the release fence), and after the signals. `summarize`
+turns them into per-opcode wait/run/signal totals (and staging/GEMV/epilogue for GEMV ops) and the
+blocks' busy fraction; `layer_spans` into each op's first start and last end within
+one layer (the critical path); `records` into a flat array (block, word 0, stamps) to save.
 """
 
 from __future__ import annotations
@@ -23,28 +26,93 @@ def summarize(tl: torch.Tensor) -> dict:
     rec = tl.cpu()
     valid = rec[:, :, 1] != 0
     t_start = int(rec[:, :, 1][valid].min())
-    t_end = int(rec[:, :, 3][valid].max())
+    t_end = int(rec[:, :, abi.MK_TL_WORDS - 1][valid].max())
     span = max(1, t_end - t_start)
-    per_op: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "wait_us": 0.0, "run_us": 0.0})
+    per_op: dict[str, dict[str, float]] = defaultdict(
+        lambda: {
+            "count": 0,
+            "wait_us": 0.0,
+            "run_us": 0.0,
+            "signal_us": 0.0,
+            "gemv_n": 0,
+            "stage_us": 0.0,
+            "gemv_us": 0.0,
+            "epilogue_us": 0.0,
+        }
+    )
     busy = []
     for sm in range(rec.shape[0]):
         r = rec[sm][valid[sm]]
         run_sm = 0.0
-        for w0, t0, t1, t2 in r.tolist():
+        for w0, t0, t1, g0, g1, t2, t3 in r.tolist():
             op = abi.OPNAMES.get(w0 & 0xFF, "?") + ("*" if (w0 >> 16) & 1 else "")
             d = per_op[op]
             d["count"] += 1
             d["wait_us"] += (t1 - t0) / 1e3
-            d["run_us"] += (t2 - t1) / 1e3
+            d["run_us"] += (t3 - t1) / 1e3
+            d["signal_us"] += (t3 - t2) / 1e3
+            if g0 and g1:  # a GEMV op: staging before it, the weight stream, the epilogue after it
+                d["gemv_n"] += 1
+                d["stage_us"] += (g0 - t1) / 1e3
+                d["gemv_us"] += (g1 - g0) / 1e3
+                d["epilogue_us"] += (t2 - g1) / 1e3
             if (w0 & 0xFF) != abi.MK_OP_DRAIN:
-                run_sm += (t2 - t1) / 1e3
+                run_sm += (t3 - t1) / 1e3
         busy.append(run_sm / (span / 1e3))
     return {
         "span_us": span / 1e3,
         "records": int(valid.sum()),
         "mean_busy_fraction": sum(busy) / len(busy),
         "per_op": {
-            k: dict(v, mean_run_us=v["run_us"] / v["count"], mean_wait_us=v["wait_us"] / v["count"])
+            k: dict(
+                v,
+                mean_run_us=v["run_us"] / v["count"],
+                mean_wait_us=v["wait_us"] / v["count"],
+                mean_signal_us=v["signal_us"] / v["count"],
+                mean_stage_us=v["stage_us"] / max(1, v["gemv_n"]),
+                mean_gemv_us=v["gemv_us"] / max(1, v["gemv_n"]),
+                mean_epilogue_us=v["epilogue_us"] / max(1, v["gemv_n"]),
+            )
             for k, v in sorted(per_op.items())
         },
     }
+
+
+def records(tl: torch.Tensor) -> torch.Tensor:
+    """The valid records as int64 [n, 1 + MK_TL_WORDS]: block index, then the record's words."""
+    rec = tl.cpu()
+    valid = rec[:, :, 1] != 0
+    blk = torch.arange(rec.shape[0]).unsqueeze(1).expand(rec.shape[0], rec.shape[1])
+    return torch.cat([blk[valid].unsqueeze(1), rec[valid]], dim=1)
+
+
+def layer_spans(recs: torch.Tensor, layer: int) -> list[dict]:
+    """Per opcode of one layer (records as `records` returns them): count, first start, first
+    end of wait, last end, mean run (us, relative to the layer's first task start), sorted by
+    first end of wait: the layer's critical path reads top to bottom."""
+    w0 = recs[:, 1]
+    sel = recs[((w0 >> 8) & 0xFF) == layer]
+    if len(sel) == 0:
+        return []
+    base = int(sel[:, 2].min())
+    groups: dict[str, list[list[int]]] = defaultdict(list)
+    for row in sel.tolist():
+        op = abi.OPNAMES.get(row[1] & 0xFF, "?")
+        if op == "DRAIN":
+            continue
+        groups[op].append(row[2:])
+    out = []
+    for op, rs in groups.items():
+        out.append(
+            {
+                "op": op,
+                "count": len(rs),
+                "first_start_us": (min(r[0] for r in rs) - base) / 1e3,
+                "first_ready_us": (min(r[1] for r in rs) - base) / 1e3,
+                "last_ready_us": (max(r[1] for r in rs) - base) / 1e3,
+                "last_end_us": (max(r[5] for r in rs) - base) / 1e3,
+                "mean_run_us": sum(r[5] - r[1] for r in rs) / len(rs) / 1e3,
+                "mean_signal_us": sum(r[5] - r[4] for r in rs) / len(rs) / 1e3,
+            }
+        )
+    return sorted(out, key=lambda d: d["first_ready_us"])

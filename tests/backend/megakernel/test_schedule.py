@@ -109,14 +109,24 @@ def test_timeline_summary_of_synthetic_records():
     from mkcode.backend.megakernel import timeline
 
     tl = timeline.allocate(2, 4, "cpu")
-    tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (3 << 8), 1000, 3000, 9000])
-    tl[0, 1] = torch.tensor([abi.MK_OP_MOE_UP | (1 << 16), 9000, 9000, 13000])
-    tl[1, 0] = torch.tensor([abi.MK_OP_DRAIN, 1000, 5000, 13000])
+    tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (3 << 8), 1000, 3000, 4000, 7000, 8000, 9000])
+    tl[0, 1] = torch.tensor([abi.MK_OP_MOE_UP | (3 << 8) | (1 << 16), 9000, 9000, 0, 0, 12000, 13000])
+    tl[1, 0] = torch.tensor([abi.MK_OP_DRAIN | (3 << 8), 1000, 5000, 0, 0, 5000, 13000])
     s = timeline.summarize(tl)
     assert s["span_us"] == 12.0 and s["records"] == 3
     assert s["per_op"]["QKV"]["mean_run_us"] == 6.0 and s["per_op"]["QKV"]["mean_wait_us"] == 2.0
+    assert s["per_op"]["QKV"]["mean_signal_us"] == 1.0
+    q = s["per_op"]["QKV"]
+    assert (q["mean_stage_us"], q["mean_gemv_us"], q["mean_epilogue_us"]) == (1.0, 3.0, 1.0)
+    assert s["per_op"]["MOE_UP*"]["gemv_n"] == 0  # no GEMV marks: no staging/GEMV split
     assert s["per_op"]["MOE_UP*"]["count"] == 1
     assert abs(s["mean_busy_fraction"] - (10 / 12) / 2) < 1e-9  # drains are not busy time
+    recs = timeline.records(tl)
+    assert recs.shape == (3, 1 + abi.MK_TL_WORDS) and sorted(recs[:, 0].tolist()) == [0, 0, 1]
+    spans = timeline.layer_spans(recs, 3)
+    assert [d["op"] for d in spans] == ["QKV", "MOE_UP"]  # by first end of wait; drains left out
+    assert spans[0]["first_ready_us"] == 2.0 and spans[1]["last_end_us"] == 12.0
+    assert timeline.layer_spans(recs, 7) == []
 
 
 def test_gpu_check_cli_parses_variants():
@@ -167,8 +177,8 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
 
 
 def test_moe_tiles_widen_with_the_batch():
-    """From WIDE_MOE_FROM_BATCH rows the default tiling doubles the MoE tiles (measured faster at BS 8,
-    slower at BS 1); a config that cannot take them keeps the base tiling."""
+    """From WIDE_MOE_FROM_BATCH rows the default tiling widens the MoE tiles (measured faster at BS 8,
+    slower at BS 1): the widest scale the config takes; a config that takes none keeps the base."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import WIDE_MOE_FROM_BATCH, tiling_for_batch
@@ -178,7 +188,9 @@ def test_moe_tiles_widen_with_the_batch():
     assert tiling_for_batch(cfg, base, 1) == base
     assert tiling_for_batch(cfg, base, WIDE_MOE_FROM_BATCH - 1) == base
     wide = tiling_for_batch(cfg, base, 8)
-    assert (wide.moe_up_cols, wide.moe_down_rows) == (2 * base.moe_up_cols, 2 * base.moe_down_rows)
+    assert (wide.moe_up_cols, wide.moe_down_rows) == (4 * base.moe_up_cols, 2 * base.moe_down_rows)
     assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
+    mid = north_mini_code_config(4, intermediate_size=192)  # 128-column up tiles do not divide 192, 64 do
+    assert tiling_for_batch(mid, default_tiling(mid), 8).moe_up_cols == 2 * default_tiling(mid).moe_up_cols
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)

@@ -1,0 +1,203 @@
+// stream_probe.cu: how fast can one persistent block per SM stream weights from HBM, and by which
+// load strategy? A stand-alone measurement for the megakernel's GEMV design (not part of it).
+//
+// Every block streams its own contiguous chunk of a large buffer (never L2-resident) and folds the
+// data into a checksum so no load is dead. Strategies:
+//   ldg<U>   each thread issues U 16-byte ld.global.nc.L1::no_allocate loads, then consumes them
+//            (the megakernel's current GEMV loop shape)
+//   cpa<S>   each thread owns a private ring of S 16-byte cp.async slots in shared memory: wait for
+//            the oldest, consume it, refill it (no barriers: a thread reads only what it copied)
+//   bulk<S>  warp 0 lane 0 streams STAGE-byte cp.async.bulk copies into a ring of S stages with
+//            mbarrier full/empty barriers; every warp consumes a stage and arrives on its empty
+//            barrier (count = warps), so no block-wide barrier is involved
+// Blocks: all SMs, or fewer (per-SM ceiling). Output: one line per (strategy, blocks): GB/s.
+//
+// Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
+//   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+constexpr int NT = 512;
+
+__device__ __forceinline__ uint4 ldw(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+template <int U>
+__global__ void __launch_bounds__(NT, 1) ldg_stream(const uint4* src, size_t per_block, uint32_t* out) {
+  const uint4* p = src + blockIdx.x * (per_block / 16);
+  const size_t n = per_block / 16;
+  uint32_t acc = 0;
+  for (size_t i = threadIdx.x; i + (U - 1) * NT < n; i += (size_t)U * NT) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = ldw(p + i + u * NT);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc += fold(v[u]);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+template <int S>
+__global__ void __launch_bounds__(NT, 1) cpa_stream(const uint4* src, size_t per_block, uint32_t* out) {
+  extern __shared__ uint4 ring[];  // [S][NT]
+  const uint4* p = src + blockIdx.x * (per_block / 16);
+  const size_t n = per_block / 16, steps = n / NT;
+  uint32_t acc = 0;
+  for (int s = 0; s < S; ++s) {
+    if ((size_t)s < steps)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(&ring[s * NT + threadIdx.x])),
+                   "l"(p + (size_t)s * NT + threadIdx.x));
+    asm volatile("cp.async.commit_group;");
+  }
+  for (size_t i = 0; i < steps; ++i) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(S - 1));
+    const int slot = (int)(i % S);
+    acc += fold(ring[slot * NT + threadIdx.x]);
+    const size_t nx = i + S;
+    if (nx < steps)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(&ring[slot * NT + threadIdx.x])),
+                   "l"(p + nx * NT + threadIdx.x));
+    asm volatile("cp.async.commit_group;");
+  }
+  asm volatile("cp.async.wait_all;");
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred P;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n @!P bra WAIT_%=;\n}\n" ::"r"(
+          smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+template <int S, int STAGE>
+__global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per_block, uint32_t* out) {
+  extern __shared__ __align__(128) unsigned char buf[];  // [S][STAGE]
+  __shared__ uint64_t full[S], empty[S];
+  const char* p = src + blockIdx.x * per_block;
+  const int nstages = (int)(per_block / STAGE);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], NT / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int s = 0; s < S && s < nstages; ++s) {
+      mbar_expect_tx(&full[s], STAGE);
+      bulk_copy(buf + s * STAGE, p + (size_t)s * STAGE, STAGE, &full[s]);
+    }
+  uint32_t acc = 0;
+  for (int i = 0; i < nstages; ++i) {
+    const int s = i % S;
+    mbar_wait(&full[s], (i / S) & 1);
+    const uint4* st = reinterpret_cast<const uint4*>(buf + s * STAGE);
+    for (int j = threadIdx.x; j < STAGE / 16; j += NT) acc += fold(st[j]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (threadIdx.x == 0 && i + S < nstages) {  // refill this slot once every warp released it
+      mbar_wait(&empty[s], (i / S) & 1);
+      mbar_expect_tx(&full[s], STAGE);
+      bulk_copy(buf + s * STAGE, p + (size_t)(i + S) * STAGE, STAGE, &full[s]);
+    }
+  }
+  (void)warp;
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t total = (size_t)4 << 30;  // 4 GiB: far beyond L2
+  char* buf = nullptr;
+  uint32_t* out = nullptr;
+  CK(cudaMalloc(&buf, total));
+  CK(cudaMalloc(&out, 4096 * sizeof(uint32_t)));
+  CK(cudaMemset(buf, 1, total));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int block_counts[] = {sms, sms / 2, 16, 1};
+  printf("SMs %d; per-block chunk: min(4 GiB / blocks, 256 MiB); GB/s = bytes / kernel time (median of 5)\n", sms);
+  for (int bc : block_counts) {
+    size_t per_block = total / bc;
+    if (per_block > ((size_t)256 << 20)) per_block = (size_t)256 << 20;
+    per_block &= ~(size_t)((1 << 20) - 1);
+    auto run = [&](const char* name, auto launch) -> int {
+      float best[5];
+      for (int r = 0; r < 5; ++r) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CK(cudaGetLastError());
+        CK(cudaEventElapsedTime(&best[r], a, b));
+      }
+      for (int i = 0; i < 5; ++i)
+        for (int j = i + 1; j < 5; ++j)
+          if (best[j] < best[i]) {
+            float t = best[i];
+            best[i] = best[j];
+            best[j] = t;
+          }
+      const double gbs = (double)per_block * bc / (best[2] * 1e-3) / 1e9;
+      printf("%-16s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, bc, gbs, gbs / bc);
+      return 0;
+    };
+    const uint4* s16 = reinterpret_cast<const uint4*>(buf);
+    if (run("ldg U=4", [&] { ldg_stream<4><<<bc, NT>>>(s16, per_block, out); })) return 1;
+    if (run("ldg U=8", [&] { ldg_stream<8><<<bc, NT>>>(s16, per_block, out); })) return 1;
+    if (run("ldg U=16", [&] { ldg_stream<16><<<bc, NT>>>(s16, per_block, out); })) return 1;
+    CK(cudaFuncSetAttribute(cpa_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * NT * 16));
+    CK(cudaFuncSetAttribute(cpa_stream<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * NT * 16));
+    CK(cudaFuncSetAttribute(cpa_stream<24>, cudaFuncAttributeMaxDynamicSharedMemorySize, 24 * NT * 16));
+    if (run("cp.async S=8", [&] { cpa_stream<8><<<bc, NT, 8 * NT * 16>>>(s16, per_block, out); })) return 1;
+    if (run("cp.async S=16", [&] { cpa_stream<16><<<bc, NT, 16 * NT * 16>>>(s16, per_block, out); })) return 1;
+    if (run("cp.async S=24", [&] { cpa_stream<24><<<bc, NT, 24 * NT * 16>>>(s16, per_block, out); })) return 1;
+    CK(cudaFuncSetAttribute(bulk_stream<4, 32768>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * 32768));
+    CK(cudaFuncSetAttribute(bulk_stream<8, 16384>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * 16384));
+    CK(cudaFuncSetAttribute(bulk_stream<6, 32768>, cudaFuncAttributeMaxDynamicSharedMemorySize, 6 * 32768));
+    if (run("bulk 4x32K", [&] { bulk_stream<4, 32768><<<bc, NT, 4 * 32768>>>(buf, per_block, out); })) return 1;
+    if (run("bulk 8x16K", [&] { bulk_stream<8, 16384><<<bc, NT, 8 * 16384>>>(buf, per_block, out); })) return 1;
+    if (run("bulk 6x32K", [&] { bulk_stream<6, 32768><<<bc, NT, 6 * 32768>>>(buf, per_block, out); })) return 1;
+  }
+  return 0;
+}
