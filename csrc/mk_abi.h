@@ -13,7 +13,7 @@
 #define MK_MAX_WAITS 3    // counters a task waits on before running
 #define MK_MAX_SIGNALS 2  // counters a task increments after its writes are visible
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
-#define MK_MAX_TILE_ROWS 256  // weight rows of one GEMV task at most (gate+up count twice)
+#define MK_MAX_TILE_ROWS 512  // weight rows of one GEMV task at most (gate+up count twice)
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
@@ -148,6 +148,9 @@ enum MkError {
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
+// The default: no L2 prefetch (measured faster on the H200 in every run of 2026-11-29 session 3,
+// e.g. BS 1 5.73 vs 6.01 ms, BS 8 15.06 vs 15.45 ms: the bulk prefetches compete with the loads).
+#define MK_PREFETCH_DEFAULT 0
 // Variant bit in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
 // attention instead of the tensor-core one.
 #define MK_MODE_SIMT_ATTN 4

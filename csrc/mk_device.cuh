@@ -158,38 +158,25 @@ struct ActSrc {
 };
 
 // Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
-// Each thread issues U float4 loads before converting any (fewer L2 round trips in a row).
+// A thread takes the same 4 columns of all 8 rows (their 8 loads in flight together) per sweep;
+// no index division (the previous flat loop spent ~2 us per task on integer divisions, measured).
 __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen) {
-  const float* src = a.src;
-  const long stride = a.stride;
-  const int* rows = a.rows;
-  const int k0 = a.k0;
   const int lds = klen + ACT_PAD;
-  const int per_row = klen / 4;
-  const int total = 8 * per_row;
-  constexpr int U = 4;
-  for (int base = threadIdx.x; base < total; base += U * NT) {
-    float4 v[U];
+  int r[8];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * NT;
-      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < total) {
-        const int n = i / per_row, k = (i % per_row) * 4;
-        if (rows[n] >= 0) v[u] = ld_cg4(src + rows[n] * stride + k0 + k);
-      }
-    }
+  for (int n = 0; n < 8; ++n) r[n] = a.rows[n];
+  for (int k = threadIdx.x * 4; k < klen; k += NT * 4) {
+    float4 v[8];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * NT;
-      if (i < total) {
-        const int n = i / per_row, k = (i % per_row) * 4;
-        __nv_bfloat162 lo = __floats2bfloat162_rn(v[u].x, v[u].y), hi = __floats2bfloat162_rn(v[u].z, v[u].w);
-        uint2 packed;
-        packed.x = *reinterpret_cast<uint32_t*>(&lo);
-        packed.y = *reinterpret_cast<uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
-      }
+    for (int n = 0; n < 8; ++n)
+      v[n] = r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + a.k0 + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      __nv_bfloat162 lo = __floats2bfloat162_rn(v[n].x, v[n].y), hi = __floats2bfloat162_rn(v[n].z, v[n].w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
     }
   }
 }

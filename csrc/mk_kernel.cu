@@ -24,8 +24,8 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
              sms, kBlocksPerSm);
     return cudaErrorInvalidValue;
   }
-  // ROUTE: logits, slots, counts, positions in s.out
-  if (10 * p.num_experts + 8 * MK_MAX_TOKENS + NWARPS > OUT_FLOATS) {
+  // ROUTE: logits, slots, counts, positions, chosen logits in s.out
+  if (10 * p.num_experts + 16 * MK_MAX_TOKENS + NWARPS > OUT_FLOATS) {
     snprintf(msg, cap, "num_experts=%d is more than ROUTE takes", p.num_experts);
     return cudaErrorInvalidValue;
   }

@@ -454,8 +454,7 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
-// Top-k: warp b takes K warp-wide arg-maxes over row b (a version holding the row in registers
-// was slower: 11.4 vs 7.8 us at BS 8). The table: slot counts by shared atomics, table positions by warp ballots, and each slot's
+// Top-k by each logit's rank in its row (K sequential warp arg-maxes took 7-8 us, measured). The table: slot counts by shared atomics, table positions by warp ballots, and each slot's
 // place among its expert's slots by counting the earlier slots (all parallel; the serial per-expert
 // scans with divisions by K cost ~10 us at BS 8, measured).
 __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
@@ -466,53 +465,49 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
   int* cnt = fid + 8 * MK_MAX_TOKENS;                  // [E] tokens per expert
   int* pos_s = cnt + E;                                // [E] table position of each expert
   int* wcnt = pos_s + E;                               // [NWARPS]
-  for (int i = threadIdx.x; i < B * E; i += NT) lg[i] = ld_cg(V.rlogits(l) + (size_t)(i / E) * E + i % E);
+  float* topv = reinterpret_cast<float*>(wcnt + NWARPS);  // [B*K] the chosen logits, by rank
+  for (int i = threadIdx.x; i < B * E; i += NT) {
+    const float v = ld_cg(V.rlogits(l) + i);  // rows of E logits, contiguous
+    lg[i] = isnan(v) ? -INFINITY : v;         // a total order: the ranks below are a permutation
+  }
   for (int e = threadIdx.x; e < E; e += NT) cnt[e] = 0;
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: logits loaded
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp < B) {
-    float* row = lg + warp * E;
-    float top[MK_MAX_TOKENS];
-    for (int j = 0; j < K; ++j) {
-      float best = -INFINITY;
-      int bi = 0x7fffffff;
-      for (int e = lane; e < E; e += 32) {
-        const float v = row[e];
-        if (v > best || (v == best && e < bi)) {
-          best = v;
-          bi = e;
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-          best = ov;
-          bi = oi;
-        }
-      }
-      top[j] = best;
-      if (lane == 0) {
-        fid[warp * K + j] = bi;
-        row[bi] = -INFINITY;
-      }
-      __syncwarp();
+  // Top-k by rank: expert e of row b is chosen iff fewer than K logits of the row beat it (greater,
+  // or equal with a lower id: the ties a sequential arg-max resolves to the lower id), and its rank
+  // is its place in the row's top-k. One thread per (row, expert), all in parallel.
+  for (int i = threadIdx.x; i < B * E; i += NT) {
+    const int b = i / E, e = i - b * E;
+    const float v = lg[i];
+    const float* row = lg + b * E;
+    int rank = 0;
+#pragma unroll 4
+    for (int f = 0; f < E; ++f) {
+      const float u = row[f];
+      rank += (u > v) || (u == v && f < e);
     }
-    if (lane == 0) {
-      float w[MK_MAX_TOKENS];
-      float sum = 0.f;
-      if (!p.selection_sigmoid) {
-        const float m = top[0];
-        for (int j = 0; j < K; ++j) sum += (w[j] = expf(top[j] - m));
+    if (rank < K) {
+      fid[b * K + rank] = e;
+      topv[b * K + rank] = v;
+    }
+  }
+  __syncthreads();
+  if ((int)threadIdx.x < B) {  // thread b: the routing weights of row b
+    const int b = threadIdx.x;
+    const float* top = topv + b * K;
+    float w[MK_MAX_TOKENS];
+    float sum = 0.f;
+    if (!p.selection_sigmoid) {
+      const float m = top[0];
+      for (int j = 0; j < K; ++j) sum += (w[j] = expf(top[j] - m));
+      for (int j = 0; j < K; ++j) w[j] /= sum;
+    } else {
+      for (int j = 0; j < K; ++j) sum += (w[j] = 1.f / (1.f + expf(-top[j])));
+      if (p.norm_topk)
         for (int j = 0; j < K; ++j) w[j] /= sum;
-      } else {
-        for (int j = 0; j < K; ++j) sum += (w[j] = 1.f / (1.f + expf(-top[j])));
-        if (p.norm_topk)
-          for (int j = 0; j < K; ++j) w[j] /= sum;
-      }
-      for (int j = 0; j < K; ++j) V.route_w(l)[warp * K + j] = w[j];
     }
+    for (int j = 0; j < K; ++j) V.route_w(l)[b * K + j] = w[j];
   }
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // timeline: top-k done
@@ -1121,25 +1116,45 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 //
 // A claimed item's words are copied into `raw` (cp.async, no registers held across the running
 // item) while the item before it runs; `drain_build` then writes the descriptor without a global
-// round trip. Host queues: the 32-word descriptor. MoE queue (layer l): the expert table row of the
-// item's active expert (expert, tokens, slots), the rest follows from the index and n_act (the
-// layer's active experts, read once per drain after ROUTE published).
+// round trip. Host queues: the 32-word descriptor. MoE queue of layer l (indices): the up tiles of
+// the n_act active experts, then the layer's attention tail (host descriptors of queue `tq`: the
+// combines and O-proj tiles), then the down tiles. An up/down tile's words come from the expert
+// table row of its active expert (expert, tokens, slots) plus its index; n_act (the layer's active
+// experts) is read once per drain after ROUTE published.
 
 __device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
+// The shape of a MoE queue: [0, n_up) up tiles, [n_up, n_up + n_tail) tail, then n_down down tiles.
+struct MoeQueue {
+  int n_up, n_tail, n_down, tail_first;
+  __device__ MoeQueue(const Params& p, int n_act, const int* tq)
+      : n_up(n_act * p.moe_up_tiles),
+        n_tail(tq ? tq[1] : 0),
+        n_down(n_act * p.moe_down_tiles),
+        tail_first(tq ? tq[0] : 0) {}
+  __device__ bool in_tail(uint32_t idx) const { return idx >= (uint32_t)n_up && idx < (uint32_t)(n_up + n_tail); }
+  __device__ uint32_t end() const { return (uint32_t)(n_up + n_tail + n_down); }
+  __device__ int tile(uint32_t idx) const { return (int)idx < n_up ? (int)idx : (int)idx - n_tail; }  // not in_tail
+};
+
+__device__ __forceinline__ void host_item_fetch(const Params& p, int at, int* raw) {
+  if (threadIdx.x < MK_DESC_WORDS / 4)
+    cp_async16(raw + 4 * threadIdx.x, (const int*)p.queue + (size_t)at * MK_DESC_WORDS + 4 * threadIdx.x, true);
+}
+
 __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int* qi, int l, uint32_t idx, int n_act,
                                             int* raw) {
   if (kind == MK_QUEUE_HOST) {
-    if (idx < (uint32_t)qi[1] && threadIdx.x < MK_DESC_WORDS / 4)
-      cp_async16(raw + 4 * threadIdx.x, (const int*)p.queue + (size_t)(qi[0] + idx) * MK_DESC_WORDS + 4 * threadIdx.x,
-                 true);
+    if (idx < (uint32_t)qi[1]) host_item_fetch(p, qi[0] + (int)idx, raw);
   } else {
-    const int up = p.moe_up_tiles, down = p.moe_down_tiles;
-    if (idx < (uint32_t)(n_act * (up + down)) && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
-      const int i = (int)idx;
-      const int a = i < n_act * up ? i / up : (i - n_act * up) / down;
+    const MoeQueue q(p, n_act, qi);
+    if (q.in_tail(idx)) {
+      host_item_fetch(p, q.tail_first + (int)idx - q.n_up, raw);
+    } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
+      const int m = q.tile(idx);
+      const int a = m < q.n_up ? m / p.moe_up_tiles : (m - q.n_up) / p.moe_down_tiles;
       const int* row = View(p).expert_tab(l) + (size_t)a * (2 + MK_MAX_TOKENS);
       cp_async8_ca(raw + 2 * threadIdx.x, row + 2 * threadIdx.x);  // written by ROUTE this step, after route[l]
     }
@@ -1148,7 +1163,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
 }
 
 // Threads w < MK_DESC_WORDS write word w of `item` from `raw`. Returns false (uniformly) past the
-// end of the queue.
+// end of the queue. qi: the host queue (HOST), or the MoE layer's attention tail queue (or null).
 __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uint32_t idx, int n_act, int mlp_counter,
                             const int* raw, int* item) {
   const int w = threadIdx.x;
@@ -1157,11 +1172,17 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
     if (w < MK_DESC_WORDS) item[w] = raw[w];
     return true;
   }
-  const int up = p.moe_up_tiles, down = p.moe_down_tiles;
-  if (idx >= (uint32_t)(n_act * (up + down))) return false;
+  const MoeQueue q(p, n_act, qi);
+  if (idx >= q.end()) return false;
   if (w >= MK_DESC_WORDS) return true;
-  const bool is_up = (int)idx < n_act * up;
-  const int t = is_up ? (int)idx % up : ((int)idx - n_act * up) % down;
+  if (q.in_tail(idx)) {
+    item[w] = raw[w];
+    return true;
+  }
+  const int up = p.moe_up_tiles, down = p.moe_down_tiles;
+  const int m = q.tile(idx);
+  const bool is_up = m < q.n_up;
+  const int t = is_up ? m % up : (m - q.n_up) % down;
   const int e = raw[0], ntok = raw[1];
   const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
   int v = 0;
@@ -1179,7 +1200,7 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   else if (w == MK_F_SIG0) v = is_up ? ecounter : mlp_counter;
   else if (w > MK_F_SIG0 && w < MK_F_SIG0 + MK_MAX_SIGNALS) v = MK_NO_COUNTER;
   else if (w == MK_F_SIG_AMOUNT) v = is_up ? 1 : ntok;
-  else if (w == MK_F_ID) v = -(1 << 20) - (int)idx;
+  else if (w == MK_F_ID) v = -(1 << 20) - m;
   else if (w == MK_F_NTOK) v = ntok;
   else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? raw[2 + (w - MK_F_SLOT0)] : -1;
   item[w] = v;
@@ -1251,7 +1272,11 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
       return;
     }
     const int kind = s_desc[MK_F_A0], arg = s_desc[MK_F_A1], mlp_c = s_desc[MK_F_A2];
-    const int* qi = (const int*)p.queue_info + arg * 4;  // host queues: first item, length, head counter
+    // host queues: their (first item, length, head counter); MoE queues: the attention tail's
+    const int tail = s_desc[MK_F_A3];
+    const int* qi = kind == MK_QUEUE_HOST ? (const int*)p.queue_info + arg * 4
+                    : tail >= 0           ? (const int*)p.queue_info + tail * 4
+                                          : nullptr;
     unsigned int* head = (unsigned int*)p.counters +
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;

@@ -109,10 +109,10 @@ class MegakernelBackend:
         self.n_sms = int(n_sms or info["sm_count"] * int(getattr(self.mod, "BLOCKS_PER_SM", 1)))
         self.timeout_s = timeout_s
         self.use_mma = use_mma
-        # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_SELF (the measured path);
-        # MKCODE_MK_PREFETCH overrides it for benches that build the backend
+        # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_DEFAULT (the measured
+        # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
-            prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_SELF))
+            prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_DEFAULT))
         self.prefetch_mode = prefetch_mode
         self.timeline: torch.Tensor | None = None  # int64 [n_sms, cap, 4] when recording (see timeline.py)
         # per-row sampling block (MK_SP_*); passed to the kernel only by sample() (None: greedy)

@@ -160,13 +160,17 @@ class Emulator:
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
         """Claims run two ahead, as in the kernel: a drain claims twice before its first item and
-        once per item it runs, so it over-claims exactly twice (the host queue totals count it)."""
+        once per item it runs, so it over-claims exactly twice (the host queue totals count it).
+        A MoE queue's items: the up tiles, then the layer's attention tail (host items of queue A3),
+        then the down tiles."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
         t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
             first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
         else:
             head_c = moe_head_counter(self.cfg, arg)
+            tail_q = int(d[abi.MK_F_A3])
+            t_first, t_len = (int(v) for v in self.sched.queue_info[tail_q][:2]) if tail_q >= 0 else (0, 0)
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -185,17 +189,21 @@ class Emulator:
                 item = self.sched.queue_desc[first + idx]
             else:
                 layer = arg
-                item = moe_item(
-                    self.ops.moe_tables[layer],
-                    layer,
-                    idx,
-                    mlp_c,
-                    self.up_tiles,
-                    t.moe_up_cols,
-                    self.down_tiles,
-                    t.moe_down_rows,
-                    lambda ly, e: expert_counter(self.cfg, ly, e),
-                )
+                n_up = len(self.ops.moe_tables[layer]) * self.up_tiles
+                if n_up <= idx < n_up + t_len:
+                    item = self.sched.queue_desc[t_first + idx - n_up]
+                else:
+                    item = moe_item(
+                        self.ops.moe_tables[layer],
+                        layer,
+                        idx if idx < n_up else idx - t_len,
+                        mlp_c,
+                        self.up_tiles,
+                        t.moe_up_cols,
+                        self.down_tiles,
+                        t.moe_down_rows,
+                        lambda ly, e: expert_counter(self.cfg, ly, e),
+                    )
                 if item is None:
                     return
             pending.append(claim())

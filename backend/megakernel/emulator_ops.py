@@ -318,7 +318,8 @@ class OpSemantics:
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
         if self.math:
-            logits = self.ws["rlogits"][layer, :B]
+            # NaN ranks as -inf (as in the kernel, whose ranks must stay a permutation)
+            logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
             top, ids = torch.topk(logits, K, dim=-1)
             if cfg.expert_selection_fn == "softmax":
                 w = torch.softmax(top, dim=-1)

@@ -24,6 +24,7 @@ import torch
 
 from mkcode.backend.bench.accounting import step_bytes as account_step_bytes
 from mkcode.backend.bench.hbm import measure_copy_bandwidth
+from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.testing import (
     Fp32Weights,
     clone_batch,
@@ -125,14 +126,14 @@ def bench(args: argparse.Namespace) -> int:
             )
         del be
 
-    fastest_mode, fastest_mma = 1, 1
+    fastest_mode, fastest_mma = abi.MK_PREFETCH_DEFAULT, 1
     for spec in args.variants:  # e.g. "prefetch=3", "mma=2", "moe_up_cols=64,moe_down_rows=256"
         mode, mma, kw = parse_variant(spec)
         mode = fastest_mode if mode is None else mode
         mma = fastest_mma if mma is None else mma
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode}, mma={mma})"
-        if kw or mma != 1 or mode != 1:  # tile overrides, the FMA GEMV, other prefetch modes: check first
+        if kw or mma != 1 or mode != abi.MK_PREFETCH_DEFAULT:  # tile overrides, FMA, other modes: check first
             try:
                 ok = reduced_check(tiling, mode, mma)
             except Exception as e:  # e.g. the watchdog: report, go on with the other variants
@@ -331,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=bench)
     s = sub.add_parser("step", aliases=["sanitize"])
-    s.add_argument("--mode", type=int, default=1, help="prefetch_mode bits (MK_PREFETCH_*, MK_MODE_*)")
+    s.add_argument(
+        "--mode", type=int, default=abi.MK_PREFETCH_DEFAULT, help="prefetch_mode bits (MK_PREFETCH_*, MK_MODE_*)"
+    )
     s.add_argument("--mma", type=int, default=1)
     s.add_argument("--sms", type=int, default=16, help="0: every SM")
     s.add_argument("--layers", type=int, default=2, choices=[2, 6])

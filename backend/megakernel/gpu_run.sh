@@ -20,9 +20,9 @@ echo "build done at +$(( $(date +%s) - t0 ))s"
 stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
-#   prefetch=1  the default (self L2 prefetch), the measured-correct path
-#   then tile shapes on top of the fastest prefetch mode: fuller MoE tiles for BS 8, bigger QKV/O
-VARIANTS=${VARIANTS:-"prefetch=1 moe_up_cols=64,moe_down_rows=256 qkv_rows=128,o_rows=128"}
+#   prefetch=0  the default (no L2 prefetch); prefetch=1 the self L2 prefetch
+#   then tile shapes on top of the fastest prefetch mode: the BS >= 4 MoE tiles (4x/2x), bigger QKV/O
+VARIANTS=${VARIANTS:-"prefetch=0 prefetch=1 moe_up_cols=128,moe_down_rows=256 moe_up_cols=128,moe_down_rows=512 qkv_rows=128,o_rows=128"}
 for stage in "${stages[@]}"; do
   case $stage in
     tests)

@@ -228,7 +228,8 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
     fake = FakeNative()
     assert (
         MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake).prefetch_mode
-        == abi.MK_PREFETCH_SELF
+        == abi.MK_PREFETCH_DEFAULT
+        == 0
     )
     monkeypatch.setenv("MKCODE_MK_PREFETCH", "3")
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)

@@ -123,11 +123,19 @@ def _find(sched, op, layer=None):
     raise LookupError(op)
 
 
+def _find_item(sched, op, layer):
+    """The host queue index of the first item with this opcode in this layer."""
+    for i, t in enumerate(sched.queue_desc):
+        if t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == layer:
+            return i
+    raise LookupError(op)
+
+
 @pytest.mark.parametrize(
     "op,layer,slot",
     [
         (abi.MK_OP_ADD_NORM, 0, 0),  # the O-proj wait
-        (abi.MK_OP_OPROJ, 1, 0),  # the combine wait
+        (abi.MK_OP_OPROJ, 0, 0),  # the combine wait (a static task in the dense layer)
         (abi.MK_OP_QKV, 3, 0),  # the norm wait
         (abi.MK_OP_DENSE_DOWN, 0, 0),
         (abi.MK_OP_ROUTE, 1, 0),
@@ -151,6 +159,17 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
+@pytest.mark.parametrize("op", [abi.MK_OP_ATTN_COMBINE, abi.MK_OP_OPROJ])
+def test_deleted_attention_tail_dependency_is_caught(weights, op):
+    """In MoE layers the combines and O-proj tiles are MoE queue items (between the up and the
+    down tiles): a missing wait there is a race too."""
+    contexts = [70, 3]
+    sched = build_schedule(CFG, 2, contexts, N_SMS, TILING)
+    assert not any(t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == 1 for t in sched.tasks)
+    with pytest.raises(HazardError, match=r"race|never written"):
+        _run(weights, contexts, sched=sched.without_queue_wait(_find_item(sched, op, 1), 0), strategy="random")
+
+
 def test_double_signal_is_caught(weights):
     contexts = [10]
     sched = build_schedule(CFG, 1, contexts, N_SMS, TILING)
@@ -164,8 +183,8 @@ def test_double_signal_is_caught(weights):
 def test_unreachable_target_deadlocks_loudly(weights):
     contexts = [10]
     sched = build_schedule(CFG, 1, contexts, N_SMS, TILING)
-    t = _find(sched, abi.MK_OP_OPROJ, 2)
-    sched.tasks[t, abi.MK_F_WAIT0 + 1] += 1
+    t = _find_item(sched, abi.MK_OP_OPROJ, 2)  # a MoE queue item of layer 2
+    sched.queue_desc[t, abi.MK_F_WAIT0 + 1] += 1
     with pytest.raises(DeadlockError, match="combine"):
         _run(weights, contexts, sched=sched)
 
@@ -216,7 +235,8 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # the tile variants the next GPU sweep times (gpu_run.sh VARIANTS): they must validate, build and
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
-    {"moe_up_cols": 64, "moe_down_rows": 256},
+    {"moe_up_cols": 128, "moe_down_rows": 256},  # the BS >= 4 default (tiling_for_batch)
+    {"moe_up_cols": 128, "moe_down_rows": 512},
     {"qkv_rows": 128, "o_rows": 128},
 ]
 
@@ -240,4 +260,6 @@ def test_sweep_tilings_at_release_geometry(over, batch):
     bank = CounterBank(sched.n_counters)
     inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
     rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 3)
-    assert rep.events > len(sched.tasks)
+    static = sum(1 for t in sched.tasks if int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN)
+    # every static task, every attention item and the MoE items of each MoE layer ran
+    assert rep.events >= static + len(sched.queue_desc) + (layers - 1) * batch

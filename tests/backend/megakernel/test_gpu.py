@@ -222,8 +222,13 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
 )
 @pytest.mark.parametrize(
     "use_mma,prefetch",
-    [(1, abi.MK_PREFETCH_SELF), (0, abi.MK_PREFETCH_SELF), (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT)],
-    ids=["mma", "fma", "mma-next"],
+    [
+        (1, abi.MK_PREFETCH_DEFAULT),
+        (1, abi.MK_PREFETCH_SELF),
+        (0, abi.MK_PREFETCH_DEFAULT),
+        (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
+    ],
+    ids=["mma", "mma-self", "fma", "mma-next"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
@@ -231,7 +236,7 @@ def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     try:
         _step_check(CFG, w, be, contexts, seed=len(contexts))
     finally:
-        be.use_mma, be.prefetch_mode = 1, abi.MK_PREFETCH_SELF
+        be.use_mma, be.prefetch_mode = 1, abi.MK_PREFETCH_DEFAULT
 
 
 def test_consecutive_steps_reduced(small):

@@ -43,6 +43,7 @@ def _producers(sched):
             drains_of_queue[int(t[abi.MK_F_A1])].append(int(t[abi.MK_F_ID]))
         if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_MOE:
             prod[int(t[abi.MK_F_A2])].append(int(t[abi.MK_F_ID]))  # device-made MoE down tasks
+            drains_of_queue[int(t[abi.MK_F_A3])].append(int(t[abi.MK_F_ID]))  # the layer's attention tail
         for i in range(int(t[abi.MK_F_NSIG])):
             prod[int(t[abi.MK_F_SIG0 + i])].append(int(t[abi.MK_F_ID]))
     for q, (first, n, _, _) in enumerate(sched.queue_info):
