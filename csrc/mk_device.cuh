@@ -65,6 +65,12 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   return v;
 }
 
+// Counter increment with release semantics (one instruction instead of a full __threadfence and
+// a relaxed atomic; the waiter's ld.acquire pairs with it).
+__device__ __forceinline__ void signal_release(uint32_t* c, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(c), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---- errors and the watchdog --------------------------------------------------------------------

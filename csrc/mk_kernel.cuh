@@ -1101,11 +1101,12 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   __syncthreads();  // every thread's writes are done
   if (threadIdx.x == 0) {
     const uint64_t t2 = p.timeline ? globaltimer() : 0;
-    __threadfence();  // release: the writes above before the counter increments
+    // release: the block's writes (ordered before thread 0 by the barrier above, and covered by
+    // the release's cumulativity) become visible to whoever acquires the counter
     const int amount = d[MK_F_SIG_AMOUNT] ? d[MK_F_SIG_AMOUNT] : 1;
     for (int i = 0; i < MK_MAX_SIGNALS; ++i) {
       const int c = d[MK_F_SIG0 + i];
-      if (c != MK_NO_COUNTER) atomicAdd((unsigned int*)p.counters + c, (unsigned int)amount);
+      if (c != MK_NO_COUNTER) signal_release((uint32_t*)p.counters + c, (uint32_t)amount);
     }
     tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
   }
@@ -1229,6 +1230,7 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
   __shared__ int s_flag;
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
   __shared__ int s_nact;        // a MoE DRAIN's active experts
+  __shared__ uint32_t s_end;    // a DRAIN's queue length
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
@@ -1280,15 +1282,21 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
     unsigned int* head = (unsigned int*)p.counters +
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
-    // Claims run two items ahead: while item i runs, item i+1's words are on their way into shared
-    // memory (drain_fetch) and the claim of item i+2 is in flight. A drain stops at its first claim
-    // past the end, so each drain over-claims exactly twice (schedule.py counts it).
-    uint32_t claim_far = 0;
+    // While item i runs, item i+1's words are on their way into shared memory (drain_fetch) and,
+    // while at least n_sms items remain beyond it, the claim of item i+2 is in flight. Near the end
+    // of the queue a drain claims its next item only when it is free: an item claimed ahead waits
+    // for the running one even when other SMs sit idle (one wave of attention items at BS 1 ran as
+    // half a wave of pairs). A drain stops at its first claim past the end; host-queue drains then
+    // top their claims up to exactly two past the end (schedule.py counts items + 2 per drain).
+    uint32_t claim_far = 0;  // thread 0: the claim in flight (valid when far)
+    bool far = false;
     if (threadIdx.x == 0) {
-      const uint32_t c0 = atomicAdd(head, 1u);
-      claim_far = atomicAdd(head, 1u);
-      s_claim = c0 - head_base;
+      const uint32_t c0 = atomicAdd(head, 1u) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
+      s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
+      s_claim = c0;
+      far = c0 + (uint32_t)p.n_sms < s_end;
+      if (far) claim_far = atomicAdd(head, 1u);
     }
     __syncthreads();
     drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);
@@ -1300,8 +1308,10 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
       __syncthreads();
       if (!got) break;
       if (threadIdx.x == 0) {
-        s_claim = claim_far - head_base;  // the claim issued one item ago
-        claim_far = atomicAdd(head, 1u);
+        const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
+        s_claim = c;
+        far = c + (uint32_t)p.n_sms < s_end;
+        if (far) claim_far = atomicAdd(head, 1u);
       }
       __syncthreads();
       drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);  // s_raw is free: s_item was built
@@ -1311,6 +1321,9 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
       }
       __syncthreads();
     }
+    // one claim past the end stopped us (none is in flight then: it was not far from the end);
+    // one more makes the two per drain that the host queue's step total counts
+    if (threadIdx.x == 0 && kind == MK_QUEUE_HOST) atomicAdd(head, 1u);
     if (threadIdx.x == 0) {
       tl_marks[0] = tl_marks[1] = 0;
       tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1, s_t1);

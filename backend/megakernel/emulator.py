@@ -159,8 +159,10 @@ class Emulator:
         yield None
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
-        """Claims run two ahead, as in the kernel: a drain claims twice before its first item and
-        once per item it runs, so it over-claims exactly twice (the host queue totals count it).
+        """Claims as in the kernel: while at least n_sms items remain beyond the next one, the claim
+        after it is already in flight (an item claimed ahead waits for the running one); nearer the
+        end a drain claims when it is free. It stops at its first claim past the end and a host
+        queue's drain then claims once more, so it over-claims exactly twice (the totals count it).
         A MoE queue's items: the up tiles, then the layer's attention tail (host items of queue A3),
         then the down tiles."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
@@ -180,11 +182,20 @@ class Emulator:
                 return (raw - self.base[head_c]) & _U32
             return raw
 
-        pending = [claim(), claim()]
+        if kind == abi.MK_QUEUE_HOST:
+            end = length
+        else:
+            n_act = len(self.ops.moe_tables[arg])
+            end = n_act * (self.up_tiles + self.down_tiles) + t_len
+        n_sms = self.sched.n_sms
+        nxt = claim()
+        far = nxt + n_sms < end
+        ahead = claim() if far else None
         while True:
-            idx = pending.pop(0)
+            idx = nxt
             if kind == abi.MK_QUEUE_HOST:
                 if idx >= length:
+                    claim()  # the top-up: two claims past the end per drain
                     return
                 item = self.sched.queue_desc[first + idx]
             else:
@@ -206,7 +217,9 @@ class Emulator:
                     )
                 if item is None:
                     return
-            pending.append(claim())
+            nxt = ahead if far else claim()
+            far = nxt + n_sms < end
+            ahead = claim() if far else None
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
 

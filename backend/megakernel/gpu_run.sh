@@ -21,8 +21,8 @@ stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
 #   prefetch=0  the default (no L2 prefetch); prefetch=1 the self L2 prefetch
-#   then tile shapes on top of the fastest prefetch mode: the BS >= 4 MoE tiles (4x/2x), bigger QKV/O
-VARIANTS=${VARIANTS:-"prefetch=0 prefetch=1 moe_up_cols=128,moe_down_rows=256 moe_up_cols=128,moe_down_rows=512 qkv_rows=128,o_rows=128"}
+#   then tilings on top of the fastest prefetch mode: the BS >= 4 MoE tiles (4x/4x), fewer attention splits
+VARIANTS=${VARIANTS:-"prefetch=0 prefetch=1 moe_up_cols=128,moe_down_rows=512 max_splits=8"}
 for stage in "${stages[@]}"; do
   case $stage in
     tests)

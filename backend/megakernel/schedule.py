@@ -266,7 +266,7 @@ def build_schedule(
         n_items = len(qdescs) - first
         n_drains = min(n_items, n_sms)
         head_c = counter(f"attn_head[{layer}]", 0)
-        cs.totals[head_c] += n_items + 2 * n_drains  # every drain over-claims exactly twice (claims run 2 ahead)
+        cs.totals[head_c] += n_items + 2 * n_drains  # every drain claims exactly twice past the end (kernel DRAIN)
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
         for _ in range(n_drains):

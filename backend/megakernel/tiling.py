@@ -108,13 +108,13 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
 
 
 # Batches from this size on stream MoE weights in wider tiles: up tiles 4x the columns (256 weight
-# rows, 1 MB), down tiles 2x the rows (256). Measured on the H200 at 8K, BS 8: 12.94 ms per step with
-# 4x/2x, 13.67 with 2x/2x, 16.5 with the default (2026-11-29, session 3); BS 1 is slower with any
-# wider tile (6.3-6.8 vs 6.2 ms). The fixed cost of a queue item (claim, staging, reduction, signal:
-# ~5-8 us, measured by the timeline) is amortised over more bytes once there are several waves of
-# items. The crossover between BS 1 and 8 is not measured yet.
+# rows, 1 MB), down tiles 4x the rows (512). Measured on the H200 at 8K, BS 8 (2026-11-29, session 3):
+# 11.95 ms per step with 4x/4x, 12.40 with 4x/2x, 13.67 with 2x/2x, 16.5 with the default; BS 1 is
+# slower with any wider tile (5.86 vs 5.69 ms with 4x/4x). The fixed cost of a queue item (claim,
+# staging, reduction, signal: ~5 us, measured by the timeline) is amortised over more bytes once
+# there are several waves of items. The crossover between BS 1 and 8 is not measured yet.
 WIDE_MOE_FROM_BATCH = 4
-WIDE_MOE_SCALES = ((4, 2), (2, 2))  # (up columns, down rows) factors, the first the config takes
+WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, the first the config takes
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:

@@ -189,9 +189,12 @@ def test_moe_tiles_widen_with_the_batch():
     assert tiling_for_batch(cfg, base, 1) == base
     assert tiling_for_batch(cfg, base, WIDE_MOE_FROM_BATCH - 1) == base
     wide = tiling_for_batch(cfg, base, 8)
-    assert (wide.moe_up_cols, wide.moe_down_rows) == (4 * base.moe_up_cols, 2 * base.moe_down_rows)
+    assert (wide.moe_up_cols, wide.moe_down_rows) == (4 * base.moe_up_cols, 4 * base.moe_down_rows)
     assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
     mid = north_mini_code_config(4, intermediate_size=192)  # 128-column up tiles do not divide 192, 64 do
     assert tiling_for_batch(mid, default_tiling(mid), 8).moe_up_cols == 2 * default_tiling(mid).moe_up_cols
+    narrow = north_mini_code_config(4, hidden_size=768)  # 512-row down tiles do not divide 768, 256 do
+    t = tiling_for_batch(narrow, default_tiling(narrow), 8)
+    assert (t.moe_up_cols, t.moe_down_rows) == (4 * default_tiling(narrow).moe_up_cols, 2 * default_tiling(narrow).moe_down_rows)
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)
