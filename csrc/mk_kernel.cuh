@@ -1230,7 +1230,7 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
   __shared__ int s_flag;
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
   __shared__ int s_nact;        // a MoE DRAIN's active experts
-  __shared__ uint32_t s_end;    // a DRAIN's queue length
+  __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
@@ -1283,19 +1283,21 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
     // While item i runs, item i+1's words are on their way into shared memory (drain_fetch) and,
-    // while at least n_sms items remain beyond it, the claim of item i+2 is in flight. Near the end
-    // of the queue a drain claims its next item only when it is free: an item claimed ahead waits
-    // for the running one even when other SMs sit idle (one wave of attention items at BS 1 ran as
-    // half a wave of pairs). A drain stops at its first claim past the end; host-queue drains then
-    // top their claims up to exactly two past the end (schedule.py counts items + 2 per drain).
+    // while at least n_sms items remain before s_far (the queue's end; a MoE queue's last up tile),
+    // the claim of item i+2 is in flight. Beyond that a drain claims its next item only when it is
+    // free: an item claimed ahead waits for the running one even when other SMs sit idle (one wave
+    // of attention items at BS 1 ran as half a wave of pairs), and a MoE tail or down item claimed
+    // ahead may wait on its dependencies too. A drain stops at its first claim past the end;
+    // host-queue drains then top their claims up to exactly two past the end (schedule.py counts
+    // items + 2 per drain).
     uint32_t claim_far = 0;  // thread 0: the claim in flight (valid when far)
     bool far = false;
     if (threadIdx.x == 0) {
       const uint32_t c0 = atomicAdd(head, 1u) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
-      s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
+      s_far = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
       s_claim = c0;
-      far = c0 + (uint32_t)p.n_sms < s_end;
+      far = c0 + (uint32_t)p.n_sms < s_far;
       if (far) claim_far = atomicAdd(head, 1u);
     }
     __syncthreads();
@@ -1310,7 +1312,7 @@ __global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid
       if (threadIdx.x == 0) {
         const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
         s_claim = c;
-        far = c + (uint32_t)p.n_sms < s_end;
+        far = c + (uint32_t)p.n_sms < s_far;
         if (far) claim_far = atomicAdd(head, 1u);
       }
       __syncthreads();

@@ -159,9 +159,9 @@ class Emulator:
         yield None
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
-        """Claims as in the kernel: while at least n_sms items remain beyond the next one, the claim
-        after it is already in flight (an item claimed ahead waits for the running one); nearer the
-        end a drain claims when it is free. It stops at its first claim past the end and a host
+        """Claims as in the kernel: while at least n_sms items remain between the next one and the
+        queue's end (a MoE queue: its last up tile), the claim after it is already in flight (an item
+        claimed ahead waits for the running one); beyond that a drain claims when it is free. It stops at its first claim past the end and a host
         queue's drain then claims once more, so it over-claims exactly twice (the totals count it).
         A MoE queue's items: the up tiles, then the layer's attention tail (host items of queue A3),
         then the down tiles."""
@@ -183,13 +183,12 @@ class Emulator:
             return raw
 
         if kind == abi.MK_QUEUE_HOST:
-            end = length
+            far_end = length
         else:
-            n_act = len(self.ops.moe_tables[arg])
-            end = n_act * (self.up_tiles + self.down_tiles) + t_len
+            far_end = len(self.ops.moe_tables[arg]) * self.up_tiles
         n_sms = self.sched.n_sms
         nxt = claim()
-        far = nxt + n_sms < end
+        far = nxt + n_sms < far_end
         ahead = claim() if far else None
         while True:
             idx = nxt
@@ -218,7 +217,7 @@ class Emulator:
                 if item is None:
                     return
             nxt = ahead if far else claim()
-            far = nxt + n_sms < end
+            far = nxt + n_sms < far_end
             ahead = claim() if far else None
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
