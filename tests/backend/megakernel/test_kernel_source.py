@@ -37,3 +37,22 @@ def test_kernels_compile_with_nvcc():
 
     assert main(["kernels", "build", "--compile-only"]) == 0
     assert build(compile_only=True).cached  # the artifact is now in the cache
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc")
+def test_stream_probe_compiles(tmp_path):
+    """The stand-alone HBM streaming probe (csrc/probes) stays buildable for sm_90a."""
+    import subprocess
+
+    from mkcode.backend.megakernel.build import ARCH_FLAGS, find_nvcc
+
+    src = abi.CSRC / "probes" / "stream_probe.cu"
+    out = tmp_path / "stream_probe.o"
+    proc = subprocess.run(
+        [find_nvcc(), *ARCH_FLAGS, "-O3", "-std=c++17", str(src), "-c", "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert out.stat().st_size > 0
