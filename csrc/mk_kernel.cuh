@@ -454,9 +454,10 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
-// Top-k by each logit's rank in its row (K sequential warp arg-maxes took 7-8 us, measured). The table: slot counts by shared atomics, table positions by warp ballots, and each slot's
-// place among its expert's slots by counting the earlier slots (all parallel; the serial per-expert
-// scans with divisions by K cost ~10 us at BS 8, measured).
+// Top-k by each logit's rank in its row (K sequential warp arg-maxes took 7-8 us, measured). The
+// table: slot counts by shared atomics, table positions by warp ballots, and each slot's place
+// among its expert's slots by counting the earlier slots (all parallel; the serial per-expert scans
+// with divisions by K cost ~10 us at BS 8, measured).
 __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
