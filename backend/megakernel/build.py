@@ -26,6 +26,8 @@ MODULE_SOURCE = "mk_module.cu"  # the pybind11 binding: host code only
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr"]
 KERNEL_FLAGS = ["-Xptxas", "-v"]
+
+
 class BuildError(RuntimeError):
     """The extension cannot be built here; the message says exactly what is missing or failed."""
 

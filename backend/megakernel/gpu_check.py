@@ -333,7 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=bench)
     s = sub.add_parser("step", aliases=["sanitize"])
     s.add_argument(
-        "--mode", type=int, default=abi.MK_PREFETCH_DEFAULT, help="prefetch_mode bits (MK_PREFETCH_*, MK_MODE_*)"
+        "--mode",
+        type=int,
+        default=abi.MK_PREFETCH_DEFAULT,
+        help="prefetch_mode bits (MK_PREFETCH_*, MK_MODE_*)",
     )
     s.add_argument("--mma", type=int, default=1)
     s.add_argument("--sms", type=int, default=16, help="0: every SM")

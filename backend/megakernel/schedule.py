@@ -266,7 +266,9 @@ def build_schedule(
         n_items = len(qdescs) - first
         n_drains = min(n_items, n_sms)
         head_c = counter(f"attn_head[{layer}]", 0)
-        cs.totals[head_c] += n_items + 2 * n_drains  # every drain claims exactly twice past the end (kernel DRAIN)
+        cs.totals[head_c] += (
+            n_items + 2 * n_drains
+        )  # every drain claims exactly twice past the end (kernel DRAIN)
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
         for _ in range(n_drains):
@@ -280,7 +282,11 @@ def build_schedule(
         kspan = G * d
         tail = [
             make_desc(
-                abi.MK_OP_ATTN_COMBINE, layer, (b, h, rows_splits[b]), ((att_c[b][h], rows_splits[b]),), (comb_c[h],)
+                abi.MK_OP_ATTN_COMBINE,
+                layer,
+                (b, h, rows_splits[b]),
+                ((att_c[b][h], rows_splits[b]),),
+                (comb_c[h],),
             )
             for b in range(B)
             for h in range(Hkv)
@@ -307,7 +313,9 @@ def build_schedule(
                     cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
             for _ in range(n_sms):
                 emit(
-                    make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q), ((route_c, 1),))
+                    make_desc(
+                        abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q), ((route_c, 1),)
+                    )
                 )
         else:
             for qd in tail[: B * Hkv]:

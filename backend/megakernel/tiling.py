@@ -61,7 +61,10 @@ class Tiling:
             "lm_rows": self.lm_rows,
         }
         for name, n in rows.items():
-            need(0 < n <= abi.MK_MAX_TILE_ROWS, f"{name} = {n} weight rows, the kernel takes 1..{abi.MK_MAX_TILE_ROWS}")
+            need(
+                0 < n <= abi.MK_MAX_TILE_ROWS,
+                f"{name} = {n} weight rows, the kernel takes 1..{abi.MK_MAX_TILE_ROWS}",
+            )
         if cfg.dense_layers:
             D = cfg.prefix_dense_intermediate_size
             need(D % self.dense_up_cols == 0, "dense_up_cols must divide the dense intermediate size")

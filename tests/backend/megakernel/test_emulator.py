@@ -167,7 +167,9 @@ def test_deleted_attention_tail_dependency_is_caught(weights, op):
     sched = build_schedule(CFG, 2, contexts, N_SMS, TILING)
     assert not any(t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == 1 for t in sched.tasks)
     with pytest.raises(HazardError, match=r"race|never written"):
-        _run(weights, contexts, sched=sched.without_queue_wait(_find_item(sched, op, 1), 0), strategy="random")
+        _run(
+            weights, contexts, sched=sched.without_queue_wait(_find_item(sched, op, 1), 0), strategy="random"
+        )
 
 
 def test_double_signal_is_caught(weights):

@@ -195,6 +195,9 @@ def test_moe_tiles_widen_with_the_batch():
     assert tiling_for_batch(mid, default_tiling(mid), 8).moe_up_cols == 2 * default_tiling(mid).moe_up_cols
     narrow = north_mini_code_config(4, hidden_size=768)  # 512-row down tiles do not divide 768, 256 do
     t = tiling_for_batch(narrow, default_tiling(narrow), 8)
-    assert (t.moe_up_cols, t.moe_down_rows) == (4 * default_tiling(narrow).moe_up_cols, 2 * default_tiling(narrow).moe_down_rows)
+    assert (t.moe_up_cols, t.moe_down_rows) == (
+        4 * default_tiling(narrow).moe_up_cols,
+        2 * default_tiling(narrow).moe_down_rows,
+    )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)
