@@ -1,6 +1,7 @@
 """GPU tests of the megakernel (`-m gpu`, skipped without CUDA): every opcode against its torch
 semantics on fresh random inputs with poisoned outputs, the whole step against the fp32 reference
-at a reduced and at the release geometry, consecutive steps, and the watchdog."""
+at a reduced and at the release geometry, 256 consecutive steps at BS 1, 2, 4, 8, and the
+watchdog."""
 
 from __future__ import annotations
 
@@ -254,6 +255,53 @@ def test_consecutive_steps_reduced(small):
         for b in (case.batch, ref_batch):
             b.token_ids = nxt.clone()
             b.positions = b.positions + 1
+
+
+LONG_RUN_CONTEXTS = {  # ragged starts; over 256 steps each row crosses pages and the window (256)
+    1: [60],
+    2: [5, 250],
+    4: [63, 190, 255, 500],
+    8: [1, 64, 127, 200, 250, 300, 511, 700],
+}
+
+
+@pytest.mark.parametrize("B", [1, 2, 4, 8])
+def test_long_run_matches_reference(small, B):
+    """256 consecutive steps (the issue's bar): every step's logits against the fp32 reference on the
+    same pages (cosine >= 0.999 for every row) and greedy agreement >= 99 % over all steps and rows
+    whose reference top-2 gap is not a near-tie (> 2 % of the logits' std, as in _step_check: the
+    random-weight model's flat logits make bf16-vs-fp32 near-tie flips common, and a flip there is
+    no error); the clear decisions must be most of them, so the bar cannot pass vacuously. Both
+    sides are fed the reference's greedy token."""
+    w, be = small
+    steps = 256
+    case = make_case(CFG, LONG_RUN_CONTEXTS[B], device="cuda", dtype=torch.bfloat16, seed=20 + B, grow=steps)
+    ref_batch = clone_batch(case.batch)
+    fp = Fp32Weights(w)
+    worst, agree, clear_agree, clear_total, total = 1.0, 0, 0, 0, 0
+    for step in range(steps):
+        got = be.decode(case.batch)
+        ref = _routed_reference(CFG, fp, be, ref_batch)
+        cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=-1)
+        worst = min(worst, float(cos.min()))
+        assert float(cos.min()) >= 0.999, f"step {step}: cosine {cos.tolist()}"
+        nxt = ref.argmax(-1)
+        same = got.argmax(-1) == nxt
+        top2 = ref.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 0.02 * ref.std(-1)
+        agree += int(same.sum())
+        clear_agree += int(same[clear].sum())
+        clear_total += int(clear.sum())
+        total += B
+        for b in (case.batch, ref_batch):
+            b.token_ids = nxt.clone()
+            b.positions = b.positions + 1
+    print(
+        f"BS {B}: {steps} steps, worst cosine {worst:.6f}, greedy agreement {agree}/{total} "
+        f"({clear_agree}/{clear_total} where the reference is not a near-tie)"
+    )
+    assert clear_total >= total // 2, f"only {clear_total}/{total} clear decisions"
+    assert clear_agree >= 0.99 * clear_total, f"greedy agreement {clear_agree}/{clear_total}"
 
 
 def test_watchdog_reports_a_stuck_step(small):
