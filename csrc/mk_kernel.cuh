@@ -1129,16 +1129,21 @@ __device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
 }
 
 // The shape of a MoE queue: [0, n_up) up tiles, [n_up, n_up + n_tail) tail, then n_down down tiles.
+// With the tail queue's word 3 set (schedule: Tiling.moe_tail_last) the tail comes after the downs.
 struct MoeQueue {
-  int n_up, n_tail, n_down, tail_first;
+  int n_up, n_tail, n_down, tail_first, tail_at;
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
       : n_up(n_act * p.moe_up_tiles),
         n_tail(tq ? tq[1] : 0),
         n_down(n_act * p.moe_down_tiles),
-        tail_first(tq ? tq[0] : 0) {}
-  __device__ bool in_tail(uint32_t idx) const { return idx >= (uint32_t)n_up && idx < (uint32_t)(n_up + n_tail); }
+        tail_first(tq ? tq[0] : 0),
+        tail_at(tq && tq[3] ? n_up + n_down : n_up) {}
+  __device__ bool in_tail(uint32_t idx) const {
+    return idx >= (uint32_t)tail_at && idx < (uint32_t)(tail_at + n_tail);
+  }
   __device__ uint32_t end() const { return (uint32_t)(n_up + n_tail + n_down); }
-  __device__ int tile(uint32_t idx) const { return (int)idx < n_up ? (int)idx : (int)idx - n_tail; }  // not in_tail
+  // the up/down tile index (0 .. n_up + n_down) of a queue index outside the tail
+  __device__ int tile(uint32_t idx) const { return (int)idx < tail_at ? (int)idx : (int)idx - n_tail; }
 };
 
 __device__ __forceinline__ void host_item_fetch(const Params& p, int at, int* raw) {
@@ -1153,7 +1158,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
   } else {
     const MoeQueue q(p, n_act, qi);
     if (q.in_tail(idx)) {
-      host_item_fetch(p, q.tail_first + (int)idx - q.n_up, raw);
+      host_item_fetch(p, q.tail_first + (int)idx - q.tail_at, raw);
     } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
       const int m = q.tile(idx);
       const int a = m < q.n_up ? m / p.moe_up_tiles : (m - q.n_up) / p.moe_down_tiles;

@@ -164,7 +164,7 @@ class Emulator:
         claimed ahead waits for the running one); beyond that a drain claims when it is free. It stops at its first claim past the end and a host
         queue's drain then claims once more, so it over-claims exactly twice (the totals count it).
         A MoE queue's items: the up tiles, then the layer's attention tail (host items of queue A3),
-        then the down tiles."""
+        then the down tiles (or the tail last, when the tail queue's word 3 says so)."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
         t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
@@ -172,7 +172,9 @@ class Emulator:
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
-            t_first, t_len = (int(v) for v in self.sched.queue_info[tail_q][:2]) if tail_q >= 0 else (0, 0)
+            t_first, t_len, t_last = (
+                (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
+            )
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -199,14 +201,15 @@ class Emulator:
                 item = self.sched.queue_desc[first + idx]
             else:
                 layer = arg
-                n_up = len(self.ops.moe_tables[layer]) * self.up_tiles
-                if n_up <= idx < n_up + t_len:
-                    item = self.sched.queue_desc[t_first + idx - n_up]
+                n_act = len(self.ops.moe_tables[layer])
+                tail_at = n_act * (self.up_tiles + self.down_tiles) if t_last else n_act * self.up_tiles
+                if tail_at <= idx < tail_at + t_len:
+                    item = self.sched.queue_desc[t_first + idx - tail_at]
                 else:
                     item = moe_item(
                         self.ops.moe_tables[layer],
                         layer,
-                        idx if idx < n_up else idx - t_len,
+                        idx if idx < tail_at else idx - t_len,
                         mlp_c,
                         self.up_tiles,
                         t.moe_up_cols,

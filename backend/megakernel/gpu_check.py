@@ -244,8 +244,10 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     cfg = reduced_config()
     t = default_tiling(cfg)
     release_default = default_tiling(north_mini_code_config())
-    over = {
-        k: min(getattr(tiling_release, k), getattr(t, k) * 2)
+    over = {  # sizes: at most twice the reduced default; switches (moe_tail_last) as given
+        k: getattr(tiling_release, k)
+        if k == "moe_tail_last"
+        else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)
     }

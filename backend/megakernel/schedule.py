@@ -68,7 +68,7 @@ class Schedule:
     sm_lists: list[list[int]]  # task ids per SM, in order
     queue_desc: np.ndarray  # int32 [n_queue_desc, W]
     # int32 [n_queues, 4]: first, length, head counter (MK_NO_COUNTER: the attention tail of a MoE
-    # layer, claimed through the layer's MoE queue head), 0
+    # layer, claimed through the layer's MoE queue head), then 0 (the tail: 1 = after the down tiles)
     queue_info: np.ndarray
     counters: CounterSet
     n_lm_tiles: int
@@ -305,7 +305,8 @@ def build_schedule(
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part)
         if not dense:
             tail_q = len(qinfo)
-            qinfo.append([len(qdescs), len(tail), abi.MK_NO_COUNTER, 0])  # claimed through the MoE head
+            # claimed through the MoE head; word 3: the tail after the down tiles (else after the ups)
+            qinfo.append([len(qdescs), len(tail), abi.MK_NO_COUNTER, tiling.moe_tail_last])
             for qd in tail:
                 qd[abi.MK_F_ID] = -1 - len(qdescs)
                 qdescs.append(qd)

@@ -32,6 +32,7 @@ class Tiling:
     lm_rows: int = 128  # vocab rows per LM-head task (512 KB tiles; the configuration measured fastest)
     max_splits: int = 32  # attention splits per (row, kv head) at most
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
+    moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -50,6 +51,7 @@ class Tiling:
         )
         need(H % self.o_rows == 0, "o_rows must divide hidden_size")
         need(self.max_splits >= 1, "max_splits must be >= 1")
+        need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
         rows = {
             "qkv_rows": self.qkv_rows,
             "o_rows": self.o_rows,

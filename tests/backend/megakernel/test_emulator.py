@@ -159,12 +159,27 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
+@pytest.mark.parametrize("tail_last", [0, 1])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last):
+    """Tiling.moe_tail_last puts a MoE queue's attention tail after its down tiles: same results."""
+    from dataclasses import replace
+
+    contexts = [70, 3, 190]
+    sched = build_schedule(CFG, 3, contexts, N_SMS, replace(TILING, moe_tail_last=tail_last))
+    assert {int(q[3]) for q in sched.queue_info if q[2] == abi.MK_NO_COUNTER} == {tail_last}
+    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+
+
+@pytest.mark.parametrize("tail_last", [0, 1])
 @pytest.mark.parametrize("op", [abi.MK_OP_ATTN_COMBINE, abi.MK_OP_OPROJ])
-def test_deleted_attention_tail_dependency_is_caught(weights, op):
+def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last):
     """In MoE layers the combines and O-proj tiles are MoE queue items (between the up and the
-    down tiles): a missing wait there is a race too."""
+    down tiles, or after the downs): a missing wait there is a race too."""
+    from dataclasses import replace
+
     contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, TILING)
+    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, moe_tail_last=tail_last))
     assert not any(t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == 1 for t in sched.tasks)
     with pytest.raises(HazardError, match=r"race|never written"):
         _run(
