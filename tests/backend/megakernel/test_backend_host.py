@@ -145,6 +145,37 @@ def test_steps_bases_parameters_and_schedule_cache(be, weights):
     assert be.steps == 3
 
 
+def test_launch_parameters_follow_their_inputs(be):
+    """The launch lists are reused between steps (host time is GPU idle time), but every input that
+    goes into them is part of the reuse key: new tensors, the timeline and the variant flag show up
+    in the very next launch."""
+    from mkcode.backend.megakernel import timeline
+
+    fake = be.mod
+    batch = _case([5, 70], seed=4)
+    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    be.decode(batch)
+    be.decode(batch)
+    first, second = fake.calls[-2], fake.calls[-1]
+    assert first == second and second["ptrs"]["token_ids"] == batch.token_ids.data_ptr()
+    batch.token_ids = batch.token_ids.clone()
+    batch.block_tables = batch.block_tables.clone()
+    be.decode(batch)
+    c = fake.calls[-1]
+    assert c["ptrs"]["token_ids"] == batch.token_ids.data_ptr()
+    assert c["ptrs"]["block_tables"] == batch.block_tables.data_ptr()
+    be.timeline = timeline.allocate(be.n_sms, 16, "cpu")
+    be.decode(batch)
+    c = fake.calls[-1]
+    assert c["ptrs"]["timeline"] == be.timeline.data_ptr() and c["ints"]["timeline_cap"] == 16
+    be.timeline = None
+    be.prefetch_mode = abi.MK_PREFETCH_SELF
+    be.decode(batch)
+    c = fake.calls[-1]
+    assert c["ptrs"]["timeline"] == 0 and c["ints"]["timeline_cap"] == 0
+    assert c["ints"]["prefetch_mode"] == abi.MK_PREFETCH_SELF
+
+
 def test_inputs_are_normalised(be, weights):
     batch = _case([9, 64], seed=5)
     be.mod.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
