@@ -51,8 +51,7 @@ class _Prepared:
     queue: torch.Tensor
     queue_info: torch.Tensor
     max_tasks: int
-    totals32: np.ndarray | None = None  # the step totals mod 2^32 (the bases' per-step advance)
-    params: tuple | None = None  # (key, ptrs, ints, floats) of the last launch (see _params)
+    params: tuple | None = None  # (key, (ptrs, ints, floats)) of the last launch (see _params)
 
 
 def _layer_weight_ptrs(cfg: ModelConfig, w: ModelWeights, device: torch.device) -> list[list[int]]:
@@ -122,7 +121,9 @@ class MegakernelBackend:
         if prefetch_mode is None:
             prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_DEFAULT))
         self.prefetch_mode = prefetch_mode
-        self.timeline: torch.Tensor | None = None  # int64 [n_sms, cap, 4] when recording (see timeline.py)
+        self.timeline: torch.Tensor | None = (
+            None  # int64 [n_sms, cap, MK_TL_WORDS] when recording (timeline.py)
+        )
         # per-row sampling block (MK_SP_*); passed to the kernel only by sample() (None: greedy)
         self.sample_params = torch.zeros(
             (abi.MK_MAX_TOKENS, abi.MK_SP_WORDS), dtype=torch.int32, device=weights.embed.device
@@ -153,6 +154,7 @@ class MegakernelBackend:
         self._base_done: list = [None, None]
         self._err_host: torch.Tensor | None = None  # pinned copy of the error word
         self.max_cached_schedules = 64
+        self.schedules_built = 0  # schedules built and uploaded so far (prewarm reports its share)
         self._alloc_counters(1024)
         G = cfg.gqa_group
         D = cfg.prefix_dense_intermediate_size
@@ -198,19 +200,13 @@ class MegakernelBackend:
     def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
         """Build and upload the schedules for these batch sizes at this context (all rows at it), so
         no step pays the ~0.4 s build when a request joins or leaves. Returns how many were built."""
-        built = 0
+        before = self.schedules_built
         for B in batch_sizes:
-            positions = [context] * B
-            splits = attention_splits(self.cfg, positions, self.tiling, self.n_sms)
-            key = (B, tuple(splits[False]), tuple(splits[True]))
-            if key not in self._cache:
-                self._upload(
-                    key, build_schedule(self.cfg, B, positions, self.n_sms, self._tiling_for(B), splits)
-                )
-                built += 1
-        return built
+            self._prepare([context] * B)
+        return self.schedules_built - before
 
     def _upload(self, key, sched: Schedule) -> _Prepared:
+        self.schedules_built += 1
         if sched.n_counters > self.bank.capacity:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -226,7 +222,6 @@ class MegakernelBackend:
             torch.from_numpy(np.ascontiguousarray(qd)).to(dev),
             torch.from_numpy(np.ascontiguousarray(qi)).to(dev),
             int(desc.shape[1]),
-            (sched.totals & 0xFFFFFFFF).astype(np.uint32),
         )
         if key is not None:
             if len(self._cache) >= self.max_cached_schedules:  # oldest first (dicts keep insertion order)
@@ -352,7 +347,7 @@ class MegakernelBackend:
         ptrs, ints, floats = self._params(prep, batch)
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         self.mod.launch(ptrs, ints, floats, self.max_k, stream)
-        self.bank.step_done(prep.sched, prep.totals32)
+        self.bank.step_done(prep.sched)
         self.steps += 1
         return prep
 

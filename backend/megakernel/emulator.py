@@ -160,21 +160,26 @@ class Emulator:
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
         """Claims as in the kernel: while at least n_sms items remain between the next one and the
-        queue's end (a MoE queue: its last up tile), the claim after it is already in flight (an item
-        claimed ahead waits for the running one); beyond that a drain claims when it is free. It stops at its first claim past the end and a host
-        queue's drain then claims once more, so it over-claims exactly twice (the totals count it).
-        A MoE queue's items: the up tiles, then the layer's attention tail (host items of queue A3),
-        then the down tiles (or the tail last, when the tail queue's word 3 says so)."""
+        queue's end (a MoE queue: its last up tile), the claim after it is already in flight (an
+        item claimed ahead waits for the running one); beyond that a drain claims when it is free.
+        It stops at its first claim past the end and a host queue's drain then claims once more,
+        so it over-claims exactly twice (the totals count it). A MoE queue's items: the up tiles,
+        then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
+        last, when the tail queue's word 3 says so)."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
         t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
             first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
+            far_end = length
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
             t_first, t_len, t_last = (
                 (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
             )
+            table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
+            far_end = len(table) * self.up_tiles
+            tail_at = len(table) * (self.up_tiles + self.down_tiles) if t_last else far_end
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -184,10 +189,6 @@ class Emulator:
                 return (raw - self.base[head_c]) & _U32
             return raw
 
-        if kind == abi.MK_QUEUE_HOST:
-            far_end = length
-        else:
-            far_end = len(self.ops.moe_tables[arg]) * self.up_tiles
         n_sms = self.sched.n_sms
         nxt = claim()
         far = nxt + n_sms < far_end
@@ -199,24 +200,20 @@ class Emulator:
                     claim()  # the top-up: two claims past the end per drain
                     return
                 item = self.sched.queue_desc[first + idx]
+            elif tail_at <= idx < tail_at + t_len:
+                item = self.sched.queue_desc[t_first + idx - tail_at]
             else:
-                layer = arg
-                n_act = len(self.ops.moe_tables[layer])
-                tail_at = n_act * (self.up_tiles + self.down_tiles) if t_last else n_act * self.up_tiles
-                if tail_at <= idx < tail_at + t_len:
-                    item = self.sched.queue_desc[t_first + idx - tail_at]
-                else:
-                    item = moe_item(
-                        self.ops.moe_tables[layer],
-                        layer,
-                        idx if idx < tail_at else idx - t_len,
-                        mlp_c,
-                        self.up_tiles,
-                        t.moe_up_cols,
-                        self.down_tiles,
-                        t.moe_down_rows,
-                        lambda ly, e: expert_counter(self.cfg, ly, e),
-                    )
+                item = moe_item(
+                    table,
+                    arg,
+                    idx if idx < tail_at else idx - t_len,
+                    mlp_c,
+                    self.up_tiles,
+                    t.moe_up_cols,
+                    self.down_tiles,
+                    t.moe_down_rows,
+                    lambda ly, e: expert_counter(self.cfg, ly, e),
+                )
                 if item is None:
                     return
             nxt = ahead if far else claim()

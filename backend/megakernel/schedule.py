@@ -20,6 +20,7 @@ combines, dense down, O-proj, add+norm. Then the LM head and sampling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -80,6 +81,12 @@ class Schedule:
     @property
     def totals(self) -> np.ndarray:
         return np.array(self.counters.totals, dtype=np.int64)
+
+    @cached_property
+    def totals32(self) -> np.ndarray:
+        """The per-step totals mod 2^32 as uint32: the counter bases' advance per step (computed
+        once per schedule; the host adds them every step)."""
+        return (self.totals & 0xFFFFFFFF).astype(np.uint32)
 
     def desc_array(self) -> tuple[np.ndarray, np.ndarray]:
         """(desc [n_sms, max_tasks, W], ntasks [n_sms]) as the kernel reads them."""
@@ -266,9 +273,8 @@ def build_schedule(
         n_items = len(qdescs) - first
         n_drains = min(n_items, n_sms)
         head_c = counter(f"attn_head[{layer}]", 0)
-        cs.totals[head_c] += (
-            n_items + 2 * n_drains
-        )  # every drain claims exactly twice past the end (kernel DRAIN)
+        # every drain claims exactly twice past the end (the kernel's DRAIN)
+        cs.totals[head_c] += n_items + 2 * n_drains
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
         for _ in range(n_drains):

@@ -117,16 +117,13 @@ class CounterBank:
         self.base = np.full(capacity, start, dtype=np.uint32)
         self.values = np.full(capacity, start, dtype=np.uint32)  # emulator only
 
-    def step_done(self, schedule: Schedule, totals32: np.ndarray | None = None) -> None:
-        """Advance the bases by the step's totals (mod 2^32). totals32: the schedule's totals as
-        uint32 (mod 2^32), when the caller keeps them (the per-step host path)."""
+    def step_done(self, schedule: Schedule) -> None:
+        """Advance the bases by the step's totals (mod 2^32)."""
         n = schedule.n_counters
         if n > self.capacity:
             raise ValueError("schedule has more counters than the bank")
         nd = schedule.counters.n_dynamic
-        if totals32 is None:
-            totals32 = (schedule.totals & 0xFFFFFFFF).astype(np.uint32)
-        self.base[nd:n] += totals32[nd:n]  # uint32: wraps mod 2^32
+        self.base[nd:n] += schedule.totals32[nd:n]  # uint32: wraps mod 2^32
         self.base[:nd] = 0
 
     def prepare(self, schedule: Schedule) -> None:
