@@ -21,8 +21,7 @@ namespace mk {
 
 constexpr int ATTN_PPR = NWARPS / 8;  // pages per round (4 key groups of 16 keys per page)
 static_assert(NWARPS % 8 == 0, "the attention needs a multiple of 8 warps");
-// page slots of K and V: 16 warps 4 (2 rounds of 2 pages); 8 warps 3 (two blocks share an SM's smem)
-constexpr int ATTN_STAGES = ATTN_PPR == 2 ? 4 : 3;
+constexpr int ATTN_STAGES = 2 * ATTN_PPR;  // page slots of K and V: two rounds in flight
 
 template <int HD>
 struct AttnShape {

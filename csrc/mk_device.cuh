@@ -14,11 +14,9 @@ namespace mk {
 
 // Threads per block, one block per SM. (Two 256-thread blocks per SM, so that one block's
 // latency-bound prologue/epilogue would overlap the other's weight stream, measured slower on the
-// H200 on 2026-11-29: BS 1 6.95 vs 5.7 ms, BS 8 16.4 vs 14.1; every task ran ~2x longer, the SM's
-// stream is shared, not overlapped. The attention's warp count is a parameter since then.)
+// H200 on 2026-11-29: every task ran ~2x longer; docs/MEGAKERNEL.md "Session 3".)
 constexpr int NT = 512;
 constexpr int NWARPS = NT / 32;
-constexpr int BLOCKS_PER_SM = 1;  // resident blocks per SM the launch asks for (all must be resident)
 constexpr int MAXROWS = MK_MAX_TILE_ROWS;  // rows of one GEMV tile at most (tiling.py checks it)
 constexpr int OUT_FLOATS = MAXROWS * 8;    // the GEMV result / one hidden row / ROUTE's scratch
 // GEMV reduction scratch: one 16x8 block per (row group, K-split warp)

@@ -5,7 +5,6 @@
 #include "mk_launch.h"
 
 static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
-static_assert(mk::BLOCKS_PER_SM == mk::kBlocksPerSm, "mk_launch.h kBlocksPerSm must equal BLOCKS_PER_SM");
 
 namespace mk {
 
@@ -19,9 +18,8 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
     snprintf(msg, cap, "device query: %s", cudaGetErrorString(e));
     return e;
   }
-  if (p.n_sms < 1 || p.n_sms > sms * kBlocksPerSm) {
-    snprintf(msg, cap, "n_sms=%d blocks but the GPU has %d SMs x %d blocks (every block must be resident)", p.n_sms,
-             sms, kBlocksPerSm);
+  if (p.n_sms < 1 || p.n_sms > sms) {
+    snprintf(msg, cap, "n_sms=%d but the GPU has %d SMs (every block must be resident)", p.n_sms, sms);
     return cudaErrorInvalidValue;
   }
   // ROUTE: logits, slots, counts, positions, chosen logits in s.out
@@ -42,11 +40,9 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
   }
   int per_sm = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NT, smem);
-  // the step's blocks wait on each other: all of them must be resident at once
-  const int need = (p.n_sms + sms - 1) / sms;
-  if (e != cudaSuccess || per_sm < need) {
-    snprintf(msg, cap, "%d blocks of %d threads with %zu bytes smem need %d per SM, only %d fit (%s)", p.n_sms, NT,
-             smem, need, per_sm, cudaGetErrorString(e));
+  if (e != cudaSuccess || per_sm < 1) {  // the step's blocks wait on each other: all must be resident
+    snprintf(msg, cap, "one %d-thread block with %zu bytes smem does not fit an SM (%s)", NT, smem,
+             cudaGetErrorString(e));
     return e != cudaSuccess ? e : cudaErrorInvalidConfiguration;
   }
   kernel<<<p.n_sms, NT, smem, stream>>>(p, max_k);

@@ -1227,7 +1227,7 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
   }
 }
 
-__global__ void __launch_bounds__(NT, BLOCKS_PER_SM) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
+__global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];

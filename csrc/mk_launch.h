@@ -9,13 +9,12 @@
 
 namespace mk {
 
-constexpr int kThreads = 512;   // must equal NT in mk_device.cuh (checked there)
-constexpr int kBlocksPerSm = 1;  // must equal BLOCKS_PER_SM (checked there)
+constexpr int kThreads = 512;  // must equal NT in mk_device.cuh (checked there)
 
 // Dynamic shared memory the kernel needs for these parameters.
 size_t smem_bytes(const Params& p, int max_k);
 
-// Launch one step (grid = p.n_sms blocks, at most kBlocksPerSm per SM, all resident). Checks residency; returns the CUDA error and
+// Launch one step (one block per SM, grid = p.n_sms). Checks residency; returns the CUDA error and
 // writes a message into `msg` (capacity `cap`) when something is wrong.
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap);
 

@@ -104,7 +104,6 @@ PYBIND11_MODULE(mk_native, m) {
   m.doc() = "mkcode decode megakernel (one persistent CUDA kernel per decode step)";
   m.attr("ABI_VERSION") = MK_ABI_VERSION;
   m.attr("THREADS") = mk::kThreads;
-  m.attr("BLOCKS_PER_SM") = mk::kBlocksPerSm;
   m.def("launch", &launch, py::arg("ptrs"), py::arg("ints"), py::arg("floats"), py::arg("max_k"), py::arg("stream"));
   m.def("smem_bytes", &smem_for, py::arg("ptrs"), py::arg("ints"), py::arg("floats"), py::arg("max_k"));
   m.def("device_info", &device_info);

@@ -112,8 +112,7 @@ class MegakernelBackend:
         self.mod = native_module
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
         info = self.mod.device_info()
-        # resident blocks (the schedule's "SMs"): BLOCKS_PER_SM per SM
-        self.n_sms = int(n_sms or info["sm_count"] * int(getattr(self.mod, "BLOCKS_PER_SM", 1)))
+        self.n_sms = int(n_sms or info["sm_count"])  # one resident block per SM
         self.timeout_s = timeout_s
         self.use_mma = use_mma
         # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_DEFAULT (the measured
