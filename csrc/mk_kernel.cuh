@@ -188,13 +188,17 @@ __device__ void gemv_rows(const Params& p, const int* d, Smem& s, int* rows, con
 // the value the layer's O-proj and MLP tasks then add into.
 __device__ void gemv_normed(const Params& p, const int* d, Smem& s, int* rows, bool init) {
   View V(p);
-  __shared__ NormSrc ns;
   const int l = d[MK_F_LAYER];
   const Gemv g = task_g(p, d);
   rows_identity(rows, p.batch);
-  if (threadIdx.x == 0) ns = NormSrc{V.lw(l, MK_LW_NORM), p.rms_eps, init ? V.h(l) : nullptr, V.x(l + 1)};
   __syncthreads();
-  ActSrc a{V.x(l), p.hidden, rows, 0, &ns};
+  ActSrc a{V.x(l), p.hidden, rows, 0};
+  a.norm = V.lw(l, MK_LW_NORM);
+  a.eps = p.rms_eps;
+  if (init) {
+    a.h_out = V.h(l);
+    a.x_out = V.x(l + 1);
+  }
   gemv_task(p, g, a, s);
 }
 
