@@ -193,10 +193,10 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
   }
 }
 
-// Stage RMSNorm'd activations (ActSrc::norm): one sweep of the rows (the values and the norm
-// weights stay in registers when a sweep covers the row, as at the release geometry: H = 4 x NT),
-// the 8 rows' sums of squares reduced over the block (red: NWARPS * 8 + 8 floats), then scaled and
-// stored. A second sweep reloads the rows (L2) only for rows longer than 4 x NT.
+// Stage RMSNorm'd activations (ActSrc::norm): one sweep of the rows (the values stay in registers
+// when a sweep covers the row, as at the release geometry: H = 4 x NT), the 8 rows' sums of squares
+// reduced over the block (red: NWARPS * 8 + 8 floats), then scaled and stored. A second sweep
+// reloads the rows (L2) only for rows longer than 4 x NT.
 __device__ __noinline__ void stage_norm(bf16* act_s, const ActSrc& a, int klen, float* red) {
   const int lds = klen + ACT_PAD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -208,16 +208,7 @@ __device__ __noinline__ void stage_norm(bf16* act_s, const ActSrc& a, int klen, 
     for (int n = 0; n < 8; ++n)
       v[n] = r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + k) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
-  auto load_w = [&](int k) {
-    const uint2 wr = __ldg(reinterpret_cast<const uint2*>(a.norm + k));
-    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wr.x);
-    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wr.y);
-    return make_float4(__low2float(w01), __high2float(w01), __low2float(w23), __high2float(w23));
-  };
   const bool one = klen <= NT * 4;
-  // one sweep: the norm weights load with the rows (one round trip, not two)
-  float4 w = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (one && (int)threadIdx.x * 4 < klen) w = load_w(threadIdx.x * 4);
   float4 v[8];
   float ss[8];
 #pragma unroll
@@ -243,10 +234,11 @@ __device__ __noinline__ void stage_norm(bf16* act_s, const ActSrc& a, int klen, 
 #pragma unroll
   for (int n = 0; n < 8; ++n) rs[n] = red[NWARPS * 8 + n];
   for (int k = threadIdx.x * 4; k < klen; k += NT * 4) {
-    if (!one) {
-      load(k, v);
-      w = load_w(k);
-    }
+    if (!one) load(k, v);
+    const uint2 wr = __ldg(reinterpret_cast<const uint2*>(a.norm + k));
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wr.x);
+    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wr.y);
+    const float4 w = make_float4(__low2float(w01), __high2float(w01), __low2float(w23), __high2float(w23));
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       const float4 h = make_float4(v[n].x * rs[n] * w.x, v[n].y * rs[n] * w.y, v[n].z * rs[n] * w.z,
@@ -278,20 +270,12 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // `mark`: thread 0 stamps tl_marks[0] once the activations are staged.
 // Not inlined: it gets the whole register budget, so the U weight loads in flight per thread stay
 // in registers (inlined into the kernel's dispatch they were spilled to local memory).
-// 16 bytes of staged activations by their shared-memory address (LDS: through a generic pointer the
-// compiler emitted generic LD.E loads in the GEMV loop, and the 64-bit addresses cost registers).
-__device__ __forceinline__ uint4 lds16(uint32_t addr) {
-  uint4 r;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-  return r;
-}
-
 template <int U>
-__device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], const uint4 (&wb)[U], uint32_t xa,
+__device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], const uint4 (&wb)[U], const bf16* xa,
                                           int stride) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const uint4 bx = lds16(xa + u * stride * 2);
+    const uint4 bx = *reinterpret_cast<const uint4*>(xa + u * stride);
     mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
     mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
   }
@@ -300,7 +284,7 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
 // One 16-row group of a warp from k = kk on (the k-steps before kk were already accumulated in c);
 // the partial sums go to this warp's block of red_s.
 template <int U>
-__device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, uint32_t xa, int kk,
+__device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
                                            int klen, int stride, float* red) {
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
@@ -310,11 +294,11 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
       wa[u] = ld_weight16(ra + kk + u * stride);
       wb[u] = ld_weight16(rb + kk + u * stride);
     }
-    mma_steps<U>(c, wa, wb, xa + kk * 2, stride);
+    mma_steps<U>(c, wa, wb, xa + kk, stride);
   }
   for (; kk < klen; kk += stride) {  // the tail, one k-step pair at a time
     const uint4 wa = ld_weight16(ra + kk), wb = ld_weight16(rb + kk);
-    const uint4 bx = lds16(xa + kk * 2);
+    const uint4 bx = *reinterpret_cast<const uint4*>(xa + kk);
     mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
     mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
   }
@@ -353,7 +337,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc& act, bf16* act
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
   stage(act_s, act, klen, red_s);
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
-  const uint32_t xa = smem_u32(act_s + gid * lds + t * 8);
+  const bf16* xa = act_s + gid * lds + t * 8;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
@@ -426,7 +410,7 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   const int ngroups = nrows / 16;
   const int gpw = (ngroups + NWARPS - 1) / NWARPS;
   const int g_begin = warp * gpw, g_end = min(ngroups, g_begin + gpw);
-  const uint32_t xa = smem_u32(act_s + gid * lds + t * 8);  // token gid's activations (the mma B column)
+  const bf16* xa = act_s + gid * lds + t * 8;  // token gid's activations (the mma B column)
   // this thread's accumulator columns are tokens 2t and 2t + 1
   const bool v0 = 2 * t < nt, v1 = 2 * t + 1 < nt;
   float* d0 = acc + (size_t)(v0 ? btok[2 * t] : 0) * H;
@@ -450,7 +434,7 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
       float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kp = 0; kp < KP; ++kp) {
-        const uint4 bx = lds16(xa + kp * 64);
+        const uint4 bx = *reinterpret_cast<const uint4*>(xa + kp * 32);
         mma16816(c, wa[u][kp].x, wb[u][kp].x, wa[u][kp].y, wb[u][kp].y, bx.x, bx.y);
         mma16816(c, wa[u][kp].z, wb[u][kp].z, wa[u][kp].w, wb[u][kp].w, bx.z, bx.w);
       }
