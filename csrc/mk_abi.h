@@ -19,25 +19,25 @@
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
 enum MkOpcode {
   MK_OP_NOP = 0,
-  MK_OP_EMBED = 1,         // one row: x[0][b] = embed[token[b]]
-  MK_OP_QKV = 2,           // a tile of rows of [Wq; Wk; Wv] of rmsnorm(x[l]); RoPE; K/V into the pool
+  MK_OP_EMBED = 1,         // one row: x[0][b] = embed[token[b]]; h[0][b] = rmsnorm(x, norm[0])
+  MK_OP_QKV = 2,           // a tile of rows of [Wq; Wk; Wv] for all rows; RoPE; K/V into the pool
   MK_OP_ATTN = 3,          // one (row, kv head, split) of split-KV decode attention -> (o, lse)
   MK_OP_ATTN_COMBINE = 4,  // one (row, kv head): LSE merge of the splits -> attn_out
-  MK_OP_OPROJ = 5,         // a (row tile, K split) of Wo, added into x[l+1] (fp32 atomics)
-  MK_OP_DENSE_UP = 6,      // a tile of intermediate columns: silu(gate h) * (up h) -> dense_act (h = rmsnorm(x[l]))
-  MK_OP_DENSE_DOWN = 7,    // a (row tile, K split) of Wdown, added into x[l+1]
-  MK_OP_ROUTER = 8,        // a tile of experts: router logits of rmsnorm(x[l])
+  MK_OP_OPROJ = 5,         // a (row tile, K split) of Wo -> ao_part[split]
+  MK_OP_DENSE_UP = 6,      // a tile of intermediate columns: silu(gate h) * (up h) -> dense_act
+  MK_OP_DENSE_DOWN = 7,    // a (row tile, K split) of Wdown -> mlp_part[split]
+  MK_OP_ROUTER = 8,        // a tile of experts: router logits
   MK_OP_ROUTE = 9,         // one per MoE layer: top-k, weights, expert table, MoE queue reset
   MK_OP_MOE_UP = 10,       // one expert, a tile of intermediate columns, its <= 8 tokens
-  MK_OP_MOE_DOWN = 11,     // one expert, a tile of hidden rows, its tokens, weighted, added into x[l+1]
-  MK_OP_NORM = 12,         // one row: h[L][b] = rmsnorm(x[L][b], final norm) (the LM head's input)
+  MK_OP_MOE_DOWN = 11,     // one expert, a tile of hidden rows, its tokens -> moe_out (weighted)
+  MK_OP_ADD_NORM = 12,     // one row: x[l+1] = x[l] + attn + mlp; h[l+1] = rmsnorm(x[l+1])
   MK_OP_LM_HEAD = 13,      // a tile of vocab rows: logits (scaled) and the tile's argmax per row
   MK_OP_SAMPLE = 14,       // all rows: greedy argmax over the LM-head tiles -> tokens
   MK_OP_DRAIN = 15,        // claim tasks from a work queue until it is empty, run each
   MK_OP_SAMPLE_ROW = 16,   // one row: greedy / temperature / top-k / top-p draw -> tokens[b]
   MK_OP_MOE_FUSED = 17,    // one expert, a tile of intermediate columns: up tile, then the down
                            // slice of those columns for every hidden row, added (fp32 atomics,
-                           // weighted) into x[l+1] of its tokens' rows
+                           // weighted) into moe_acc[b] of its tokens
   MK_OP_COUNT = 18,
 };
 
@@ -62,11 +62,8 @@ enum MkField {
   MK_F_END = 28,
 };
 // Arguments per opcode (A0..A4):
-//   EMBED, NORM              A0 = row
-//   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows;
-//                            ROUTER, DENSE_UP: A2 = 1 for the layer's residual start (the task also
-//                            writes h[l] = rmsnorm(x[l]) and x[l+1] = x[l], which O-proj and MLP
-//                            tasks then add into)
+//   EMBED, ADD_NORM          A0 = row
+//   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
@@ -121,24 +118,28 @@ enum MkError {
   X(embed)         /* bf16 [V][H] */ \
   X(final_norm)    /* bf16 [H] */ \
   X(lm_head)       /* bf16 [V][H] */ \
-  X(x)             /* fp32 [L+1][B][H] residual stream: x[l+1] = x[l] + attn + mlp, summed by atomics */ \
-  X(h)             /* fp32 [L+1][B][H] normed (h[l] by layer l's residual start, h[L] by NORM) */ \
+  X(x)             /* fp32 [L+1][B][H] residual stream */ \
+  X(h)             /* fp32 [L+1][B][H] normed */ \
   X(q)             /* fp32 [L][B][Hq*d] */ \
   X(o_part)        /* fp32 [L][B][Hq][S][d] */ \
   X(lse_part)      /* fp32 [L][B][Hq][S] */ \
   X(attn_out)      /* fp32 [L][B][Hq*d] */ \
+  X(ao_part)       /* fp32 [L][Hkv][B][H] */ \
   X(dense_act)     /* fp32 [L][B][D] */ \
+  X(mlp_part)      /* fp32 [L][KS][B][H] */ \
   X(rlogits)       /* fp32 [L][B][E] */ \
   X(route_w)       /* fp32 [L][B*k] */ \
   X(expert_tab)    /* int32 [L][E][2 + MK_MAX_TOKENS]: expert, ntok, slots */ \
   X(moe_info)      /* int32 [L][4]: active experts, items, unused, unused */ \
   X(moe_act)       /* fp32 [L][B*k][I] */ \
+  X(moe_out)       /* fp32 [L][B*k][H] */ \
   X(logits)        /* fp32 [B][V] */ \
   X(lm_best)       /* fp32 [n_lm_tiles][B] tile max */ \
   X(lm_arg)        /* int32 [n_lm_tiles][B] tile argmax */ \
   X(tokens_out)    /* int64 [B] greedy tokens */ \
   X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */ \
-  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */
+  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */ \
+  X(moe_acc)       /* fp32 [L][B][H] fused MoE output per row (zeroed by ROUTE, atomically summed) */
 
 // Integer parameters, in order (int64 on the Python side, int32 in the kernel).
 #define MK_PARAM_INTS(X) \
@@ -148,7 +149,7 @@ enum MkError {
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
   X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
-// wait), 0 = MOE_UP tiles, then MOE_DOWN tiles.
+// wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
 
 // prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.

@@ -159,14 +159,6 @@ struct ActSrc {
   long stride;
   const int* rows;
   int k0;
-  // RMSNorm staging (norm set; k0 = 0 and klen = the whole row): act = bf16(v * rsqrt(mean(v^2) +
-  // eps) * norm) with v the source row (the residual stream). The task that starts a layer's
-  // residual also writes the normed rows (fp32) to h_out and the rows themselves to x_out (the
-  // next residual's initial value, to which the layer's O-proj and MLP tasks add).
-  const bf16* norm = nullptr;
-  float eps = 0.f;
-  float* h_out = nullptr;
-  float* x_out = nullptr;
 };
 
 // Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
@@ -189,69 +181,6 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
       packed.x = *reinterpret_cast<uint32_t*>(&lo);
       packed.y = *reinterpret_cast<uint32_t*>(&hi);
       *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
-    }
-  }
-}
-
-// Stage RMSNorm'd activations (ActSrc::norm): one sweep of the rows (the values stay in registers
-// when a sweep covers the row, as at the release geometry: H = 4 x NT), the 8 rows' sums of squares
-// reduced over the block (red: NWARPS * 8 + 8 floats), then scaled and stored. A second sweep
-// reloads the rows (L2) only for rows longer than 4 x NT.
-__device__ __noinline__ void stage_norm(bf16* act_s, const ActSrc& a, int klen, float* red) {
-  const int lds = klen + ACT_PAD;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int r[8];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) r[n] = a.rows[n];
-  auto load = [&](int k, float4(&v)[8]) {
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-      v[n] = r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  const bool one = klen <= NT * 4;
-  float4 v[8];
-  float ss[8];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) ss[n] = 0.f;
-  for (int k = threadIdx.x * 4; k < klen; k += NT * 4) {
-    load(k, v);
-#pragma unroll
-    for (int n = 0; n < 8; ++n) ss[n] += v[n].x * v[n].x + v[n].y * v[n].y + v[n].z * v[n].z + v[n].w * v[n].w;
-  }
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    for (int o = 16; o > 0; o >>= 1) ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], o);
-    if (lane == 0) red[warp * 8 + n] = ss[n];
-  }
-  __syncthreads();
-  if (threadIdx.x < 8) {
-    float t = 0.f;
-    for (int w = 0; w < NWARPS; ++w) t += red[w * 8 + threadIdx.x];
-    red[NWARPS * 8 + threadIdx.x] = rsqrtf(t / klen + a.eps);
-  }
-  __syncthreads();
-  float rs[8];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) rs[n] = red[NWARPS * 8 + n];
-  for (int k = threadIdx.x * 4; k < klen; k += NT * 4) {
-    if (!one) load(k, v);
-    const uint2 wr = __ldg(reinterpret_cast<const uint2*>(a.norm + k));
-    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wr.x);
-    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wr.y);
-    const float4 w = make_float4(__low2float(w01), __high2float(w01), __low2float(w23), __high2float(w23));
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const float4 h = make_float4(v[n].x * rs[n] * w.x, v[n].y * rs[n] * w.y, v[n].z * rs[n] * w.z,
-                                   v[n].w * rs[n] * w.w);
-      __nv_bfloat162 lo = __floats2bfloat162_rn(h.x, h.y), hi = __floats2bfloat162_rn(h.z, h.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
-      if (r[n] >= 0 && a.h_out) {
-        *reinterpret_cast<float4*>(a.h_out + r[n] * a.stride + k) = h;
-        *reinterpret_cast<float4*>(a.x_out + r[n] * a.stride + k) = v[n];
-      }
     }
   }
 }
@@ -309,21 +238,7 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
   red[(gid + 8) * 8 + 2 * t + 1] = c[3];
 }
 
-// Stage a GEMV's activations (plain or RMSNorm'd), then sync. Inlined into gemv_mma (a call there
-// would make the GEMV loop's registers callee-saved: ptxas then spills inside the loop, measured by
-// the SASS check); the FMA fallback calls the out-of-line copy.
-__device__ __forceinline__ void stage(bf16* act_s, const ActSrc& act, int klen, float* red_s) {
-  if (act.norm)
-    stage_norm(act_s, act, klen, red_s);
-  else
-    stage_act(act_s, act, klen);
-  __syncthreads();
-}
-__device__ __noinline__ void stage_out_of_line(bf16* act_s, const ActSrc act, int klen, float* red_s) {
-  stage(act_s, act, klen, red_s);
-}
-
-__device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc& act, bf16* act_s, float* red_s, float* out_s,
+__device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
                                       bool mark) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
@@ -335,7 +250,8 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc& act, bf16* act
   const int kw = warp % wpg;
   const int stride = wpg * 32;
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
-  stage(act_s, act, klen, red_s);
+  stage_act(act_s, act, klen);
+  __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
@@ -387,7 +303,8 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
   if (p.use_mma) {
     gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr);
   } else {
-    stage_out_of_line(act_s, act, g.klen, red_s);
+    stage_act(act_s, act, g.klen);
+    __syncthreads();
     if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
     gemv_fma(g, act_s, out_s);
   }

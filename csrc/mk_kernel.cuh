@@ -44,7 +44,13 @@ struct View {
   __device__ float* h(int l) const { return (float*)p.h + (size_t)l * 8 * p.hidden; }
   __device__ float* q(int l) const { return (float*)p.q + (size_t)l * 8 * QW(); }
   __device__ float* attn_out(int l) const { return (float*)p.attn_out + (size_t)l * 8 * QW(); }
+  __device__ float* ao_part(int l, int s) const {
+    return (float*)p.ao_part + ((size_t)l * p.num_kv_heads + s) * 8 * p.hidden;
+  }
   __device__ float* dense_act(int l) const { return (float*)p.dense_act + (size_t)l * 8 * p.dense_inter; }
+  __device__ float* mlp_part(int l, int s) const {
+    return (float*)p.mlp_part + ((size_t)l * p.mlp_splits + s) * 8 * p.hidden;
+  }
   __device__ float* rlogits(int l) const { return (float*)p.rlogits + (size_t)l * 8 * p.num_experts; }
   __device__ float* route_w(int l) const { return (float*)p.route_w + (size_t)l * 8 * p.top_k; }
   __device__ int* expert_tab(int l) const {
@@ -52,7 +58,8 @@ struct View {
   }
   __device__ int* moe_info(int l) const { return (int*)p.moe_info + (size_t)l * 4; }
   __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
-
+  __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
+  __device__ float* moe_acc(int l) const { return (float*)p.moe_acc + (size_t)l * 8 * p.hidden; }
   __device__ const bf16* lw(int l, int slot) const {
     return reinterpret_cast<const bf16*>(((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + slot]);
   }
@@ -182,37 +189,6 @@ __device__ void gemv_rows(const Params& p, const int* d, Smem& s, int* rows, con
   gemv_task(p, g, ActSrc{src, stride, rows, k0}, s);
 }
 
-// GEMV tasks that read the layer's normed input (QKV, ROUTER, DENSE_UP): the RMSNorm of the
-// residual x(l) is computed while staging (there is no separate add+norm task). `init` (the first
-// ROUTER / DENSE_UP task of the layer) also writes h(l) (the MoE tiles stage it) and x(l+1) = x(l),
-// the value the layer's O-proj and MLP tasks then add into.
-__device__ void gemv_normed(const Params& p, const int* d, Smem& s, int* rows, bool init) {
-  View V(p);
-  const int l = d[MK_F_LAYER];
-  const Gemv g = task_g(p, d);
-  rows_identity(rows, p.batch);
-  __syncthreads();
-  ActSrc a{V.x(l), p.hidden, rows, 0};
-  a.norm = V.lw(l, MK_LW_NORM);
-  a.eps = p.rms_eps;
-  if (init) {
-    a.h_out = V.h(l);
-    a.x_out = V.x(l + 1);
-  }
-  gemv_task(p, g, a, s);
-}
-
-// out[r * 8 + b] of a GEMV added into x(l+1)[b][r0 + r] (the residual of the layer's output; fp32
-// atomics, RED at L2), times w[b] when w is given.
-__device__ __forceinline__ void add_residual(const Params& p, const float* out, int l, int r0, int n, const int* rowsb,
-                                             int nt, const float* w) {
-  float* x = View(p).x(l + 1);
-  for (int i = threadIdx.x; i < n * nt; i += NT) {
-    const int r = i % n, j = i / n;
-    atomicAdd(x + (size_t)rowsb[j] * p.hidden + r0 + r, w ? w[j] * out[r * 8 + j] : out[r * 8 + j]);
-  }
-}
-
 // ---- ops -------------------------------------------------------------------------------------------
 
 __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
@@ -220,8 +196,14 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   const int b = d[MK_F_A0];
   const long long tok = ((const long long*)p.token_ids)[b];
   const bf16* e = (const bf16*)p.embed + (size_t)tok * p.hidden;
+  float* row = s.out;  // H floats (H <= OUT_FLOATS, checked by the launcher)
   float* x = V.x(0) + (size_t)b * p.hidden;
-  for (int i = threadIdx.x; i < p.hidden; i += NT) x[i] = __bfloat162float(e[i]);
+  for (int i = threadIdx.x; i < p.hidden; i += NT) {
+    row[i] = __bfloat162float(e[i]);
+    x[i] = row[i];
+  }
+  __syncthreads();
+  rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
 __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
@@ -239,7 +221,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
     kind = 2;
     local = r0 - qw - kvw;
   }
-  gemv_normed(p, d, s, rows, false);
+  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
@@ -430,15 +412,19 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
 
 __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2];
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], sp = d[MK_F_A4];
   gemv_rows(p, d, s, rows, V.attn_out(l), V.QW(), k0);
-  add_residual(p, s.out, l, r0, n, rows, p.batch, nullptr);
+  float* dst = V.ao_part(l, sp);
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    dst[(size_t)b * p.hidden + r0 + r] = s.out[r * 8 + b];
+  }
 }
 
 __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
-  gemv_normed(p, d, s, rows, d[MK_F_A2] != 0);
+  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   float* dst = V.dense_act(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -448,15 +434,19 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
 
 __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2];
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], sp = d[MK_F_A4];
   gemv_rows(p, d, s, rows, V.dense_act(l), p.dense_inter, k0);
-  add_residual(p, s.out, l, r0, n, rows, p.batch, nullptr);
+  float* dst = V.mlp_part(l, sp);
+  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
+    const int r = i % n, b = i / n;
+    dst[(size_t)b * p.hidden + r0 + r] = s.out[r * 8 + b];
+  }
 }
 
 __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
-  gemv_normed(p, d, s, rows, d[MK_F_A2] != 0);
+  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   float* dst = V.rlogits(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -553,6 +543,10 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
       row[1] = cnt[e];
     }
   }
+  if (p.moe_fused) {  // the fused items' accumulators of this layer's rows start at zero
+    float4* acc = reinterpret_cast<float4*>(V.moe_acc(l));
+    for (int i = threadIdx.x; i < B * p.hidden / 4; i += NT) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (threadIdx.x == 0) {
     const int n_act = pos_s[E - 1] + (cnt[E - 1] > 0);
     V.moe_info(l)[0] = n_act;
@@ -584,34 +578,26 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-// The routing weight and the batch row of each token of a MoE tile (threads < ntok; synced by the
-// caller). ROUTE wrote the weights (the drain waited on route[l]).
-__device__ __forceinline__ void moe_tokens(const Params& p, const int* d, int l, float* w, int* b) {
-  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < d[MK_F_NTOK]) {
-    const int slot = d[MK_F_SLOT0 + threadIdx.x];
-    w[threadIdx.x] = ld_cg(View(p).route_w(l) + slot);
-    b[threadIdx.x] = slot / p.top_k;
-  }
-}
-
 __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
-  __shared__ float s_w[MK_MAX_TOKENS];
-  __shared__ int s_b[MK_MAX_TOKENS];
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter;
   moe_rows(d, rows, p.top_k, false);
-  moe_tokens(p, d, l, s_w, s_b);
   __syncthreads();
   gemv_task(p, task_g(p, d), ActSrc{V.moe_act(l), I, rows, 0}, s);
-  add_residual(p, s.out, l, r0, n, s_b, d[MK_F_NTOK], s_w);
+  const int nt = d[MK_F_NTOK];
+  float* dst = V.moe_out(l);
+  for (int i = threadIdx.x; i < n * nt; i += NT) {
+    const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
+    dst[(size_t)slot * p.hidden + r0 + r] = ld_cg(V.route_w(l) + slot) * s.out[r * 8 + j];
+  }
 }
 
 // One expert's tile of intermediate columns, up and down in one item (moe_fused): the up GEMV gives
 // act = silu(gate) * up for its tokens and columns c0 .. c0 + n (bf16 in shared memory, as the
 // unfused down tile would stage them), then the down slice W_down[e][:, c0 : c0 + n] for every hidden
-// row adds route_w * (W act) into the residual x(l+1) of each token's row. No per-expert counter, no
-// down tiles: an expert's items are independent; the next layer waits for all (the mlp counter).
+// row adds route_w * (W act) into moe_acc of each token's row. No per-expert counter, no down tiles:
+// an expert's items are independent, and ADD_NORM waits for all of them (the mlp counter).
 __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   __shared__ float s_w[MK_MAX_TOKENS];
@@ -619,9 +605,13 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK];
   moe_rows(d, rows, p.top_k, true);
+  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) {
+    const int slot = d[MK_F_SLOT0 + threadIdx.x];
+    s_w[threadIdx.x] = ld_cg(V.route_w(l) + slot);  // ROUTE wrote it (the drain waited on route[l])
+    s_b[threadIdx.x] = slot / p.top_k;
+  }
   __syncthreads();
   gemv_task(p, task_g(p, d), ActSrc{V.h(l), H, rows, 0}, s);  // ends with __syncthreads
-  moe_tokens(p, d, l, s_w, s_b);  // after the staging, off its round trip
   const int lds = n + ((n / 32) % 2 ? 0 : 32);  // a 64-byte row offset mod 128: no bank conflicts
   for (int i = threadIdx.x; i < 8 * n; i += NT) {
     const int j = i / n, c = i - j * n;
@@ -630,7 +620,7 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   }
   __syncthreads();
   const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
-  float* acc = V.x(l + 1);
+  float* acc = V.moe_acc(l);
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, s.act, lds, acc, H, s_w, s_b, nt);
     return;
@@ -653,19 +643,64 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   }
 }
 
-// One row of the final norm: h(L)[b] = RMSNorm(x(L)[b], final_norm) for the LM head (x(L) is
-// complete: the task waits on the last layer's O-proj and MLP counters). The layers' own norms are
-// computed by their first GEMVs while staging (gemv_normed).
-__device__ __noinline__ void op_norm(const Params& p, const int* d, Smem& s) {
+// One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
+// MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
+// float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
+// of one per partial).
+__device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
-  const bf16* w = l < p.num_layers ? V.lw(l, MK_LW_NORM) : (const bf16*)p.final_norm;
-  float* row = s.out;  // H <= OUT_FLOATS floats (checked by the launcher)
+  const bool dense = V.flags(l) & MK_LAYER_DENSE;
+  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.moe_fused ? 1 : p.top_k;
   const size_t rb = (size_t)b * H;
-  for (int i = threadIdx.x * 4; i < H; i += NT * 4)
-    *reinterpret_cast<float4*>(row + i) = ld_cg4(V.x(l) + rb + i);
-  __syncthreads();
-  rms_row(p, row, w, V.h(l) + rb, s.misc);
+  // MLP partial j of this row: the dense K split j, the fused MoE sum, or the MoE output of slot
+  // b * top_k + j
+  auto mlp = [&](int j) {
+    return dense ? V.mlp_part(l, j) + rb
+                 : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H);
+  };
+  const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
+  float* row = s.out;  // H <= OUT_FLOATS floats (checked by the launcher)
+  float ss = 0.f;
+  for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
+    float4 a = ld_cg4(V.x(l) + rb + i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < n_attn) {
+        const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
+        a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+      }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < n_mlp) {
+        const float4 q = ld_cg4(mlp(j) + i);
+        a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+      }
+    for (int j = 8; j < n_attn; ++j) {  // geometries beyond the unrolled counts
+      const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
+      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    }
+    for (int j = 8; j < n_mlp; ++j) {
+      const float4 q = ld_cg4(mlp(j) + i);
+      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    }
+    *reinterpret_cast<float4*>(row + i) = a;
+    *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  }
+  const float r = rsqrtf(block_sum(ss, s.misc) / H + p.rms_eps);
+  for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
+    const float4 a = *reinterpret_cast<const float4*>(row + i);
+    const uint2 wr = __ldg(reinterpret_cast<const uint2*>(w + i));
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wr.x);
+    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wr.y);
+    float4 o;
+    o.x = a.x * r * __low2float(w01);
+    o.y = a.y * r * __high2float(w01);
+    o.z = a.z * r * __low2float(w23);
+    o.w = a.w * r * __high2float(w23);
+    *reinterpret_cast<float4*>(V.h(l + 1) + rb + i) = o;
+  }
 }
 
 __device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
@@ -1110,8 +1145,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_MOE_FUSED:
       op_moe_fused(p, d, s, rows);
       break;
-    case MK_OP_NORM:
-      op_norm(p, d, s);
+    case MK_OP_ADD_NORM:
+      op_add_norm(p, d, s);
       break;
     case MK_OP_LM_HEAD:
       op_lm_head(p, d, s, rows);

@@ -253,6 +253,7 @@ class Emulator:
             inp,
             math=self.math,
             rng=np.random.default_rng(seed),
+            moe_fused=bool(self.sched.tiling.moe_fused),
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)

@@ -120,9 +120,11 @@ class OpSemantics:
         inp: StepInputs,
         math: bool = True,
         rng: np.random.Generator | None = None,
+        moe_fused: bool | None = None,
     ):
         self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
-
+        # ADD_NORM's MoE input: the fused sum (moe_acc) or the top-k slot outputs (moe_out)
+        self.moe_fused = bool(ws.tiling.moe_fused if moe_fused is None else moe_fused)
         self.rng = rng or np.random.default_rng(0)
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
@@ -142,31 +144,6 @@ class OpSemantics:
     def _rows(self) -> range:
         return range(self.B)
 
-    def _normed(self, layer: int, acc: Access, init: bool) -> torch.Tensor | None:
-        """The layer's input as its first GEMVs stage it: RMSNorm of the residual x[layer]. `init`
-        (router / dense-up tile 0): also writes h[layer] and starts x[layer+1] = x[layer]."""
-        H = self.cfg.hidden_size
-        acc.reads += [(("x", layer, b), 0, H) for b in self._rows()]
-        if init:
-            acc.writes += [(("h", layer, b), 0, H) for b in self._rows()]
-            acc.writes += [(("x", layer + 1, b), 0, H) for b in self._rows()]
-        if not self.math:
-            return None
-        x = self.ws["x"][layer, : self.B]
-        h = self._rms(x, self._norm_w(layer))
-        if init:
-            self.ws["h"][layer, : self.B] = h
-            self.ws["x"][layer + 1, : self.B] = x
-        return h
-
-    def _add_residual(
-        self, layer: int, acc: Access, rows: list[int], r0: int, n: int, y: torch.Tensor | None
-    ) -> None:
-        """y [len(rows), n] added into x[layer+1][rows][r0 : r0+n] (the kernel's fp32 atomics)."""
-        acc.accums += [(("x", layer + 1, b), r0, r0 + n) for b in rows]
-        if y is not None:
-            self.ws["x"][layer + 1, torch.tensor(rows), r0 : r0 + n] += y
-
     # ---- dispatch ---------------------------------------------------------------------------
     def run(self, d: np.ndarray | list[int]) -> Access:
         op = int(d[abi.MK_F_OP])
@@ -185,13 +162,14 @@ class OpSemantics:
         if self.math:
             x = self._f(self.w.embed[int(self.inp.token_ids[b])])
             self.ws["x"][0, b] = x
-        return Access(writes=[(("x", 0, b), 0, H)])
+            self.ws["h"][0, b] = self._rms(x, self._norm_w(0))
+        return Access(writes=[(("x", 0, b), 0, H), (("h", 0, b), 0, H)])
 
     def op_qkv(self, layer, a, d) -> Access:
         cfg, r0, n = self.cfg, a[0], a[1]
         qw, kvw, dh = cfg.q_width, cfg.kv_width, cfg.head_dim
-        acc = Access()
-        h = self._normed(layer, acc, False)
+        H = cfg.hidden_size
+        acc = Access(reads=[(("h", layer, b), 0, H) for b in self._rows()])
         if r0 < qw:
             kind, local = "q", r0
         elif r0 < qw + kvw:
@@ -208,6 +186,7 @@ class OpSemantics:
             return acc
         lw = self.w.layers[layer]
         W = {"q": lw.q, "k": lw.k, "v": lw.v}[kind][local : local + n].float()
+        h = self.ws["h"][layer, : self.B]
         out = h @ W.T  # [B, n]
         if kind != "v" and cfg.uses_rope(layer):
             pos = self.inp.positions.to(out.device)
@@ -289,43 +268,56 @@ class OpSemantics:
         return acc
 
     def op_oproj(self, layer, a, d) -> Access:
-        r0, n, k0, k1, _split = a
-        acc = Access(reads=[(("attn_out", layer, b), k0, k1) for b in self._rows()])
-        y = None
+        r0, n, k0, k1, s = a
+        acc = Access(
+            reads=[(("attn_out", layer, b), k0, k1) for b in self._rows()],
+            writes=[(("ao", layer, s, b), r0, r0 + n) for b in self._rows()],
+        )
         if self.math:
             W = self.w.layers[layer].o[r0 : r0 + n, k0:k1].float()
-            y = self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
-        self._add_residual(layer, acc, list(self._rows()), r0, n, y)
+            self.ws["ao_part"][layer, s, : self.B, r0 : r0 + n] = (
+                self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
+            )
         return acc
 
     def op_dense_up(self, layer, a, d) -> Access:
         c0, n = a[0], a[1]
-        acc = Access(writes=[(("dense_act", layer, b), c0, c0 + n) for b in self._rows()])
-        h = self._normed(layer, acc, a[2] != 0)
+        H = self.cfg.hidden_size
+        acc = Access(
+            reads=[(("h", layer, b), 0, H) for b in self._rows()],
+            writes=[(("dense_act", layer, b), c0, c0 + n) for b in self._rows()],
+        )
         if self.math:
             lw = self.w.layers[layer]
+            h = self.ws["h"][layer, : self.B]
             g = h @ lw.gate[c0 : c0 + n].float().T
             u = h @ lw.up[c0 : c0 + n].float().T
             self.ws["dense_act"][layer, : self.B, c0 : c0 + n] = F.silu(g) * u
         return acc
 
     def op_dense_down(self, layer, a, d) -> Access:
-        r0, n, k0, k1, _split = a
-        acc = Access(reads=[(("dense_act", layer, b), k0, k1) for b in self._rows()])
-        y = None
+        r0, n, k0, k1, s = a
+        acc = Access(
+            reads=[(("dense_act", layer, b), k0, k1) for b in self._rows()],
+            writes=[(("mlp", layer, s, b), r0, r0 + n) for b in self._rows()],
+        )
         if self.math:
             W = self.w.layers[layer].down[r0 : r0 + n, k0:k1].float()
-            y = self.ws["dense_act"][layer, : self.B, k0:k1] @ W.T
-        self._add_residual(layer, acc, list(self._rows()), r0, n, y)
+            self.ws["mlp_part"][layer, s, : self.B, r0 : r0 + n] = (
+                self.ws["dense_act"][layer, : self.B, k0:k1] @ W.T
+            )
         return acc
 
     def op_router(self, layer, a, d) -> Access:
         e0, n = a[0], a[1]
-        acc = Access(writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()])
-        h = self._normed(layer, acc, a[2] != 0)
+        H = self.cfg.hidden_size
+        acc = Access(
+            reads=[(("h", layer, b), 0, H) for b in self._rows()],
+            writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
+        )
         if self.math:
             W = self.w.layers[layer].router[e0 : e0 + n].float()
-            self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = h @ W.T
+            self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self.ws["h"][layer, : self.B] @ W.T
         return acc
 
     def op_route(self, layer, a, d) -> Access:
@@ -337,7 +329,10 @@ class OpSemantics:
             reads=[(("rlogits", layer, b), 0, E) for b in self._rows()],
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
-
+        if self.moe_fused:  # the fused items' sums start at zero
+            acc.writes += [(("moe_acc", layer, b), 0, cfg.hidden_size) for b in self._rows()]
+            if self.math:
+                self.ws["moe_acc"][layer, :B] = 0
         if self.math:
             # NaN ranks as -inf (as in the kernel, whose ranks must stay a permutation)
             logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
@@ -389,24 +384,24 @@ class OpSemantics:
 
     def op_moe_down(self, layer, a, d) -> Access:
         e, r0, n = a[0], a[1], a[2]
-        I, K = self.cfg.intermediate_size, self.cfg.num_experts_per_tok
+        I = self.cfg.intermediate_size
         slots = self._moe_slots(d)
         acc = Access(
             reads=[(("moe_tab", layer), 0, 1)]
             + [(("moe_act", layer, s), 0, I) for s in slots]
-            + [(("route_w", layer), s, s + 1) for s in slots]
+            + [(("route_w", layer), s, s + 1) for s in slots],
+            writes=[(("moe_out", layer, s), r0, r0 + n) for s in slots],
         )
-        y = None
         if self.math:
             W = self.w.layers[layer].experts_down[e][r0 : r0 + n].float()
             idx = torch.tensor(slots)
-            y = (self.ws["moe_act"][layer, idx] @ W.T) * self.ws["route_w"][layer, idx][:, None]
-        self._add_residual(layer, acc, [s // K for s in slots], r0, n, y)
+            y = self.ws["moe_act"][layer, idx] @ W.T
+            self.ws["moe_out"][layer, idx, r0 : r0 + n] = y * self.ws["route_w"][layer, idx][:, None]
         return acc
 
     def op_moe_fused(self, layer, a, d) -> Access:
         """Up tile (columns c0 .. c0+n) then the down slice of those columns for every hidden row,
-        weighted by each token's routing weight and added into its row's residual x[layer+1]."""
+        weighted by each token's routing weight and added into its row's moe_acc."""
         e, c0, n = a[0], a[1], a[2]
         cfg = self.cfg
         K, H, I = cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size
@@ -414,9 +409,9 @@ class OpSemantics:
         acc = Access(
             reads=[(("moe_tab", layer), 0, 1)]
             + [(("h", layer, s // K), 0, H) for s in slots]
-            + [(("route_w", layer), s, s + 1) for s in slots]
+            + [(("route_w", layer), s, s + 1) for s in slots],
+            accums=[(("moe_acc", layer, s // K), 0, H) for s in slots],
         )
-        y = None
         if self.math:
             lw = self.w.layers[layer]
             gu = lw.experts_gate_up[e]
@@ -424,16 +419,33 @@ class OpSemantics:
             h = self.ws["h"][layer][rows]
             act = F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
             y = act @ lw.experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
-            y = y * self.ws["route_w"][layer, torch.tensor(slots)][:, None]
-        self._add_residual(layer, acc, [s // K for s in slots], 0, H, y)
+            wts = self.ws["route_w"][layer, torch.tensor(slots)]
+            self.ws["moe_acc"][layer, rows] += y * wts[:, None]
         return acc
 
-    def op_norm(self, layer, a, d) -> Access:
-        """h[layer][b] = RMSNorm(x[layer][b]) (the final norm: layer = L, the LM head's input)."""
-        b, H = a[0], self.cfg.hidden_size
-        acc = Access(reads=[(("x", layer, b), 0, H)], writes=[(("h", layer, b), 0, H)])
+    def op_add_norm(self, layer, a, d) -> Access:
+        cfg, b = self.cfg, a[0]
+        H, Hkv, K = cfg.hidden_size, cfg.num_key_value_heads, cfg.num_experts_per_tok
+        dense = cfg.is_dense(layer)
+        ms = self.ws.tiling.mlp_splits
+        reads = [(("x", layer, b), 0, H)] + [(("ao", layer, s, b), 0, H) for s in range(Hkv)]
+        if dense:
+            reads += [(("mlp", layer, s, b), 0, H) for s in range(ms)]
+        elif self.moe_fused:
+            reads += [(("moe_acc", layer, b), 0, H)]
+        else:
+            reads += [(("moe_out", layer, b * K + j), 0, H) for j in range(K)]
+        acc = Access(reads=reads, writes=[(("x", layer + 1, b), 0, H), (("h", layer + 1, b), 0, H)])
         if self.math:
-            self.ws["h"][layer, b] = self._rms(self.ws["x"][layer, b], self._norm_w(layer))
+            x = self.ws["x"][layer, b] + self.ws["ao_part"][layer, :, b].sum(0)
+            if dense:
+                x = x + self.ws["mlp_part"][layer, :ms, b].sum(0)
+            elif self.moe_fused:
+                x = x + self.ws["moe_acc"][layer, b]
+            else:
+                x = x + self.ws["moe_out"][layer, b * K : (b + 1) * K].sum(0)
+            self.ws["x"][layer + 1, b] = x
+            self.ws["h"][layer + 1, b] = self._rms(x, self._norm_w(layer + 1))
         return acc
 
     def op_lm_head(self, layer, a, d) -> Access:

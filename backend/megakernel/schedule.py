@@ -14,10 +14,7 @@ batch (BS 1-8) and its attention split policy:
 
 Layer order (the parallel block: attention and MLP read the same h, so MoE/dense tiles backfill the
 SMs that attention leaves idle): QKV, router/route (or dense up), attention drains, MoE drains,
-combines, dense down, O-proj. The residual needs no add+norm task: router / dense-up tile 0 starts
-x[l+1] = x[l] (and writes h[l]), O-proj and MLP tasks add into it with fp32 atomics, and the next
-layer's QKV / router / dense-up tiles RMSNorm it while staging their activations. Then the final
-norm, the LM head and sampling.
+combines, dense down, O-proj, add+norm. Then the LM head and sampling.
 """
 
 from __future__ import annotations
@@ -214,12 +211,9 @@ def build_schedule(
         cs.targets[name] = target
         return c
 
-    embed_c = counter("embed", B)
+    norm = [counter(f"norm[{layer}]", B) for layer in range(L + 1)]
     for b in range(B):
-        emit(make_desc(abi.MK_OP_EMBED, 0, (b,), (), (embed_c,)))
-    # what the layer's first GEMVs (QKV, router / dense up: they RMSNorm x[l] while staging) wait
-    # for: the embeddings, then the previous layer's O-proj and MLP sums into x[l]
-    wait_x: tuple[tuple[int, int], ...] = ((embed_c, B),)
+        emit(make_desc(abi.MK_OP_EMBED, 0, (b,), (), (norm[0],)))
 
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
@@ -231,7 +225,7 @@ def build_schedule(
         comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)
-        wait_h = wait_x
+        wait_h = ((norm[layer], B),)
 
         # 1. QKV tiles
         for t in range(n_qkv):
@@ -244,14 +238,9 @@ def build_schedule(
             up_c = counter(f"dense_up[{layer}]", n_up)
             n_down = (H // tiling.dense_down_rows) * tiling.mlp_splits
             mlp_c = counter(f"mlp[{layer}]", n_down)
-            for t in range(n_up):  # tile 0 starts the residual: writes h[l] and x[l+1] = x[l]
+            for t in range(n_up):
                 c0 = t * tiling.dense_up_cols
-                emit(
-                    make_desc(
-                        abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols, int(t == 0)), wait_h, (up_c,)
-                    )
-                )
-            front_c, n_front = up_c, n_up
+                emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
         else:
             n_router = E // tiling.router_rows
             router_c = counter(f"router[{layer}]", n_router)
@@ -263,18 +252,17 @@ def build_schedule(
             )
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items)
             cs.totals[mlp_c] += B * K * mlp_items
-            for t in range(n_router):  # tile 0 starts the residual: writes h[l] and x[l+1] = x[l]
+            for t in range(n_router):
                 emit(
                     make_desc(
                         abi.MK_OP_ROUTER,
                         layer,
-                        (t * tiling.router_rows, tiling.router_rows, int(t == 0)),
+                        (t * tiling.router_rows, tiling.router_rows),
                         wait_h,
                         (router_c,),
                     )
                 )
             emit(make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)))
-            front_c, n_front = router_c, n_router
 
         # 3. attention splits into this layer's host queue, claimed by drains
         first = len(qdescs)
@@ -317,7 +305,7 @@ def build_schedule(
                 abi.MK_OP_OPROJ,
                 layer,
                 (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
-                ((comb_c[s], B), (front_c, n_front)),  # front: x[l+1] was started before the sums
+                ((comb_c[s], B),),
                 (o_c,),
             )
             for s in range(Hkv)
@@ -370,14 +358,15 @@ def build_schedule(
             for qd in tail[B * Hkv :]:
                 emit(qd)
 
-        # 8. no add+norm task: O-proj and MLP tasks added into x[l+1]; the next layer's first GEMVs
-        # wait for all of them and RMSNorm x[l+1] while staging
-        wait_x = ((o_c, n_o), (mlp_c, cs.targets[cs.names[mlp_c]]))
+        # 8. residual add + next norm, per row
+        mlp_target = cs.targets[cs.names[mlp_c]]
+        for b in range(B):
+            emit(
+                make_desc(
+                    abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
+                )
+            )
 
-    # the final norm of each row (the LM head's input h[L])
-    norm_c = counter(f"norm[{L}]", B)
-    for b in range(B):
-        emit(make_desc(abi.MK_OP_NORM, L, (b,), wait_x, (norm_c,)))
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
     for t in range(n_lm):
@@ -387,7 +376,7 @@ def build_schedule(
                 abi.MK_OP_LM_HEAD,
                 0,
                 (r0, min(tiling.lm_rows, cfg.vocab_size - r0), t),
-                ((norm_c, B),),
+                ((norm[L], B),),
                 (lm_c,),
             )
         )

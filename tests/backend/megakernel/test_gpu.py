@@ -50,20 +50,19 @@ def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:
 # ---- per-op tests --------------------------------------------------------------------------------
 
 OUTPUTS = {
-    abi.MK_OP_EMBED: ["x"],
+    abi.MK_OP_EMBED: ["x", "h"],
     abi.MK_OP_QKV: ["q"],
     abi.MK_OP_ATTN: ["o_part", "lse_part"],
     abi.MK_OP_ATTN_COMBINE: ["attn_out"],
-    # the ops that add into the residual x[l+1] (random before): checked on what they added
-    abi.MK_OP_OPROJ: [],
-    abi.MK_OP_DENSE_UP: ["dense_act"],  # (+ h[l], x[l+1] from the residual-start tile, below)
-    abi.MK_OP_DENSE_DOWN: [],
-    abi.MK_OP_ROUTER: ["rlogits"],  # (+ h[l], x[l+1] likewise)
-    abi.MK_OP_ROUTE: ["route_w", "expert_tab", "moe_info"],
+    abi.MK_OP_OPROJ: ["ao_part"],
+    abi.MK_OP_DENSE_UP: ["dense_act"],
+    abi.MK_OP_DENSE_DOWN: ["mlp_part"],
+    abi.MK_OP_ROUTER: ["rlogits"],
+    abi.MK_OP_ROUTE: ["route_w", "expert_tab", "moe_info", "moe_acc"],  # moe_acc: zeroed (fused)
     abi.MK_OP_MOE_UP: ["moe_act"],
-    abi.MK_OP_MOE_DOWN: [],
-    abi.MK_OP_MOE_FUSED: [],
-    abi.MK_OP_NORM: ["h"],
+    abi.MK_OP_MOE_DOWN: ["moe_out"],
+    abi.MK_OP_MOE_FUSED: [],  # adds into moe_acc (random before): checked in the test itself
+    abi.MK_OP_ADD_NORM: ["x", "h"],
     abi.MK_OP_LM_HEAD: ["logits", "lm_best", "lm_arg"],
     abi.MK_OP_SAMPLE: ["tokens_out"],
     abi.MK_OP_SAMPLE_ROW: ["tokens_out"],  # greedy rows (no sampling params)
@@ -96,12 +95,12 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
         return [make_desc(op, 2, (b, h, 3)) for b in range(B) for h in range(2)]
     if op == abi.MK_OP_OPROJ:
         return [make_desc(op, 1, (r, 64, s * G * d, (s + 1) * G * d, s)) for r in (0, 448) for s in range(2)]
-    if op == abi.MK_OP_DENSE_UP:  # the first one starts the residual (writes h[0] and x[1])
-        return [make_desc(op, 0, (c0, 32, int(c0 == 0))) for c0 in (0, 992)]
+    if op == abi.MK_OP_DENSE_UP:
+        return [make_desc(op, 0, (c0, 32)) for c0 in (0, 992)]
     if op == abi.MK_OP_DENSE_DOWN:
         return [make_desc(op, 0, (r, 64, s * 256, (s + 1) * 256, s)) for r in (0, 448) for s in range(4)]
-    if op == abi.MK_OP_ROUTER:  # the first one starts the residual (writes h[3] and x[4])
-        return [make_desc(op, 3, (0, 8, 1)), make_desc(op, 3, (8, 8, 0))]
+    if op == abi.MK_OP_ROUTER:
+        return [make_desc(op, 3, (0, 16))]
     if op == abi.MK_OP_ROUTE:
         return [make_desc(op, 3, ())]
     if op in (abi.MK_OP_MOE_UP, abi.MK_OP_MOE_DOWN, abi.MK_OP_MOE_FUSED):
@@ -116,8 +115,8 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
             )
             for i in items
         ]
-    if op == abi.MK_OP_NORM:  # the final norm (layer L); any layer's norm weights work the same
-        return [make_desc(op, ly, (b,)) for ly in (CFG.num_hidden_layers, 5) for b in range(B)]
+    if op == abi.MK_OP_ADD_NORM:
+        return [make_desc(op, ly, (b,)) for ly in (0, 5) for b in range(B)]
     if op == abi.MK_OP_LM_HEAD:
         return [make_desc(op, 0, (r, 128, r // 128)) for r in (0, 128, 8064)]
     if op == abi.MK_OP_SAMPLE:
@@ -164,7 +163,8 @@ def test_op_matches_semantics(small, op, B):
         ref_ws,
         StepInputs(ref_batch.token_ids, ref_batch.positions, ref_batch.block_tables, ref_batch.kv_pool),
     )
-    accesses = [sem.run(d) for d in descs]
+    for d in descs:
+        sem.run(d)
     if op == abi.MK_OP_ROUTE:  # the table's meaningful part: active experts, their token slots
         n = int(ref_ws["moe_info"][3, 0])
         assert int(ws["moe_info"][3, 0]) == n
@@ -187,39 +187,25 @@ def test_op_matches_semantics(small, op, B):
         )
         m = ~torch.isnan(want) & torch.isfinite(want)
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
-    _check_residual(ws, ref_ws, ref_bufs, accesses)
+    if op == abi.MK_OP_MOE_FUSED:  # sums added into the routed rows of layer 2 only, the rest as before
+        got, want, before = ws["moe_acc"], ref_ws["moe_acc"], ref_bufs["moe_acc"]
+        rows = sorted(
+            {
+                int(d[abi.MK_F_SLOT0 + j]) // CFG.num_experts_per_tok
+                for d in descs
+                for j in range(d[abi.MK_F_NTOK])
+            }
+        )
+        touched = torch.zeros_like(got, dtype=torch.bool)
+        touched[2, rows] = True
+        assert torch.equal(got[~touched], want[~touched]), "moe_acc changed outside the routed rows"
+        delta_got, delta_want = (got - before)[touched], (want - before)[touched]
+        assert float(delta_want.abs().min()) > 0, "the reference added nothing"
+        assert _relerr(delta_got, delta_want) < 1.5e-2, (
+            f"moe_acc: rel err {_relerr(delta_got, delta_want):.3g}"
+        )
     if op == abi.MK_OP_QKV:  # K/V written into the pool
         assert _relerr(case.batch.kv_pool.float(), ref_batch.kv_pool.float()) < 1e-2
-
-
-def _check_residual(ws, ref_ws, before, accesses) -> None:
-    """The residual-stream side effects of a batch of tasks: what they added into x[l+1] (fp32
-    atomics, from random values: compared as deltas over exactly the regions the reference added
-    to; every other element bit-equal) and the rows a residual-start tile wrote (h[l], x[l+1])."""
-    added = torch.zeros_like(ws["x"], dtype=torch.bool)
-    written = {"x": torch.zeros_like(added), "h": torch.zeros_like(added)}
-    for acc in accesses:
-        for (name, layer, b, *_), lo, hi in acc.accums:
-            assert name == "x"
-            added[layer, b, lo:hi] = True
-        for (name, *idx), lo, hi in acc.writes:
-            if name in written and len(idx) == 2:
-                written[name][idx[0], idx[1], lo:hi] = True
-    for name in ("x", "h"):
-        got, want, old = ws[name], ref_ws[name], before[name]
-        if name == "x" and bool(added.any()):
-            assert not bool((added & written["x"]).any())
-            d_got, d_want = (got - old)[added], (want - old)[added]
-            assert float((d_want != 0).float().mean()) > 0.9, "the reference added (almost) nothing"
-            assert _relerr(d_got, d_want) < 1.5e-2, f"x sums: rel err {_relerr(d_got, d_want):.3g}"
-        mask = written[name]
-        if bool(mask.any()):
-            assert _relerr(got[mask], want[mask]) < 1e-2, (
-                f"{name} rows: rel err {_relerr(got[mask], want[mask]):.3g}"
-            )
-        keep = ~(mask | added) if name == "x" else ~mask
-        if not torch.isnan(want[keep]).any():  # (a poisoned output of the op is checked by OUTPUTS)
-            assert torch.equal(got[keep], want[keep]), f"{name} changed outside the op's regions"
 
 
 # ---- whole steps ---------------------------------------------------------------------------------
@@ -291,8 +277,7 @@ def test_step_matches_reference_up_down_tiles(small_up_down, contexts, use_mma):
     w, be = small_up_down
     be.use_mma = use_mma
     _step_check(CFG, w, be, contexts, seed=len(contexts))
-    K = CFG.num_experts_per_tok
-    assert not torch.isnan(be.ws["moe_act"][1, : len(contexts) * K]).any()  # the up/down path ran
+    assert not torch.isnan(be.ws["moe_out"][1, : len(contexts)]).any()  # the up/down path ran
 
 
 def test_consecutive_steps_reduced(small):
