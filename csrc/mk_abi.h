@@ -166,6 +166,10 @@ enum MkError {
 // 16 x 16 B per thread (128 KB per SM), and a task's stream time measured as (batches x loaded
 // latency): the prefetch doubles the bytes in flight without holding registers.
 #define MK_PREFETCH_AHEAD 8
+// MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
+// timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
+// code in the instruction cache, so the difference is what a cold op costs.
+#define MK_MODE_TWICE 16
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-6 = %globaltimer (ns) at the task's start, after its waits, when its GEMV began (the

@@ -157,7 +157,8 @@ def bench(args: argparse.Namespace) -> int:
     # one recorded step per batch size with the fastest prefetch mode: where the time goes
     from mkcode.backend.megakernel import timeline
 
-    be = MegakernelBackend(cfg, w, prefetch_mode=fastest_mode, use_mma=fastest_mma)
+    tl_mode = fastest_mode if args.timeline_mode is None else args.timeline_mode
+    be = MegakernelBackend(cfg, w, prefetch_mode=tl_mode, use_mma=fastest_mma)
     results["timeline"] = {}
     for B in args.batches:
         be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
@@ -321,6 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--context", type=int, default=8192)
     b.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     b.add_argument("--reps", type=int, default=30)
+    b.add_argument(
+        "--timeline-mode",
+        type=int,
+        default=None,
+        help="prefetch_mode of the recorded timeline step (default: the fastest variant's); e.g. 16 = "
+        "MK_MODE_TWICE, each add+norm and combine run twice to show what a cold op costs",
+    )
     b.add_argument(
         "--variants",
         nargs="+",
