@@ -120,16 +120,14 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
         # fused items of 128 columns (1.5 MB of up + down weights): measured fastest on the H200 at
         # BS 1 and 8 (2026-11-29 session 4: BS 1 4.82 ms vs 5.08 with 64 and 5.26 with 32 columns;
         # BS 8 12.17 vs 12.55 and 14.72; 256 columns: BS 1 6.08 ms)
-        moe_up_cols=next((c for c in (128, 64, 32) if max(cfg.intermediate_size, 1) % c == 0), 32),
+        moe_up_cols=fit(128, max(cfg.intermediate_size, 1), 32),
         moe_down_rows=fit(128, H),
         lm_rows=128,
     )
 
 
-# Batches from this size on stream MoE weights in separate up and down tiles, wider ones: up tiles 4x
-# the narrow 32 columns (256 weight rows, 1 MB), down tiles 4x the rows (512). (Session 4: fused
-# items and these tiles tie at BS 8 in gpu_check, 12.13 vs 12.15 ms in one run, but the engine
-# harness measured 11.66 ms with these in session 3 and 12.6-12.8 with fused items in session 4.) Measured on the H200 at 8K, BS 8 (2026-11-29, session 3):
+# Batches from this size on stream MoE weights in wider tiles: up tiles 4x the columns (256 weight
+# rows, 1 MB), down tiles 4x the rows (512). Measured on the H200 at 8K, BS 8 (2026-11-29, session 3):
 # 11.95 ms per step with 4x/4x, 12.40 with 4x/2x, 13.67 with 2x/2x, 16.5 with the default; BS 1 is
 # slower with any wider tile (5.86 vs 5.69 ms with 4x/4x). The fixed cost of a queue item (claim,
 # staging, reduction, signal: ~5 us, measured by the timeline) is amortised over more bytes once
@@ -139,15 +137,13 @@ WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, t
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
-    """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows `base` (fused MoE
-    items by default); from there separate up/down tiles, the widest of WIDE_MOE_SCALES the config
-    allows over 32-column up tiles (a base that already has separate tiles: over its own), else
-    `base` unchanged."""
-    if batch < WIDE_MOE_FROM_BATCH:
+    """The default tiling adapted to a batch size: wider MoE tiles from WIDE_MOE_FROM_BATCH rows on,
+    the widest of WIDE_MOE_SCALES the config allows (else `base` unchanged). Fused MoE items
+    (the default) keep their width at every batch size."""
+    if batch < WIDE_MOE_FROM_BATCH or base.moe_fused:
         return base
-    narrow = replace(base, moe_fused=0, moe_up_cols=32) if base.moe_fused else base
     for up, down in WIDE_MOE_SCALES:
-        wide = replace(narrow, moe_up_cols=up * narrow.moe_up_cols, moe_down_rows=down * narrow.moe_down_rows)
+        wide = replace(base, moe_up_cols=up * base.moe_up_cols, moe_down_rows=down * base.moe_down_rows)
         try:
             wide.validate(cfg)
         except TilingError:
