@@ -368,11 +368,6 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
 // out = sum_s w_s o_s with w_s = exp(lse_s - max) / sum: the weights of the (row, kv head)'s G
 // heads are computed once into shared memory (a warp per head), then every output element reads
 // its S partials with independent loads.
-// One (row, kv head): the LSE merge of its splits for the G query heads. Two L2 round trips: each
-// warp's lanes hold one split's LSE (S <= 32; longer split lists loop), then every thread loads its
-// share of the o_part vectors (a float4 of dims, half of the splits: up to 16 loads in flight) and
-// the two halves meet in shared memory. (The loop that loaded 8 splits at a time and re-read the
-// LSEs took ~10 us per combine at BS 1, on the critical path before the O-proj, measured.)
 __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
@@ -383,23 +378,12 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   float* wts = s.out;  // [G][S] (<= OUT_FLOATS floats: G <= 64, S <= 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int hq = warp; hq < G; hq += NWARPS) {
-    const float* lse = lse_base + hq * MS;
-    if (S <= 32) {  // one load per lane, kept in a register
-      const float v = lane < S ? ld_cg(lse + lane) : -INFINITY;
-      float m = v;
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      const float e = lane < S ? expf(v - m) : 0.f;  // 0 for an empty split
-      float den = e;
-      for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-      if (lane < S) wts[hq * S + lane] = e / den;
-      continue;
-    }
     float m = -INFINITY;
-    for (int sp = lane; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse + sp));
+    for (int sp = lane; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse_base + hq * MS + sp));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float den = 0.f;
     for (int sp = lane; sp < S; sp += 32) {
-      const float e = expf(ld_cg(lse + sp) - m);
+      const float e = expf(ld_cg(lse_base + hq * MS + sp) - m);  // 0 for an empty split
       wts[hq * S + sp] = e;
       den += e;
     }
@@ -408,37 +392,21 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
     for (int sp = lane; sp < S; sp += 32) wts[hq * S + sp] /= den;
   }
   __syncthreads();
-  // thread: float4 i4 of the G * hd outputs, splits [h0, h1) (its half)
-  constexpr int HALF = NT / 2;
-  const int n4 = G * hd / 4, half = threadIdx.x / HALF;
-  const int h0 = half ? S / 2 : 0, h1 = half ? S : S / 2;
-  float4* part = reinterpret_cast<float4*>(s.red);  // [HALF] the upper halves' sums
-  for (int base = 0; base < n4; base += HALF) {
-    const int i4 = base + (int)threadIdx.x % HALF;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (i4 < n4) {
-      const int hq = i4 * 4 / hd, dim = i4 * 4 % hd;
-      const float* src = o_base + (size_t)hq * MS * hd + dim;
-      const float* wr = wts + hq * S;
-      for (int sp = h0; sp < h1; sp += 16) {
-        float4 x[16];
+  for (int i = threadIdx.x; i < G * hd; i += NT) {
+    const int hq = i / hd, dim = i % hd;
+    const float* src = o_base + (size_t)hq * MS * hd + dim;
+    const float* wr = wts + hq * S;
+    float acc = 0.f;
+    int sp = 0;
+    for (; sp + 8 <= S; sp += 8) {
+      float x[8];
 #pragma unroll
-        for (int u = 0; u < 16; ++u)
-          x[u] = sp + u < h1 ? ld_cg4(src + (size_t)(sp + u) * hd) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int u = 0; u < 8; ++u) x[u] = ld_cg(src + (size_t)(sp + u) * hd);
 #pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const float w = sp + u < h1 ? wr[sp + u] : 0.f;
-          acc.x += w * x[u].x, acc.y += w * x[u].y, acc.z += w * x[u].z, acc.w += w * x[u].w;
-        }
-      }
+      for (int u = 0; u < 8; ++u) acc += wr[sp + u] * x[u];
     }
-    if (half) part[threadIdx.x - HALF] = acc;
-    __syncthreads();
-    if (!half && i4 < n4) {
-      const float4 q = part[threadIdx.x];
-      *reinterpret_cast<float4*>(out + (size_t)i4 * 4) = make_float4(acc.x + q.x, acc.y + q.y, acc.z + q.z, acc.w + q.w);
-    }
-    __syncthreads();
+    for (; sp < S; ++sp) acc += wr[sp] * ld_cg(src + (size_t)sp * hd);
+    out[i] = acc;
   }
 }
 

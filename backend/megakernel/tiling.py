@@ -50,7 +50,6 @@ class Tiling:
             "qkv_rows must divide the Q and K/V widths",
         )
         need(H % 32 == 0, "hidden_size must be a multiple of 32")
-        need(d % 4 == 0, "head_dim must be a multiple of 4 (the combine merges float4s of o_part)")
         need(
             (cfg.gqa_group * d) % 32 == 0, "the O-proj K split (one kv head's heads) must be a multiple of 32"
         )
