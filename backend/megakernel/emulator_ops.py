@@ -420,8 +420,7 @@ class OpSemantics:
             act = F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
             y = act @ lw.experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
             wts = self.ws["route_w"][layer, torch.tensor(slots)]
-            # index_add_: a row listed twice adds twice (the kernel's atomics; `t[rows] += v` would not)
-            self.ws["moe_acc"][layer].index_add_(0, rows.to(y.device), y * wts[:, None])
+            self.ws["moe_acc"][layer, rows] += y * wts[:, None]
         return acc
 
     def op_add_norm(self, layer, a, d) -> Access:

@@ -322,31 +322,3 @@ def test_sweep_tilings_at_release_geometry(over, batch):
     static = sum(1 for t in sched.tasks if int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN)
     # every static task, every attention item and the MoE items of each MoE layer ran
     assert rep.events >= static + len(sched.queue_desc) + (layers - 1) * batch
-
-
-def test_fused_moe_item_adds_every_token_even_a_repeated_row(weights):
-    """MOE_FUSED adds each token's weighted expert output into its row's sum, like the kernel's
-    atomics: a row listed twice gets both additions (real routing never repeats a row within an
-    expert, the per-op GPU test does)."""
-    from mkcode.backend.megakernel.emulator_ops import OpSemantics, moe_item
-
-    K, I = CFG.num_experts_per_tok, CFG.intermediate_size
-    ws = Workspace.allocate(CFG, TILING, "cpu")
-    g = torch.Generator().manual_seed(0)
-    for name in ("h", "route_w", "moe_acc"):
-        ws[name].copy_(torch.randn(ws[name].shape, generator=g))
-    before = ws["moe_acc"].clone()
-    case = make_case(CFG, [5, 9], seed=1)
-    sem = OpSemantics(CFG, weights, ws, _inputs(case.batch))
-    slots = [0, 1, K]  # rows 0, 0, 1
-    d = moe_item([(3, slots)], 2, 0, 0, I // 32, 32, 0, 32, lambda ly, e: 0, fused=True)
-    sem.run(d)
-    lw = weights.layers[2]
-    want = before[2].clone()
-    for s in slots:
-        h = ws["h"][2, s // K]
-        gu = lw.experts_gate_up[3].float()
-        act = torch.nn.functional.silu(gu[:32] @ h) * (gu[I : I + 32] @ h)
-        want[s // K] += ws["route_w"][2, s] * (lw.experts_down[3][:, :32].float() @ act)
-    torch.testing.assert_close(ws["moe_acc"][2, :2], want[:2], rtol=1e-5, atol=1e-5)
-    assert torch.equal(ws["moe_acc"][2, 2:], before[2, 2:]) and torch.equal(ws["moe_acc"][:2], before[:2])
