@@ -161,11 +161,6 @@ enum MkError {
 // Variant bit in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
 // attention instead of the tensor-core one.
 #define MK_MODE_SIMT_ATTN 4
-// MK_PREFETCH_AHEAD: inside each GEMV, L2-prefetch the weights of the next batch of loads while the
-// current batch is in flight (and the first batch before the activation staging). A GEMV batch is
-// 16 x 16 B per thread (128 KB per SM), and a task's stream time measured as (batches x loaded
-// latency): the prefetch doubles the bytes in flight without holding registers.
-#define MK_PREFETCH_AHEAD 8
 // MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.

@@ -210,23 +210,13 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
   }
 }
 
-// L2 prefetch of elements [k, k + n) of a weight row (clipped to klen; a hint: no effect on results).
-__device__ __forceinline__ void prefetch_row(const bf16* row, int k, int n, int klen) {
-  if (k < klen) prefetch_l2(row + k, (uint32_t)((k + n < klen ? n : klen - k) * 2));
-}
-
 // One 16-row group of a warp from k = kk on (the k-steps before kk were already accumulated in c);
-// the partial sums go to this warp's block of red_s. `pf` (the group's lead lanes: warp kw = 0 of the
-// group, t = 0): prefetch the group's next batch of both rows to L2 while this batch loads.
+// the partial sums go to this warp's block of red_s.
 template <int U>
 __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
-                                           int klen, int stride, float* red, bool pf) {
+                                           int klen, int stride, float* red) {
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
-    if (pf) {  // ra, rb: the rows' starts (t = 0); kk: the group's batch start (kw = 0)
-      prefetch_row(ra, kk + U * stride, U * stride, klen);
-      prefetch_row(rb, kk + U * stride, U * stride, klen);
-    }
     uint4 wa[U], wb[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -249,7 +239,7 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
 }
 
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
-                                      bool mark, bool ahead) {
+                                      bool mark) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
@@ -260,11 +250,6 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   const int kw = warp % wpg;
   const int stride = wpg * 32;
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
-  const bool lead = ahead && kw == 0 && t == 0;
-  if (lead && warp / wpg < ngroups) {  // the first batch of this warp's first group, during the staging
-    prefetch_row(gemv_row(g, (warp / wpg) * 16 + gid), 0, U * stride, klen);
-    prefetch_row(gemv_row(g, (warp / wpg) * 16 + gid + 8), 0, U * stride, klen);
-  }
   stage_act(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
@@ -273,7 +258,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
-    gemv_group<U>(c, ra, rb, xa, kw * 32, klen, stride, red_s + (grp * wpg + kw) * 128, lead);
+    gemv_group<U>(c, ra, rb, xa, kw * 32, klen, stride, red_s + (grp * wpg + kw) * 128);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
@@ -316,7 +301,7 @@ __device__ __noinline__ void gemv_fma(const Gemv g, const bf16* act_s, float* ou
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s) {
   if (p.use_mma) {
-    gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, p.prefetch_mode & MK_PREFETCH_AHEAD);
+    gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr);
   } else {
     stage_act(act_s, act, g.klen);
     __syncthreads();
@@ -334,34 +319,14 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
 // (2 x 8 x 16 B per thread) in flight together, then adds its results straight from the mma
 // fragments with fp32 atomics (no return value: RED at L2). nrows % 16 == 0 (the tiling checks
 // hidden % 32). Not inlined, for the same register reason as gemv_mma.
-// The L2 prefetch of one batch (GB groups from g0, both rows of lane gid) of gemv_down_acc.
-template <int KP>
-__device__ __forceinline__ void down_prefetch(const bf16* W, int ld, int g0, int g_end) {
-  constexpr int GB = 8 / KP;
-  const int gid = (threadIdx.x % 32) >> 2;
-#pragma unroll
-  for (int u = 0; u < GB; ++u)
-    if (g0 + u < g_end) {
-      prefetch_row(W + (size_t)((g0 + u) * 16 + gid) * ld, 0, KP * 32, KP * 32);
-      prefetch_row(W + (size_t)((g0 + u) * 16 + gid + 8) * ld, 0, KP * 32, KP * 32);
-    }
-}
-
-// The rows of warp `warp` in gemv_down_acc: groups [g_begin, g_end).
-__device__ __forceinline__ void down_groups(int nrows, int warp, int& g_begin, int& g_end) {
-  const int ngroups = nrows / 16;
-  const int gpw = (ngroups + NWARPS - 1) / NWARPS;
-  g_begin = warp * gpw;
-  g_end = min(ngroups, g_begin + gpw);
-}
-
 template <int KP>
 __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, const bf16* act_s, int lds, float* acc,
-                                           int H, const float* wtok, const int* btok, int nt, bool ahead) {
+                                           int H, const float* wtok, const int* btok, int nt) {
   constexpr int GB = 8 / KP;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  int g_begin, g_end;
-  down_groups(nrows, warp, g_begin, g_end);
+  const int ngroups = nrows / 16;
+  const int gpw = (ngroups + NWARPS - 1) / NWARPS;
+  const int g_begin = warp * gpw, g_end = min(ngroups, g_begin + gpw);
   const bf16* xa = act_s + gid * lds + t * 8;  // token gid's activations (the mma B column)
   // this thread's accumulator columns are tokens 2t and 2t + 1
   const bool v0 = 2 * t < nt, v1 = 2 * t + 1 < nt;
@@ -369,7 +334,6 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   float* d1 = acc + (size_t)(v1 ? btok[2 * t + 1] : 0) * H;
   const float w0 = v0 ? wtok[2 * t] : 0.f, w1 = v1 ? wtok[2 * t + 1] : 0.f;
   for (int g0 = g_begin; g0 < g_end; g0 += GB) {
-    if (ahead && t == 0) down_prefetch<KP>(W, ld, g0 + GB, g_end);  // the next batch, during this one
     uint4 wa[GB][KP], wb[GB][KP];
 #pragma unroll
     for (int u = 0; u < GB; ++u) {

@@ -605,18 +605,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK];
   moe_rows(d, rows, p.top_k, true);
-  const bool ahead = p.use_mma && (p.prefetch_mode & MK_PREFETCH_AHEAD);
-  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
-  if (ahead && threadIdx.x % 4 == 0) {  // the down slice's first batch, to L2 during the up GEMV
-    int g_begin, g_end;
-    down_groups(H, threadIdx.x / 32, g_begin, g_end);
-    switch (n / 32) {
-      case 1: down_prefetch<1>(Wd, I, g_begin, g_end); break;
-      case 2: down_prefetch<2>(Wd, I, g_begin, g_end); break;
-      case 4: down_prefetch<4>(Wd, I, g_begin, g_end); break;
-      case 8: down_prefetch<8>(Wd, I, g_begin, g_end); break;
-    }
-  }
   if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) {
     const int slot = d[MK_F_SLOT0 + threadIdx.x];
     s_w[threadIdx.x] = ld_cg(V.route_w(l) + slot);  // ROUTE wrote it (the drain waited on route[l])
@@ -631,6 +619,7 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
     s.act[j * lds + c] = __float2bfloat16(v);
   }
   __syncthreads();
+  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
   float* acc = V.moe_acc(l);
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, s.act, lds, acc, H, s_w, s_b, nt);
@@ -638,16 +627,16 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   }
   switch (n / 32) {  // the tiling keeps n a multiple of 32, at most 256
     case 1:
-      gemv_down_acc<1>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt, ahead);
+      gemv_down_acc<1>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
       break;
     case 2:
-      gemv_down_acc<2>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt, ahead);
+      gemv_down_acc<2>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
       break;
     case 4:
-      gemv_down_acc<4>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt, ahead);
+      gemv_down_acc<4>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
       break;
     case 8:
-      gemv_down_acc<8>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt, ahead);
+      gemv_down_acc<8>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
       break;
     default:
       if (threadIdx.x == 0) raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);

@@ -20,9 +20,9 @@ echo "build done at +$(( $(date +%s) - t0 ))s"
 stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
-#   prefetch=0  the default (fused MoE items of 128 columns, no L2 prefetch); prefetch=8 the GEMVs'
-#   L2 prefetch of their next batch; then separate up/down MoE tiles (4x/4x), 8-expert router tiles
-VARIANTS=${VARIANTS:-"prefetch=0 prefetch=8 moe_fused=0,moe_up_cols=128,moe_down_rows=512 router_rows=8"}
+#   prefetch=0  the default (no L2 prefetch); prefetch=1 the self L2 prefetch
+#   then tilings on top of the fastest prefetch mode: the BS >= 4 MoE tiles (4x/4x), fewer attention splits
+VARIANTS=${VARIANTS:-"prefetch=0 prefetch=1 moe_up_cols=128,moe_down_rows=512 max_splits=8"}
 for stage in "${stages[@]}"; do
   case $stage in
     tests)

@@ -116,10 +116,7 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
         dense_up_cols=fit(32, D),
         dense_down_rows=fit(64, H),
         mlp_splits=splits,
-        # fused items of 128 columns (1.5 MB of up + down weights): measured fastest on the H200 at
-        # BS 1 and 8 (2026-11-29 session 4: BS 1 4.82 ms vs 5.08 with 64 and 5.26 with 32 columns;
-        # BS 8 12.17 vs 12.55 and 14.72; 256 columns: BS 1 6.08 ms)
-        moe_up_cols=fit(128, max(cfg.intermediate_size, 1), 32),
+        moe_up_cols=fit(32, max(cfg.intermediate_size, 1)),
         moe_down_rows=fit(128, H),
         lm_rows=128,
     )
@@ -137,9 +134,8 @@ WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, t
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: wider MoE tiles from WIDE_MOE_FROM_BATCH rows on,
-    the widest of WIDE_MOE_SCALES the config allows (else `base` unchanged). Fused MoE items
-    (the default) keep their width at every batch size."""
-    if batch < WIDE_MOE_FROM_BATCH or base.moe_fused:
+    the widest of WIDE_MOE_SCALES the config allows (else `base` unchanged)."""
+    if batch < WIDE_MOE_FROM_BATCH:
         return base
     for up, down in WIDE_MOE_SCALES:
         wide = replace(base, moe_up_cols=up * base.moe_up_cols, moe_down_rows=down * base.moe_down_rows)

@@ -292,9 +292,7 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # the tile variants the next GPU sweep times (gpu_run.sh VARIANTS): they must validate, build and
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
-    {"moe_fused": 0, "moe_up_cols": 128, "moe_down_rows": 512},  # separate up/down tiles (4x/4x)
-    {"router_rows": 8},
-    {"moe_up_cols": 256},  # fused items twice as wide as the default
+    {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default (tiling_for_batch)
     {"max_splits": 8},
     {"qkv_rows": 128, "o_rows": 128},
 ]

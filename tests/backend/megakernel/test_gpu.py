@@ -151,7 +151,6 @@ def test_op_matches_semantics(small, op, B):
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
     descs = [_strip(d) for d in _op_descs(op, B, seed)]
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
-    acc_before = ref_bufs["moe_acc"].clone()  # (the reference updates ref_bufs in place)
     ref_batch = clone_batch(case.batch)
     be.run_tasks(np.array(descs, dtype=np.int32), case.batch, n_sms=min(len(descs), 7))
     torch.cuda.synchronize()
@@ -189,7 +188,7 @@ def test_op_matches_semantics(small, op, B):
         m = ~torch.isnan(want) & torch.isfinite(want)
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
     if op == abi.MK_OP_MOE_FUSED:  # sums added into the routed rows of layer 2 only, the rest as before
-        got, want, before = ws["moe_acc"], ref_ws["moe_acc"], acc_before
+        got, want, before = ws["moe_acc"], ref_ws["moe_acc"], ref_bufs["moe_acc"]
         rows = sorted(
             {
                 int(d[abi.MK_F_SLOT0 + j]) // CFG.num_experts_per_tok
@@ -201,7 +200,7 @@ def test_op_matches_semantics(small, op, B):
         touched[2, rows] = True
         assert torch.equal(got[~touched], want[~touched]), "moe_acc changed outside the routed rows"
         delta_got, delta_want = (got - before)[touched], (want - before)[touched]
-        assert float((delta_want != 0).float().mean()) > 0.9, "the reference added (almost) nothing"
+        assert float(delta_want.abs().min()) > 0, "the reference added nothing"
         assert _relerr(delta_got, delta_want) < 1.5e-2, (
             f"moe_acc: rel err {_relerr(delta_got, delta_want):.3g}"
         )
@@ -251,9 +250,8 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_PREFETCH_SELF),
         (0, abi.MK_PREFETCH_DEFAULT),
         (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
-        (1, abi.MK_PREFETCH_AHEAD),
     ],
-    ids=["mma", "mma-self", "fma", "mma-next", "mma-ahead"],
+    ids=["mma", "mma-self", "fma", "mma-next"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small

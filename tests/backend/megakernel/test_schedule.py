@@ -170,7 +170,7 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
     specs = m.group(1).split()
     args = gpu_check.build_parser().parse_args(["bench", "--variants", *specs])
     parsed = [gpu_check.parse_variant(v) for v in args.variants]
-    assert (abi.MK_PREFETCH_DEFAULT, None, {}) in parsed  # the default first: the reference variant
+    assert (abi.MK_PREFETCH_SELF, None, {}) in parsed
     for _, _, kw in parsed:
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
@@ -178,30 +178,26 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
 
 
 def test_moe_tiles_widen_with_the_batch():
-    """Separate up/down tiles (moe_fused = 0) widen from WIDE_MOE_FROM_BATCH rows (measured faster at
-    BS 8, slower at BS 1): the widest scale the config takes; a config that takes none keeps the
-    base. Fused items (the default) keep their width at every batch size."""
+    """From WIDE_MOE_FROM_BATCH rows the default tiling widens the MoE tiles (measured faster at BS 8,
+    slower at BS 1): the widest scale the config takes; a config that takes none keeps the base."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import WIDE_MOE_FROM_BATCH, tiling_for_batch
 
-    def up_down(cfg):
-        return replace(default_tiling(cfg), moe_fused=0, moe_up_cols=32)
-
     cfg = north_mini_code_config(4)
-    fused = default_tiling(cfg)
-    assert fused.moe_fused == 1 and fused.moe_up_cols == 128
-    assert tiling_for_batch(cfg, fused, 8) == fused
-    base = up_down(cfg)
+    base = default_tiling(cfg)
     assert tiling_for_batch(cfg, base, 1) == base
     assert tiling_for_batch(cfg, base, WIDE_MOE_FROM_BATCH - 1) == base
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (4 * base.moe_up_cols, 4 * base.moe_down_rows)
     assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
     mid = north_mini_code_config(4, intermediate_size=192)  # 128-column up tiles do not divide 192, 64 do
-    assert tiling_for_batch(mid, up_down(mid), 8).moe_up_cols == 2 * up_down(mid).moe_up_cols
+    assert tiling_for_batch(mid, default_tiling(mid), 8).moe_up_cols == 2 * default_tiling(mid).moe_up_cols
     narrow = north_mini_code_config(4, hidden_size=768)  # 512-row down tiles do not divide 768, 256 do
-    t = tiling_for_batch(narrow, up_down(narrow), 8)
-    assert (t.moe_up_cols, t.moe_down_rows) == (4 * 32, 2 * up_down(narrow).moe_down_rows)
+    t = tiling_for_batch(narrow, default_tiling(narrow), 8)
+    assert (t.moe_up_cols, t.moe_down_rows) == (
+        4 * default_tiling(narrow).moe_up_cols,
+        2 * default_tiling(narrow).moe_down_rows,
+    )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
-    assert tiling_for_batch(odd, up_down(odd), 8) == up_down(odd)
+    assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)
