@@ -59,7 +59,6 @@ struct View {
   __device__ int* moe_info(int l) const { return (int*)p.moe_info + (size_t)l * 4; }
   __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
   __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
-  __device__ float* moe_acc(int l) const { return (float*)p.moe_acc + (size_t)l * 8 * p.hidden; }
   __device__ const bf16* lw(int l, int slot) const {
     return reinterpret_cast<const bf16*>(((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + slot]);
   }
@@ -150,8 +149,7 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
-    case MK_OP_MOE_UP:      // A0 expert, A1 first column, A2 columns
-    case MK_OP_MOE_FUSED: {  // (its up tile; the down slice follows in op_moe_fused)
+    case MK_OP_MOE_UP: {  // A0 expert, A1 first column, A2 columns
       const int I = p.moe_inter;
       const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)a0 * 2 * I * H;
       g = Gemv{gu + (size_t)a1 * H, H, gu + (size_t)(I + a1) * H, H, a2, 2 * a2, H};
@@ -543,10 +541,6 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
       row[1] = cnt[e];
     }
   }
-  if (p.moe_fused) {  // the fused items' accumulators of this layer's rows start at zero
-    float4* acc = reinterpret_cast<float4*>(V.moe_acc(l));
-    for (int i = threadIdx.x; i < B * p.hidden / 4; i += NT) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
   if (threadIdx.x == 0) {
     const int n_act = pos_s[E - 1] + (cnt[E - 1] > 0);
     V.moe_info(l)[0] = n_act;
@@ -593,56 +587,6 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-// One expert's tile of intermediate columns, up and down in one item (moe_fused): the up GEMV gives
-// act = silu(gate) * up for its tokens and columns c0 .. c0 + n (bf16 in shared memory, as the
-// unfused down tile would stage them), then the down slice W_down[e][:, c0 : c0 + n] for every hidden
-// row adds route_w * (W act) into moe_acc of each token's row. No per-expert counter, no down tiles:
-// an expert's items are independent, and ADD_NORM waits for all of them (the mlp counter).
-__device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s, int* rows) {
-  View V(p);
-  __shared__ float s_w[MK_MAX_TOKENS];
-  __shared__ int s_b[MK_MAX_TOKENS];
-  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
-  const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK];
-  moe_rows(d, rows, p.top_k, true);
-  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) {
-    const int slot = d[MK_F_SLOT0 + threadIdx.x];
-    s_w[threadIdx.x] = ld_cg(V.route_w(l) + slot);  // ROUTE wrote it (the drain waited on route[l])
-    s_b[threadIdx.x] = slot / p.top_k;
-  }
-  __syncthreads();
-  gemv_task(p, task_g(p, d), ActSrc{V.h(l), H, rows, 0}, s);  // ends with __syncthreads
-  const int lds = n + ((n / 32) % 2 ? 0 : 32);  // a 64-byte row offset mod 128: no bank conflicts
-  for (int i = threadIdx.x; i < 8 * n; i += NT) {
-    const int j = i / n, c = i - j * n;
-    const float v = j < nt ? silu(s.out[c * 8 + j]) * s.out[(n + c) * 8 + j] : 0.f;
-    s.act[j * lds + c] = __float2bfloat16(v);
-  }
-  __syncthreads();
-  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
-  float* acc = V.moe_acc(l);
-  if (!p.use_mma) {
-    gemv_down_acc_fma(Wd, I, H, n, s.act, lds, acc, H, s_w, s_b, nt);
-    return;
-  }
-  switch (n / 32) {  // the tiling keeps n a multiple of 32, at most 256
-    case 1:
-      gemv_down_acc<1>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
-      break;
-    case 2:
-      gemv_down_acc<2>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
-      break;
-    case 4:
-      gemv_down_acc<4>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
-      break;
-    case 8:
-      gemv_down_acc<8>(Wd, I, H, s.act, lds, acc, H, s_w, s_b, nt);
-      break;
-    default:
-      if (threadIdx.x == 0) raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);
-  }
-}
-
 // One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
 // MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
@@ -651,14 +595,10 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
   const bool dense = V.flags(l) & MK_LAYER_DENSE;
-  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.moe_fused ? 1 : p.top_k;
+  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.top_k;
   const size_t rb = (size_t)b * H;
-  // MLP partial j of this row: the dense K split j, the fused MoE sum, or the MoE output of slot
-  // b * top_k + j
-  auto mlp = [&](int j) {
-    return dense ? V.mlp_part(l, j) + rb
-                 : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H);
-  };
+  // MLP partial j of this row: the dense K split j, or the MoE output of slot b * top_k + j
+  auto mlp = [&](int j) { return dense ? V.mlp_part(l, j) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H); };
   const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
   float* row = s.out;  // H <= OUT_FLOATS floats (checked by the launcher)
   float ss = 0.f;
@@ -1154,9 +1094,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_MOE_DOWN:
       op_moe_down(p, d, s, rows);
       break;
-    case MK_OP_MOE_FUSED:
-      op_moe_fused(p, d, s, rows);
-      break;
     case MK_OP_ADD_NORM:
       op_add_norm(p, d, s);
       if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(p, d, s); });
@@ -1269,7 +1206,7 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   const int e = raw[0], ntok = raw[1];
   const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
   int v = 0;
-  if (w == MK_F_OP) v = !is_up ? MK_OP_MOE_DOWN : p.moe_fused ? MK_OP_MOE_FUSED : MK_OP_MOE_UP;
+  if (w == MK_F_OP) v = is_up ? MK_OP_MOE_UP : MK_OP_MOE_DOWN;
   else if (w == MK_F_LAYER) v = l;
   else if (w == MK_F_A0) v = e;
   else if (w == MK_F_A1) v = is_up ? t * p.moe_up_cols : t * p.moe_down_rows;
@@ -1280,9 +1217,9 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
     v = (!is_up && i == 0) ? (second ? up : ecounter) : (second ? 0 : MK_NO_COUNTER);
   } else if (w == MK_F_NWAIT) v = is_up ? 0 : 1;
   else if (w == MK_F_NSIG) v = 1;
-  else if (w == MK_F_SIG0) v = is_up && !p.moe_fused ? ecounter : mlp_counter;
+  else if (w == MK_F_SIG0) v = is_up ? ecounter : mlp_counter;
   else if (w > MK_F_SIG0 && w < MK_F_SIG0 + MK_MAX_SIGNALS) v = MK_NO_COUNTER;
-  else if (w == MK_F_SIG_AMOUNT) v = is_up && !p.moe_fused ? 1 : ntok;
+  else if (w == MK_F_SIG_AMOUNT) v = is_up ? 1 : ntok;
   else if (w == MK_F_ID) v = -(1 << 20) - m;
   else if (w == MK_F_NTOK) v = ntok;
   else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? raw[2 + (w - MK_F_SLOT0)] : -1;

@@ -33,10 +33,6 @@ class Tiling:
     max_splits: int = 32  # attention splits per (row, kv head) at most
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
     moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
-    # 1: one MoE queue item per (expert, up-column tile) that also runs the down projection of those
-    # columns for every hidden row (fp32 atomics into the row's sum): no down tiles, no per-expert
-    # up -> down dependency. 0: up tiles, then down tiles of moe_down_rows rows.
-    moe_fused: int = 1
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -56,7 +52,6 @@ class Tiling:
         need(H % self.o_rows == 0, "o_rows must divide hidden_size")
         need(self.max_splits >= 1, "max_splits must be >= 1")
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
-        need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         rows = {
             "qkv_rows": self.qkv_rows,
             "o_rows": self.o_rows,
@@ -84,11 +79,6 @@ class Tiling:
             I, E = cfg.intermediate_size, cfg.num_experts
             need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
             need(I % 32 == 0, "intermediate_size must be a multiple of 32")
-            if self.moe_fused:  # the down slice's K is the tile's columns: 1, 2, 4 or 8 mma k-pairs
-                need(
-                    self.moe_up_cols in (32, 64, 128, 256),
-                    "fused MoE items need moe_up_cols in 32, 64, 128, 256",
-                )
             need(H % self.moe_down_rows == 0, "moe_down_rows must divide hidden_size")
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
