@@ -228,8 +228,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_PREFETCH_SELF),
         (0, abi.MK_PREFETCH_DEFAULT),
         (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
+        (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
     ],
-    ids=["mma", "mma-self", "fma", "mma-next"],
+    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small

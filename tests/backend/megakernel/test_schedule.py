@@ -152,6 +152,9 @@ def test_gpu_check_cli_parses_variants():
         gpu_check.parse_variant("warp_size=64")
     with pytest.raises(SystemExit):
         gpu_check.build_parser().parse_args(["bench", "--variants", "bogus=1"])
+    assert gpu_check.build_parser().parse_args(["bench"]).timeline_mode is None  # the fastest variant's
+    tw = gpu_check.build_parser().parse_args(["bench", "--timeline-mode", str(abi.MK_MODE_TWICE)])
+    assert tw.timeline_mode == abi.MK_MODE_TWICE == 16
 
 
 def test_gpu_run_plan_variants_parse_and_are_emulated():
