@@ -3,6 +3,7 @@
 # Usage (from the repo root, on the GPU machine):
 #   bash backend/megakernel/gpu_run.sh [tests|bench|decode|san]...
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
+#   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 # Every stage has a time cap (T_TESTS, T_BENCH, T_DECODE, T_SAN seconds) and writes under $OUT;
 # partial results survive a cap (bench.json is rewritten after every run).
 set -u
@@ -32,6 +33,14 @@ for stage in "${stages[@]}"; do
     decode)  # the engine's bench harness: graph vs megakernel, one run
       timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch 1,8 --ctx 8192 \
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
+    ab)  # same-call A/B against ab_base/ (backend/megakernel/ab_tree.sh REV): harness B, A, B, A
+      [[ -d ab_base ]] || { echo "ab: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; continue; }
+      for round in 1 2; do
+        (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/ab_base$round T_DECODE=${T_DECODE:-100} \
+          bash backend/megakernel/gpu_run.sh decode 2>&1 \
+          | grep -E "B=[18] " | sed "s/^/B $(cut -d' ' -f1 REV) /")
+        OUT=$OUT/ab_work$round bash "$0" decode 2>&1 | grep -E "B=[18] " | sed "s/^/A work /"
+      done 2>&1 | tee "$OUT/ab.log" ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"

@@ -204,3 +204,20 @@ def test_moe_tiles_widen_with_the_batch():
     )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)
+
+
+def test_device_scripts_parse_and_offer_the_ab_stage():
+    """gpu_run.sh and ab_tree.sh are valid bash; gpu_run.sh has the same-call A/B stage that runs the
+    harness on ab_base/ (which ab_tree.sh prepares, git-ignored) and on the working tree."""
+    import subprocess
+    from pathlib import Path
+
+    from mkcode.backend.megakernel import gpu_check
+
+    here = Path(gpu_check.__file__).parent
+    for name in ("gpu_run.sh", "ab_tree.sh"):
+        subprocess.run(["bash", "-n", str(here / name)], check=True)
+    script = (here / "gpu_run.sh").read_text()
+    assert "\n    ab)" in script and "ab_base" in script
+    root = here.parents[1]
+    assert "/ab_base/" in (root / ".gitignore").read_text().split()
