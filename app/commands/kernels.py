@@ -2,6 +2,7 @@
 
     mkcode kernels build [--compile-only] [--force] [--verbose]
     mkcode kernels info
+    mkcode kernels sizes
 
 Builds are cached under ~/.cache/mkcode/kernels (or $MKCODE_KERNEL_CACHE) by a hash of the CUDA
 sources, flags, nvcc and Python versions. `--compile-only` compiles to an object file (no GPU
@@ -32,6 +33,10 @@ def register(subparsers: Any) -> None:
     b.set_defaults(func=run_build)
     i = sub.add_parser("info", help="show the toolchain, the cache and whether the extension is built")
     i.set_defaults(func=run_info)
+    z = sub.add_parser(
+        "sizes", help="SASS bytes of each device function of the kernel (compiles it if needed; no GPU)"
+    )
+    z.set_defaults(func=run_sizes)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -54,6 +59,23 @@ def run_build(args: argparse.Namespace) -> int:
         print(f"built {what} in {res.seconds:.1f} s: {res.path}")
         if args.verbose:
             print(res.log)
+    return 0
+
+
+def run_sizes(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel.build import BuildError, build
+    from mkcode.backend.megakernel.code_size import CodeSizeError, function_sizes
+
+    try:
+        obj = build(compile_only=True).path
+        sizes = function_sizes(obj)
+    except (BuildError, CodeSizeError) as e:
+        print(f"mkcode kernels sizes: {e}", file=sys.stderr)
+        return 1
+    total = sum(f.size for f in sizes)
+    print(f"{obj}: {total / 1024:.1f} KB of SASS in {len(sizes)} functions")
+    for f in sizes:
+        print(f"{f.size / 1024:8.1f} KB  {f.name}")
     return 0
 
 

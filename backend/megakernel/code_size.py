@@ -1,0 +1,100 @@
+"""Code size of the megakernel: the SASS bytes of each device function in the compiled kernel object.
+
+Session 4 measured that an op a block runs rarely (add+norm, route, combine: once per layer) pays
+~5 us of cold instruction fetch (MK_MODE_TWICE: add+norm 8.4 us cold, 2.9 us warm) in a kernel of
+~650 KB of SASS, so code size is a performance figure: `mkcode kernels sizes` prints it. Needs
+`cuobjdump` (CUDA toolkit, or `pip install nvidia-cuda-cuobjdump`), no GPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class CodeSizeError(RuntimeError):
+    """cuobjdump is missing or could not read the object."""
+
+
+@dataclass(frozen=True)
+class FunctionSize:
+    name: str  # the demangled-ish short name (the device function inside the kernel)
+    symbol: str  # the ELF symbol
+    size: int  # bytes of SASS
+
+
+def find_cuobjdump() -> str | None:
+    """$CUOBJDUMP, PATH, $CUDA_HOME/bin, then the pip wheel's copy next to this interpreter."""
+    cands = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
+    cands.append(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump"))
+    for site in {os.path.dirname(os.path.dirname(p)) for p in sys.path if p.endswith("site-packages")} | {
+        p for p in sys.path if p.endswith("site-packages")
+    }:
+        cands += glob.glob(os.path.join(site, "nvidia", "*", "bin", "cuobjdump"))
+        cands += glob.glob(os.path.join(site, "site-packages", "nvidia", "*", "bin", "cuobjdump"))
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+# a symtab row of `cuobjdump -elf`: index, value, size, FUNC, binding, visibility, section, ..., name
+_ROW = re.compile(r"^\s*0x[0-9a-f]+\s+(?:0x)?[0-9a-f]+\s+(0x[0-9a-f]+)\s+FUNC\s+(\S+)\s+\S+\s+.*?(\S+)\s*$")
+_MANGLED = re.compile(r"_ZN2mk(\d+)")
+
+
+def short_name(symbol: str) -> str:
+    """`$_ZN2mk14mk_step_kernel...$_ZN2mk11op_add_normERK...` -> `op_add_norm` (template arguments
+    kept for instances: `attn_mma_t<128>`)."""
+    inner = symbol.rsplit("$", 1)[-1]
+    m = _MANGLED.search(inner)
+    if not m:
+        return inner
+    n = int(m.group(1))
+    start = m.end()
+    name = inner[start : start + n]
+    tmpl = re.match(r"ILi(\d+)EE", inner[start + n :])
+    return f"{name}<{tmpl.group(1)}>" if tmpl else name
+
+
+def parse_symtab(text: str) -> list[FunctionSize]:
+    """The FUNC symbols of `cuobjdump -elf` output with their sizes, largest first. The kernel entry's
+    symbol spans its whole text section, out-of-line functions included: its own size here is the
+    rest (the dispatch loop and the ops inlined into it)."""
+    funcs, entries = [], []
+    for line in text.splitlines():
+        m = _ROW.match(line)
+        if m:
+            size, binding, sym = int(m.group(1), 16), m.group(2), m.group(3)
+            (entries if binding == "GLOBAL" else funcs).append((sym, size))
+    inner = sum(size for _, size in funcs)
+    out = [FunctionSize(short_name(sym), sym, size) for sym, size in funcs]
+    for sym, size in entries:  # one kernel per object here; several would share `inner` wrongly
+        own = size - inner if len(entries) == 1 and size > inner else size
+        out.append(FunctionSize(short_name(sym) + " (dispatch + inlined ops)", sym, own))
+    return sorted(out, key=lambda f: -f.size)
+
+
+def function_sizes(obj: Path, cuobjdump: str | None = None) -> list[FunctionSize]:
+    tool = cuobjdump or find_cuobjdump()
+    if tool is None:
+        raise CodeSizeError(
+            "cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump`, "
+            "or set CUOBJDUMP"
+        )
+    try:
+        res = subprocess.run([tool, "-elf", str(obj)], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CodeSizeError(f"{tool} -elf {obj}: {e}") from e
+    if res.returncode != 0:
+        raise CodeSizeError(f"{tool} -elf {obj} failed: {res.stderr.strip()[-500:]}")
+    sizes = parse_symtab(res.stdout)
+    if not sizes:
+        raise CodeSizeError(f"no function symbols in {obj} (is it a CUDA object?)")
+    return sizes
