@@ -83,9 +83,9 @@ def kv_budget_bytes(opts: RuntimeOptions, device: torch.device) -> int:
 def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str, str]:
     """(backend, its name, a one-line reason).
 
-    `auto` picks the fastest measured backend on this device: today the graph backend (53 % of
-    speed-of-light at BS=1, 8K on the H200, against the megakernel's 33.5 %; 89.5 % vs 62.7 % at
-    BS=8; docs/PERF.md), then the megakernel, then torch. `--decode megakernel` asks for the megakernel explicitly."""
+    `auto` picks the fastest measured backend on this device: today the graph backend (faster than
+    the megakernel at BS=1 and BS=8 on the H200; the figures are in docs/PERF.md), then the
+    megakernel, then torch. `--decode megakernel` asks for the megakernel explicitly."""
     if name not in DECODE_BACKENDS:
         raise ValueError(f"unknown decode backend {name!r}; choose one of {list(DECODE_BACKENDS)}")
     dev = model.device

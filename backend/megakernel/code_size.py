@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mkcode.backend.megakernel.build import find_nvcc
+
 
 class CodeSizeError(RuntimeError):
     """cuobjdump is missing or could not read the object."""
@@ -30,14 +32,13 @@ class FunctionSize:
 
 
 def find_cuobjdump() -> str | None:
-    """$CUOBJDUMP, PATH, $CUDA_HOME/bin, then the pip wheel's copy next to this interpreter."""
+    """$CUOBJDUMP, PATH, next to the nvcc the build uses (the toolkit ships both), then the pip
+    wheel's copy (nvidia/<pkg>/bin) in this interpreter's site-packages."""
+    nvcc = find_nvcc()
     cands = [os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump")]
-    cands.append(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump"))
-    for site in {os.path.dirname(os.path.dirname(p)) for p in sys.path if p.endswith("site-packages")} | {
-        p for p in sys.path if p.endswith("site-packages")
-    }:
+    cands.append(os.path.join(os.path.dirname(nvcc), "cuobjdump") if nvcc else None)
+    for site in (p for p in sys.path if p.endswith("site-packages")):
         cands += glob.glob(os.path.join(site, "nvidia", "*", "bin", "cuobjdump"))
-        cands += glob.glob(os.path.join(site, "site-packages", "nvidia", "*", "bin", "cuobjdump"))
     for c in cands:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c

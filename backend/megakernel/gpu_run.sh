@@ -35,8 +35,9 @@ for stage in "${stages[@]}"; do
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
     ab)  # same-call A/B against ab_base/ (backend/megakernel/ab_tree.sh REV): harness B, A, B, A
       [[ -d ab_base ]] || { echo "ab: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; continue; }
+      export T_DECODE=${T_DECODE:-100}  # the same cap for both trees
       for round in 1 2; do
-        (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/ab_base$round T_DECODE=${T_DECODE:-100} \
+        (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/ab_base$round \
           bash backend/megakernel/gpu_run.sh decode 2>&1 \
           | grep -E "B=[18] " | sed "s/^/B $(cut -d' ' -f1 REV) /")
         OUT=$OUT/ab_work$round bash "$0" decode 2>&1 | grep -E "B=[18] " | sed "s/^/A work /"
