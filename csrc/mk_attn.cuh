@@ -21,7 +21,10 @@ namespace mk {
 
 constexpr int ATTN_PPR = NWARPS / 8;  // pages per round (4 key groups of 16 keys per page)
 static_assert(NWARPS % 8 == 0, "the attention needs a multiple of 8 warps");
-constexpr int ATTN_STAGES = 2 * ATTN_PPR;  // page slots of K and V: two rounds in flight
+// Page slots of K and V: one round in flight. Two rounds (151 KB at d = 128) made the block's
+// shared memory so large that the SM's L1 share shrank, and every global load path slowed down:
+// measured on the H200, 64 KB more shared memory (MKCODE_MK_SMEM_PAD) cost 25 % at BS 1.
+constexpr int ATTN_STAGES = ATTN_PPR;
 
 template <int HD>
 struct AttnShape {

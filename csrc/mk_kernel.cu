@@ -1,5 +1,6 @@
 // mk_kernel.cu: the megakernel's translation unit: the kernel itself and its host launcher.
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "mk_kernel.cuh"
 #include "mk_launch.h"
@@ -31,7 +32,13 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
     snprintf(msg, cap, "hidden=%d exceeds the kernel's row buffer (%d floats)", p.hidden, OUT_FLOATS);
     return cudaErrorInvalidValue;
   }
-  const size_t smem = smem_bytes(p, max_k);
+  // MKCODE_MK_SMEM_PAD (bytes, measurement only): request more dynamic shared memory than the
+  // kernel uses, which shrinks the L1 share of the SM's unified L1/shared memory.
+  static const size_t pad = [] {
+    const char* v = getenv("MKCODE_MK_SMEM_PAD");
+    return v ? (size_t)strtoull(v, nullptr, 10) : (size_t)0;
+  }();
+  const size_t smem = smem_bytes(p, max_k) + pad;
   auto kernel = mk_step_kernel;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) {
