@@ -366,7 +366,8 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
 // out = sum_s w_s o_s with w_s = exp(lse_s - max) / sum: the weights of the (row, kv head)'s G
 // heads are computed once into shared memory (a warp per head), then every output element reads
 // its S partials with independent loads.
-__device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s) {
+// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+__device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
   const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads, MS = p.max_splits;
@@ -404,7 +405,7 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
       for (int u = 0; u < 8; ++u) acc += wr[sp + u] * x[u];
     }
     for (; sp < S; ++sp) acc += wr[sp] * ld_cg(src + (size_t)sp * hd);
-    out[i] = acc;
+    if (!dry) out[i] = acc;
   }
 }
 
@@ -458,7 +459,9 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
 // table: slot counts by shared atomics, table positions by warp ballots, and each slot's place
 // among its expert's slots by counting the earlier slots (all parallel; the serial per-expert scans
 // with divisions by K cost ~10 us at BS 8, measured).
-__device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
+// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM). Garbage logits are harmless: NaN
+// becomes -inf, so the ranks are a permutation and the chosen experts valid indices.
+__device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
   float* lg = s.out;                                   // [B][E]
@@ -508,7 +511,8 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
       if (p.norm_topk)
         for (int j = 0; j < K; ++j) w[j] /= sum;
     }
-    for (int j = 0; j < K; ++j) V.route_w(l)[b * K + j] = w[j];
+    if (!dry)
+      for (int j = 0; j < K; ++j) V.route_w(l)[b * K + j] = w[j];
   }
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // timeline: top-k done
@@ -535,12 +539,14 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s) {
     int rank = 0;
     for (int i2 = 0; i2 < i; ++i2) rank += fid[i2] == e;
     int* row = V.expert_tab(l) + (size_t)pos_s[e] * (2 + MK_MAX_TOKENS);
+    if (dry) continue;
     row[2 + rank] = i;
     if (rank == 0) {
       row[0] = e;
       row[1] = cnt[e];
     }
   }
+  if (dry) return;
   if (threadIdx.x == 0) {
     const int n_act = pos_s[E - 1] + (cnt[E - 1] > 0);
     V.moe_info(l)[0] = n_act;
@@ -591,7 +597,8 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
 // MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
 // of one per partial).
-__device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s) {
+// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+__device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
   const bool dense = V.flags(l) & MK_LAYER_DENSE;
@@ -625,7 +632,7 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
       a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
     }
     *reinterpret_cast<float4*>(row + i) = a;
-    *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
+    if (!dry) *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
   }
   const float r = rsqrtf(block_sum(ss, s.misc) / H + p.rms_eps);
@@ -639,7 +646,7 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s)
     o.y = a.y * r * __high2float(w01);
     o.z = a.z * r * __low2float(w23);
     o.w = a.w * r * __high2float(w23);
-    *reinterpret_cast<float4*>(V.h(l + 1) + rb + i) = o;
+    if (!dry) *reinterpret_cast<float4*>(V.h(l + 1) + rb + i) = o;
   }
 }
 
@@ -1001,6 +1008,32 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
   }
 }
 
+// Thread 0: are all the descriptor's counters at their targets already? (one acquire load each)
+__device__ bool ready_now(const Params& p, const int* d) {
+  for (int i = 0; i < MK_MAX_WAITS; ++i) {
+    const int c = d[MK_F_WAIT0 + 2 * i];
+    if (c == MK_NO_COUNTER) continue;
+    const uint32_t target = reinterpret_cast<const uint32_t*>(p.base)[c] + (uint32_t)d[MK_F_WAIT0 + 2 * i + 1];
+    if ((int32_t)(ld_acquire(reinterpret_cast<const uint32_t*>(p.counters) + c) - target) < 0) return false;
+  }
+  return true;
+}
+
+// Warm-up (see MK_MODE_NO_WARM): the ops that an SM runs once per layer, as static tasks.
+__device__ __forceinline__ bool warmable(const Params& p, const int* d) {
+  const int op = d[MK_F_OP];
+  return !(p.prefetch_mode & MK_MODE_NO_WARM) && d[MK_F_ID] >= 0 &&
+         (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE);
+}
+
+__device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
+  switch (d[MK_F_OP]) {
+    case MK_OP_ADD_NORM: op_add_norm(p, d, s, true); break;
+    case MK_OP_ROUTE: op_route(p, d, s, true); break;
+    default: op_attn_combine(p, d, s, true); break;
+  }
+}
+
 // Thread 0: wait for every counter the descriptor names (false: the step was abandoned).
 __device__ bool wait_task(const Params& p, const int* d) {
   for (int i = 0; i < MK_MAX_WAITS; ++i) {
@@ -1042,8 +1075,17 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   uint64_t t1 = 0;
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
+  bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
+  if (warmable(p, d)) {
+    if (threadIdx.x == 0) *flag = ready_now(p, d);
+    __syncthreads();
+    ready = *flag;
+    if (!ready) warm_op(p, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
+    __syncthreads();               // everyone has read *flag
+  }
   if (threadIdx.x == 0) {
-    *flag = wait_task(p, d);  // ld.acquire ordered the producers' writes; bar.sync extends it to the block
+    // ld.acquire ordered the producers' writes; bar.sync extends it to the block
+    *flag = ready || wait_task(p, d);
     if (p.timeline) {
       t1 = globaltimer();
       tl_marks[0] = tl_marks[1] = 0;
@@ -1070,8 +1112,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
         op_attn(p, d, s);
       break;
     case MK_OP_ATTN_COMBINE:
-      op_attn_combine(p, d, s);
-      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_attn_combine(p, d, s); });
+      op_attn_combine(p, d, s, false);
+      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_attn_combine(p, d, s, false); });
       break;
     case MK_OP_OPROJ:
       op_oproj(p, d, s, rows);
@@ -1086,7 +1128,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_router(p, d, s, rows);
       break;
     case MK_OP_ROUTE:
-      op_route(p, d, s);
+      op_route(p, d, s, false);
       break;
     case MK_OP_MOE_UP:
       op_moe_up(p, d, s, rows);
@@ -1095,8 +1137,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_moe_down(p, d, s, rows);
       break;
     case MK_OP_ADD_NORM:
-      op_add_norm(p, d, s);
-      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(p, d, s); });
+      op_add_norm(p, d, s, false);
+      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(p, d, s, false); });
       break;
     case MK_OP_LM_HEAD:
       op_lm_head(p, d, s, rows);

@@ -229,8 +229,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (0, abi.MK_PREFETCH_DEFAULT),
         (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
         (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
+        (1, abi.MK_MODE_NO_WARM),  # without the warm-up runs of add+norm, route and combine
     ],
-    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice"],
+    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice", "mma-nowarm"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
