@@ -118,6 +118,16 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The block's dynamic shared memory. Pointers into it that reach an out-of-line op through the Smem
+// struct are generic, and the compiler then emits generic loads and stores (LD.E / ST.E, which
+// take the slower generic path) for them; shared(p) re-derives the same address from this symbol,
+// so the accesses compile to LDS / STS.
+extern __shared__ __align__(128) unsigned char mk_dyn_smem[];
+template <class T>
+__device__ __forceinline__ T* shared(T* p) {
+  return reinterpret_cast<T*>(mk_dyn_smem + (smem_u32(p) - smem_u32(mk_dyn_smem)));
+}
+
 // ---- tiny-M GEMV on the tensor cores -------------------------------------------------------------
 //
 // out[r][n] = sum_k W_r[k] * act[n][k] for r < nrows, n < 8, with W_r = W0 + r*ld0 for r < nsplit
@@ -165,6 +175,7 @@ struct ActSrc {
 // A thread takes the same 4 columns of all 8 rows (their 8 loads in flight together) per sweep;
 // no index division (the previous flat loop spent ~2 us per task on integer divisions, measured).
 __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen) {
+  act_s = shared(act_s);
   const int lds = klen + ACT_PAD;
   int r[8];
 #pragma unroll
@@ -250,6 +261,9 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   const int kw = warp % wpg;
   const int stride = wpg * 32;
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
+  act_s = shared(act_s);
+  red_s = shared(red_s);
+  out_s = shared(out_s);
   stage_act(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
@@ -313,6 +327,7 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
 
 // Block-wide sum (all threads get the result). scratch: NWARPS floats.
 __device__ float block_sum(float v, float* scratch) {
+  scratch = shared(scratch);
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();

@@ -374,7 +374,7 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   const float* o_base = (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS) * hd;
   const float* lse_base = (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS;
   float* out = V.attn_out(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
-  float* wts = s.out;  // [G][S] (<= OUT_FLOATS floats: G <= 64, S <= 32)
+  float* wts = shared(s.out);  // [G][S] (<= OUT_FLOATS floats: G <= 64, S <= 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int hq = warp; hq < G; hq += NWARPS) {
     float m = -INFINITY;
@@ -464,7 +464,7 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
 __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
-  float* lg = s.out;                                   // [B][E]
+  float* lg = shared(s.out);                           // [B][E]
   int* fid = reinterpret_cast<int*>(s.out + 8 * E);    // [B*K] expert of slot b*K + j
   int* cnt = fid + 8 * MK_MAX_TOKENS;                  // [E] tokens per expert
   int* pos_s = cnt + E;                                // [E] table position of each expert
@@ -607,7 +607,7 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
   // MLP partial j of this row: the dense K split j, or the MoE output of slot b * top_k + j
   auto mlp = [&](int j) { return dense ? V.mlp_part(l, j) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H); };
   const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
-  float* row = s.out;  // H <= OUT_FLOATS floats (checked by the launcher)
+  float* row = shared(s.out);  // H <= OUT_FLOATS floats (checked by the launcher)
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
     float4 a = ld_cg4(V.x(l) + rb + i);
@@ -1283,7 +1283,6 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
 }
 
 __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];
   __shared__ int s_next[MK_DESC_WORDS];
@@ -1298,7 +1297,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   if (threadIdx.x == 0) {
     s_tl_n = 0;
   }
-  Smem s = carve(smem_raw, p, max_k);
+  Smem s = carve(mk_dyn_smem, p, max_k);
   __syncthreads();
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];
