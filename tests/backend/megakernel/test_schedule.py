@@ -27,7 +27,7 @@ def test_task_counts_at_release_geometry(sched):
     L = CFG.num_hidden_layers
     assert s["QKV"] == L * (4096 + 1024) // 64
     assert s["OPROJ"] == L * (2048 // 64) * 4
-    assert s["ROUTE"] == L - 1 and s["ROUTER"] == (L - 1) * 4
+    assert s["ROUTE"] == L - 1 and s["ROUTER"] == (L - 1) * (128 // 16)
     assert s["DENSE_UP"] == 3072 // 32 and s["DENSE_DOWN"] == (2048 // 64) * 4
     assert s["LM_HEAD"] == 262144 // 128 and s["SAMPLE_ROW"] == sched.batch and "SAMPLE" not in s
     assert s["ADD_NORM"] == L * sched.batch and s["EMBED"] == sched.batch
