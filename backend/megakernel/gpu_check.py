@@ -33,7 +33,7 @@ from mkcode.backend.megakernel.testing import (
     reduced_config,
     reference_step,
 )
-from mkcode.backend.megakernel.tiling import Tiling, TilingError, default_tiling
+from mkcode.backend.megakernel.tiling import Tiling, TilingError, default_tiling, tiling_for_batch
 from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 
@@ -90,9 +90,12 @@ def bench(args: argparse.Namespace) -> int:
     }
     best: dict[int, tuple[float, str]] = {}
 
-    def run(vname: str, mode: int, mma: int, tiling: Tiling) -> None:
-        be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma)
+    def run(vname: str, mode: int, mma: int, kw: dict[str, int]) -> None:
+        # each batch size on the tiling the engine uses for it (tiling_for_batch), the variant's keys
+        # on top: the figures are comparable with the engine harness (mkcode bench decode)
         for B in args.batches:
+            tiling = replace(tiling_for_batch(cfg, base_t, B), **kw)
+            be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma)
             contexts = [args.context] * B
             times = time_steps(be, cases[B].batch, args.reps)
             med = statistics.median(times)
@@ -104,6 +107,7 @@ def bench(args: argparse.Namespace) -> int:
                 "batch": B,
                 "context": args.context,
                 "variant": vname,
+                "tiling": {"moe_up_cols": tiling.moe_up_cols, "moe_down_rows": tiling.moe_down_rows},
                 "median_s": med,
                 "min_s": min(times),
                 "tok_per_s": B / med,
@@ -124,7 +128,7 @@ def bench(args: argparse.Namespace) -> int:
                 f"{100 * sol / med:.1f}% of SOL, experts/layer {r['mean_active_experts']:.1f}",
                 flush=True,
             )
-        del be
+            del be
 
     fastest_mode, fastest_mma = abi.MK_PREFETCH_DEFAULT, 1
     for spec in args.variants:  # e.g. "prefetch=3", "mma=2", "moe_up_cols=64,moe_down_rows=256"
@@ -144,7 +148,7 @@ def bench(args: argparse.Namespace) -> int:
             if not ok:
                 continue
         try:
-            run(vname, mode, mma, tiling)
+            run(vname, mode, mma, kw)
         except Exception as e:
             print(f"variant [{vname}] raised {type(e).__name__}: {e}", flush=True)
             results["checks"].append({"variant": vname, "ok": False, "error": str(e)})
@@ -334,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["prefetch=1"],
         type=lambda v: (parse_variant(v), v)[1],
-        help="variants in order, each comma-separated key=value: prefetch (bits 1 self, 2 next), mma "
-        "(0 FMA, 1 mma), or Tiling fields (moe_up_cols=64); unset keys take the fastest so far",
+        help="variants in order, each comma-separated key=value: prefetch (bits 1 self, 2 next, modes "
+        "MK_MODE_*), mma (0 FMA, 1 mma), or Tiling fields (moe_up_cols=64) on top of each batch size's "
+        "engine default (tiling_for_batch); unset prefetch / mma take the fastest so far",
     )
     b.set_defaults(func=bench)
     s = sub.add_parser("step", aliases=["sanitize"])
