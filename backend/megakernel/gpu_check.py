@@ -185,6 +185,12 @@ def bench(args: argparse.Namespace) -> int:
                 f"  {op:<14} n={d['count']:>6}  run {d['mean_run_us']:7.2f} us{parts} + signal {d['mean_signal_us']:5.2f}"
                 f"  wait {d['mean_wait_us']:7.2f} us  (total run {d['run_us'] / 1e3:8.2f} ms, wait {d['wait_us'] / 1e3:8.2f} ms)"
             )
+        bd = timeline.breakdown(recs)
+        results["timeline"][str(B)]["breakdown"] = bd
+        print(
+            "  SM time: "
+            + ", ".join(f"{k} {100 * bd['share'][k]:.1f}%" for k in timeline.CATEGORIES if bd["share"].get(k))
+        )
         mid = cfg.num_hidden_layers // 2 + 1  # a MoE layer in the middle (sliding unless l % 4 == 0)
         print(f"  layer {mid} critical path (us from the layer's first task start):")
         for d in timeline.layer_spans(recs, mid):

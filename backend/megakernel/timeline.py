@@ -78,6 +78,65 @@ def summarize(tl: torch.Tensor) -> dict:
     }
 
 
+# SM-time categories of `breakdown`, in print order.
+CATEGORIES = (
+    "wait",  # a task's dependency wait (thread 0 spinning; the block has nothing else to do)
+    "stage",  # a GEMV task's activation staging (after its wait, before the weight stream)
+    "gemv",  # the weight stream and its mma (activations staged)
+    "epilogue",  # after the GEMV: reduction, the op's own writes
+    "op",  # the whole run of an op without a GEMV (attention, combine, add+norm, route, ...)
+    "signal",  # the release signals
+    "gap",  # between one task's signals and the next task's start: descriptor advance, claims
+    "drain_wait",  # a DRAIN waiting for its queue to open (MoE: ROUTE; attention items wait per item)
+    "tail",  # after a block's last task until the step's last one
+)
+
+
+def breakdown(recs: torch.Tensor) -> dict:
+    """Where the blocks' time goes (records as `records` returns them): SM-microseconds per
+    CATEGORIES over the whole step, their share of blocks x span, and per opcode. Every block's time
+    from the step's first stamp to its last is covered once (a block's gaps include its start)."""
+    rows = recs.tolist()
+    if not rows:
+        return {"span_us": 0.0, "blocks": 0, "sm_us": {k: 0.0 for k in CATEGORIES}, "share": {}, "per_op": {}}
+    t_start = min(r[2] for r in rows)
+    t_end = max(r[7] for r in rows)
+    by_block: dict[int, list[list[int]]] = defaultdict(list)
+    for r in rows:
+        by_block[r[0]].append(r[1:])
+    cat = {k: 0.0 for k in CATEGORIES}
+    per_op: dict[str, dict[str, float]] = defaultdict(lambda: {k: 0.0 for k in CATEGORIES})
+    for rs in by_block.values():
+        prev_end = t_start
+        for w0, t0, t1, g0, g1, t2, t3 in sorted(rs, key=lambda r: r[1]):
+            if (w0 & 0xFF) == abi.MK_OP_DRAIN:  # its wait; its items have their own records
+                cat["gap"] += (t0 - prev_end) / 1e3
+                cat["drain_wait"] += (t1 - t0) / 1e3
+                per_op["DRAIN"]["drain_wait"] += (t1 - t0) / 1e3
+                prev_end = max(prev_end, t1)
+                continue
+            op = per_op[abi.OPNAMES.get(w0 & 0xFF, "?")]
+            parts = {"gap": t0 - prev_end, "wait": t1 - t0, "signal": t3 - t2}
+            if g0 and g1:
+                parts.update(stage=g0 - t1, gemv=g1 - g0, epilogue=t2 - g1)
+            else:
+                parts["op"] = t2 - t1
+            for k, v in parts.items():
+                cat[k] += v / 1e3
+                op[k] += v / 1e3
+            prev_end = max(prev_end, t3)
+        cat["tail"] += (t_end - prev_end) / 1e3
+    span = (t_end - t_start) / 1e3
+    total = span * len(by_block)
+    return {
+        "span_us": span,
+        "blocks": len(by_block),
+        "sm_us": cat,
+        "share": {k: v / total for k, v in cat.items()} if total else {},
+        "per_op": {k: dict(v) for k, v in sorted(per_op.items())},
+    }
+
+
 def records(tl: torch.Tensor) -> torch.Tensor:
     """The valid records as int64 [n, 1 + MK_TL_WORDS]: block index, then the record's words."""
     rec = tl.cpu()

@@ -128,6 +128,15 @@ def test_timeline_summary_of_synthetic_records():
     assert [d["op"] for d in spans] == ["QKV", "MOE_UP"]  # by first end of wait; drains left out
     assert spans[0]["first_ready_us"] == 2.0 and spans[1]["last_end_us"] == 12.0
     assert timeline.layer_spans(recs, 7) == []
+    bd = timeline.breakdown(recs)  # span 12 us, 2 blocks: 24 SM-us, every microsecond counted once
+    assert bd["span_us"] == 12.0 and bd["blocks"] == 2
+    assert abs(sum(bd["sm_us"].values()) - 24.0) < 1e-9
+    assert bd["sm_us"]["wait"] == 2.0 and bd["sm_us"]["stage"] == 1.0 and bd["sm_us"]["gemv"] == 3.0
+    assert bd["sm_us"]["epilogue"] == 1.0 and bd["sm_us"]["op"] == 3.0  # the MoE item without GEMV marks
+    assert bd["sm_us"]["signal"] == 2.0 and bd["sm_us"]["drain_wait"] == 4.0
+    assert bd["sm_us"]["tail"] == 12.0 - 4.0  # block 1: its drain's wait, then nothing of its own
+    assert bd["per_op"]["QKV"]["gemv"] == 3.0 and bd["per_op"]["DRAIN"]["drain_wait"] == 4.0
+    assert timeline.breakdown(recs[:0])["blocks"] == 0
 
 
 def test_gpu_check_cli_parses_variants():
