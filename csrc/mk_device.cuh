@@ -121,7 +121,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // The block's dynamic shared memory. Pointers into it that reach an out-of-line op through the Smem
 // struct are generic, and the compiler then emits generic loads and stores (LD.E / ST.E, which
 // take the slower generic path) for them; shared(p) re-derives the same address from this symbol,
-// so the accesses compile to LDS / STS.
+// so the accesses compile to LDS / STS. p must point into this array (not into static __shared__).
 extern __shared__ __align__(128) unsigned char mk_dyn_smem[];
 template <class T>
 __device__ __forceinline__ T* shared(T* p) {
