@@ -10,6 +10,8 @@
 //   bulk<S>  warp 0 lane 0 streams STAGE-byte cp.async.bulk copies into a ring of S stages with
 //            mbarrier full/empty barriers; every warp consumes a stage and arrives on its empty
 //            barrier (count = warps), so no block-wide barrier is involved
+//   ldg U=8 smemNK  the ldg<8> loop with N KB of dynamic shared memory reserved (unused): how the
+//            L1 share that the shared-memory size leaves limits the loads in flight
 // Blocks: all SMs, or fewer (per-SM ceiling). Output: one line per (strategy, blocks): GB/s.
 //
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
@@ -186,6 +188,15 @@ int main() {
     if (run("ldg U=4", [&] { ldg_stream<4><<<bc, NT>>>(s16, per_block, out); })) return 1;
     if (run("ldg U=8", [&] { ldg_stream<8><<<bc, NT>>>(s16, per_block, out); })) return 1;
     if (run("ldg U=16", [&] { ldg_stream<16><<<bc, NT>>>(s16, per_block, out); })) return 1;
+    // the same loads with shared memory reserved but unused: the block's shared-memory size sets
+    // the SM's L1 share, and in-flight loads need L1 room (the megakernel lost 25 % at BS 1 with
+    // 64 KB more shared memory, docs/MEGAKERNEL.md "Session 5")
+    for (int kb : {64, 100, 150, 200}) {
+      CK(cudaFuncSetAttribute(ldg_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kb * 1024));
+      char name[32];
+      snprintf(name, sizeof name, "ldg U=8 smem%dK", kb);
+      if (run(name, [&] { ldg_stream<8><<<bc, NT, kb * 1024>>>(s16, per_block, out); })) return 1;
+    }
     CK(cudaFuncSetAttribute(cpa_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 8 * NT * 16));
     CK(cudaFuncSetAttribute(cpa_stream<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * NT * 16));
     CK(cudaFuncSetAttribute(cpa_stream<24>, cudaFuncAttributeMaxDynamicSharedMemorySize, 24 * NT * 16));
