@@ -90,12 +90,14 @@ __device__ __forceinline__ void raise_error(const Params& p, int code, int task,
 }
 
 // Thread 0 only: wait until counter c reaches base[c] + rel (wrapping compare), acquire ordering.
-// Returns false on timeout or when another block has failed (the step is then abandoned).
-__device__ bool wait_counter(const Params& p, int c, int rel, int task) {
+// Returns false on timeout or when another block has failed (the step is then abandoned). With
+// spin = false it only looks once: false when the counter is not there yet.
+__device__ bool wait_counter(const Params& p, int c, int rel, int task, bool spin = true) {
   const uint32_t* cnt = reinterpret_cast<const uint32_t*>(p.counters) + c;
   const uint32_t target = reinterpret_cast<const uint32_t*>(p.base)[c] + (uint32_t)rel;
   uint32_t v = ld_acquire(cnt);
   if ((int32_t)(v - target) >= 0) return true;
+  if (!spin) return false;
   const uint64_t t0 = globaltimer();
   const uint64_t limit = (uint64_t)p.timeout_ms * 1000000ull;
   while (true) {

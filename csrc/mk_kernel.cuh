@@ -1008,17 +1008,6 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
   }
 }
 
-// Thread 0: are all the descriptor's counters at their targets already? (one acquire load each)
-__device__ bool ready_now(const Params& p, const int* d) {
-  for (int i = 0; i < MK_MAX_WAITS; ++i) {
-    const int c = d[MK_F_WAIT0 + 2 * i];
-    if (c == MK_NO_COUNTER) continue;
-    const uint32_t target = reinterpret_cast<const uint32_t*>(p.base)[c] + (uint32_t)d[MK_F_WAIT0 + 2 * i + 1];
-    if ((int32_t)(ld_acquire(reinterpret_cast<const uint32_t*>(p.counters) + c) - target) < 0) return false;
-  }
-  return true;
-}
-
 // Warm-up (see MK_MODE_NO_WARM): the ops that an SM runs once per layer, as static tasks.
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
@@ -1034,11 +1023,12 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
   }
 }
 
-// Thread 0: wait for every counter the descriptor names (false: the step was abandoned).
-__device__ bool wait_task(const Params& p, const int* d) {
+// Thread 0: wait for every counter the descriptor names (false: the step was abandoned). With
+// spin = false: are they all at their targets already (one acquire load each, no waiting)?
+__device__ bool wait_task(const Params& p, const int* d, bool spin = true) {
   for (int i = 0; i < MK_MAX_WAITS; ++i) {
     const int c = d[MK_F_WAIT0 + 2 * i];
-    if (c != MK_NO_COUNTER && !wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID])) return false;
+    if (c != MK_NO_COUNTER && !wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID], spin)) return false;
   }
   return true;
 }
@@ -1077,7 +1067,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
-    if (threadIdx.x == 0) *flag = ready_now(p, d);
+    if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
     __syncthreads();
     ready = *flag;
     if (!ready) warm_op(p, d, s);  // the inputs are not there yet: fetch the op's code meanwhile

@@ -120,9 +120,8 @@ class MegakernelBackend:
         if prefetch_mode is None:
             prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_DEFAULT))
         self.prefetch_mode = prefetch_mode
-        self.timeline: torch.Tensor | None = (
-            None  # int64 [n_sms, cap, MK_TL_WORDS] when recording (timeline.py)
-        )
+        # int64 [n_sms, cap, MK_TL_WORDS] when recording (timeline.py)
+        self.timeline: torch.Tensor | None = None
         # per-row sampling block (MK_SP_*); passed to the kernel only by sample() (None: greedy)
         self.sample_params = torch.zeros(
             (abi.MK_MAX_TOKENS, abi.MK_SP_WORDS), dtype=torch.int32, device=weights.embed.device

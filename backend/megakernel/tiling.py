@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
 from mkcode.backend.megakernel import abi
@@ -128,35 +129,29 @@ WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, t
 # config allows: at BS 1 the 8 experts' up tiles are then 128 items (one wave on 132 SMs) instead
 # of 192, measured on the H200 at 8K (2026-11-29, session 5, gpu_check): 4.92 ms per step against
 # 5.14 with the base tiles (48/128: 4.94, 64/128: 5.07, 32/64: 5.26).
-SMALL_MOE_SCALES = ((3, 2, 2, 1),)  # (up num, up den, down num, down den)
+SMALL_MOE_SCALES = ((Fraction(3, 2), 2),)  # (up columns, down rows) factors, the first the config takes
+
+
+def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
+    """`base` with its MoE tiles scaled by the first (up, down) factor pair that gives whole tiles the
+    config takes; `base` itself when none does."""
+    for up, down in scales:
+        cols, rows = base.moe_up_cols * up, base.moe_down_rows * down
+        if cols != int(cols) or rows != int(rows):
+            continue
+        scaled = replace(base, moe_up_cols=int(cols), moe_down_rows=int(rows))
+        try:
+            scaled.validate(cfg)
+        except TilingError:
+            continue
+        return scaled
+    return base
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: the widest of SMALL_MOE_SCALES the config allows
     below WIDE_MOE_FROM_BATCH rows, the widest of WIDE_MOE_SCALES from there on (else `base`)."""
-    if batch < WIDE_MOE_FROM_BATCH:
-        for un, ud, dn, dd in SMALL_MOE_SCALES:
-            if (base.moe_up_cols * un) % ud or (base.moe_down_rows * dn) % dd:
-                continue
-            small = replace(
-                base,
-                moe_up_cols=base.moe_up_cols * un // ud,
-                moe_down_rows=base.moe_down_rows * dn // dd,
-            )
-            try:
-                small.validate(cfg)
-            except TilingError:
-                continue
-            return small
-        return base
-    for up, down in WIDE_MOE_SCALES:
-        wide = replace(base, moe_up_cols=up * base.moe_up_cols, moe_down_rows=down * base.moe_down_rows)
-        try:
-            wide.validate(cfg)
-        except TilingError:
-            continue
-        return wide
-    return base
+    return _widest(cfg, base, SMALL_MOE_SCALES if batch < WIDE_MOE_FROM_BATCH else WIDE_MOE_SCALES)
 
 
 def visible_pages(position: int, window: int | None) -> int:
