@@ -1281,6 +1281,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
   __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
+  __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
@@ -1346,6 +1347,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       const uint32_t c0 = atomicAdd(head, 1u) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
       s_far = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
+      s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
       s_claim = c0;
       far = c0 + (uint32_t)p.n_sms < s_far;
       if (far) claim_far = atomicAdd(head, 1u);
@@ -1359,19 +1361,32 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       const bool got = drain_build(p, kind, qi, arg, idx, s_nact, mlp_c, s_raw, s_item);
       __syncthreads();
       if (!got) break;
-      if (threadIdx.x == 0) {
-        const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
-        s_claim = c;
-        far = c + (uint32_t)p.n_sms < s_far;
-        if (far) claim_far = atomicAdd(head, 1u);
+      // Lazy claims (claim_policy, see MK_CLAIM_*): the next item is claimed only after this one
+      // ran. Uniform across the block (thread 0's `far` is not): `far` for this item was
+      // idx + n_sms < s_far, and s_far <= s_end, so a lazy item never has a claim in flight.
+      const uint32_t ahead_n = idx + (uint32_t)p.n_sms;
+      const bool lazy = (p.claim_policy == MK_CLAIM_LAZY && ahead_n >= s_far) ||
+                        (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
+      if (!lazy) {
+        if (threadIdx.x == 0) {
+          const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
+          s_claim = c;
+          far = c + (uint32_t)p.n_sms < s_far;
+          if (far) claim_far = atomicAdd(head, 1u);
+        }
+        __syncthreads();
+        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);  // s_raw is free: s_item was built
       }
-      __syncthreads();
-      drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);  // s_raw is free: s_item was built
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
         cp_async_wait_all();  // no copy may land after the block has left
         return;
       }
       __syncthreads();
+      if (lazy) {
+        if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
+        __syncthreads();
+        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw);
+      }
     }
     // one claim past the end stopped us (none is in flight then: it was not far from the end);
     // one more makes the two per drain that the host queue's step total counts

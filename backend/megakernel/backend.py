@@ -307,6 +307,7 @@ class MegakernelBackend:
             "timeout_ms": max(1, int(self.timeout_s * 500)),
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
+            "claim_policy": t.claim_policy,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

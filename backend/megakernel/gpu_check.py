@@ -64,7 +64,7 @@ def time_steps(be, batch, reps: int) -> list[float]:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from mkcode.backend.megakernel.backend import MegakernelBackend
+    from mkcode.backend.megakernel.backend import MegakernelBackend, MegakernelTimeout
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,9 @@ def bench(args: argparse.Namespace) -> int:
         if kw or mma != 1 or mode != abi.MK_PREFETCH_DEFAULT:  # tile overrides, FMA, other modes: check first
             try:
                 ok = reduced_check(tiling, mode, mma)
-            except Exception as e:  # e.g. the watchdog: report, go on with the other variants
+            except MegakernelTimeout as e:  # a hung kernel keeps the GPU: nothing after it can run
+                raise SystemExit(f"reduced-geometry check [{vname}] hung: {e}") from e
+            except Exception as e:  # e.g. the kernel's error word: report, go on with the other variants
                 print(f"reduced-geometry check [{vname}] raised {type(e).__name__}: {e}", flush=True)
                 ok = False
             results["checks"].append({"variant": vname, "ok": ok})
@@ -149,6 +151,8 @@ def bench(args: argparse.Namespace) -> int:
                 continue
         try:
             run(vname, mode, mma, kw)
+        except MegakernelTimeout as e:
+            raise SystemExit(f"variant [{vname}] hung: {e}") from e
         except Exception as e:
             print(f"variant [{vname}] raised {type(e).__name__}: {e}", flush=True)
             results["checks"].append({"variant": vname, "ok": False, "error": str(e)})
@@ -254,9 +258,9 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     cfg = reduced_config()
     t = default_tiling(cfg)
     release_default = default_tiling(north_mini_code_config())
-    over = {  # sizes: at most twice the reduced default; switches (moe_tail_last) as given
+    over = {  # sizes: at most twice the reduced default; switches (moe_tail_last, claim_policy) as given
         k: getattr(tiling_release, k)
-        if k == "moe_tail_last"
+        if k in ("moe_tail_last", "claim_policy")
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)

@@ -192,19 +192,28 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
 def test_moe_tiles_widen_with_the_batch():
     """From WIDE_MOE_FROM_BATCH rows the default tiling widens the MoE tiles (measured faster at BS 8,
     slower at BS 1): the widest scale the config takes; a config that takes none keeps the base.
-    Below that, 1.5x up columns and 2x down rows where they divide (measured faster at BS 1)."""
+    Below that, 1.5x up columns and 2x down rows where they divide (measured faster at BS 1). Claims
+    are lazy below WIDE_MOE_FROM_BATCH and eager from there on, whatever the tiles."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import WIDE_MOE_FROM_BATCH, tiling_for_batch
 
+    lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
     base = default_tiling(cfg)
+    assert base.claim_policy == eager
     for b in (1, WIDE_MOE_FROM_BATCH - 1):
         small = tiling_for_batch(cfg, base, b)
         assert (small.moe_up_cols, small.moe_down_rows) == (48, 256)  # release geometry: 768 / 48 = 16 tiles
-        assert replace(small, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
+        assert small.claim_policy == lazy
+        assert (
+            replace(small, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows, claim_policy=eager)
+            == base
+        )
     other = north_mini_code_config(4, intermediate_size=256)  # 48 columns do not divide 256: the base
-    assert tiling_for_batch(other, default_tiling(other), 1) == default_tiling(other)
+    assert tiling_for_batch(other, default_tiling(other), 1) == replace(
+        default_tiling(other), claim_policy=lazy
+    )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (4 * base.moe_up_cols, 4 * base.moe_down_rows)
     assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
