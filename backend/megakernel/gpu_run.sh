@@ -4,6 +4,7 @@
 #   bash backend/megakernel/gpu_run.sh [tests|bench|decode|san]...
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
+#   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 # Every stage has a time cap (T_TESTS, T_BENCH, T_DECODE, T_SAN seconds) and writes under $OUT;
 # partial results survive a cap (bench.json is rewritten after every run).
 set -u
@@ -42,6 +43,15 @@ for stage in "${stages[@]}"; do
           | grep -E "B=[18] " | sed "s/^/B $(cut -d' ' -f1 REV) /")
         OUT=$OUT/ab_work$round bash "$0" decode 2>&1 | grep -E "B=[18] " | sed "s/^/A work /"
       done 2>&1 | tee "$OUT/ab.log" ;;
+    abbench)  # same-call A/B by gpu_check bench (default tiling per batch size): B, A, B, A
+      [[ -d ab_base ]] || { echo "abbench: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; continue; }
+      for round in 1 2; do
+        (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/abb_base$round VARIANTS=prefetch=0 \
+          T_BENCH=${T_BENCH:-130} bash backend/megakernel/gpu_run.sh bench 2>&1 \
+          | grep -E "^BS [0-9]+ ctx" | sed "s/^/B $(cut -d' ' -f1 REV) /")
+        OUT=$OUT/abb_work$round VARIANTS=prefetch=0 bash "$0" bench 2>&1 \
+          | grep -E "^BS [0-9]+ ctx" | sed "s/^/A work /"
+      done 2>&1 | tee "$OUT/abbench.log" ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
