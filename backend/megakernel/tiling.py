@@ -130,11 +130,15 @@ WIDE_MOE_FROM_BATCH = 4
 WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, the first the config takes
 
 
-# Below WIDE_MOE_FROM_BATCH the MoE tiles are 1.5x the up columns and 2x the down rows where the
-# config allows: at BS 1 the 8 experts' up tiles are then 128 items (one wave on 132 SMs) instead
-# of 192, measured on the H200 at 8K (2026-11-29, session 5, gpu_check): 4.92 ms per step against
-# 5.14 with the base tiles (48/128: 4.94, 64/128: 5.07, 32/64: 5.26).
-SMALL_MOE_SCALES = ((Fraction(3, 2), 2),)  # (up columns, down rows) factors, the first the config takes
+# Below WIDE_MOE_FROM_BATCH the MoE tiles are 2x (else 1.5x) the up columns and 2x the down rows
+# where the config allows. Measured on the H200 at 8K, BS 1 (gpu_check): session 5 (eager claims)
+# 48/256 4.92 ms per step, 32/128 5.14, 48/128 4.94, 64/128 5.07, 32/64 5.26; session 6 (lazy
+# claims, two calls) 64/256 4.299 and 4.282 ms against 48/256 4.359-4.392 and 4.316-4.327, 64/128
+# 4.66, 48/128 4.55.
+SMALL_MOE_SCALES = (
+    (2, 2),
+    (Fraction(3, 2), 2),
+)  # (up columns, down rows) factors, the first the config takes
 
 
 def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:

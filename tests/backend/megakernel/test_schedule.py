@@ -192,7 +192,7 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
 def test_moe_tiles_widen_with_the_batch():
     """From WIDE_MOE_FROM_BATCH rows the default tiling widens the MoE tiles (measured faster at BS 8,
     slower at BS 1): the widest scale the config takes; a config that takes none keeps the base.
-    Below that, 1.5x up columns and 2x down rows where they divide (measured faster at BS 1). Claims
+    Below that, 2x (else 1.5x) up columns and 2x down rows where they divide (measured faster at BS 1). Claims
     are lazy below WIDE_MOE_FROM_BATCH and eager from there on, whatever the tiles."""
     from dataclasses import replace
 
@@ -204,13 +204,15 @@ def test_moe_tiles_widen_with_the_batch():
     assert base.claim_policy == eager
     for b in (1, WIDE_MOE_FROM_BATCH - 1):
         small = tiling_for_batch(cfg, base, b)
-        assert (small.moe_up_cols, small.moe_down_rows) == (48, 256)  # release geometry: 768 / 48 = 16 tiles
+        assert (small.moe_up_cols, small.moe_down_rows) == (64, 256)  # release geometry: 768 / 64 = 12 tiles
         assert small.claim_policy == lazy
         assert (
             replace(small, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows, claim_policy=eager)
             == base
         )
-    other = north_mini_code_config(4, intermediate_size=256)  # 48 columns do not divide 256: the base
+    fallback = north_mini_code_config(4, intermediate_size=96)  # 64 columns do not divide 96, 48 do
+    assert tiling_for_batch(fallback, default_tiling(fallback), 1).moe_up_cols == 48
+    other = north_mini_code_config(4, intermediate_size=160)  # neither 64 nor 48 columns divide 160: the base
     assert tiling_for_batch(other, default_tiling(other), 1) == replace(
         default_tiling(other), claim_policy=lazy
     )
