@@ -183,7 +183,7 @@ class MegakernelBackend:
         key = self._split_keys.get(bucket)
         if key is not None and key in self._cache:
             return self._cache[key]
-        splits = attention_splits(self.cfg, positions, self.tiling, self.n_sms)
+        splits = attention_splits(self.cfg, positions, self._tiling_for(B), self.n_sms)  # its max_splits
         key = (B, tuple(splits[False]), tuple(splits[True]))
         self._split_keys[bucket] = key
         hit = self._cache.get(key)
@@ -292,7 +292,7 @@ class MegakernelBackend:
             "top_k": max(cfg.num_experts_per_tok, 1),
             "vocab": cfg.vocab_size,
             "max_pages": int(batch.block_tables.shape[2]),
-            "max_splits": t.max_splits,
+            "max_splits": ws.tiling.max_splits,  # the o_part / lse_part stride (a batch may use fewer)
             "mlp_splits": t.mlp_splits,
             "n_lm_tiles": prep.sched.n_lm_tiles,
             "dyn_base": 0,

@@ -265,3 +265,24 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
     monkeypatch.setenv("MKCODE_MK_PREFETCH", "3")
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
     assert be.prefetch_mode == abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT
+
+
+def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):
+    """The engine's tiling (tiling_for_batch) caps a small batch's attention splits at
+    SMALL_MAX_SPLITS; the split policy must use it, while the kernel's max_splits stays the
+    workspace's o_part / lse_part stride (the buffers are allocated for the base tiling)."""
+    from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, default_tiling
+
+    fake = FakeNative(n_sms=132)
+    be = MegakernelBackend(CFG, weights, timeout_s=0.3, native_module=fake)  # auto tiling
+    base = default_tiling(CFG).max_splits
+    assert base > SMALL_MAX_SPLITS
+    case = make_case(
+        CFG, [4000], seed=2, dtype=torch.bfloat16
+    )  # 63 full-layer pages on 132 SMs: 32 splits uncapped
+    prep = be._prepare(case.batch.positions.tolist())
+    (B, full, sliding) = next(iter(be._cache))
+    assert B == 1 and max(full) == SMALL_MAX_SPLITS and max(sliding) <= SMALL_MAX_SPLITS
+    assert prep.sched.tiling.max_splits == SMALL_MAX_SPLITS
+    ints = dict(zip(abi.PARAM_INTS, be._params(prep, case.batch)[1], strict=True))
+    assert ints["max_splits"] == base == be.ws["o_part"].shape[3]

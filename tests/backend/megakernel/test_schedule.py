@@ -196,7 +196,7 @@ def test_moe_tiles_widen_with_the_batch():
     are lazy below WIDE_MOE_FROM_BATCH and eager from there on, whatever the tiles."""
     from dataclasses import replace
 
-    from mkcode.backend.megakernel.tiling import WIDE_MOE_FROM_BATCH, tiling_for_batch
+    from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, WIDE_MOE_FROM_BATCH, tiling_for_batch
 
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
@@ -206,15 +206,22 @@ def test_moe_tiles_widen_with_the_batch():
         small = tiling_for_batch(cfg, base, b)
         assert (small.moe_up_cols, small.moe_down_rows) == (64, 256)  # release geometry: 768 / 64 = 12 tiles
         assert small.claim_policy == lazy
+        assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
         assert (
-            replace(small, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows, claim_policy=eager)
+            replace(
+                small,
+                moe_up_cols=base.moe_up_cols,
+                moe_down_rows=base.moe_down_rows,
+                claim_policy=eager,
+                max_splits=base.max_splits,
+            )
             == base
         )
     fallback = north_mini_code_config(4, intermediate_size=96)  # 64 columns do not divide 96, 48 do
     assert tiling_for_batch(fallback, default_tiling(fallback), 1).moe_up_cols == 48
     other = north_mini_code_config(4, intermediate_size=160)  # neither 64 nor 48 columns divide 160: the base
     assert tiling_for_batch(other, default_tiling(other), 1) == replace(
-        default_tiling(other), claim_policy=lazy
+        default_tiling(other), claim_policy=lazy, max_splits=SMALL_MAX_SPLITS
     )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (4 * base.moe_up_cols, 4 * base.moe_down_rows)
