@@ -162,7 +162,9 @@ class Emulator:
         """Claims as in the kernel: while at least n_sms items remain between the next one and the
         queue's end (a MoE queue: its last up tile), the claim after it is already in flight (an
         item claimed ahead waits for the running one); beyond that a drain claims when it is free.
-        It stops at its first claim past the end and a host queue's drain then claims once more,
+        With a lazy claim policy (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the
+        end (LAZY) or within n_sms items of the queue's end (LAZY_END) has no claim after it until it
+        ran. It stops at its first claim past the end and a host queue's drain then claims once more,
         so it over-claims exactly twice (the totals count it). A MoE queue's items: the up tiles,
         then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
         last, when the tail queue's word 3 says so)."""
@@ -170,7 +172,7 @@ class Emulator:
         t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
             first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
-            far_end = length
+            far_end = end = length
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
@@ -180,6 +182,7 @@ class Emulator:
             table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
             far_end = len(table) * self.up_tiles
             tail_at = len(table) * (self.up_tiles + self.down_tiles) if t_last else far_end
+            end = len(table) * (self.up_tiles + self.down_tiles) + t_len
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -216,6 +219,14 @@ class Emulator:
                 )
                 if item is None:
                     return
+            lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + n_sms >= far_end) or (
+                t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + n_sms >= end
+            )
+            if lazy:  # `far` is False here: nothing is in flight
+                yield None
+                yield from self._run_task(sm, item)
+                nxt = claim()
+                continue
             nxt = ahead if far else claim()
             far = nxt + n_sms < far_end
             ahead = claim() if far else None

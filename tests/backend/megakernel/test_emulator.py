@@ -18,7 +18,7 @@ from mkcode.backend.megakernel.emulator import (
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.schedule import build_schedule
 from mkcode.backend.megakernel.testing import clone_batch, make_case, reference_step, tiny_config
-from mkcode.backend.megakernel.tiling import Tiling, default_tiling
+from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
@@ -232,6 +232,54 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=hazards).step(inp, "random", 7)
     assert rep.events > len(sched.tasks)
     assert np.all(bank.base[sched.counters.n_dynamic :] != 123) or True
+
+
+@pytest.mark.parametrize("policy", [abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_claim_policies(weights, strategy, policy):
+    """Every claim policy (Tiling.claim_policy) gives the reference step under every interleaving,
+    and two steps in a row on one bank (a drain's claims still total items + 2 per host drain)."""
+    from dataclasses import replace
+
+    contexts = [70, 3, 190]
+    tiling = replace(TILING, claim_policy=policy)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    case = make_case(CFG, contexts, seed=5)
+    ref_batch = clone_batch(case.batch)
+    ws = Workspace.allocate(CFG, tiling, "cpu")
+    emu = Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=2**32 - 40))
+    batch = clone_batch(case.batch)
+    for step in range(2):
+        ref = reference_step(CFG, weights, ref_batch)
+        emu.step(_inputs(batch), strategy, seed=step)
+        _check(ws, batch, ref, ref_batch)
+        for b in (batch, ref_batch):
+            b.token_ids = ref.argmax(-1)
+            b.positions = b.positions + 1
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_release_geometry_engine_tilings(batch):
+    """The engine's per-batch tiling (tiling_for_batch: lazy claims and 16 splits at BS 1, wide MoE
+    tiles and eager claims at BS 8) at the release geometry: no deadlock, no over-claim."""
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    layers = 5
+    cfg = north_mini_code_config(
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
+        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
+    )
+    base = default_tiling(cfg)
+    tiling = tiling_for_batch(cfg, base, batch)
+    contexts = [8192 + 977 * b for b in range(batch)]
+    splits = attention_splits(cfg, contexts, tiling, 132)
+    sched = build_schedule(cfg, batch, contexts, 132, tiling, splits)
+    ws = Workspace.allocate(cfg, base, "cpu", math=False)
+    bank = CounterBank(sched.n_counters, start=77)
+    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
+    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=batch == 1).step(inp, "random", 3)
+    assert rep.events > len(sched.tasks)
 
 
 def test_forced_routing_reference_reads_the_device_table(weights):
