@@ -3,6 +3,7 @@
     mkcode kernels build [--compile-only] [--force] [--verbose]
     mkcode kernels info
     mkcode kernels sizes
+    mkcode kernels loops
 
 Builds are cached under ~/.cache/mkcode/kernels (or $MKCODE_KERNEL_CACHE) by a hash of the CUDA
 sources, flags, nvcc and Python versions. `--compile-only` compiles to an object file (no GPU
@@ -37,6 +38,12 @@ def register(subparsers: Any) -> None:
         "sizes", help="SASS bytes of each device function of the kernel (compiles it if needed; no GPU)"
     )
     z.set_defaults(func=run_sizes)
+    lo = sub.add_parser(
+        "loops",
+        help="the kernel's tensor-core loops and their local-memory traffic; fails if the GEMV's spills "
+        "(compiles it if needed; no GPU)",
+    )
+    lo.set_defaults(func=run_loops)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -77,6 +84,30 @@ def run_sizes(args: argparse.Namespace) -> int:
     for f in sizes:
         print(f"{f.size / 1024:8.1f} KB  {f.name}")
     return 0
+
+
+def run_loops(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel.build import BuildError, build
+    from mkcode.backend.megakernel.code_size import CodeSizeError
+    from mkcode.backend.megakernel.sass_loops import mma_loops, weight_stream_problems
+
+    try:
+        obj = build(compile_only=True).path
+        loops = mma_loops(obj)
+    except (BuildError, CodeSizeError) as e:
+        print(f"mkcode kernels loops: {e}", file=sys.stderr)
+        return 1
+    print(f"{obj}: loops holding HMMA")
+    print(f"{'function':<24} {'loop':>19} {'instr':>6} {'HMMA':>5} {'LDL/STL':>8} {'LDS':>5} {'LDG':>5}")
+    for lp in loops:
+        span = f"{lp.start:#x}-{lp.end:#x}"
+        print(
+            f"{lp.function:<24} {span:>19} {lp.instructions:>6} {lp.hmma:>5} {lp.local:>8} {lp.lds:>5} {lp.ldg:>5}"
+        )
+    problems = weight_stream_problems(loops)
+    for p in problems:
+        print(f"mkcode kernels loops: {p}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def run_info(args: argparse.Namespace) -> int:

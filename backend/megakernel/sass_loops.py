@@ -1,0 +1,140 @@
+"""The megakernel's tensor-core loops in SASS, and their local-memory traffic.
+
+Session 2 found the GEMV's weight-stream loop spilling (STL/LDL around every HMMA: a spill store
+waits for its load, so the loads in flight collapse and every GEMV task took twice as long). Local
+memory inside a loop is invisible in the source and in the tests, so this reads the compiled object:
+`cuobjdump -sass` (needs nvdisasm next to it; `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`
+gives both), every backward branch is a loop, and each loop that holds HMMA is counted (instructions,
+HMMA, LDL/STL, LDS, LDG) and named after the device function it lies in (`cuobjdump -elf` symbols).
+
+The *weight-stream* loops are those of the GEMV core (`gemv_*`, out of line on purpose since session
+2): batches of 16-byte weight loads, each feeding one mma. They must have no local-memory access at
+all, and they must exist (an inlined GEMV core is a regression of its own). `mkcode kernels loops`
+prints the table and fails otherwise; CI runs the same check on the object it compiles. The
+attention's round loop does reload some values from local memory (session 5: ~56 accesses at
+d = 128), which the table shows.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from mkcode.backend.megakernel.code_size import CodeSizeError, find_cuobjdump, short_name
+
+
+@dataclass(frozen=True)
+class Loop:
+    start: int  # address of the loop head (the backward branch's target)
+    end: int  # address of the backward branch
+    function: str  # the device function holding it ("?" when no symbol covers it)
+    instructions: int
+    hmma: int
+    local: int  # LDL + STL
+    lds: int
+    ldg: int
+
+    @property
+    def weight_stream(self) -> bool:
+        """A loop of the GEMV core (out of line since session 2: `gemv_*`), the weight stream."""
+        return self.function.startswith("gemv")
+
+
+_INS = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRA = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
+# `cuobjdump -elf` symtab row: index, value (address), size, FUNC, binding, ..., name
+_SYM = re.compile(r"^\s*0x[0-9a-f]+\s+(0x[0-9a-f]+|0)\s+(0x[0-9a-f]+)\s+FUNC\s+(\S+)\s+\S+\s+.*?(\S+)\s*$")
+
+
+def parse_functions(elf_text: str) -> list[tuple[int, int, str]]:
+    """(start, end, short name) of every non-entry FUNC symbol of `cuobjdump -elf` output (the
+    entry spans the whole section; code outside every other symbol is the entry's own)."""
+    out = []
+    for line in elf_text.splitlines():
+        m = _SYM.match(line)
+        if m and m.group(3) != "GLOBAL":
+            start, size = int(m.group(1), 16), int(m.group(2), 16)
+            out.append((start, start + size, short_name(m.group(4))))
+    return sorted(out)
+
+
+def parse_loops(sass_text: str, functions: list[tuple[int, int, str]] | None = None) -> list[Loop]:
+    """Every loop (a backward branch) of `cuobjdump -sass` output that holds HMMA, in address order.
+    Nested loops are reported each (an outer loop's counts include its inner loops')."""
+    ins: list[tuple[int, str]] = []
+    for line in sass_text.splitlines():
+        m = _INS.match(line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    at = {a: i for i, (a, _) in enumerate(ins)}
+
+    def owner(addr: int) -> str:
+        for lo, hi, name in functions or ():
+            if lo <= addr < hi:
+                return name
+        return "mk_step_kernel" if functions else "?"
+
+    loops = []
+    for i, (addr, text) in enumerate(ins):
+        m = _BRA.search(text)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= addr or target not in at:
+            continue
+        body = [t.split()[0] if not t.startswith("@") else t.split()[1] for _, t in ins[at[target] : i + 1]]
+        hmma = sum(op.startswith("HMMA") for op in body)
+        if not hmma:
+            continue
+        loops.append(
+            Loop(
+                start=target,
+                end=addr,
+                function=owner(target),
+                instructions=len(body),
+                hmma=hmma,
+                local=sum(op.startswith(("LDL", "STL")) for op in body),
+                lds=sum(op.startswith("LDS") for op in body),
+                ldg=sum(op.startswith("LDG") for op in body),
+            )
+        )
+    return sorted(loops, key=lambda lp: lp.start)
+
+
+def _run(tool: str, flag: str, obj: Path) -> str:
+    try:
+        res = subprocess.run([tool, flag, str(obj)], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CodeSizeError(f"{tool} {flag} {obj}: {e}") from e
+    if res.returncode != 0:
+        raise CodeSizeError(f"{tool} {flag} {obj} failed: {res.stderr.strip()[-500:]}")
+    return res.stdout
+
+
+def mma_loops(obj: Path, cuobjdump: str | None = None) -> list[Loop]:
+    """The loops holding HMMA in the compiled kernel object, named by device function."""
+    tool = cuobjdump or find_cuobjdump()
+    if tool is None:
+        raise CodeSizeError(
+            "cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump "
+            "nvidia-cuda-nvdisasm`, or set CUOBJDUMP"
+        )
+    loops = parse_loops(_run(tool, "-sass", obj), parse_functions(_run(tool, "-elf", obj)))
+    if not loops:
+        raise CodeSizeError(f"no loop with HMMA in {obj} (is nvdisasm next to {tool}?)")
+    return loops
+
+
+def weight_stream_problems(loops: list[Loop]) -> list[str]:
+    """What is wrong with the GEMV core's loops: none found, or local-memory traffic in one."""
+    streams = [lp for lp in loops if lp.weight_stream]
+    if not streams:
+        return ["no loop of the GEMV core (gemv_*) holds HMMA: was it inlined?"]
+    return [
+        f"{lp.function} loop {lp.start:#x}-{lp.end:#x}: {lp.local} local-memory accesses (LDL/STL) "
+        f"among {lp.hmma} HMMA"
+        for lp in streams
+        if lp.local
+    ]

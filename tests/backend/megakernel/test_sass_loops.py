@@ -1,0 +1,80 @@
+"""`mkcode kernels loops`: the tensor-core loops of the compiled kernel and their local-memory traffic."""
+
+from __future__ import annotations
+
+import pytest
+
+from mkcode.backend.megakernel import sass_loops
+from mkcode.backend.megakernel.build import missing_requirements
+from mkcode.backend.megakernel.code_size import find_cuobjdump
+
+# `cuobjdump -elf` symtab rows (index, address, size, FUNC, binding, ..., name)
+ELF = """
+  0x11          0x100            0x100  FUNC          LOCAL   DEFAULT    -      0x11  $_ZN2mk14mk_step_kernelENS_6ParamsEi$_ZN2mk8gemv_mmaERKNS_6ParamsE
+  0x12          0x200            0x100  FUNC          LOCAL   DEFAULT    -      0x11  $_ZN2mk14mk_step_kernelENS_6ParamsEi$_ZN2mk10attn_mma_tILi128EEEvRKNS_6ParamsE
+  0x24                0          0x400  FUNC          GLOBAL  DEFAULT    ENTRY  0x17  _ZN2mk14mk_step_kernelENS_6ParamsEi
+"""
+
+
+def _sass(rows: list[tuple[int, str]]) -> str:
+    return "\n".join(f"        /*{a:04x}*/                   {t} ;   /* 0x0 */" for a, t in rows)
+
+
+def test_loops_are_found_counted_and_named():
+    text = _sass(
+        [
+            (0x100, "LDG.E.128.CONSTANT R8, desc[UR4][R2.64]"),  # gemv loop 0x100..0x140
+            (0x110, "LDS.128 R12, [R5]"),
+            (0x120, "HMMA.16816.F32.BF16 R20, R8, R12, R20"),
+            (0x130, "@P0 STL [R1+0x8], R20"),
+            (0x140, "@P1 BRA 0x100"),
+            (0x200, "LDL R3, [R1+0x10]"),  # attention loop 0x200..0x220, reloads from local memory
+            (0x210, "HMMA.16816.F32.BF16 R4, R8, R12, R4"),
+            (0x220, "BRA 0x200"),
+            (0x300, "IADD3 R1, R1, 0x1, RZ"),  # a loop without HMMA: not reported
+            (0x310, "BRA 0x300"),
+            (0x320, "BRA 0x330"),  # forward branch: not a loop
+            (0x330, "EXIT"),
+        ]
+    )
+    loops = sass_loops.parse_loops(text, sass_loops.parse_functions(ELF))
+    assert [(lp.start, lp.end, lp.function) for lp in loops] == [
+        (0x100, 0x140, "gemv_mma"),
+        (0x200, 0x220, "attn_mma_t<128>"),
+    ]
+    gemv, attn = loops
+    assert (gemv.instructions, gemv.hmma, gemv.local, gemv.lds, gemv.ldg) == (5, 1, 1, 1, 1)
+    assert gemv.weight_stream and not attn.weight_stream
+    problems = sass_loops.weight_stream_problems(loops)
+    assert len(problems) == 1 and "gemv_mma" in problems[0] and "1 local-memory" in problems[0]
+    # the attention's reloads are shown, not failed; a GEMV core without loops is a problem
+    assert sass_loops.weight_stream_problems([attn]) == [
+        "no loop of the GEMV core (gemv_*) holds HMMA: was it inlined?"
+    ]
+    clean = sass_loops.parse_loops(
+        text.replace("@P0 STL [R1+0x8], R20", "NOP"), sass_loops.parse_functions(ELF)
+    )
+    assert sass_loops.weight_stream_problems(clean) == []
+
+
+def test_missing_tool_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(sass_loops, "find_cuobjdump", lambda: None)
+    with pytest.raises(sass_loops.CodeSizeError, match="cuobjdump not found"):
+        sass_loops.mma_loops(tmp_path / "mk_kernel.o")
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc, pybind11 and Python headers")
+@pytest.mark.skipif(
+    find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
+)
+def test_compiled_gemv_loops_do_not_spill():
+    """On the object CI compiles: the GEMV core's weight-stream loops exist and never touch local
+    memory (a spill there halved every GEMV task's speed in session 2)."""
+    from mkcode.app.cli import main
+    from mkcode.backend.megakernel.build import build
+
+    loops = sass_loops.mma_loops(build(compile_only=True).path)
+    assert any(lp.weight_stream for lp in loops)
+    assert sass_loops.weight_stream_problems(loops) == []
+    assert main(["kernels", "loops"]) == 0
