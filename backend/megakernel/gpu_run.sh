@@ -21,10 +21,11 @@ python3 -c "from mkcode.backend.megakernel.build import build; r = build(); prin
 echo "build done at +$(( $(date +%s) - t0 ))s"
 stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
-# megakernel variants timed by gpu_check (in order; unset keys take the fastest so far):
-#   prefetch=0  the default (no L2 prefetch); prefetch=1 the self L2 prefetch
-#   then tilings on top of the fastest prefetch mode: the BS >= 4 MoE tiles (4x/4x), fewer attention splits
-VARIANTS=${VARIANTS:-"prefetch=0 prefetch=1 moe_up_cols=128,moe_down_rows=512 max_splits=8"}
+# megakernel variants timed by gpu_check (in order; each batch size runs on the engine's tiling for
+# it, tiling_for_batch, with the variant's keys on top; unset prefetch / mma take the fastest so far):
+#   prefetch=0  the default; then eager and lazy claims at both sizes (the engine: lazy below BS 4,
+#   eager from BS 4), and the default once more (the spread between runs of one call)
+VARIANTS=${VARIANTS:-"prefetch=0 claim_policy=0 claim_policy=2 prefetch=0"}
 for stage in "${stages[@]}"; do
   case $stage in
     tests)

@@ -303,6 +303,8 @@ SWEEP_TILINGS = [
     {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default (tiling_for_batch)
     {"max_splits": 8},
     {"qkv_rows": 128, "o_rows": 128},
+    {"claim_policy": abi.MK_CLAIM_EAGER},  # gpu_run.sh's default VARIANTS time both claim policies
+    {"claim_policy": abi.MK_CLAIM_LAZY},
 ]
 
 
