@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def register(subparsers: Any) -> None:
@@ -69,16 +73,27 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_sizes(args: argparse.Namespace) -> int:
+def _inspect_object(command: str, inspect: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """Build (or find cached) the kernel object and run `inspect` on it; None after printing why
+    not (`mkcode kernels COMMAND: ...`)."""
     from mkcode.backend.megakernel.build import BuildError, build
-    from mkcode.backend.megakernel.code_size import CodeSizeError, function_sizes
+    from mkcode.backend.megakernel.code_size import CodeSizeError
 
     try:
         obj = build(compile_only=True).path
-        sizes = function_sizes(obj)
+        return obj, inspect(obj)
     except (BuildError, CodeSizeError) as e:
-        print(f"mkcode kernels sizes: {e}", file=sys.stderr)
+        print(f"mkcode kernels {command}: {e}", file=sys.stderr)
+        return None
+
+
+def run_sizes(args: argparse.Namespace) -> int:
+    from mkcode.backend.megakernel.code_size import function_sizes
+
+    got = _inspect_object("sizes", function_sizes)
+    if got is None:
         return 1
+    obj, sizes = got
     total = sum(f.size for f in sizes)
     print(f"{obj}: {total / 1024:.1f} KB of SASS in {len(sizes)} functions")
     for f in sizes:
@@ -87,16 +102,12 @@ def run_sizes(args: argparse.Namespace) -> int:
 
 
 def run_loops(args: argparse.Namespace) -> int:
-    from mkcode.backend.megakernel.build import BuildError, build
-    from mkcode.backend.megakernel.code_size import CodeSizeError
     from mkcode.backend.megakernel.sass_loops import mma_loops, weight_stream_problems
 
-    try:
-        obj = build(compile_only=True).path
-        loops = mma_loops(obj)
-    except (BuildError, CodeSizeError) as e:
-        print(f"mkcode kernels loops: {e}", file=sys.stderr)
+    got = _inspect_object("loops", mma_loops)
+    if got is None:
         return 1
+    obj, loops = got
     print(f"{obj}: loops holding HMMA")
     print(f"{'function':<24} {'loop':>19} {'instr':>6} {'HMMA':>5} {'LDL/STL':>8} {'LDS':>5} {'LDG':>5}")
     for lp in loops:

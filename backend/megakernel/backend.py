@@ -183,13 +183,14 @@ class MegakernelBackend:
         key = self._split_keys.get(bucket)
         if key is not None and key in self._cache:
             return self._cache[key]
-        splits = attention_splits(self.cfg, positions, self._tiling_for(B), self.n_sms)  # its max_splits
+        tiling = self._tiling_for(B)
+        splits = attention_splits(self.cfg, positions, tiling, self.n_sms)  # its max_splits
         key = (B, tuple(splits[False]), tuple(splits[True]))
         self._split_keys[bucket] = key
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        sched = build_schedule(self.cfg, B, positions, self.n_sms, self._tiling_for(B), splits)
+        sched = build_schedule(self.cfg, B, positions, self.n_sms, tiling, splits)
         return self._upload(key, sched)
 
     def _tiling_for(self, B: int) -> Tiling:

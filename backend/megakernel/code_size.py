@@ -45,8 +45,20 @@ def find_cuobjdump() -> str | None:
     return None
 
 
-# a symtab row of `cuobjdump -elf`: index, value, size, FUNC, binding, visibility, section, ..., name
-_ROW = re.compile(r"^\s*0x[0-9a-f]+\s+(?:0x)?[0-9a-f]+\s+(0x[0-9a-f]+)\s+FUNC\s+(\S+)\s+\S+\s+.*?(\S+)\s*$")
+# a symtab row of `cuobjdump -elf`: index, value (address), size, FUNC, binding, visibility, section, ..., name
+_ROW = re.compile(r"^\s*0x[0-9a-f]+\s+((?:0x)?[0-9a-f]+)\s+(0x[0-9a-f]+)\s+FUNC\s+(\S+)\s+\S+\s+.*?(\S+)\s*$")
+
+
+def symtab_functions(text: str) -> list[tuple[int, int, str, str]]:
+    """(address, size, binding, symbol) of every FUNC row of `cuobjdump -elf` output."""
+    out = []
+    for line in text.splitlines():
+        m = _ROW.match(line)
+        if m:
+            out.append((int(m.group(1), 16), int(m.group(2), 16), m.group(3), m.group(4)))
+    return out
+
+
 _MANGLED = re.compile(r"_ZN2mk(\d+)")
 
 
@@ -69,11 +81,8 @@ def parse_symtab(text: str) -> list[FunctionSize]:
     symbol spans its whole text section, out-of-line functions included: its own size here is the
     rest (the dispatch loop and the ops inlined into it)."""
     funcs, entries = [], []
-    for line in text.splitlines():
-        m = _ROW.match(line)
-        if m:
-            size, binding, sym = int(m.group(1), 16), m.group(2), m.group(3)
-            (entries if binding == "GLOBAL" else funcs).append((sym, size))
+    for _, size, binding, sym in symtab_functions(text):
+        (entries if binding == "GLOBAL" else funcs).append((sym, size))
     inner = sum(size for _, size in funcs)
     out = [FunctionSize(short_name(sym), sym, size) for sym, size in funcs]
     for sym, size in entries:  # one kernel per object here; several would share `inner` wrongly
@@ -82,20 +91,30 @@ def parse_symtab(text: str) -> list[FunctionSize]:
     return sorted(out, key=lambda f: -f.size)
 
 
-def function_sizes(obj: Path, cuobjdump: str | None = None) -> list[FunctionSize]:
+def require_cuobjdump(cuobjdump: str | None = None) -> str:
+    """The given tool, else find_cuobjdump()'s, else a CodeSizeError that says how to get one."""
     tool = cuobjdump or find_cuobjdump()
     if tool is None:
         raise CodeSizeError(
-            "cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump`, "
-            "or set CUOBJDUMP"
+            "cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump "
+            "nvidia-cuda-nvdisasm` (-sass needs nvdisasm next to it), or set CUOBJDUMP"
         )
+    return tool
+
+
+def run_cuobjdump(tool: str, flag: str, obj: Path) -> str:
+    """`tool flag obj`'s standard output; a CodeSizeError when it cannot run or fails."""
     try:
-        res = subprocess.run([tool, "-elf", str(obj)], capture_output=True, text=True, timeout=300)
+        res = subprocess.run([tool, flag, str(obj)], capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:
-        raise CodeSizeError(f"{tool} -elf {obj}: {e}") from e
+        raise CodeSizeError(f"{tool} {flag} {obj}: {e}") from e
     if res.returncode != 0:
-        raise CodeSizeError(f"{tool} -elf {obj} failed: {res.stderr.strip()[-500:]}")
-    sizes = parse_symtab(res.stdout)
+        raise CodeSizeError(f"{tool} {flag} {obj} failed: {res.stderr.strip()[-500:]}")
+    return res.stdout
+
+
+def function_sizes(obj: Path, cuobjdump: str | None = None) -> list[FunctionSize]:
+    sizes = parse_symtab(run_cuobjdump(require_cuobjdump(cuobjdump), "-elf", obj))
     if not sizes:
         raise CodeSizeError(f"no function symbols in {obj} (is it a CUDA object?)")
     return sizes

@@ -26,6 +26,17 @@ stages=("$@")
 #   prefetch=0  the default; then eager and lazy claims at both sizes (the engine: lazy below BS 4,
 #   eager from BS 4), and the default once more (the spread between runs of one call)
 VARIANTS=${VARIANTS:-"prefetch=0 claim_policy=0 claim_policy=2 prefetch=0"}
+# same-call A/B: STAGE on ab_base/ (backend/megakernel/ab_tree.sh REV) and on this tree, alternating
+# B, A, B, A (between calls the harness varied by up to ~6 %); the lines matching PATTERN, into NAME.log
+ab_rounds() {
+  local stage=$1 pattern=$2 name=$3
+  [[ -d ab_base ]] || { echo "$name: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; return; }
+  for round in 1 2; do
+    (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/${name}_base$round \
+      bash backend/megakernel/gpu_run.sh "$stage" 2>&1 | grep -E "$pattern" | sed "s/^/B $(cut -d' ' -f1 REV) /")
+    OUT=$OUT/${name}_work$round bash "$0" "$stage" 2>&1 | grep -E "$pattern" | sed "s/^/A work /"
+  done 2>&1 | tee "$OUT/$name.log"
+}
 for stage in "${stages[@]}"; do
   case $stage in
     tests)
@@ -35,24 +46,10 @@ for stage in "${stages[@]}"; do
     decode)  # the engine's bench harness: graph vs megakernel, one run
       timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch 1,8 --ctx 8192 \
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
-    ab)  # same-call A/B against ab_base/ (backend/megakernel/ab_tree.sh REV): harness B, A, B, A
-      [[ -d ab_base ]] || { echo "ab: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; continue; }
-      export T_DECODE=${T_DECODE:-100}  # the same cap for both trees
-      for round in 1 2; do
-        (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/ab_base$round \
-          bash backend/megakernel/gpu_run.sh decode 2>&1 \
-          | grep -E "B=[18] " | sed "s/^/B $(cut -d' ' -f1 REV) /")
-        OUT=$OUT/ab_work$round bash "$0" decode 2>&1 | grep -E "B=[18] " | sed "s/^/A work /"
-      done 2>&1 | tee "$OUT/ab.log" ;;
-    abbench)  # same-call A/B by gpu_check bench (default tiling per batch size): B, A, B, A
-      [[ -d ab_base ]] || { echo "abbench: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; continue; }
-      for round in 1 2; do
-        (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/abb_base$round VARIANTS=prefetch=0 \
-          T_BENCH=${T_BENCH:-130} bash backend/megakernel/gpu_run.sh bench 2>&1 \
-          | grep -E "^BS [0-9]+ ctx" | sed "s/^/B $(cut -d' ' -f1 REV) /")
-        OUT=$OUT/abb_work$round VARIANTS=prefetch=0 bash "$0" bench 2>&1 \
-          | grep -E "^BS [0-9]+ ctx" | sed "s/^/A work /"
-      done 2>&1 | tee "$OUT/abbench.log" ;;
+    ab)  # the engine harness on both trees, the same cap for both
+      T_DECODE=${T_DECODE:-100} ab_rounds decode "B=[18] " ab ;;
+    abbench)  # gpu_check bench on both trees (each batch size on its default tiling)
+      VARIANTS=prefetch=0 ab_rounds bench "^BS [0-9]+ ctx" abbench ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"

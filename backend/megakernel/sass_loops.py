@@ -18,11 +18,16 @@ d = 128), which the table shows.
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mkcode.backend.megakernel.code_size import CodeSizeError, find_cuobjdump, short_name
+from mkcode.backend.megakernel.code_size import (
+    CodeSizeError,
+    require_cuobjdump,
+    run_cuobjdump,
+    short_name,
+    symtab_functions,
+)
 
 
 @dataclass(frozen=True)
@@ -44,20 +49,16 @@ class Loop:
 
 _INS = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRA = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
-# `cuobjdump -elf` symtab row: index, value (address), size, FUNC, binding, ..., name
-_SYM = re.compile(r"^\s*0x[0-9a-f]+\s+(0x[0-9a-f]+|0)\s+(0x[0-9a-f]+)\s+FUNC\s+(\S+)\s+\S+\s+.*?(\S+)\s*$")
 
 
 def parse_functions(elf_text: str) -> list[tuple[int, int, str]]:
     """(start, end, short name) of every non-entry FUNC symbol of `cuobjdump -elf` output (the
     entry spans the whole section; code outside every other symbol is the entry's own)."""
-    out = []
-    for line in elf_text.splitlines():
-        m = _SYM.match(line)
-        if m and m.group(3) != "GLOBAL":
-            start, size = int(m.group(1), 16), int(m.group(2), 16)
-            out.append((start, start + size, short_name(m.group(4))))
-    return sorted(out)
+    return sorted(
+        (start, start + size, short_name(sym))
+        for start, size, binding, sym in symtab_functions(elf_text)
+        if binding != "GLOBAL"
+    )
 
 
 def parse_loops(sass_text: str, functions: list[tuple[int, int, str]] | None = None) -> list[Loop]:
@@ -103,25 +104,10 @@ def parse_loops(sass_text: str, functions: list[tuple[int, int, str]] | None = N
     return sorted(loops, key=lambda lp: lp.start)
 
 
-def _run(tool: str, flag: str, obj: Path) -> str:
-    try:
-        res = subprocess.run([tool, flag, str(obj)], capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise CodeSizeError(f"{tool} {flag} {obj}: {e}") from e
-    if res.returncode != 0:
-        raise CodeSizeError(f"{tool} {flag} {obj} failed: {res.stderr.strip()[-500:]}")
-    return res.stdout
-
-
 def mma_loops(obj: Path, cuobjdump: str | None = None) -> list[Loop]:
     """The loops holding HMMA in the compiled kernel object, named by device function."""
-    tool = cuobjdump or find_cuobjdump()
-    if tool is None:
-        raise CodeSizeError(
-            "cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump "
-            "nvidia-cuda-nvdisasm`, or set CUOBJDUMP"
-        )
-    loops = parse_loops(_run(tool, "-sass", obj), parse_functions(_run(tool, "-elf", obj)))
+    tool = require_cuobjdump(cuobjdump)
+    loops = parse_loops(run_cuobjdump(tool, "-sass", obj), parse_functions(run_cuobjdump(tool, "-elf", obj)))
     if not loops:
         raise CodeSizeError(f"no loop with HMMA in {obj} (is nvdisasm next to {tool}?)")
     return loops

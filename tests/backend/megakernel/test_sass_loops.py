@@ -58,7 +58,9 @@ def test_loops_are_found_counted_and_named():
 
 
 def test_missing_tool_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(sass_loops, "find_cuobjdump", lambda: None)
+    from mkcode.backend.megakernel import code_size
+
+    monkeypatch.setattr(code_size, "find_cuobjdump", lambda: None)  # what require_cuobjdump asks
     with pytest.raises(sass_loops.CodeSizeError, match="cuobjdump not found"):
         sass_loops.mma_loops(tmp_path / "mk_kernel.o")
 
