@@ -135,10 +135,8 @@ WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, t
 # 48/256 4.92 ms per step, 32/128 5.14, 48/128 4.94, 64/128 5.07, 32/64 5.26; session 6 (lazy
 # claims, two calls) 64/256 4.299 and 4.282 ms against 48/256 4.359-4.392 and 4.316-4.327, 64/128
 # 4.66, 48/128 4.55.
-SMALL_MOE_SCALES = (
-    (2, 2),
-    (Fraction(3, 2), 2),
-)  # (up columns, down rows) factors, the first the config takes
+# (up columns, down rows) factors, the first the config takes
+SMALL_MOE_SCALES = ((2, 2), (Fraction(3, 2), 2))
 
 
 def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
