@@ -164,6 +164,9 @@ enum MkError {
 // per layer otherwise fetches its code cold from L2 while HBM is saturated (MK_MODE_TWICE measured
 // add+norm 8.4 us cold, 2.9 us warm).
 #define MK_MODE_NO_WARM 32
+// MK_MODE_ATTN_KREG (A/B switch, branch attnreg; d = 128): the attention loads K straight into
+// registers and streams only V through shared memory, two rounds ahead (mk_attn.cuh).
+#define MK_MODE_ATTN_KREG 64
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while n_sms items

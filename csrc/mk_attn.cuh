@@ -125,9 +125,263 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
     attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
 }
 
+// ---- MK_MODE_ATTN_KREG (branch attnreg, d = 128): K straight into registers, V through shared memory --
+//
+// The one-round ring above keeps 64 KB of K/V in flight and then computes: ~4.5 us per round of two
+// pages at BS 8 (items of 36 us, ~14 GB/s per SM against ~35 for the GEMVs). Here each warp loads
+// its key group's K fragments from global memory straight into registers (the QK B fragment is 16
+// contiguous bytes per thread, as in the shared-memory path), and only V goes through shared memory,
+// in slots for two rounds (4 pages x 17 KB, less than the K+V round): round r's V is issued two
+// iterations before its PV. Iteration r: issue K(r) -> PV(r-1) while K(r) is in flight -> free
+// V(r-1)'s slots for V(r+1) -> QK(r) -> softmax(r); the last PV after the loop.
+constexpr int KREG_VSLOTS = 2 * ATTN_PPR;  // V page slots: two rounds
+
+__host__ __device__ inline bool attn_kreg(const Params& p) {
+  return (p.prefetch_mode & MK_MODE_ATTN_KREG) && p.head_dim == 128;
+}
+
+// Issue the V half of page j into V slot j % KREG_VSLOTS (nothing past the item's pages; no commit).
+template <int HD>
+__device__ __forceinline__ void kreg_issue_v(const View& V, int l, int b, int kvh, const AttnSpan& sp, int j,
+                                             unsigned char* slots, bool before_wait) {
+  using SH = AttnShape<HD>;
+  if (j >= sp.np) return;
+  constexpr int CH = HD / 8;
+  const long long pg = sp.pa + j;
+  const int phys = V.page(l, b, (int)(pg * 64));
+  bf16* Vs = reinterpret_cast<bf16*>(slots) + (size_t)(j % KREG_VSLOTS) * 64 * SH::VLD;
+  const bf16* Vg = V.kv(phys, 1, kvh, 0);
+  for (int i = threadIdx.x; i < 64 * CH; i += NT) {
+    const int key = i / CH, ch = i % CH;
+    const long long kp = pg * 64 + key;
+    const bool ok = kp >= sp.a && kp < sp.e;
+    if (before_wait && ok && kp == sp.pos) continue;
+    cp_async16(Vs + key * SH::VLD + ch * 8, Vg + key * HD + ch * 8, ok);
+  }
+}
+
+// One round's V pages as one cp.async group (committed even when empty: uniform group counts).
+template <int HD>
+__device__ __noinline__ void kreg_issue_v_round(const View& V, int l, int b, int kvh, const AttnSpan& sp, int r,
+                                                unsigned char* slots, bool before_wait) {
+#pragma unroll 1
+  for (int i = 0; i < ATTN_PPR; ++i) kreg_issue_v<HD>(V, l, b, kvh, sp, ATTN_PPR * r + i, slots, before_wait);
+  cp_async_commit();
+}
+
+__device__ __forceinline__ uint4 ld_cg16_ordered(const void* ptr) {
+  // volatile + memory clobber: issued here, before the PV that follows (not sunk to its use)
+  uint4 r;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr)
+               : "memory");
+  return r;
+}
+
+template <int HD>
+__device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const AttnSpan sp = attn_span(p, V, d);
+  if (sp.np == 0) return;
+  kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 0, s.raw, true);
+  kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 1, s.raw, true);
+}
+
+// The math is the shared-memory path's (Q as the A operand, rows >= G zero; K as B: 16 contiguous
+// bytes per thread and row = the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, here straight
+// from global memory; PV with V from ldmatrix.trans), with two changes that keep the in-flight K
+// out of local memory: Q's fragments live in shared memory (after the V slots) and are loaded per
+// mma (one 4-register tuple live instead of 32 registers), and round r's PV runs in iteration r + 1
+// while K(r + 1) is in flight (its P stays in two registers).
+template <int HD>
+__device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
+  using SH = AttnShape<HD>;
+  constexpr int NC = HD / 32;
+  constexpr int V_BYTES = KREG_VSLOTS * 64 * SH::VLD * 2;
+  static_assert(V_BYTES + NC * 32 * 16 <= SH::SMEM, "the V slots and Q must fit the attention's shared memory");
+  View V(p);
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
+  const int G = p.num_heads / p.num_kv_heads;
+  const AttnSpan sp = attn_span(p, V, d);
+  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * HD;
+  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  if (sp.np == 0) {
+    for (int i = threadIdx.x; i < G * HD; i += NT) o_base[((size_t)(i / HD) * p.max_splits + split) * HD + i % HD] = 0.f;
+    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
+    return;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int kg = warp >> 1, half = warp & 1;
+  constexpr int CH = HD / 8;
+  bf16* vslots = reinterpret_cast<bf16*>(s.raw);
+  uint4* qs = reinterpret_cast<uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]: lane (gid, t)'s Q words
+  // the current token's V row (written by this step's QKV) into its slot, if the prologue skipped it
+  if (sp.pos >= sp.a && sp.pos < sp.e) {
+    const int j = (int)(sp.pos / 64 - sp.pa);
+    if (j < KREG_VSLOTS && threadIdx.x < CH) {
+      const int key = (int)(sp.pos % 64);
+      const int phys = V.page(l, b, (int)sp.pos);
+      const uint4 v = ld_cg16(V.kv(phys, 1, kvh, key) + threadIdx.x * 8);
+      *reinterpret_cast<uint4*>(vslots + (size_t)j * 64 * SH::VLD + key * SH::VLD + threadIdx.x * 8) = v;
+    }
+  }
+  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16 (rows >= G zero), into
+  // shared memory by warp 0 (visible after the first barrier of the loop)
+  if (warp == 0) {
+    const float scale = p.attn_scale * 1.4426950408889634f;
+    const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (gid < G) {
+        x0 = ld_cg4(qsrc + c * 32);
+        x1 = ld_cg4(qsrc + c * 32 + 4);
+      }
+      qs[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
+                                     pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
+    }
+  }
+  __syncthreads();
+  constexpr int NTD = HD / 16;  // n-tiles of 8 dims in this warp's half of the head dimension
+  float o[NTD][4];
+#pragma unroll
+  for (int n = 0; n < NTD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m = -INFINITY, lsum = 0.f;
+  uint32_t pa0 = 0u, pa2 = 0u;  // P of the previous round (its PV runs in this iteration)
+  bool live = false;             // ... and whether it had a visible key
+  int j_prev = 0;
+  const int rounds = (sp.np + ATTN_PPR - 1) / ATTN_PPR;
+  auto pv = [&](int jp) {
+    const bf16* Vs = vslots + (size_t)(jp % KREG_VSLOTS) * 64 * SH::VLD + (kg & 3) * 16 * SH::VLD;
+    const bf16* vrow = Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * SH::VLD + half * (HD / 2) + (lane >> 4) * 8;
+#pragma unroll
+    for (int n = 0; n < NTD; n += 2) {
+      uint32_t v0, v1, v2, v3;
+      ldsm_x4_trans(v0, v1, v2, v3, vrow + n * 8);
+      mma16816(o[n], pa0, 0u, pa2, 0u, v0, v1);
+      mma16816(o[n + 1], pa0, 0u, pa2, 0u, v2, v3);
+    }
+  };
+  for (int r = 0; r < rounds; ++r) {
+    const int j = ATTN_PPR * r + (kg >> 2);
+    // 1. this round's K fragments (keys (kg & 3) * 16 + nt * 8 + gid of page j, dims c * 32 + t * 8)
+    uint4 kx[2][NC];
+    if (j < sp.np) {
+      const long long pg = sp.pa + j;
+      const bf16* Kg = V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + gid) + t * 8;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) kx[nt][c] = ld_cg16_ordered(Kg + nt * 8 * HD + c * 32);
+    }
+    // 2. the previous round's PV while K(r) is in flight
+    if (r > 0) {
+      cp_async_wait<1>();  // V(r - 1) has landed (V(r) may still be in flight)
+      __syncthreads();
+      if (live) pv(j_prev);
+      __syncthreads();  // V(r - 1)'s slots are free
+    }
+    // 3. S = Q K^T (K's registers are free after it)
+    float sc[2][4];
+    if (j < sp.np) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const uint4 qa = qs[c * 32 + lane];
+          mma16816(sc[nt], qa.x, 0u, qa.y, 0u, kx[nt][c].x, kx[nt][c].y);
+          mma16816(sc[nt], qa.z, 0u, qa.w, 0u, kx[nt][c].z, kx[nt][c].w);
+        }
+      }
+    }
+    // V(r + 1) into V(r - 1)'s slots (issued here, not while K is in flight: its address math
+    // would push the K registers to local memory); it has the whole next iteration to land
+    if (r > 0) kreg_issue_v_round<HD>(V, l, b, kvh, sp, r + 1, s.raw, false);
+    // 4. online softmax (base 2, per head row gid over the quad); P stays in registers
+    live = false;
+    if (j < sp.np) {
+      // c0, c1 of n-tile nt: head gid, keys nt*8 + 2t, +1 of the group
+      const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + 2 * t;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const long long kp = k0 + nt * 8 + c;
+          if (kp < sp.a || kp >= sp.e) sc[nt][c] = -INFINITY;  // also drops unwritten slots' garbage
+          mx = fmaxf(mx, sc[nt][c]);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);
+      if (m_new != -INFINITY) {  // the same for the whole warp (every head sees the same keys)
+        const float corr = exp2f(m - m_new);
+        const float p00 = exp2f(sc[0][0] - m_new), p01 = exp2f(sc[0][1] - m_new);
+        const float p10 = exp2f(sc[1][0] - m_new), p11 = exp2f(sc[1][1] - m_new);
+        lsum = lsum * corr + (p00 + p01 + p10 + p11);
+        m = m_new;
+#pragma unroll
+        for (int n = 0; n < NTD; ++n) {
+          o[n][0] *= corr;
+          o[n][1] *= corr;
+        }
+        pa0 = pack_bf16(p00, p01);
+        pa2 = pack_bf16(p10, p11);
+        live = true;
+      }
+    }
+    j_prev = j;
+  }
+  // the last round's PV (its V is the second most recent group: the newest is V(rounds), empty,
+  // or V(1) when there is one round)
+  cp_async_wait<1>();
+  __syncthreads();
+  if (live) pv(j_prev);
+  cp_async_wait_all();
+  lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+  lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+  __syncthreads();  // the V slots become the merge scratch
+  float* Ms = reinterpret_cast<float*>(s.raw);
+  float* Ls = Ms + NWARPS * 8;
+  float* Os = Ls + NWARPS * 8;  // [NWARPS][8][HD/2]
+  if (t == 0) {
+    Ms[warp * 8 + gid] = m;
+    Ls[warp * 8 + gid] = lsum;
+  }
+#pragma unroll
+  for (int n = 0; n < NTD; ++n) {
+    float* dst = Os + (warp * 8 + gid) * (HD / 2) + n * 8 + 2 * t;
+    dst[0] = o[n][0];
+    dst[1] = o[n][1];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * HD; i += NT) {
+    const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < NWARPS / 2; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int k = 0; k < NWARPS / 2; ++k) {
+      const int w = 2 * k + h;
+      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
+      den += Ls[w * 8 + hq] * f;
+      num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
+    }
+    o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
+    if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
+  }
+}
+
 // Before the dependency wait of an ATTN item: start its first pages (fast path only).
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
   if (!attn_fast(p)) return;
+  if (attn_kreg(p)) {
+    kreg_prologue_t<128>(p, d, s);
+    return;
+  }
   switch (p.head_dim) {
     case 32: attn_prologue_t<32>(p, d, s); break;
     case 64: attn_prologue_t<64>(p, d, s); break;
@@ -287,6 +541,10 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
 
 // The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
+  if (attn_kreg(p)) {
+    attn_kreg_t<128>(p, d, s);
+    return;
+  }
   switch (p.head_dim) {
     case 32: attn_mma_t<32>(p, d, s); break;
     case 64: attn_mma_t<64>(p, d, s); break;

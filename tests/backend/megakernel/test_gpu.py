@@ -230,8 +230,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
         (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
         (1, abi.MK_MODE_NO_WARM),  # without the warm-up runs of add+norm, route and combine
+        (1, abi.MK_MODE_ATTN_KREG),  # branch attnreg: K straight into registers
     ],
-    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice", "mma-nowarm"],
+    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice", "mma-nowarm", "mma-kreg"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
