@@ -151,6 +151,7 @@ __device__ __forceinline__ void kreg_issue_v(const View& V, int l, int b, int kv
   const int phys = V.page(l, b, (int)(pg * 64));
   bf16* Vs = reinterpret_cast<bf16*>(slots) + (size_t)(j % KREG_VSLOTS) * 64 * SH::VLD;
   const bf16* Vg = V.kv(phys, 1, kvh, 0);
+#pragma unroll 1
   for (int i = threadIdx.x; i < 64 * CH; i += NT) {
     const int key = i / CH, ch = i % CH;
     const long long kp = pg * 64 + key;
@@ -162,7 +163,7 @@ __device__ __forceinline__ void kreg_issue_v(const View& V, int l, int b, int kv
 
 // One round's V pages as one cp.async group (committed even when empty: uniform group counts).
 template <int HD>
-__device__ __noinline__ void kreg_issue_v_round(const View& V, int l, int b, int kvh, const AttnSpan& sp, int r,
+__device__ __forceinline__ void kreg_issue_v_round(const View& V, int l, int b, int kvh, const AttnSpan& sp, int r,
                                                 unsigned char* slots, bool before_wait) {
 #pragma unroll 1
   for (int i = 0; i < ATTN_PPR; ++i) kreg_issue_v<HD>(V, l, b, kvh, sp, ATTN_PPR * r + i, slots, before_wait);
@@ -188,18 +189,25 @@ __device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem
   kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 1, s.raw, true);
 }
 
+__device__ __forceinline__ void pair_barrier(int id) {
+  asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");  // the two warps of one key group
+}
+
 // The math is the shared-memory path's (Q as the A operand, rows >= G zero; K as B: 16 contiguous
 // bytes per thread and row = the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, here straight
-// from global memory; PV with V from ldmatrix.trans), with two changes that keep the in-flight K
-// out of local memory: Q's fragments live in shared memory (after the V slots) and are loaded per
-// mma (one 4-register tuple live instead of 32 registers), and round r's PV runs in iteration r + 1
-// while K(r + 1) is in flight (its P stays in two registers).
+// from global memory; PV with V from ldmatrix.trans). The two warps of a key group split its 16 keys
+// (warp `half` loads keys half * 8 .. + 8: 16 registers of K in flight per thread, no key loaded
+// twice), share the row maxima through shared memory (a pair barrier), and hand each other their
+// half of P for the PV (read after the next iteration's block barrier). Q's fragments live in
+// shared memory, loaded per mma. Round r's PV runs in iteration r + 1, while K(r + 1) is in flight.
 template <int HD>
 __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
   using SH = AttnShape<HD>;
   constexpr int NC = HD / 32;
   constexpr int V_BYTES = KREG_VSLOTS * 64 * SH::VLD * 2;
-  static_assert(V_BYTES + NC * 32 * 16 <= SH::SMEM, "the V slots and Q must fit the attention's shared memory");
+  constexpr int Q_BYTES = NC * 32 * 16;
+  constexpr int X_BYTES = NWARPS * 8 * 4 + NWARPS * 32 * 4;  // row maxima, P halves
+  static_assert(V_BYTES + Q_BYTES + X_BYTES <= SH::SMEM, "V slots, Q and the exchange must fit");
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
   const int G = p.num_heads / p.num_kv_heads;
@@ -212,10 +220,12 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
     return;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const int kg = warp >> 1, half = warp & 1;
+  const int kg = warp >> 1, half = warp & 1, mate = warp ^ 1;
   constexpr int CH = HD / 8;
   bf16* vslots = reinterpret_cast<bf16*>(s.raw);
-  uint4* qs = reinterpret_cast<uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]: lane (gid, t)'s Q words
+  const uint4* qs = reinterpret_cast<const uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]
+  float* xmax = reinterpret_cast<float*>(s.raw + V_BYTES + Q_BYTES);  // [NWARPS][8 heads]
+  uint32_t* xp = reinterpret_cast<uint32_t*>(xmax + NWARPS * 8);      // [NWARPS][32 lanes]
   // the current token's V row (written by this step's QKV) into its slot, if the prologue skipped it
   if (sp.pos >= sp.a && sp.pos < sp.e) {
     const int j = (int)(sp.pos / 64 - sp.pa);
@@ -226,11 +236,11 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
       *reinterpret_cast<uint4*>(vslots + (size_t)j * 64 * SH::VLD + key * SH::VLD + threadIdx.x * 8) = v;
     }
   }
-  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16 (rows >= G zero), into
-  // shared memory by warp 0 (visible after the first barrier of the loop)
+  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16 (rows >= G zero), by warp 0
   if (warp == 0) {
     const float scale = p.attn_scale * 1.4426950408889634f;
     const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
+    uint4* qw = reinterpret_cast<uint4*>(s.raw + V_BYTES);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
@@ -238,99 +248,100 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
         x0 = ld_cg4(qsrc + c * 32);
         x1 = ld_cg4(qsrc + c * 32 + 4);
       }
-      qs[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
+      qw[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
                                      pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
     }
   }
   __syncthreads();
-  constexpr int NTD = HD / 16;  // n-tiles of 8 dims in this warp's half of the head dimension
-  float o[NTD][4];
+  // O^T = V^T P^T per warp half: A = V^T from ldmatrix.trans, B = P^T (the P halves as they come
+  // out of the QK: head gid, keys 2t.. / 2t + 8..), C = dims tile * 16 + gid (+ 8) x heads 2t, 2t + 1:
+  // 16 accumulator registers, none of them a dead head row
+  constexpr int NTM = HD / 32;  // m16 tiles of dims in this warp's half
+  float o[NTM][4];
 #pragma unroll
-  for (int n = 0; n < NTD; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m = -INFINITY, lsum = 0.f;
-  uint32_t pa0 = 0u, pa2 = 0u;  // P of the previous round (its PV runs in this iteration)
-  bool live = false;             // ... and whether it had a visible key
+  for (int n = 0; n < NTM; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m = -INFINITY, lsum = 0.f;  // of head gid; lsum: this warp's keys only (the pair's sum at the end)
+  bool live = false;                 // the previous round had a visible key (uniform over the pair)
   int j_prev = 0;
   const int rounds = (sp.np + ATTN_PPR - 1) / ATTN_PPR;
   auto pv = [&](int jp) {
+    // P of keys 0-7 of the group from warp half 0, keys 8-15 from half 1 (written before a barrier)
+    const uint32_t mine = xp[warp * 32 + lane], theirs = xp[mate * 32 + lane];
+    const uint32_t pa0 = half ? theirs : mine, pa2 = half ? mine : theirs;
     const bf16* Vs = vslots + (size_t)(jp % KREG_VSLOTS) * 64 * SH::VLD + (kg & 3) * 16 * SH::VLD;
-    const bf16* vrow = Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * SH::VLD + half * (HD / 2) + (lane >> 4) * 8;
+    // lanes 0-7: keys 0-7 / dims +0; 8-15: keys 0-7 / +8; 16-23: keys 8-15 / +0; 24-31: keys 8-15 / +8
+    const bf16* vrow = Vs + ((lane & 7) + ((lane >> 4) & 1) * 8) * SH::VLD + half * (HD / 2) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-    for (int n = 0; n < NTD; n += 2) {
-      uint32_t v0, v1, v2, v3;
-      ldsm_x4_trans(v0, v1, v2, v3, vrow + n * 8);
-      mma16816(o[n], pa0, 0u, pa2, 0u, v0, v1);
-      mma16816(o[n + 1], pa0, 0u, pa2, 0u, v2, v3);
+    for (int n = 0; n < NTM; ++n) {
+      uint32_t a0, a1, a2, a3;
+      ldsm_x4_trans(a0, a1, a2, a3, vrow + n * 16);
+      mma16816(o[n], a0, a1, a2, a3, pa0, pa2);
     }
   };
   for (int r = 0; r < rounds; ++r) {
     const int j = ATTN_PPR * r + (kg >> 2);
-    // 1. this round's K fragments (keys (kg & 3) * 16 + nt * 8 + gid of page j, dims c * 32 + t * 8)
-    uint4 kx[2][NC];
-    if (j < sp.np) {
-      const long long pg = sp.pa + j;
-      const bf16* Kg = V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + gid) + t * 8;
+    // 1. this warp's 8 keys of the group (keys (kg & 3) * 16 + half * 8 + gid of page j), all dims
+    // (a warp past the item's pages loads its last page again and ignores it: unconditional loads
+    // keep the K registers out of a branch)
+    uint4 kx[NC];
+    {
+      const long long pg = sp.pa + (j < sp.np ? j : sp.np - 1);
+      const bf16* Kg = V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + half * 8 + gid) + t * 8;
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int c = 0; c < NC; ++c) kx[nt][c] = ld_cg16_ordered(Kg + nt * 8 * HD + c * 32);
+      for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_ordered(Kg + c * 32);
     }
     // 2. the previous round's PV while K(r) is in flight
     if (r > 0) {
-      cp_async_wait<1>();  // V(r - 1) has landed (V(r) may still be in flight)
+      cp_async_wait<1>();  // V(r - 1) has landed (V(r) may still be in flight); the P halves are written
       __syncthreads();
       if (live) pv(j_prev);
-      __syncthreads();  // V(r - 1)'s slots are free
+      __syncthreads();  // V(r - 1)'s slots and the P halves are free
     }
-    // 3. S = Q K^T (K's registers are free after it)
-    float sc[2][4];
+    // 3. S = Q K^T for this warp's 8 keys (c0, c1: head gid, keys 2t, 2t + 1)
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
     if (j < sp.np) {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const uint4 qa = qs[c * 32 + lane];
-          mma16816(sc[nt], qa.x, 0u, qa.y, 0u, kx[nt][c].x, kx[nt][c].y);
-          mma16816(sc[nt], qa.z, 0u, qa.w, 0u, kx[nt][c].z, kx[nt][c].w);
-        }
+      for (int c = 0; c < NC; ++c) {
+        const uint4 qa = qs[c * 32 + lane];
+        mma16816(sc, qa.x, 0u, qa.y, 0u, kx[c].x, kx[c].y);
+        mma16816(sc, qa.z, 0u, qa.w, 0u, kx[c].z, kx[c].w);
       }
     }
-    // V(r + 1) into V(r - 1)'s slots (issued here, not while K is in flight: its address math
-    // would push the K registers to local memory); it has the whole next iteration to land
+    // V(r + 1) into V(r - 1)'s slots (not while K is in flight: its address math would push the K
+    // registers to local memory); it has the whole next iteration to land
     if (r > 0) kreg_issue_v_round<HD>(V, l, b, kvh, sp, r + 1, s.raw, false);
-    // 4. online softmax (base 2, per head row gid over the quad); P stays in registers
+    // 4. online softmax over the pair's 16 keys (the row maxima through shared memory)
     live = false;
     if (j < sp.np) {
-      // c0, c1 of n-tile nt: head gid, keys nt*8 + 2t, +1 of the group
-      const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + 2 * t;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const long long kp = k0 + nt * 8 + c;
-          if (kp < sp.a || kp >= sp.e) sc[nt][c] = -INFINITY;  // also drops unwritten slots' garbage
-          mx = fmaxf(mx, sc[nt][c]);
-        }
+      const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + half * 8 + 2 * t;
+      if (k0 < sp.a || k0 >= sp.e) sc[0] = -INFINITY;  // also drops unwritten slots' garbage
+      if (k0 + 1 < sp.a || k0 + 1 >= sp.e) sc[1] = -INFINITY;
+      float mx = fmaxf(sc[0], sc[1]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (t == 0) xmax[warp * 8 + gid] = mx;
+      pair_barrier(1 + kg);
+      mx = fmaxf(mx, xmax[mate * 8 + gid]);
       const float m_new = fmaxf(m, mx);
-      if (m_new != -INFINITY) {  // the same for the whole warp (every head sees the same keys)
+      uint32_t pown = 0u;
+      if (m_new != -INFINITY) {  // the same for both warps of the pair (every head sees the same keys)
         const float corr = exp2f(m - m_new);
-        const float p00 = exp2f(sc[0][0] - m_new), p01 = exp2f(sc[0][1] - m_new);
-        const float p10 = exp2f(sc[1][0] - m_new), p11 = exp2f(sc[1][1] - m_new);
-        lsum = lsum * corr + (p00 + p01 + p10 + p11);
+        const float p0 = exp2f(sc[0] - m_new), p1 = exp2f(sc[1] - m_new);
+        lsum = lsum * corr + (p0 + p1);
         m = m_new;
+        // O^T's columns are heads 2t, 2t + 1: their factors from the lanes of those head rows
+        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
 #pragma unroll
-        for (int n = 0; n < NTD; ++n) {
-          o[n][0] *= corr;
-          o[n][1] *= corr;
+        for (int n = 0; n < NTM; ++n) {
+          o[n][0] *= c0;
+          o[n][1] *= c1;
+          o[n][2] *= c0;
+          o[n][3] *= c1;
         }
-        pa0 = pack_bf16(p00, p01);
-        pa2 = pack_bf16(p10, p11);
+        pown = pack_bf16(p0, p1);
         live = true;
       }
+      xp[warp * 32 + lane] = pown;
     }
     j_prev = j;
   }
@@ -342,7 +353,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
   cp_async_wait_all();
   lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
   lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-  __syncthreads();  // the V slots become the merge scratch
+  __syncthreads();  // the V slots become the merge scratch (the pair's lsum goes through it too)
   float* Ms = reinterpret_cast<float*>(s.raw);
   float* Ls = Ms + NWARPS * 8;
   float* Os = Ls + NWARPS * 8;  // [NWARPS][8][HD/2]
@@ -351,12 +362,15 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
     Ls[warp * 8 + gid] = lsum;
   }
 #pragma unroll
-  for (int n = 0; n < NTD; ++n) {
-    float* dst = Os + (warp * 8 + gid) * (HD / 2) + n * 8 + 2 * t;
-    dst[0] = o[n][0];
-    dst[1] = o[n][1];
+  for (int n = 0; n < NTM; ++n) {
+    float* h0 = Os + (warp * 8 + 2 * t) * (HD / 2) + n * 16 + gid;  // head 2t; head 2t + 1 one row on
+    h0[0] = o[n][0];
+    h0[HD / 2] = o[n][1];
+    h0[8] = o[n][2];
+    h0[HD / 2 + 8] = o[n][3];
   }
   __syncthreads();
+  // each warp's O covers its group's 16 keys, its lsum only its own 8: the pair's sum is the group's
   for (int i = threadIdx.x; i < G * HD; i += NT) {
     const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
     float M = -INFINITY;
@@ -366,8 +380,8 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
 #pragma unroll
     for (int k = 0; k < NWARPS / 2; ++k) {
       const int w = 2 * k + h;
-      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
-      den += Ls[w * 8 + hq] * f;
+      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a group that saw no key
+      den += (Ls[w * 8 + hq] + Ls[(w ^ 1) * 8 + hq]) * f;
       num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
     }
     o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;

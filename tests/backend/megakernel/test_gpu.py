@@ -186,6 +186,17 @@ def test_op_matches_semantics(small, op, B):
         assert _relerr(case.batch.kv_pool.float(), ref_batch.kv_pool.float()) < 1e-2
 
 
+@pytest.mark.parametrize("B", [1, 5, 8])
+def test_attn_op_with_k_in_registers(small, B):
+    """MK_MODE_ATTN_KREG (branch attnreg): the ATTN op against its reference, as above."""
+    _, be = small
+    be.prefetch_mode = abi.MK_MODE_ATTN_KREG
+    try:
+        test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
+
+
 # ---- whole steps ---------------------------------------------------------------------------------
 
 
