@@ -69,7 +69,10 @@ def make_backend(name: str, model: ReferenceModel, max_pages: int):
         if name == "megakernel":
             from mkcode.backend.megakernel.backend import MegakernelBackend  # type: ignore
 
-            return MegakernelBackend(model.cfg, model.w), ""
+            # asynchronous like the graph backend's decode(): the events around each call then
+            # measure GPU time for both (a synchronous decode() would add its host path and the
+            # watchdog's poll to every step); wait_step() after the loop surfaces any kernel error
+            return MegakernelBackend(model.cfg, model.w, asynchronous=True), ""
     except Exception as e:  # unavailable backends are reported, not fatal
         return None, f"unavailable: {type(e).__name__}: {e}"
     return None, f"unknown backend {name!r}"
@@ -119,6 +122,9 @@ def run_decode_bench(opts: DecodeBenchOptions, log=print) -> dict:
                 warm = min(opts.warmup, 2) if name == "torch" else opts.warmup
                 try:
                     times = time_cuda(lambda: backend.decode(batch), steps, warm)  # noqa: B023
+                    settle = getattr(backend, "wait_step", None)  # asynchronous backends: errors
+                    if settle is not None:
+                        settle()
                 except Exception as e:
                     r.status = f"failed: {type(e).__name__}: {e}"
                     results.append(r)

@@ -94,10 +94,13 @@ class MegakernelBackend:
         use_mma: int = 1,
         prefetch_mode: int | None = None,
         native_module=None,
+        asynchronous: bool = False,
     ):
         """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
         with the same `device_info()`/`launch()` and a `make_event()`, which lets the host logic
-        run on the CPU."""
+        run on the CPU. `asynchronous`: decode() returns once the step is enqueued (like the graph
+        backend); the caller must call `wait_step()` before it reads results on the host, which is
+        where the watchdog runs and a kernel error is raised."""
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 
@@ -110,6 +113,9 @@ class MegakernelBackend:
         self.tiling.validate(cfg)
         self.auto_tiling = tiling is None  # the default adapts its MoE tiles to the batch size
         self.mod = native_module
+        self.asynchronous = asynchronous
+        self._pos_obj, self._pos_ver, self._pos_list = None, -1, []  # _host_positions' last read
+        self._armed = None  # the event of the last step whose error word is on its way back
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
         info = self.mod.device_info()
         self.n_sms = int(n_sms or info["sm_count"])  # one resident block per SM
@@ -341,7 +347,9 @@ class MegakernelBackend:
     ) -> _Prepared:
         """Enqueue one step on the current stream (no sync, no error check): for timing loops."""
         if prep is None:
-            prep = self._prepare(positions if positions is not None else batch.positions.tolist())
+            prep = self._prepare(
+                positions if positions is not None else self._host_positions(batch.positions)
+            )
         self.bank.prepare(prep.sched)
         self._upload_bases()
         ptrs, ints, floats = self._params(prep, batch)
@@ -350,6 +358,17 @@ class MegakernelBackend:
         self.bank.step_done(prep.sched)
         self.steps += 1
         return prep
+
+    def _host_positions(self, pos: torch.Tensor) -> list[int]:
+        """The batch's positions on the host (the schedule depends on the longest row). Reading a
+        device tensor waits for everything queued before it, so an unchanged tensor (the same
+        object at the same version counter: in-place writes bump it) is not read again: an
+        asynchronous caller that steps the same batch keeps the GPU busy."""
+        if pos is self._pos_obj and pos._version == self._pos_ver:
+            return self._pos_list
+        host = pos.tolist()
+        self._pos_obj, self._pos_ver, self._pos_list = pos, pos._version, host
+        return host
 
     def _upload_bases(self) -> None:
         """Copy the step's counter bases to the device without a host sync: through one of two
@@ -372,12 +391,28 @@ class MegakernelBackend:
 
     def wait(self) -> None:
         """Wait for the launched work with the watchdog, then check the kernel's error word."""
+        self._arm()
+        self.wait_step()
+
+    def _arm(self) -> None:
+        """Enqueue the error word's copy to the host and an event after everything launched so far.
+        The device error word is only cleared after it was reported, so a failed step is still seen
+        through the copy of any later step."""
         if self.device.type == "cuda":  # the error word comes back with the step (one sync, not two)
             if self._err_host is None:
                 self._err_host = torch.empty(self.err.shape, dtype=self.err.dtype).pin_memory()
             self._err_host.copy_(self.err, non_blocking=True)
         ev = self._make_event()
         ev.record()
+        self._armed = ev
+
+    def wait_step(self) -> None:
+        """Wait (host watchdog) for the work enqueued up to the last decode()/sample()/launch()+
+        _arm(), then raise the kernel's error if any step reported one. No-op when nothing is
+        pending (a synchronous decode() already waited)."""
+        ev, self._armed = self._armed, None
+        if ev is None:
+            return
         start = time.monotonic()
         deadline = start + self.timeout_s
         while not ev.query():
@@ -413,12 +448,17 @@ class MegakernelBackend:
         )
 
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
-        """Run one step; return fp32 logits [B, vocab]. New K/V land in batch.kv_pool."""
+        """Run one step; return fp32 logits [B, vocab]. New K/V land in batch.kv_pool. With
+        `asynchronous`, the logits are a stream-ordered copy that is valid once `wait_step()`
+        returned (device consumers on the same stream may use them at once)."""
         batch = self._normalize(batch)
         self._check_batch(batch)
         self.launch(batch)
-        self.wait()
-        return self.ws["logits"][: batch.size].clone()
+        out = self.ws["logits"][: batch.size].clone()  # stream-ordered after the step
+        self._arm()
+        if not self.asynchronous:
+            self.wait_step()
+        return out
 
     def sample(self, batch: DecodeBatch, params: SamplingParams | list[SamplingParams]) -> torch.Tensor:
         """Run one step and draw one token per row on the device (int64 [B], on the GPU): greedy,

@@ -286,3 +286,58 @@ def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):
     assert prep.sched.tiling.max_splits == SMALL_MAX_SPLITS
     ints = dict(zip(abi.PARAM_INTS, be._params(prep, case.batch)[1], strict=True))
     assert ints["max_splits"] == base == be.ws["o_part"].shape[3]
+
+
+def test_asynchronous_decode_defers_the_watchdog_and_errors_to_wait_step(weights):
+    """asynchronous=True: decode() returns once the step is enqueued (like the graph backend); the
+    host watchdog and the kernel's error word are checked by wait_step(), which a second call makes
+    a no-op; steps queued before it are covered by it (the device error word persists)."""
+    fake = FakeNative()
+    be = MegakernelBackend(CFG, weights, tiling=TILING, timeout_s=0.3, native_module=fake, asynchronous=True)
+    fake.backend = be
+    batch = _case([5, 70], seed=6)
+    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    ref_batch = clone_batch(batch)
+    logits = be.decode(batch)
+    assert be._armed is not None
+    be.wait_step()
+    assert be._armed is None
+    be.wait_step()  # nothing pending
+    _check_logits(logits, weights, ref_batch)
+    fake.mode = "error"
+    be.decode(batch)  # no exception yet: the step is only enqueued
+    fake.mode = "emulate"
+    with pytest.raises(MegakernelError, match="MK_ERR_TIMEOUT: block 3"):
+        be.wait_step()
+    assert int(be.err.abs().sum()) == 0
+    fake.mode = "hang"
+    be.decode(batch)
+    with pytest.raises(MegakernelTimeout, match="did not finish"):
+        be.wait_step()
+    fake.mode = "emulate"
+    ref_batch = clone_batch(batch)
+    logits = be.decode(batch)
+    be.wait_step()
+    _check_logits(logits, weights, ref_batch)  # bases and counters agree again
+
+
+def test_positions_are_read_again_only_when_they_changed(be, monkeypatch):
+    """_host_positions reuses its last read for the same tensor object at the same version (a device
+    read would wait for the queued steps); an in-place change or another tensor is read again."""
+    calls = []
+    real = torch.Tensor.tolist
+
+    def counting(t):
+        calls.append(t.data_ptr())
+        return real(t)
+
+    pos = torch.tensor([5, 70])
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    assert be._host_positions(pos) == [5, 70] and len(calls) == 1
+    assert be._host_positions(pos) == [5, 70] and len(calls) == 1
+    pos += 1
+    assert be._host_positions(pos) == [6, 71] and len(calls) == 2
+    pos[0] = 9
+    assert be._host_positions(pos) == [9, 71] and len(calls) == 3
+    other = pos.clone()
+    assert be._host_positions(other) == [9, 71] and len(calls) == 4

@@ -294,6 +294,28 @@ def test_claim_policies_reduced(small, contexts, policy):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=11, steps=3)
 
 
+def test_asynchronous_decode_steps_in_place(small):
+    """asynchronous=True (the bench harness's mode): steps enqueued back to back on one batch whose
+    tensors are updated in place (positions += 1 bumps the version counter, so the host re-reads
+    them), each checked after wait_step() against the reference."""
+    w, _ = small
+    be = MegakernelBackend(CFG, w, asynchronous=True)
+    case = make_case(CFG, [62, 190, 255], device="cuda", dtype=torch.bfloat16, seed=13, grow=8)
+    ref_batch = clone_batch(case.batch)
+    fp = Fp32Weights(w)
+    for _ in range(3):
+        got = be.decode(case.batch)
+        be.wait_step()
+        ref = _routed_reference(CFG, fp, be, ref_batch)
+        cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=-1)
+        assert float(cos.min()) >= 0.999
+        nxt = ref.argmax(-1)
+        case.batch.token_ids.copy_(nxt)
+        case.batch.positions += 1
+        ref_batch.token_ids = nxt.clone()
+        ref_batch.positions = ref_batch.positions + 1
+
+
 LONG_RUN_CONTEXTS = {  # ragged starts; over 256 steps each row crosses pages and the window (256)
     1: [60],
     2: [5, 250],
