@@ -164,9 +164,11 @@ enum MkError {
 // per layer otherwise fetches its code cold from L2 while HBM is saturated (MK_MODE_TWICE measured
 // add+norm 8.4 us cold, 2.9 us warm).
 #define MK_MODE_NO_WARM 32
-// MK_MODE_ATTN_KREG (A/B switch, branch attnreg; d = 128): the attention loads K straight into
-// registers and streams only V through shared memory, two rounds ahead (mk_attn.cuh).
-#define MK_MODE_ATTN_KREG 64
+// MK_MODE_ATTN_SMEM_K (A/B switch, d = 128): the attention streams K and V through one round of
+// shared-memory pages (the path of sessions 3-6). The default loads K straight into registers and
+// streams only V through shared memory, two rounds ahead (mk_attn.cuh; measured 2026-11-30: BS 1
+// 4.03 vs 4.29 ms, BS 8 11.06 vs 11.79 ms, gpu_check in one call).
+#define MK_MODE_ATTN_SMEM_K 64
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while n_sms items

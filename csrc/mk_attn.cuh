@@ -125,7 +125,7 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
     attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
 }
 
-// ---- MK_MODE_ATTN_KREG (branch attnreg, d = 128): K straight into registers, V through shared memory --
+// ---- the d = 128 default (MK_MODE_ATTN_SMEM_K off): K straight into registers, V through shared memory --
 //
 // The one-round ring above keeps 64 KB of K/V in flight and then computes: ~4.5 us per round of two
 // pages at BS 8 (items of 36 us, ~14 GB/s per SM against ~35 for the GEMVs). Here each warp loads
@@ -137,7 +137,7 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
 constexpr int KREG_VSLOTS = 2 * ATTN_PPR;  // V page slots: two rounds
 
 __host__ __device__ inline bool attn_kreg(const Params& p) {
-  return (p.prefetch_mode & MK_MODE_ATTN_KREG) && p.head_dim == 128;
+  return !(p.prefetch_mode & MK_MODE_ATTN_SMEM_K) && p.head_dim == 128;
 }
 
 // Issue the V half of page j into V slot j % KREG_VSLOTS (nothing past the item's pages; no commit).

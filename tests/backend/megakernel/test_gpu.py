@@ -187,10 +187,11 @@ def test_op_matches_semantics(small, op, B):
 
 
 @pytest.mark.parametrize("B", [1, 5, 8])
-def test_attn_op_with_k_in_registers(small, B):
-    """MK_MODE_ATTN_KREG (branch attnreg): the ATTN op against its reference, as above."""
+def test_attn_op_with_k_through_shared_memory(small, B):
+    """MK_MODE_ATTN_SMEM_K (the K/V page ring of sessions 3-6): the ATTN op against its reference,
+    as above (the default d = 128 path, K in registers, is what test_op_matches_semantics runs)."""
     _, be = small
-    be.prefetch_mode = abi.MK_MODE_ATTN_KREG
+    be.prefetch_mode = abi.MK_MODE_ATTN_SMEM_K
     try:
         test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
     finally:
@@ -241,9 +242,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
         (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
         (1, abi.MK_MODE_NO_WARM),  # without the warm-up runs of add+norm, route and combine
-        (1, abi.MK_MODE_ATTN_KREG),  # branch attnreg: K straight into registers
+        (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
     ],
-    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice", "mma-nowarm", "mma-kreg"],
+    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice", "mma-nowarm", "mma-smemk"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
