@@ -453,14 +453,22 @@ __device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
+// Order-preserving uint32 key of an fp32 value.
+__device__ __forceinline__ uint32_t fkey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// ROUTE's experts per lane at most: E <= 32 * ROUTE_J (tiling.py keeps E <= 384).
+constexpr int ROUTE_J = 12;
+
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
-// Top-k by each logit's rank in its row (K sequential warp arg-maxes took 7-8 us, measured). The
-// table: slot counts by shared atomics, table positions by warp ballots, and each slot's place
+// Top-k by warp arg-maxes (below). The table: slot counts by shared atomics, table positions by warp ballots, and each slot's place
 // among its expert's slots by counting the earlier slots (all parallel; the serial per-expert scans
 // with divisions by K cost ~10 us at BS 8, measured).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM). Garbage logits are harmless: NaN
-// becomes -inf, so the ranks are a permutation and the chosen experts valid indices.
+// becomes -inf, so the chosen experts are K distinct valid indices.
 __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
@@ -472,38 +480,42 @@ __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s, bo
   float* topv = reinterpret_cast<float*>(wcnt + NWARPS);  // [B*K] the chosen logits, by rank
   for (int i = threadIdx.x; i < B * E; i += NT) {
     const float v = ld_cg(V.rlogits(l) + i);  // rows of E logits, contiguous
-    lg[i] = isnan(v) ? -INFINITY : v;         // a total order: the ranks below are a permutation
+    lg[i] = isnan(v) ? -INFINITY : v;         // a total order: K distinct experts below
   }
   for (int e = threadIdx.x; e < E; e += NT) cnt[e] = 0;
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: logits loaded
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Top-k by rank: expert e of row b is chosen iff fewer than K logits of the row beat it (greater,
-  // or equal with a lower id: the ties a sequential arg-max resolves to the lower id), and its rank
-  // is its place in the row's top-k. When the block has four threads per (row, expert) (BS 1 at
-  // 128 experts) a quad (NT and the loop bound are multiples of 4, so quads stay whole) shares one,
-  // each thread counting every fourth logit: ROUTE 8.0 -> 5.8 us at BS 1 on the H200; with more
-  // rows one thread per pair (the quad split took 16.0 us instead of 14.5 at BS 8).
-  const int R = 4 * B * E <= NT ? 4 : 1;
-  for (int iR = threadIdx.x; iR < R * B * E; iR += NT) {
-    const int i = iR / R, q = iR - i * R;
-    const int b = i / E, e = i - b * E;
-    const float v = lg[i];
+  // Top-k, a warp per row: K rounds of a warp arg-max (__reduce_max_sync over order-preserving
+  // keys, then __reduce_min_sync of the expert ids holding the maximum: ties to the lower id, the
+  // order of a sequential arg-max). Lane keys of experts lane + 32 j stay in registers (unrolled
+  // over ROUTE_J; key 0, below every float's key, marks a taken or absent expert). O(K * E / 32)
+  // per lane; the rank counting it replaces compared every pair of a row's logits (top-k 9.9 us of
+  // ROUTE's 14.1 at BS 8 on the H200; 4.1 us with the first version of this, keys re-read from
+  // shared memory).
+  for (int b = warp; b < B; b += NWARPS) {
     const float* row = lg + b * E;
-    int rank = 0;
-#pragma unroll 4
-    for (int f = q; f < E; f += R) {
-      const float u = row[f];
-      rank += (u > v) || (u == v && f < e);
-    }
-    if (R == 4) {
-      const unsigned quad = 0xFu << (threadIdx.x & 28);  // this quad's lanes (all active)
-      rank += __shfl_xor_sync(quad, rank, 1);
-      rank += __shfl_xor_sync(quad, rank, 2);
-    }
-    if (q == 0 && rank < K) {
-      fid[b * K + rank] = e;
-      topv[b * K + rank] = v;
+    uint32_t key[ROUTE_J];
+#pragma unroll
+    for (int j = 0; j < ROUTE_J; ++j) key[j] = lane + 32 * j < E ? fkey(row[lane + 32 * j]) : 0u;
+    for (int r = 0; r < K; ++r) {
+      uint32_t mine = 0;
+      int mj = 0;
+#pragma unroll
+      for (int j = 0; j < ROUTE_J; ++j)
+        if (key[j] > mine) {  // strictly greater: ties keep the lower id
+          mine = key[j];
+          mj = j;
+        }
+      const uint32_t top = __reduce_max_sync(0xffffffffu, mine);
+      const uint32_t e = __reduce_min_sync(0xffffffffu, mine == top ? (uint32_t)(lane + 32 * mj) : 0xffffffffu);
+      if (mine == top && (uint32_t)(lane + 32 * mj) == e) {  // the winner: record and take it
+        fid[b * K + r] = (int)e;
+        topv[b * K + r] = row[e];
+#pragma unroll
+        for (int j = 0; j < ROUTE_J; ++j)
+          if (j == mj) key[j] = 0u;
+      }
     }
   }
   __syncthreads();
@@ -740,12 +752,6 @@ __device__ __forceinline__ uint32_t mix32(uint32_t x) {
   x *= 0x846CA68Bu;
   x ^= x >> 16;
   return x;
-}
-
-// Order-preserving uint32 key of an fp32 value.
-__device__ __forceinline__ uint32_t fkey(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 __device__ __forceinline__ float gumbel_noise(uint32_t rk, uint32_t tok) {

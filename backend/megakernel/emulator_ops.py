@@ -318,9 +318,11 @@ class OpSemantics:
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
         if self.math:
-            # NaN ranks as -inf (as in the kernel, whose ranks must stay a permutation)
+            # NaN ranks as -inf (as in the kernel); equal logits in expert order (the kernel's
+            # tie rule: the lower id first; torch.topk leaves the order of ties open)
             logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
-            top, ids = torch.topk(logits, K, dim=-1)
+            top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+            top, ids = top[:, :K], ids[:, :K]
             if cfg.expert_selection_fn == "softmax":
                 w = torch.softmax(top, dim=-1)
             else:

@@ -90,6 +90,7 @@ class Tiling:
             need(H % self.moe_down_rows == 0, "moe_down_rows must divide hidden_size")
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
+            need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")
 
 
 def default_tiling(cfg: ModelConfig) -> Tiling:

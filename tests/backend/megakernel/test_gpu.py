@@ -133,15 +133,23 @@ def _strip(d: list[int]) -> list[int]:
 @pytest.mark.parametrize("B", [1, 5, 8])
 def test_op_matches_semantics(small, op, B):
     w, be = small
+    _op_check(CFG, w, be, op, B)
+
+
+def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
+    """Run `op`'s descriptors on random workspace inputs (outputs poisoned) and compare with
+    OpSemantics; `prepare(ws)` may edit the inputs first."""
     seed = op * 10 + B
-    case = make_case(CFG, [40 + 97 * b for b in range(B)], device="cuda", dtype=torch.bfloat16, seed=seed)
+    case = make_case(cfg, [40 + 97 * b for b in range(B)], device="cuda", dtype=torch.bfloat16, seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed)
     ws = be.ws
     for t in ws.bufs.values():
         if t.is_floating_point():
             t.normal_(0, 1, generator=g)
     ws["lse_part"].mul_(3)
-    ws["lm_arg"].random_(0, CFG.vocab_size, generator=g)
+    ws["lm_arg"].random_(0, cfg.vocab_size, generator=g)
+    if prepare is not None:
+        prepare(ws)
     for name in OUTPUTS[op]:
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
     descs = [_strip(d) for d in _op_descs(op, B, seed)]
@@ -151,9 +159,9 @@ def test_op_matches_semantics(small, op, B):
     torch.cuda.synchronize()
     from mkcode.backend.megakernel.workspace import Workspace
 
-    ref_ws = Workspace(CFG, be.tiling, ref_bufs)
+    ref_ws = Workspace(cfg, be.tiling, ref_bufs)
     sem = OpSemantics(
-        CFG,
+        cfg,
         w,
         ref_ws,
         StepInputs(ref_batch.token_ids, ref_batch.positions, ref_batch.block_tables, ref_batch.kv_pool),
@@ -184,6 +192,27 @@ def test_op_matches_semantics(small, op, B):
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
     if op == abi.MK_OP_QKV:  # K/V written into the pool
         assert _relerr(case.batch.kv_pool.float(), ref_batch.kv_pool.float()) < 1e-2
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """The release router's width: 128 experts, top 8 (ROUTE's warp arg-max over 4 keys per lane)."""
+    cfg = reduced_config(num_experts=128, num_experts_per_tok=8)
+    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=5, std=0.05)
+    return cfg, w, MegakernelBackend(cfg, w)
+
+
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_route_at_release_width_with_ties(wide, B):
+    cfg, w, be = wide
+
+    def ties(ws):  # equal logits chosen together: the lower expert id comes first
+        rl = ws["rlogits"][3]
+        rl[:B, 90] = rl[:B, 9] = 10.0
+        rl[:B, 120] = rl[:B, 31] = rl[:B, 30] = 5.0
+        rl[1:B, 64:96] = -float("inf")  # many equal ones below the top 8
+
+    _op_check(cfg, w, be, abi.MK_OP_ROUTE, B, prepare=ties)
 
 
 @pytest.mark.parametrize("B", [1, 5, 8])

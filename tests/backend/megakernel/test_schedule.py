@@ -102,6 +102,9 @@ def test_bad_tilings_are_refused():
         build_schedule(CFG, 1, [10], 132, Tiling(qkv_rows=48))
     with pytest.raises(ValueError, match="batch"):
         build_schedule(tiny_config(), 9, [1] * 9, 8)
+    many = tiny_config(num_experts=512, num_experts_per_tok=2)  # ROUTE's scratch holds 384
+    with pytest.raises(TilingError, match="num_experts"):
+        default_tiling(many).validate(many)
 
 
 def test_timeline_summary_of_synthetic_records():
