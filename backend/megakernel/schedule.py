@@ -271,7 +271,7 @@ def build_schedule(
                     qdescs.append(qd)
                     cs.totals[att_c[b][h]] += 1
         n_items = len(qdescs) - first
-        n_drains = min(n_items, n_sms)
+        n_drains = min(n_items, n_sms, tiling.attn_drains or n_sms)
         head_c = counter(f"attn_head[{layer}]", 0)
         # every drain claims exactly twice past the end (the kernel's DRAIN)
         cs.totals[head_c] += n_items + 2 * n_drains

@@ -37,11 +37,16 @@ class Tiling:
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
     moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
     claim_policy: int = abi.MK_CLAIM_EAGER  # when a drain claims its next item (MK_CLAIM_*, mk_abi.h)
+    # attention drains per layer at most (0: one per SM, as many as items). Fewer drains leave more
+    # SMs to the MoE queue while the attention runs: each drain then takes several items.
+    attn_drains: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
             if not cond:
                 raise TilingError(f"tiling {self}: {what}")
+
+        need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
 
         H, d = cfg.hidden_size, cfg.head_dim
         need(self.qkv_rows % 2 == 0, "qkv_rows must be even (RoPE pairs)")

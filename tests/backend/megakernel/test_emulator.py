@@ -305,6 +305,8 @@ SWEEP_TILINGS = [
     {"qkv_rows": 128, "o_rows": 128},
     {"claim_policy": abi.MK_CLAIM_EAGER},  # gpu_run.sh's default VARIANTS time both claim policies
     {"claim_policy": abi.MK_CLAIM_LAZY},
+    {"attn_drains": 32},  # fewer attention drains: several items each, more SMs on the MoE queue
+    {"attn_drains": 16, "claim_policy": abi.MK_CLAIM_LAZY},
 ]
 
 
