@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 4
+#define MK_ABI_VERSION 5
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -142,7 +142,7 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy)
+  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window)
 
 // prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
@@ -171,14 +171,19 @@ enum MkError {
 #define MK_MODE_ATTN_SMEM_K 64
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
-// EAGER: before running the current one (its words land meanwhile), two ahead while n_sms items
-// remain before the queue's end (a MoE queue: its last up tile). LAZY_END: within n_sms items of the
-// end, only after the current one ran, so that an idle SM can take it meanwhile (an item claimed
-// ahead is held by a busy SM: at BS 1 a third of a layer's down tiles waited ~12 us for the SM that
-// held them). LAZY: every claim that is not two ahead is made after the current item ran.
+// EAGER: before running the current one (its words land meanwhile), two ahead while more than W
+// items remain before the queue's far end (a host queue's end; a MoE queue's last up tile), W =
+// claim_window (a kernel parameter, Tiling.claim_window; 0: n_sms). A claim that is not two ahead
+// is a round trip the block waits for before the item runs (~2.5 us between BS 8 down tiles,
+// timeline). LAZY_END: within W items of the end, only after the current one ran, so that an idle
+// SM can take it meanwhile (an item claimed ahead is held by a busy SM: at BS 1 a third of a
+// layer's down tiles waited ~12 us for the SM that held them). LAZY: every claim that is not two
+// ahead is made after the current item ran. EAGER_ALL: EAGER with a MoE queue's far end at its end
+// (claims two ahead into the attention tail and the down tiles too).
 #define MK_CLAIM_EAGER 0
 #define MK_CLAIM_LAZY_END 1
 #define MK_CLAIM_LAZY 2
+#define MK_CLAIM_EAGER_ALL 3
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-6 = %globaltimer (ns) at the task's start, after its waits, when its GEMV began (the

@@ -1375,7 +1375,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
     // While item i runs, item i+1's words are on their way into shared memory (drain_fetch) and,
-    // while at least n_sms items remain before s_far (the queue's end; a MoE queue's last up tile),
+    // while more than `window` items remain before s_far (the queue's end; a MoE queue's last up tile),
     // the claim of item i+2 is in flight. Beyond that a drain claims its next item only when it is
     // free: an item claimed ahead waits for the running one even when other SMs sit idle (one wave
     // of attention items at BS 1 ran as half a wave of pairs), and a MoE tail or down item claimed
@@ -1384,6 +1384,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // items + 2 per drain).
     uint32_t claim_far = 0;  // thread 0: the claim in flight (valid when far)
     bool far = false;
+    const uint32_t window = p.claim_window > 0 ? (uint32_t)p.claim_window : (uint32_t)p.n_sms;
     if (kind != MK_QUEUE_HOST && threadIdx.x >= 32) {  // warps 1..: in parallel with thread 0's claim
       // rows past n_act are never read; ROUTE published the table (we waited for route[l])
       const int words = min(ETAB_WORDS, p.num_experts * (2 + MK_MAX_TOKENS));
@@ -1392,10 +1393,11 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     if (threadIdx.x == 0) {
       const uint32_t c0 = atomicAdd(head, 1u) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
-      s_far = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
       s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
+      s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
+                                                                           : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
       s_claim = c0;
-      far = c0 + (uint32_t)p.n_sms < s_far;
+      far = c0 + window < s_far;
       if (far) claim_far = atomicAdd(head, 1u);
     }
     __syncthreads();
@@ -1409,15 +1411,15 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (!got) break;
       // Lazy claims (claim_policy, see MK_CLAIM_*): the next item is claimed only after this one
       // ran. Uniform across the block (thread 0's `far` is not): `far` for this item was
-      // idx + n_sms < s_far, and s_far <= s_end, so a lazy item never has a claim in flight.
-      const uint32_t ahead_n = idx + (uint32_t)p.n_sms;
+      // idx + window < s_far, and s_far <= s_end, so a lazy item never has a claim in flight.
+      const uint32_t ahead_n = idx + window;
       const bool lazy = (p.claim_policy == MK_CLAIM_LAZY && ahead_n >= s_far) ||
                         (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
       if (!lazy) {
         if (threadIdx.x == 0) {
           const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
           s_claim = c;
-          far = c + (uint32_t)p.n_sms < s_far;
+          far = c + window < s_far;
           if (far) claim_far = atomicAdd(head, 1u);
         }
         __syncthreads();

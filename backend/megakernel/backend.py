@@ -315,6 +315,7 @@ class MegakernelBackend:
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "claim_policy": t.claim_policy,
+            "claim_window": t.claim_window,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

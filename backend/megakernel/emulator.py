@@ -159,12 +159,12 @@ class Emulator:
         yield None
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
-        """Claims as in the kernel: while at least n_sms items remain between the next one and the
-        queue's end (a MoE queue: its last up tile), the claim after it is already in flight (an
-        item claimed ahead waits for the running one); beyond that a drain claims when it is free.
-        With a lazy claim policy (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the
-        end (LAZY) or within n_sms items of the queue's end (LAZY_END) has no claim after it until it
-        ran. It stops at its first claim past the end and a host queue's drain then claims once more,
+        """Claims as in the kernel: while more than W items (Tiling.claim_window; 0: n_sms) remain
+        between the next one and the queue's far end (a MoE queue: its last up tile, its end with
+        MK_CLAIM_EAGER_ALL), the claim after it is already in flight (an item claimed ahead waits
+        for the running one); beyond that a drain claims when it is free. With a lazy claim policy
+        (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the end (LAZY) or within W
+        items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its first claim past the end and a host queue's drain then claims once more,
         so it over-claims exactly twice (the totals count it). A MoE queue's items: the up tiles,
         then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
         last, when the tail queue's word 3 says so)."""
@@ -180,9 +180,10 @@ class Emulator:
                 (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
             )
             table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
-            far_end = len(table) * self.up_tiles
-            tail_at = len(table) * (self.up_tiles + self.down_tiles) if t_last else far_end
+            n_up = len(table) * self.up_tiles
+            tail_at = len(table) * (self.up_tiles + self.down_tiles) if t_last else n_up
             end = len(table) * (self.up_tiles + self.down_tiles) + t_len
+            far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -192,9 +193,9 @@ class Emulator:
                 return (raw - self.base[head_c]) & _U32
             return raw
 
-        n_sms = self.sched.n_sms
+        window = t.claim_window or self.sched.n_sms  # the kernel's claim window
         nxt = claim()
-        far = nxt + n_sms < far_end
+        far = nxt + window < far_end
         ahead = claim() if far else None
         while True:
             idx = nxt
@@ -219,8 +220,8 @@ class Emulator:
                 )
                 if item is None:
                     return
-            lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + n_sms >= far_end) or (
-                t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + n_sms >= end
+            lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + window >= far_end) or (
+                t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + window >= end
             )
             if lazy:  # `far` is False here: nothing is in flight
                 yield None
@@ -228,7 +229,7 @@ class Emulator:
                 nxt = claim()
                 continue
             nxt = ahead if far else claim()
-            far = nxt + n_sms < far_end
+            far = nxt + window < far_end
             ahead = claim() if far else None
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)

@@ -258,9 +258,9 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     cfg = reduced_config()
     t = default_tiling(cfg)
     release_default = default_tiling(north_mini_code_config())
-    over = {  # sizes: at most twice the reduced default; switches (moe_tail_last, claim_policy) as given
+    over = {  # sizes: at most twice the reduced default; switches (claims, drains) as given
         k: getattr(tiling_release, k)
-        if k in ("moe_tail_last", "claim_policy")
+        if k in ("moe_tail_last", "claim_policy", "claim_window", "attn_drains")
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)

@@ -37,6 +37,9 @@ class Tiling:
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
     moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
     claim_policy: int = abi.MK_CLAIM_EAGER  # when a drain claims its next item (MK_CLAIM_*, mk_abi.h)
+    # a drain keeps a claim two ahead while more than this many items remain before the queue's far
+    # end (0: the SM count; mk_abi.h MK_CLAIM_*)
+    claim_window: int = 0
     # attention drains per layer at most (0: one per SM, as many as items). Fewer drains leave more
     # SMs to the MoE queue while the attention runs: each drain then takes several items.
     attn_drains: int = 0
@@ -47,6 +50,7 @@ class Tiling:
                 raise TilingError(f"tiling {self}: {what}")
 
         need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
+        need(self.claim_window >= 0, "claim_window must be >= 0 (0: the SM count)")
 
         H, d = cfg.hidden_size, cfg.head_dim
         need(self.qkv_rows % 2 == 0, "qkv_rows must be even (RoPE pairs)")
@@ -62,7 +66,8 @@ class Tiling:
         need(self.max_splits >= 1, "max_splits must be >= 1")
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
         need(
-            self.claim_policy in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY),
+            self.claim_policy
+            in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
             "claim_policy must be one of MK_CLAIM_*",
         )
         rows = {

@@ -234,15 +234,26 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     assert np.all(bank.base[sched.counters.n_dynamic :] != 123) or True
 
 
-@pytest.mark.parametrize("policy", [abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY])
+@pytest.mark.parametrize(
+    "policy, window",
+    [
+        (abi.MK_CLAIM_EAGER, 0),
+        (abi.MK_CLAIM_LAZY_END, 0),
+        (abi.MK_CLAIM_LAZY, 0),
+        (abi.MK_CLAIM_EAGER_ALL, 0),
+        (abi.MK_CLAIM_EAGER_ALL, 1),
+        (abi.MK_CLAIM_LAZY, 2),
+    ],
+)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_claim_policies(weights, strategy, policy):
-    """Every claim policy (Tiling.claim_policy) gives the reference step under every interleaving,
-    and two steps in a row on one bank (a drain's claims still total items + 2 per host drain)."""
+def test_claim_policies(weights, strategy, policy, window):
+    """Every claim policy (Tiling.claim_policy, claim_window) gives the reference step under every
+    interleaving, and two steps in a row on one bank (a drain's claims still total items + 2 per
+    host drain)."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    tiling = replace(TILING, claim_policy=policy)
+    tiling = replace(TILING, claim_policy=policy, claim_window=window)
     sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
     case = make_case(CFG, contexts, seed=5)
     ref_batch = clone_batch(case.batch)
@@ -307,6 +318,10 @@ SWEEP_TILINGS = [
     {"claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_drains": 32},  # fewer attention drains: several items each, more SMs on the MoE queue
     {"attn_drains": 16, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"claim_policy": abi.MK_CLAIM_EAGER_ALL},  # claims two ahead into the tail and the down tiles
+    {"claim_window": 16},
+    {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
+    {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
 ]
 
 

@@ -308,19 +308,28 @@ def test_consecutive_steps_reduced(small):
 
 
 @pytest.mark.parametrize(
-    "policy",
-    [abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY],
-    ids=["eager", "lazy_end", "lazy"],
+    "policy, window",
+    [
+        (abi.MK_CLAIM_EAGER, 0),
+        (abi.MK_CLAIM_LAZY_END, 0),
+        (abi.MK_CLAIM_LAZY, 0),
+        (abi.MK_CLAIM_EAGER_ALL, 0),
+        (abi.MK_CLAIM_EAGER_ALL, 2),
+        (abi.MK_CLAIM_LAZY, 4),
+    ],
+    ids=["eager", "lazy_end", "lazy", "eager_all", "eager_all-w2", "lazy-w4"],
 )
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
-def test_claim_policies_reduced(small, contexts, policy):
+def test_claim_policies_reduced(small, contexts, policy, window):
     """Every claim policy at BS 1 and 8 (the engine uses lazy at small and eager at large batches):
     three steps in a row on one backend, so a claim count that broke a queue head's per-step total
     would stall the next step."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
     w, _ = small
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), claim_policy=policy)
+    t = replace(
+        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), claim_policy=policy, claim_window=window
+    )
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=11, steps=3)
 
 
