@@ -136,18 +136,27 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
 # 11.95 ms per step with 4x/4x, 12.40 with 4x/2x, 13.67 with 2x/2x, 16.5 with the default; BS 1 is
 # slower with any wider tile (5.86 vs 5.69 ms with 4x/4x). The fixed cost of a queue item (claim,
 # staging, reduction, signal: ~5 us, measured by the timeline) is amortised over more bytes once
-# there are several waves of items. The crossover between BS 1 and 8 is not measured yet.
+# there are several waves of items. The crossover between BS 1 and 8 is not measured yet. Session 7
+# (2026-11-30, gpu_check, one call): BS 8 up tiles 8x (512 weight rows, 2 MB) 10.656 / 10.789 ms
+# against 4x 10.874 / 11.052.
 WIDE_MOE_FROM_BATCH = 4
-WIDE_MOE_SCALES = ((4, 4), (4, 2), (2, 2))  # (up columns, down rows) factors, the first the config takes
+WIDE_MOE_SCALES = (
+    (8, 4),
+    (4, 4),
+    (4, 2),
+    (2, 2),
+)  # (up columns, down rows) factors, the first the config takes
 
 
 # Below WIDE_MOE_FROM_BATCH the MoE tiles are 2x (else 1.5x) the up columns and 2x the down rows
 # where the config allows. Measured on the H200 at 8K, BS 1 (gpu_check): session 5 (eager claims)
 # 48/256 4.92 ms per step, 32/128 5.14, 48/128 4.94, 64/128 5.07, 32/64 5.26; session 6 (lazy
 # claims, two calls) 64/256 4.299 and 4.282 ms against 48/256 4.359-4.392 and 4.316-4.327, 64/128
-# 4.66, 48/128 4.55.
+# 4.66, 48/128 4.55; session 7 (2026-11-30, after the faster ROUTER / ROUTE and K-in-registers
+# attention, one call) 128/256 3.890 ms, 96/256 3.909 against 64/256 3.938 / 3.978: the up tiles
+# in one wave on the SMs the attention leaves.
 # (up columns, down rows) factors, the first the config takes
-SMALL_MOE_SCALES = ((2, 2), (Fraction(3, 2), 2))
+SMALL_MOE_SCALES = ((4, 2), (2, 2), (Fraction(3, 2), 2))
 
 
 def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
