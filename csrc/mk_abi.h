@@ -170,6 +170,12 @@ enum MkError {
 // 4.03 vs 4.29 ms, BS 8 11.06 vs 11.79 ms, gpu_check in one call).
 #define MK_MODE_ATTN_SMEM_K 64
 
+// MK_MODE_TOKEN_ROWS (A/B switch): every MoE up item stages its own tokens' rows of h. By default a
+// MoE up item stages all the batch rows of h(l) (its mma computes 8 token columns either way) and
+// the next up items of the layer on that SM reuse them; a MoE drain stages them while it waits
+// for ROUTE.
+#define MK_MODE_TOKEN_ROWS 128
+
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W
 // items remain before the queue's far end (a host queue's end; a MoE queue's last up tile), W =

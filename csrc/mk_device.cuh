@@ -116,6 +116,11 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task, bool spi
 // began (activations staged) and ended. Reset by run_task; see MK_TL_WORDS.
 __shared__ unsigned long long tl_marks[2];
 
+// The layer whose h rows (all batch rows, in row order) the GEMV activation region holds, or -1
+// (MK_MODE_TOKEN_ROWS off): set by a MoE up item or a MoE drain that staged them, cleared by every
+// other task (they may overwrite the region). Thread 0 writes it before a barrier.
+__shared__ int s_h_staged;
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -268,7 +273,7 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
 }
 
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
-                                      bool mark) {
+                                      bool mark, bool staged) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
@@ -282,7 +287,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
-  stage_act(act_s, act, klen);
+  if (!staged) stage_act(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
@@ -330,12 +335,13 @@ __device__ __noinline__ void gemv_fma(const Gemv g, const bf16* act_s, float* ou
 }
 
 // The GEMV of a task with its activation staging (see gemv_mma). Callers have synced `act.rows`.
+// staged: act_s already holds these activations (a MoE up item after another of its layer).
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
-                                     float* out_s) {
+                                     float* out_s, bool staged = false) {
   if (p.use_mma) {
-    gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr);
+    gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
   } else {
-    stage_act(act_s, act, g.klen);
+    if (!staged) stage_act(act_s, act, g.klen);
     __syncthreads();
     if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
     gemv_fma(g, act_s, out_s);

@@ -593,18 +593,30 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
   }
 }
 
+// By default the activations are all the batch rows of h(l) (token column b = the row: the mma
+// computes 8 columns either way), staged once per layer on an SM and reused by its next up items
+// (s_h_staged); MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token).
 __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A1], n = d[MK_F_A2];
-  const int I = p.moe_inter;
-  moe_rows(d, rows, p.top_k, true);
-  __syncthreads();
-  gemv_task(p, task_g(p, d), ActSrc{V.h(l), p.hidden, rows, 0}, s);
+  const int I = p.moe_inter, K = p.top_k;
+  const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);
+  const bool staged = whole && s_h_staged == l;
+  if (!staged) {
+    if (whole)
+      rows_identity(rows, p.batch);
+    else
+      moe_rows(d, rows, K, true);
+    __syncthreads();
+  }
+  gemv(p, task_g(p, d), ActSrc{V.h(l), p.hidden, rows, 0}, s.act, s.red, s.out, staged);
+  if (whole && threadIdx.x == 0) s_h_staged = l;  // read after run_task's closing barrier
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
-    const int r = i % n, j = i / n;
-    dst[(size_t)d[MK_F_SLOT0 + j] * I + c0 + r] = silu(s.out[r * 8 + j]) * s.out[(n + r) * 8 + j];
+    const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
+    const int col = whole ? slot / K : j;
+    dst[(size_t)slot * I + c0 + r] = silu(s.out[r * 8 + col]) * s.out[(n + r) * 8 + col];
   }
 }
 
@@ -1053,8 +1065,9 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
 
 // Thread 0: wait for every counter the descriptor names (false: the step was abandoned). With
 // spin = false: are they all at their targets already (one acquire load each, no waiting)?
-__device__ bool wait_task(const Params& p, const int* d, bool spin = true) {
-  for (int i = 0; i < MK_MAX_WAITS; ++i) {
+// first: the waits before it were already satisfied.
+__device__ bool wait_task(const Params& p, const int* d, bool spin = true, int first = 0) {
+  for (int i = first; i < MK_MAX_WAITS; ++i) {
     const int c = d[MK_F_WAIT0 + 2 * i];
     if (c != MK_NO_COUNTER && !wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID], spin)) return false;
   }
@@ -1090,6 +1103,8 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
 
 __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
+  // every task but a MoE up item may overwrite the staged h rows (read after the barrier below)
+  if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP) s_h_staged = -1;
   uint64_t t1 = 0;
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
@@ -1328,6 +1343,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
   if (threadIdx.x == 0) {
     s_tl_n = 0;
+    s_h_staged = -1;
   }
   Smem s = carve(mk_dyn_smem, p, max_k);
   __syncthreads();
@@ -1355,10 +1371,28 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       advance(s_desc, s_next, ahead, lane_w, mine, i, n);
       continue;
     }
-    // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty.
+    // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty. A MoE
+    // drain whose first wait is its layer's norm (schedule.py) stages h(l)'s batch rows for its up
+    // items between that wait and ROUTE's (MK_MODE_TOKEN_ROWS off): off the MoE chain.
+    const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && !(p.prefetch_mode & MK_MODE_TOKEN_ROWS) &&
+                       s_desc[MK_F_NWAIT] >= 2;
     if (threadIdx.x == 0) {
       if (p.timeline) s_t0 = globaltimer();
-      s_flag = wait_task(p, s_desc);
+      s_flag = !pre_h || wait_counter(p, s_desc[MK_F_WAIT0], s_desc[MK_F_WAIT0 + 1], s_desc[MK_F_ID]);
+    }
+    __syncthreads();
+    if (!s_flag) {
+      return;
+    }
+    if (pre_h && s_h_staged != s_desc[MK_F_LAYER]) {  // uniform: s_h_staged is written before barriers
+      rows_identity(s_rows, p.batch);
+      __syncthreads();
+      stage_act(s.act, ActSrc{View(p).h(s_desc[MK_F_LAYER]), p.hidden, s_rows, 0}, p.hidden);
+      __syncthreads();  // every thread has read s_h_staged above before thread 0 changes it
+      if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
+    }
+    if (threadIdx.x == 0) {
+      s_flag = wait_task(p, s_desc, true, pre_h ? 1 : 0);
       if (p.timeline) s_t1 = globaltimer();
     }
     __syncthreads();

@@ -356,7 +356,8 @@ class OpSemantics:
         K, H, I = cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size
         slots = self._moe_slots(d)
         acc = Access(
-            reads=[(("moe_tab", layer), 0, 1)] + [(("h", layer, s // K), 0, H) for s in slots],
+            # the kernel stages every batch row of h(l) (its mma computes 8 token columns anyway)
+            reads=[(("moe_tab", layer), 0, 1)] + [(("h", layer, b), 0, H) for b in self._rows()],
             writes=[(("moe_act", layer, s), c0, c0 + n) for s in slots],
         )
         if self.math:

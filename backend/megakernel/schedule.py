@@ -318,10 +318,15 @@ def build_schedule(
                 qdescs.append(qd)
                 for i in range(qd[abi.MK_F_NSIG]):
                     cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
+            # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
+            # while ROUTE runs), then ROUTE
             for _ in range(n_sms):
                 emit(
                     make_desc(
-                        abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q), ((route_c, 1),)
+                        abi.MK_OP_DRAIN,
+                        layer,
+                        (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q),
+                        wait_h + ((route_c, 1),),
                     )
                 )
         else:
