@@ -326,7 +326,7 @@ def build_schedule(
                         abi.MK_OP_DRAIN,
                         layer,
                         (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q),
-                        wait_h + ((route_c, 1),),
+                        (*wait_h, (route_c, 1)),
                     )
                 )
         else:
