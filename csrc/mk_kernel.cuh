@@ -1376,19 +1376,21 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // items between that wait and ROUTE's (MK_MODE_TOKEN_ROWS off): off the MoE chain.
     const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && !(p.prefetch_mode & MK_MODE_TOKEN_ROWS) &&
                        s_desc[MK_F_NWAIT] >= 2;
-    if (threadIdx.x == 0) {
-      if (p.timeline) s_t0 = globaltimer();
-      s_flag = !pre_h || wait_counter(p, s_desc[MK_F_WAIT0], s_desc[MK_F_WAIT0 + 1], s_desc[MK_F_ID]);
-    }
-    __syncthreads();
-    if (!s_flag) {
-      return;
-    }
-    if (pre_h && s_h_staged != s_desc[MK_F_LAYER]) {  // uniform: s_h_staged is written before barriers
-      rows_identity(s_rows, p.batch);
+    if (threadIdx.x == 0 && p.timeline) s_t0 = globaltimer();
+    if (pre_h) {
+      if (threadIdx.x == 0) s_flag = wait_counter(p, s_desc[MK_F_WAIT0], s_desc[MK_F_WAIT0 + 1], s_desc[MK_F_ID]);
       __syncthreads();
-      stage_act(s.act, ActSrc{View(p).h(s_desc[MK_F_LAYER]), p.hidden, s_rows, 0}, p.hidden);
-      __syncthreads();  // every thread has read s_h_staged above before thread 0 changes it
+      if (!s_flag) {
+        return;
+      }
+      if (s_h_staged != s_desc[MK_F_LAYER]) {  // uniform: s_h_staged is written before barriers
+        rows_identity(s_rows, p.batch);
+        __syncthreads();
+        stage_act(s.act, ActSrc{View(p).h(s_desc[MK_F_LAYER]), p.hidden, s_rows, 0}, p.hidden);
+      }
+      // every thread has read s_flag and s_h_staged before thread 0 writes them again (racecheck
+      // found the write of s_flag below racing the read above without this barrier)
+      __syncthreads();
       if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
     }
     if (threadIdx.x == 0) {
