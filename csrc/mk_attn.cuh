@@ -189,15 +189,11 @@ __device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem
   kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 1, s.raw, true);
 }
 
-__device__ __forceinline__ void pair_barrier(int id) {
-  asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");  // the two warps of one key group
-}
-
 // The math is the shared-memory path's (Q as the A operand, rows >= G zero; K as B: 16 contiguous
 // bytes per thread and row = the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, here straight
 // from global memory; PV with V from ldmatrix.trans). The two warps of a key group split its 16 keys
 // (warp `half` loads keys half * 8 .. + 8: 16 registers of K in flight per thread, no key loaded
-// twice), share the row maxima through shared memory (a pair barrier), and hand each other their
+// twice), share the row maxima through shared memory (a block barrier), and hand each other their
 // half of P for the PV (read after the next iteration's block barrier). Q's fragments live in
 // shared memory, loaded per mma. Round r's PV runs in iteration r + 1, while K(r + 1) is in flight.
 template <int HD>
@@ -310,17 +306,22 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
     // V(r + 1) into V(r - 1)'s slots (not while K is in flight: its address math would push the K
     // registers to local memory); it has the whole next iteration to land
     if (r > 0) kreg_issue_v_round<HD>(V, l, b, kvh, sp, r + 1, s.raw, false);
-    // 4. online softmax over the pair's 16 keys (the row maxima through shared memory)
+    // 4. online softmax over the pair's 16 keys (the row maxima through shared memory, exchanged
+    // over a block barrier: with a named barrier of the pair (bar.sync id, 64) compute-sanitizer's
+    // racecheck reported hazards all over the next tasks, which a block barrier does not)
     live = false;
+    float mx = -INFINITY;
     if (j < sp.np) {
       const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + half * 8 + 2 * t;
       if (k0 < sp.a || k0 >= sp.e) sc[0] = -INFINITY;  // also drops unwritten slots' garbage
       if (k0 + 1 < sp.a || k0 + 1 >= sp.e) sc[1] = -INFINITY;
-      float mx = fmaxf(sc[0], sc[1]);
+      mx = fmaxf(sc[0], sc[1]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       if (t == 0) xmax[warp * 8 + gid] = mx;
-      pair_barrier(1 + kg);
+    }
+    __syncthreads();
+    if (j < sp.np) {
       mx = fmaxf(mx, xmax[mate * 8 + gid]);
       const float m_new = fmaxf(m, mx);
       uint32_t pown = 0u;
