@@ -5,7 +5,8 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
-# Every stage has a time cap (T_TESTS, T_BENCH, T_DECODE, T_SAN seconds) and writes under $OUT;
+# Every stage has a time cap (T_TESTS, T_BENCH, T_DECODE, T_SAN seconds; san: SAN_TOOL, SAN_ARGS such as
+# "--mode 64") and writes under $OUT;
 # partial results survive a cap (bench.json is rewritten after every run).
 set -u
 OUT=${OUT:-/tmp/mk_out}
@@ -50,7 +51,7 @@ for stage in "${stages[@]}"; do
       T_DECODE=${T_DECODE:-100} ab_rounds decode "B=[18] " ab ;;
     abbench)  # gpu_check bench on both trees (each batch size on its default tiling)
       VARIANTS=prefetch=0 ab_rounds bench "^BS [0-9]+ ctx" abbench ;;
-    san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
+    san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
 done
