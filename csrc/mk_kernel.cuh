@@ -464,9 +464,9 @@ constexpr int ROUTE_J = 12;
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
-// Top-k by warp arg-maxes (below). The table: slot counts by shared atomics, table positions by warp ballots, and each slot's place
-// among its expert's slots by counting the earlier slots (all parallel; the serial per-expert scans
-// with divisions by K cost ~10 us at BS 8, measured).
+// Top-k by warp arg-maxes (below). The table: slot counts by shared atomics, table positions by
+// warp ballots, and each slot's place among its expert's slots by counting the earlier slots (all
+// parallel; the serial per-expert scans with divisions by K cost ~10 us at BS 8, measured).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM). Garbage logits are harmless: NaN
 // becomes -inf, so the chosen experts are K distinct valid indices.
 __device__ __noinline__ void op_route(const Params& p, const int* d, Smem& s, bool dry) {
