@@ -195,6 +195,14 @@ def bench(args: argparse.Namespace) -> int:
             "  SM time: "
             + ", ".join(f"{k} {100 * bd['share'][k]:.1f}%" for k in timeline.CATEGORIES if bd["share"].get(k))
         )
+        gp = timeline.gaps(recs)
+        results["timeline"][str(B)]["gaps"] = gp[:20]
+        print("  largest gaps between a block's tasks (previous -> next):")
+        for d in gp[:6]:
+            print(
+                f"    {d['prev']:>13} -> {d['next']:<13} n={d['count']:>5}  total {d['total_us'] / 1e3:6.2f} SM-ms"
+                f"  median {d['median_us']:5.2f} us  p90 {d['p90_us']:5.2f} us"
+            )
         mid = cfg.num_hidden_layers // 2 + 1  # a MoE layer in the middle (sliding unless l % 4 == 0)
         print(f"  layer {mid} critical path (us from the layer's first task start):")
         for d in timeline.layer_spans(recs, mid):

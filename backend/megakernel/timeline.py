@@ -175,3 +175,34 @@ def layer_spans(recs: torch.Tensor, layer: int) -> list[dict]:
             }
         )
     return sorted(out, key=lambda d: d["first_ready_us"])
+
+
+def gaps(recs: torch.Tensor) -> list[dict]:
+    """The time a block spends between two tasks it runs (DRAIN records left out, their items kept):
+    per (previous opcode, next opcode), the count, total and median / 90th percentile gap in us,
+    largest total first. A gap is the next task's start minus the previous one's end (after its
+    signals): claims, descriptor builds and the drains' own waits fall there."""
+    by_block: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    for row in recs.tolist():
+        op = abi.OPNAMES.get(row[1] & 0xFF, "?")
+        if op != "DRAIN":
+            by_block[row[0]].append((row[2], row[7], op))
+    pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for rows in by_block.values():
+        rows.sort()
+        for (_, end, op0), (start, _, op1) in zip(rows, rows[1:]):
+            pairs[(op0, op1)].append((start - end) / 1e3)
+    out = []
+    for (op0, op1), g in pairs.items():
+        g.sort()
+        out.append(
+            {
+                "prev": op0,
+                "next": op1,
+                "count": len(g),
+                "total_us": sum(g),
+                "median_us": g[len(g) // 2],
+                "p90_us": g[min(len(g) - 1, int(len(g) * 0.9))],
+            }
+        )
+    return sorted(out, key=lambda d: -d["total_us"])

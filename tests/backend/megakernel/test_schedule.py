@@ -138,6 +138,17 @@ def test_timeline_summary_of_synthetic_records():
     assert bd["sm_us"]["epilogue"] == 1.0 and bd["sm_us"]["op"] == 3.0  # the MoE item without GEMV marks
     assert bd["sm_us"]["signal"] == 2.0 and bd["sm_us"]["drain_wait"] == 4.0
     assert bd["sm_us"]["tail"] == 12.0 - 4.0  # block 1: its drain's wait, then nothing of its own
+    gp = timeline.gaps(recs)  # block 0: QKV ends (after its signal) at 9000, the MoE item starts then
+    assert [(d["prev"], d["next"], d["count"], d["total_us"]) for d in gp] == [("QKV", "MOE_UP", 1, 0.0)]
+    tl[0, 2] = torch.tensor([abi.MK_OP_ADD_NORM | (3 << 8), 15000, 15500, 0, 0, 17000, 17500])
+    tl[1, 1] = torch.tensor([abi.MK_OP_MOE_UP | (3 << 8) | (1 << 16), 6000, 6000, 0, 0, 8000, 8500])
+    tl[1, 2] = torch.tensor([abi.MK_OP_ADD_NORM | (3 << 8), 11500, 11500, 0, 0, 12000, 12500])
+    gp = timeline.gaps(timeline.records(tl))  # largest total first; drains never count
+    assert [(d["prev"], d["next"], d["count"]) for d in gp] == [
+        ("MOE_UP", "ADD_NORM", 2),
+        ("QKV", "MOE_UP", 1),
+    ]
+    assert gp[0]["total_us"] == 5.0 and gp[0]["median_us"] == 3.0 and gp[0]["p90_us"] == 3.0
     assert bd["per_op"]["QKV"]["gemv"] == 3.0 and bd["per_op"]["DRAIN"]["drain_wait"] == 4.0
     assert timeline.breakdown(recs[:0])["blocks"] == 0
 
