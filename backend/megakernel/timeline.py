@@ -12,6 +12,7 @@ one layer (the critical path); `records` into a flat array (block, word 0, stamp
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 
 import torch
 
@@ -190,7 +191,7 @@ def gaps(recs: torch.Tensor) -> list[dict]:
     pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
     for rows in by_block.values():
         rows.sort()
-        for (_, end, op0), (start, _, op1) in zip(rows, rows[1:]):
+        for (_, end, op0), (start, _, op1) in pairwise(rows):
             pairs[(op0, op1)].append((start - end) / 1e3)
     out = []
     for (op0, op1), g in pairs.items():
