@@ -88,6 +88,66 @@ __device__ __forceinline__ AttnSpan attn_span(const Params& p, const View& V, co
   return sp;
 }
 
+// Where one ATTN item's results go: the O rows [G][HD] and LSE values of its (row, kv head, split).
+template <int HD>
+struct AttnOut {
+  float* o;
+  float* lse;
+  int split, stride, G;
+  __device__ AttnOut(const Params& p, const int* d) {
+    const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
+    G = p.num_heads / p.num_kv_heads;
+    split = d[MK_F_A2];
+    stride = p.max_splits;
+    o = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * stride) * HD;
+    lse = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * stride;
+  }
+  // an item that sees no key: O = 0 and LSE = -inf (the combine weighs it zero)
+  __device__ __noinline__ void empty() const {
+    for (int i = threadIdx.x; i < G * HD; i += NT) o[((size_t)(i / HD) * stride + split) * HD + i % HD] = 0.f;
+    if ((int)threadIdx.x < G) lse[threadIdx.x * stride + split] = -INFINITY;
+  }
+  // the block's merge of the warps' partial softmax states, in shared memory after the key loop:
+  // Ms, Ls [NWARPS][8] (row max in log2 units, sum of exponentials; head rows), Os [NWARPS][8][HD/2]
+  // (warp 2k + h holds dims h * HD/2 .. of its keys). Out of line: inlined, it made attn_mma_t<128>'s
+  // key loop keep 56 values in local memory instead of 7 (mkcode kernels loops).
+  __device__ __noinline__ void merge(const float* Ms, const float* Ls, const float* Os) const {
+    for (int i = threadIdx.x; i < G * HD; i += NT) {
+      const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
+      float M = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < NWARPS / 2; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
+      float num = 0.f, den = 0.f;
+#pragma unroll
+      for (int k = 0; k < NWARPS / 2; ++k) {
+        const int w = 2 * k + h;
+        const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
+        den += Ls[w * 8 + hq] * f;
+        num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
+      }
+      o[((size_t)hq * stride + split) * HD + dim] = num / den;
+      if (dim == 0) lse[hq * stride + split] = M * 0.6931471805599453f + logf(den);
+    }
+  }
+};
+
+// Q of head gid (rows >= G zero) as the QK's A operand, chunk c (this thread's 8 dims at c * 32 +
+// t * 8): pre-scaled into log2 units, bf16 pairs.
+template <int HD>
+__device__ __forceinline__ uint4 q_fragment(const Params& p, const View& V, const int* d, int G, int gid, int t,
+                                            int c) {
+  const float scale = p.attn_scale * 1.4426950408889634f;
+  const int b = d[MK_F_A0], kvh = d[MK_F_A1];
+  const float* qsrc = V.q(d[MK_F_LAYER]) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
+  float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+  if (gid < G) {
+    x0 = ld_cg4(qsrc + c * 32);
+    x1 = ld_cg4(qsrc + c * 32 + 4);
+  }
+  return make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
+                    pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
+}
+
 // Issue page j of the item into slot j % ATTN_STAGES and commit one cp.async group (empty past the
 // item's pages, so every thread's group count stays uniform). `before_wait`: skip the current
 // token's row (this step's QKV has not written it yet).
@@ -196,6 +256,11 @@ __device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem
 // twice), share the row maxima through shared memory (a block barrier), and hand each other their
 // half of P for the PV (read after the next iteration's block barrier). Q's fragments live in
 // shared memory, loaded per mma. Round r's PV runs in iteration r + 1, while K(r + 1) is in flight.
+// Its output setup, Q fragments and merge are spelled out here rather than taken from AttnOut and
+// q_fragment (which attn_mma_t uses): with them ptxas allocated this function's round loops
+// differently (mkcode kernels loops, 2026-11-30: 9 local-memory accesses instead of 1 with the
+// helpers out of line, +80 instructions with them inlined), and this is the measured default path.
+// Share them once a GPU A/B shows the loops unharmed.
 template <int HD>
 __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
   using SH = AttnShape<HD>;
@@ -408,14 +473,11 @@ template <int HD>
 __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) {
   using SH = AttnShape<HD>;
   View V(p);
-  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
-  const int G = p.num_heads / p.num_kv_heads;
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
   const AttnSpan sp = attn_span(p, V, d);
-  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * HD;
-  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  const int G = p.num_heads / p.num_kv_heads;
   if (sp.np == 0) {
-    for (int i = threadIdx.x; i < G * HD; i += NT) o_base[((size_t)(i / HD) * p.max_splits + split) * HD + i % HD] = 0.f;
-    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
+    AttnOut<HD>(p, d).empty();
     return;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
@@ -433,24 +495,13 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
       *reinterpret_cast<uint4*>(dst + ch * 8) = v;
     }
   }
-  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16; rows >= G are zero
+  // Q's A-operand fragments, in registers
   constexpr int NC = HD / 32;
   uint32_t qa[NC][4];
-  {
-    const float scale = p.attn_scale * 1.4426950408889634f;
-    const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (gid < G) {
-        x0 = ld_cg4(qsrc + c * 32);
-        x1 = ld_cg4(qsrc + c * 32 + 4);
-      }
-      qa[c][0] = pack_bf16(x0.x * scale, x0.y * scale);
-      qa[c][1] = pack_bf16(x0.z * scale, x0.w * scale);
-      qa[c][2] = pack_bf16(x1.x * scale, x1.y * scale);
-      qa[c][3] = pack_bf16(x1.z * scale, x1.w * scale);
-    }
+  for (int c = 0; c < NC; ++c) {
+    const uint4 q = q_fragment<HD>(p, V, d, G, gid, t, c);
+    qa[c][0] = q.x, qa[c][1] = q.y, qa[c][2] = q.z, qa[c][3] = q.w;
   }
   constexpr int NTD = HD / 16;  // n-tiles of 8 dims in this warp's half of the head dimension
   float o[NTD][4];
@@ -536,22 +587,7 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
     dst[1] = o[n][1];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < G * HD; i += NT) {
-    const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
-    float M = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < NWARPS / 2; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
-    float num = 0.f, den = 0.f;
-#pragma unroll
-    for (int k = 0; k < NWARPS / 2; ++k) {
-      const int w = 2 * k + h;
-      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
-      den += Ls[w * 8 + hq] * f;
-      num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
-    }
-    o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
-    if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
-  }
+  AttnOut<HD>(p, d).merge(Ms, Ls, Os);
 }
 
 // The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
