@@ -17,7 +17,7 @@ from mkcode.backend.megakernel.emulator import (
 )
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.schedule import build_schedule
-from mkcode.backend.megakernel.testing import clone_batch, make_case, reference_step, tiny_config
+from mkcode.backend.megakernel.testing import CLAIM_CASES, clone_batch, make_case, reference_step, tiny_config
 from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
@@ -234,17 +234,7 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     assert np.all(bank.base[sched.counters.n_dynamic :] != 123) or True
 
 
-@pytest.mark.parametrize(
-    "policy, window",
-    [
-        (abi.MK_CLAIM_EAGER, 0),
-        (abi.MK_CLAIM_LAZY_END, 0),
-        (abi.MK_CLAIM_LAZY, 0),
-        (abi.MK_CLAIM_EAGER_ALL, 0),
-        (abi.MK_CLAIM_EAGER_ALL, 1),
-        (abi.MK_CLAIM_LAZY, 2),
-    ],
-)
+@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_claim_policies(weights, strategy, policy, window):
     """Every claim policy (Tiling.claim_policy, claim_window) gives the reference step under every

@@ -16,6 +16,7 @@ from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_
 from mkcode.backend.megakernel.sampling import SamplingParams, sample_row
 from mkcode.backend.megakernel.schedule import expert_counter, make_desc
 from mkcode.backend.megakernel.testing import (
+    CLAIM_CASES,
     Fp32Weights,
     clone_batch,
     kernel_routing,
@@ -308,18 +309,7 @@ def test_consecutive_steps_reduced(small):
     _consecutive_steps(w, be, [62, 190, 255], seed=9, steps=4)
 
 
-@pytest.mark.parametrize(
-    "policy, window",
-    [
-        (abi.MK_CLAIM_EAGER, 0),
-        (abi.MK_CLAIM_LAZY_END, 0),
-        (abi.MK_CLAIM_LAZY, 0),
-        (abi.MK_CLAIM_EAGER_ALL, 0),
-        (abi.MK_CLAIM_EAGER_ALL, 2),
-        (abi.MK_CLAIM_LAZY, 4),
-    ],
-    ids=["eager", "lazy_end", "lazy", "eager_all", "eager_all-w2", "lazy-w4"],
-)
+@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
 def test_claim_policies_reduced(small, contexts, policy, window):
     """Every claim policy at BS 1 and 8 (the engine uses lazy at small and eager at large batches):
