@@ -1,7 +1,8 @@
 #!/bin/bash
 # Prepare a same-call A/B of the megakernel against another revision (run on the development machine,
 # from the repo root):
-#   bash backend/megakernel/ab_tree.sh REV      # e.g. HEAD~3, a commit id
+#   bash backend/megakernel/ab_tree.sh REV [DIR]  # e.g. HEAD~3, a commit id; DIR: ab_base (default) or
+#                                                 # another ab_* folder, for several trees in one call
 # exports REV's tree into ab_base/ (git-ignored) and builds its kernel object into ab_base/.mkcache
 # (nvcc, no GPU needed), so that the device call only compiles the two small bindings. Then, with the
 # device tool, carry both kernel caches and the tree:
@@ -10,19 +11,21 @@
 # 8K) on REV and on the working tree, alternating twice (B, A, B, A): between device calls the
 # harness varied by up to ~6 % in session 4, within one call the order effects stay visible.
 set -eu
-rev=${1:?usage: ab_tree.sh REV}
+rev=${1:?usage: ab_tree.sh REV [DIR]}
+dir=${2:-ab_base}
+[[ $dir == ab_* && $dir != */* ]] || { echo "DIR must be a top-level ab_* folder (git-ignored)"; exit 2; }
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-rm -rf ab_base
-mkdir ab_base
-git archive "$rev" | tar -x -C ab_base
-echo "$rev $(git rev-parse "$rev")" > ab_base/REV
+rm -rf "$dir"
+mkdir "$dir"
+git archive "$rev" | tar -x -C "$dir"
+echo "$rev $(git rev-parse "$rev")" > "$dir/REV"
 # build REV's kernel object with REV's own build code (its csrc/, its cache key)
 shim=$(mktemp -d)
 mkdir -p "$shim/mkcode"
-for d in app backend tools; do ln -sfn "$root/ab_base/$d" "$shim/mkcode/$d"; done
+for d in app backend tools; do ln -sfn "$root/$dir/$d" "$shim/mkcode/$d"; done
 touch "$shim/mkcode/__init__.py"
-(cd "$shim" && PYTHONPATH="$shim" MKCODE_KERNEL_CACHE="$root/ab_base/.mkcache" \
+(cd "$shim" && PYTHONPATH="$shim" MKCODE_KERNEL_CACHE="$root/$dir/.mkcache" \
   "${PYTHON:-$root/.venv/bin/python}" -m mkcode.app.cli kernels build --compile-only)
 rm -rf "$shim"
-echo "ab_base/ holds $(cat ab_base/REV); carry [\".mkcache\", \"ab_base\"] and run: bash backend/megakernel/gpu_run.sh ab"
+echo "$dir/ holds $(cat "$dir/REV"); carry [\".mkcache\", \"$dir\"] (ab_base: and run bash backend/megakernel/gpu_run.sh ab)"
