@@ -5,6 +5,8 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
+#   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
+#                                                # (ab_tree.sh REV ab_x), ROUNDS (2) times in turn
 # Every stage has a time cap (T_TESTS, T_BENCH, T_DECODE, T_SAN seconds; san: SAN_TOOL, SAN_ARGS such as
 # "--mode 64") and writes under $OUT;
 # partial results survive a cap (bench.json is rewritten after every run).
@@ -49,6 +51,13 @@ for stage in "${stages[@]}"; do
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
     ab)  # the engine harness on both trees, the same cap for both
       T_DECODE=${T_DECODE:-100} ab_rounds decode "B=[18] " ab ;;
+    trees)  # gpu_check bench (VARIANTS) on this tree and on each ab_* tree in TREES, ROUNDS times in turn
+      for round in $(seq ${ROUNDS:-2}); do
+        for tree in . ${TREES:-}; do
+          (cd "$tree" && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/trees/${tree#./}$round \
+            bash backend/megakernel/gpu_run.sh bench 2>&1 | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/$(basename "$PWD") /")
+        done
+      done 2>&1 | tee "$OUT/trees.log" ;;
     abbench)  # gpu_check bench on both trees (each batch size on its default tiling)
       VARIANTS=prefetch=0 ab_rounds bench "^BS [0-9]+ ctx" abbench ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
