@@ -1103,18 +1103,19 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
 
 __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
+  const Params& q = s_params;  // for the out-of-line ops (s_params)
   // every task but a MoE up item may overwrite the staged h rows (read after the barrier below)
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP) s_h_staged = -1;
   uint64_t t1 = 0;
   if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
-  if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(p, d, s);  // its first K/V pages land while we wait
-  if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(p, d);
+  if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
+  if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
     if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
     __syncthreads();
     ready = *flag;
-    if (!ready) warm_op(p, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
+    if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
     __syncthreads();               // everyone has read *flag
   }
   if (threadIdx.x == 0) {
@@ -1134,20 +1135,20 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_NOP:
       break;
     case MK_OP_EMBED:
-      op_embed(p, d, s);
+      op_embed(q, d, s);
       break;
     case MK_OP_QKV:
       op_qkv(p, d, s, rows);
       break;
     case MK_OP_ATTN:
       if (attn_fast(p))
-        attn_mma(p, d, s);
+        attn_mma(q, d, s);
       else
-        op_attn(p, d, s);
+        op_attn(q, d, s);
       break;
     case MK_OP_ATTN_COMBINE:
-      op_attn_combine(p, d, s, false);
-      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_attn_combine(p, d, s, false); });
+      op_attn_combine(q, d, s, false);
+      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_attn_combine(q, d, s, false); });
       break;
     case MK_OP_OPROJ:
       op_oproj(p, d, s, rows);
@@ -1162,7 +1163,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_router(p, d, s, rows);
       break;
     case MK_OP_ROUTE:
-      op_route(p, d, s, false);
+      op_route(q, d, s, false);
       break;
     case MK_OP_MOE_UP:
       op_moe_up(p, d, s, rows);
@@ -1171,17 +1172,17 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_moe_down(p, d, s, rows);
       break;
     case MK_OP_ADD_NORM:
-      op_add_norm(p, d, s, false);
-      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(p, d, s, false); });
+      op_add_norm(q, d, s, false);
+      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(q, d, s, false); });
       break;
     case MK_OP_LM_HEAD:
       op_lm_head(p, d, s, rows);
       break;
     case MK_OP_SAMPLE:
-      op_sample(p);
+      op_sample(q);
       break;
     case MK_OP_SAMPLE_ROW:
-      op_sample_row(p, d, s);
+      op_sample_row(q, d, s);
       break;
     case MK_OP_DRAIN:  // handled by the caller; a queue item is never a DRAIN
     default:
@@ -1345,6 +1346,9 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     s_tl_n = 0;
     s_h_staged = -1;
   }
+  static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
+  if (threadIdx.x < sizeof(Params) / 4)
+    reinterpret_cast<int*>(&s_params)[threadIdx.x] = reinterpret_cast<const int*>(&p)[threadIdx.x];
   Smem s = carve(mk_dyn_smem, p, max_k);
   __syncthreads();
   const int sm = blockIdx.x;
