@@ -116,9 +116,6 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task, bool spi
 // began (activations staged) and ended. Reset by run_task; see MK_TL_WORDS.
 __shared__ unsigned long long tl_marks[2];
 
-// The layer whose h rows (all batch rows, in row order) the GEMV activation region holds, or -1
-// (MK_MODE_TOKEN_ROWS off): set by a MoE up item or a MoE drain that staged them, cleared by every
-// other task (they may overwrite the region). Thread 0 writes it before a barrier.
 // A copy of the launch's Params in shared memory, for the out-of-line ops. An out-of-line function
 // reads `const Params& p` through a generic pointer: to the kernel parameter, that is a memory load
 // the compiler repeats inside loops (it cannot prove the stores there leave it alone), and the
@@ -126,6 +123,10 @@ __shared__ unsigned long long tl_marks[2];
 // op's critical path. Pointing the reference at this copy makes them shared-memory loads. Inlined
 // code keeps reading the kernel parameter (constant-bank operands, free).
 __shared__ __align__(16) Params s_params;
+
+// The layer whose h rows (all batch rows, in row order) the GEMV activation region holds, or -1
+// (MK_MODE_TOKEN_ROWS off): set by a MoE up item or a MoE drain that staged them, cleared by every
+// other task (they may overwrite the region). Thread 0 writes it before a barrier.
 __shared__ int s_h_staged;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
