@@ -166,25 +166,67 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
   }
 }
 
-__device__ __forceinline__ Gemv task_g(const Params& p, const int* d) {
+// A MoE item's activation rows: its tokens' batch rows (token_rows) or their top-k slots.
+__device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
+  if (threadIdx.x < 8) {
+    const int j = threadIdx.x;
+    rows[j] = j < d[MK_F_NTOK] ? (token_rows ? d[MK_F_SLOT0 + j] / K : d[MK_F_SLOT0 + j]) : -1;
+  }
+}
+
+// ---- the GEMV ops' common part ----------------------------------------------------------------------
+//
+// Every GEMV op (QKV, O-proj, dense up / down, router, MoE up / down, LM head) runs this one piece
+// of code before its GEMV: its weight tile (task_gemv's runtime switch), its activation source,
+// rows and K offset, the staging, the GEMV. One copy for all of them, inlined once in run_task, so
+// it stays in the instruction cache (session 8: ~1.3-2 us from the end of a task's wait to its
+// GEMV when each op had its own inlined copy, twice: run_task is inlined for static tasks and for
+// queue items). Out of line, so one copy; it reads Params from s_params (run_task passes it). Then
+// the op's own epilogue (op_qkv etc.) uses s.out.
+__device__ __forceinline__ bool is_gemv_op(int op) {
+  return op == MK_OP_QKV || op == MK_OP_OPROJ || op == MK_OP_DENSE_UP || op == MK_OP_DENSE_DOWN ||
+         op == MK_OP_ROUTER || op == MK_OP_MOE_UP || op == MK_OP_MOE_DOWN || op == MK_OP_LM_HEAD;
+}
+
+__device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
+  View V(p);
+  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
+  const float* src = V.h(l);
+  long stride = p.hidden;
+  int k0 = 0;
+  int rows_mode = 0;  // 0: the batch rows in order, 1: the item's token rows (h), 2: its token slots
+  bool staged = false;
+  if (op == MK_OP_OPROJ) {
+    src = V.attn_out(l);
+    stride = V.QW();
+    k0 = d[MK_F_A2];
+  } else if (op == MK_OP_DENSE_DOWN) {
+    src = V.dense_act(l);
+    stride = p.dense_inter;
+    k0 = d[MK_F_A2];
+  } else if (op == MK_OP_LM_HEAD) {
+    src = V.h(p.num_layers);
+  } else if (op == MK_OP_MOE_UP) {
+    // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged);
+    // MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token)
+    const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);
+    staged = whole && s_h_staged == l;
+    rows_mode = whole ? 0 : 1;
+  } else if (op == MK_OP_MOE_DOWN) {
+    src = V.moe_act(l);
+    stride = p.moe_inter;
+    rows_mode = 2;
+  }
+  if (!staged) {
+    if (rows_mode == 0)
+      rows_identity(rows, p.batch);
+    else
+      moe_rows(d, rows, p.top_k, rows_mode == 1);
+    __syncthreads();
+  }
   Gemv g;
   task_gemv(p, d, g);
-  return g;
-}
-
-// The GEMV of a task (weights streamed from global memory by the mma or FMA core) with the staging
-// of its activations; `rows` (shared) must be written and synced by the caller.
-__device__ __forceinline__ void gemv_task(const Params& p, const Gemv& g, const ActSrc& act, Smem& s) {
-  gemv(p, g, act, s.act, s.red, s.out);
-}
-
-// GEMV tasks whose activations are the batch rows of one fp32 buffer (columns k0 .. k0 + the
-// tile's K): the task's weight tile is task_gemv's.
-__device__ void gemv_rows(const Params& p, const int* d, Smem& s, int* rows, const float* src, long stride, int k0) {
-  const Gemv g = task_g(p, d);
-  rows_identity(rows, p.batch);
-  __syncthreads();
-  gemv_task(p, g, ActSrc{src, stride, rows, k0}, s);
+  gemv(p, g, ActSrc{src, stride, rows, k0}, s.act, s.red, s.out, staged);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -204,7 +246,7 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
-__device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_qkv(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
   const int qw = V.QW(), kvw = V.KVW(), hd = p.head_dim;
@@ -219,7 +261,6 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, int* rows) {
     kind = 2;
     local = r0 - qw - kvw;
   }
-  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
@@ -409,10 +450,9 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   }
 }
 
-__device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_oproj(const Params& p, const int* d, Smem& s) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], sp = d[MK_F_A4];
-  gemv_rows(p, d, s, rows, V.attn_out(l), V.QW(), k0);
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], sp = d[MK_F_A4];
   float* dst = V.ao_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -420,10 +460,9 @@ __device__ void op_oproj(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-__device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_dense_up(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A0], n = d[MK_F_A1];
-  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   float* dst = V.dense_act(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -431,10 +470,9 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-__device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_dense_down(const Params& p, const int* d, Smem& s) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], sp = d[MK_F_A4];
-  gemv_rows(p, d, s, rows, V.dense_act(l), p.dense_inter, k0);
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], sp = d[MK_F_A4];
   float* dst = V.mlp_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -442,10 +480,9 @@ __device__ void op_dense_down(const Params& p, const int* d, Smem& s, int* rows)
   }
 }
 
-__device__ void op_router(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_router(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
-  gemv_rows(p, d, s, rows, V.h(l), p.hidden, 0);
   float* dst = V.rlogits(l);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -586,30 +623,15 @@ __device__ void route_prologue(const Params& p, const int* d) {
   for (int e = threadIdx.x; e <= E; e += NT) atomicExch(V.counter(p.dyn_base + l * (E + 1) + e), 0u);
 }
 
-__device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
-  if (threadIdx.x < 8) {
-    const int j = threadIdx.x;
-    rows[j] = j < d[MK_F_NTOK] ? (token_rows ? d[MK_F_SLOT0 + j] / K : d[MK_F_SLOT0 + j]) : -1;
-  }
-}
-
-// By default the activations are all the batch rows of h(l) (token column b = the row: the mma
-// computes 8 columns either way), staged once per layer on an SM and reused by its next up items
-// (s_h_staged); MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token).
-__device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
+// The up item's epilogue: silu(gate) * up of its tokens' columns into moe_act. Its GEMV (gemv_op)
+// took all the batch rows of h(l) (token column b = the row: the mma computes 8 columns either
+// way), staged once per layer on an SM and reused by its next up items (s_h_staged);
+// MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token).
+__device__ void op_moe_up(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, K = p.top_k;
   const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);
-  const bool staged = whole && s_h_staged == l;
-  if (!staged) {
-    if (whole)
-      rows_identity(rows, p.batch);
-    else
-      moe_rows(d, rows, K, true);
-    __syncthreads();
-  }
-  gemv(p, task_g(p, d), ActSrc{V.h(l), p.hidden, rows, 0}, s.act, s.red, s.out, staged);
   if (whole && threadIdx.x == 0) s_h_staged = l;  // read after run_task's closing barrier
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
@@ -620,13 +642,9 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s, int* rows) {
   }
 }
 
-__device__ void op_moe_down(const Params& p, const int* d, Smem& s, int* rows) {
+__device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
-  const int I = p.moe_inter;
-  moe_rows(d, rows, p.top_k, false);
-  __syncthreads();
-  gemv_task(p, task_g(p, d), ActSrc{V.moe_act(l), I, rows, 0}, s);
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
@@ -696,10 +714,8 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
   }
 }
 
-__device__ void op_lm_head(const Params& p, const int* d, Smem& s, int* rows) {
-  View V(p);
+__device__ void op_lm_head(const Params& p, const int* d, Smem& s) {
   const int r0 = d[MK_F_A0], n = d[MK_F_A1], t = d[MK_F_A2];
-  gemv_rows(p, d, s, rows, V.h(p.num_layers), p.hidden, 0);
   float* logits = (float*)p.logits;
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -1131,6 +1147,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     cp_async_wait_all();  // no copy may land after the block has left
     return false;
   }
+  if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
   switch (d[MK_F_OP]) {
     case MK_OP_NOP:
       break;
@@ -1138,7 +1155,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_embed(q, d, s);
       break;
     case MK_OP_QKV:
-      op_qkv(p, d, s, rows);
+      op_qkv(p, d, s);
       break;
     case MK_OP_ATTN:
       if (attn_fast(p))
@@ -1151,32 +1168,32 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_attn_combine(q, d, s, false); });
       break;
     case MK_OP_OPROJ:
-      op_oproj(p, d, s, rows);
+      op_oproj(p, d, s);
       break;
     case MK_OP_DENSE_UP:
-      op_dense_up(p, d, s, rows);
+      op_dense_up(p, d, s);
       break;
     case MK_OP_DENSE_DOWN:
-      op_dense_down(p, d, s, rows);
+      op_dense_down(p, d, s);
       break;
     case MK_OP_ROUTER:
-      op_router(p, d, s, rows);
+      op_router(p, d, s);
       break;
     case MK_OP_ROUTE:
       op_route(q, d, s, false);
       break;
     case MK_OP_MOE_UP:
-      op_moe_up(p, d, s, rows);
+      op_moe_up(p, d, s);
       break;
     case MK_OP_MOE_DOWN:
-      op_moe_down(p, d, s, rows);
+      op_moe_down(p, d, s);
       break;
     case MK_OP_ADD_NORM:
       op_add_norm(q, d, s, false);
       if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(q, d, s, false); });
       break;
     case MK_OP_LM_HEAD:
-      op_lm_head(p, d, s, rows);
+      op_lm_head(p, d, s);
       break;
     case MK_OP_SAMPLE:
       op_sample(q);
