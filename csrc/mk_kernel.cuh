@@ -178,11 +178,11 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
 //
 // Every GEMV op (QKV, O-proj, dense up / down, router, MoE up / down, LM head) runs this one piece
 // of code before its GEMV: its weight tile (task_gemv's runtime switch), its activation source,
-// rows and K offset, the staging, the GEMV. One copy for all of them, inlined once in run_task, so
-// it stays in the instruction cache (session 8: ~1.3-2 us from the end of a task's wait to its
-// GEMV when each op had its own inlined copy, twice: run_task is inlined for static tasks and for
-// queue items). Out of line, so one copy; it reads Params from s_params (run_task passes it). Then
-// the op's own epilogue (op_qkv etc.) uses s.out.
+// rows and K offset, the staging, the GEMV; then run_task runs the op's own epilogue (op_qkv etc.),
+// which reads s.out. Out of line, so there is one copy of it (run_task is inlined twice: static
+// tasks and queue items) instead of an inlined copy per op and call site; it reads Params from
+// s_params (run_task passes it). Session 8: the step kernel's stack frame 592 -> 272 B, its spill
+// stores 1216 -> 232 B, its code 263 -> 164 KB; step time unchanged (docs/MEGAKERNEL.md).
 __device__ __forceinline__ bool is_gemv_op(int op) {
   return op == MK_OP_QKV || op == MK_OP_OPROJ || op == MK_OP_DENSE_UP || op == MK_OP_DENSE_DOWN ||
          op == MK_OP_ROUTER || op == MK_OP_MOE_UP || op == MK_OP_MOE_DOWN || op == MK_OP_LM_HEAD;
