@@ -29,15 +29,22 @@ stages=("$@")
 #   prefetch=0  the default; then eager and lazy claims at both sizes (the engine: lazy below BS 4,
 #   eager from BS 4), and the default once more (the spread between runs of one call)
 VARIANTS=${VARIANTS:-"prefetch=0 claim_policy=0 claim_policy=2 prefetch=0"}
-# same-call A/B: STAGE on ab_base/ (backend/megakernel/ab_tree.sh REV) and on this tree, alternating
-# B, A, B, A (between calls the harness varied by up to ~6 %); the lines matching PATTERN, into NAME.log
-ab_rounds() {
-  local stage=$1 pattern=$2 name=$3
-  [[ -d ab_base ]] || { echo "$name: no ab_base/ (run backend/megakernel/ab_tree.sh REV first)"; return; }
-  for round in 1 2; do
-    (cd ab_base && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/${name}_base$round \
-      bash backend/megakernel/gpu_run.sh "$stage" 2>&1 | grep -E "$pattern" | sed "s/^/B $(cut -d' ' -f1 REV) /")
-    OUT=$OUT/${name}_work$round bash "$0" "$stage" 2>&1 | grep -E "$pattern" | sed "s/^/A work /"
+# same-call A/B: STAGE on each tree in turn (. = this one, "A work"; an ab_* folder made by
+# backend/megakernel/ab_tree.sh REV DIR, "B DIR REV"), ROUNDS (2) times (between calls the harness
+# varied by up to ~6 %); the lines matching PATTERN, into NAME.log. Each tree runs its own
+# gpu_run.sh, so an older tree needs only the stage.
+tree_rounds() {
+  local stage=$1 pattern=$2 name=$3 tree label
+  shift 3
+  for tree in "$@"; do
+    [[ $tree == . || -f $tree/REV ]] || { echo "$name: no $tree/ (run backend/megakernel/ab_tree.sh REV $tree first)"; return; }
+  done
+  for round in $(seq "${ROUNDS:-2}"); do
+    for tree in "$@"; do
+      if [[ $tree == . ]]; then label="A work"; else label="B $tree $(cut -d' ' -f1 "$tree/REV")"; fi
+      (cd "$tree" && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/$name/${label// /_}$round \
+        bash backend/megakernel/gpu_run.sh "$stage" 2>&1 | grep -E "$pattern" | sed "s|^|$label |")
+    done
   done 2>&1 | tee "$OUT/$name.log"
 }
 for stage in "${stages[@]}"; do
@@ -49,17 +56,12 @@ for stage in "${stages[@]}"; do
     decode)  # the engine's bench harness: graph vs megakernel, one run
       timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch 1,8 --ctx 8192 \
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
-    ab)  # the engine harness on both trees, the same cap for both
-      T_DECODE=${T_DECODE:-100} ab_rounds decode "B=[18] " ab ;;
-    trees)  # gpu_check bench (VARIANTS) on this tree and on each ab_* tree in TREES, ROUNDS times in turn
-      for round in $(seq ${ROUNDS:-2}); do
-        for tree in . ${TREES:-}; do
-          (cd "$tree" && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/trees/${tree#./}$round \
-            bash backend/megakernel/gpu_run.sh bench 2>&1 | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/$(basename "$PWD") /")
-        done
-      done 2>&1 | tee "$OUT/trees.log" ;;
-    abbench)  # gpu_check bench on both trees (each batch size on its default tiling)
-      VARIANTS=prefetch=0 ab_rounds bench "^BS [0-9]+ ctx" abbench ;;
+    ab)  # the engine harness on ab_base/ and this tree, the same cap for both
+      T_DECODE=${T_DECODE:-100} tree_rounds decode "B=[18] " ab ab_base . ;;
+    trees)  # gpu_check bench (VARIANTS) on this tree and on each ab_* tree in TREES
+      tree_rounds bench "^BS [0-9]+ ctx|rror" trees . ${TREES:-} ;;
+    abbench)  # gpu_check bench on ab_base/ and this tree (each batch size on its default tiling)
+      VARIANTS=prefetch=0 tree_rounds bench "^BS [0-9]+ ctx" abbench ab_base . ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
