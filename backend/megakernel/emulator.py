@@ -164,8 +164,9 @@ class Emulator:
         MK_CLAIM_EAGER_ALL), the claim after it is already in flight (an item claimed ahead waits
         for the running one); beyond that a drain claims when it is free. With a lazy claim policy
         (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the end (LAZY) or within W
-        items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its first claim past the end and a host queue's drain then claims once more,
-        so it over-claims exactly twice (the totals count it). A MoE queue's items: the up tiles,
+        items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its
+        first claim past the end and a host queue's drain then claims once more, so it over-claims
+        exactly twice (the totals count it). A MoE queue's items: the up tiles,
         then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
         last, when the tail queue's word 3 says so)."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])

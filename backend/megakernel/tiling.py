@@ -140,12 +140,8 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
 # (2026-11-30, gpu_check, one call): BS 8 up tiles 8x (512 weight rows, 2 MB) 10.656 / 10.789 ms
 # against 4x 10.874 / 11.052.
 WIDE_MOE_FROM_BATCH = 4
-WIDE_MOE_SCALES = (
-    (8, 4),
-    (4, 4),
-    (4, 2),
-    (2, 2),
-)  # (up columns, down rows) factors, the first the config takes
+# (up columns, down rows) factors, the first the config takes
+WIDE_MOE_SCALES = ((8, 4), (4, 4), (4, 2), (2, 2))
 
 
 # Below WIDE_MOE_FROM_BATCH the MoE tiles are 2x (else 1.5x) the up columns and 2x the down rows

@@ -234,18 +234,16 @@ def test_moe_tiles_widen_with_the_batch():
         )
     fallback = north_mini_code_config(4, intermediate_size=96)  # 128 / 64 columns do not divide 96, 48 do
     assert tiling_for_batch(fallback, default_tiling(fallback), 1).moe_up_cols == 48
-    other = north_mini_code_config(
-        4, intermediate_size=160
-    )  # 128, 64, 48 columns do not divide 160: the base
+    # 128, 64, 48 columns do not divide 160: the base
+    other = north_mini_code_config(4, intermediate_size=160)
     assert tiling_for_batch(other, default_tiling(other), 1) == replace(
         default_tiling(other), claim_policy=lazy, max_splits=SMALL_MAX_SPLITS
     )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (8 * base.moe_up_cols, 4 * base.moe_down_rows)
     assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
-    mid = north_mini_code_config(
-        4, intermediate_size=192
-    )  # 256 / 128-column up tiles do not divide 192, 64 do
+    # 256 / 128-column up tiles do not divide 192, 64 do
+    mid = north_mini_code_config(4, intermediate_size=192)
     assert tiling_for_batch(mid, default_tiling(mid), 8).moe_up_cols == 2 * default_tiling(mid).moe_up_cols
     narrow = north_mini_code_config(4, hidden_size=768)  # 512-row down tiles do not divide 768, 256 do
     t = tiling_for_batch(narrow, default_tiling(narrow), 8)
