@@ -259,6 +259,59 @@ def test_claim_policies(weights, strategy, policy, window):
             b.positions = b.positions + 1
 
 
+@pytest.mark.parametrize("contexts", [[70], [70, 3, 190], [1, 2, 65, 126, 128, 129, 190, 250]])
+@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values())[:3], ids=list(CLAIM_CASES)[:3])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_local_route(weights, strategy, policy, window, contexts):
+    """Tiling.local_route: no ROUTE task, every MoE drain routes the layer itself. The step equals
+    the reference under every interleaving, two steps in a row on one bank whose counters wrap
+    (the MoE heads and expert counts now keep bases: the top-up makes their totals exact, which
+    the emulator checks at every step's end), and the published table is the routing."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.testing import kernel_routing
+
+    tiling = replace(TILING, claim_policy=policy, claim_window=window, local_route=1)
+    B = len(contexts)
+    sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
+    assert not any(int(t[abi.MK_F_OP]) == abi.MK_OP_ROUTE for t in sched.tasks)
+    assert sched.counters.n_dynamic == 0
+    case = make_case(CFG, contexts, seed=5)
+    ref_batch = clone_batch(case.batch)
+    ws = Workspace.allocate(CFG, tiling, "cpu")
+    emu = Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=2**32 - 300))
+    batch = clone_batch(case.batch)
+    for step in range(2):
+        ref = reference_step(CFG, weights, ref_batch)
+        ws.poison()
+        emu.step(_inputs(batch), strategy, seed=step)
+        _check(ws, batch, ref, ref_batch)
+        forced = kernel_routing(CFG, ws, B)
+        again = clone_batch(ref_batch)
+        torch.testing.assert_close(reference_step(CFG, weights, again, forced), ref)
+        for b in (batch, ref_batch):
+            b.token_ids = ref.argmax(-1)
+            b.positions = b.positions + 1
+
+
+def test_local_route_without_router_wait_is_caught(weights):
+    """A MoE drain that routes before the layer's router tiles signalled reads logits nobody
+    ordered before it: the happens-before check fails (whatever the interleaving)."""
+    from dataclasses import replace
+
+    tiling = replace(TILING, local_route=1)
+    contexts = [70, 3]
+    sched = build_schedule(CFG, 2, contexts, N_SMS, tiling)
+    drain = next(
+        int(t[abi.MK_F_ID])
+        for t in sched.tasks
+        if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
+    )
+    broken = sched.without_wait(drain, 1)
+    with pytest.raises(HazardError, match="rlogits"):
+        _run(weights, contexts, sched=broken)
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 def test_release_geometry_engine_tilings(batch):
     """The engine's per-batch tiling (tiling_for_batch: lazy claims and 16 splits at BS 1, wide MoE
@@ -312,6 +365,8 @@ SWEEP_TILINGS = [
     {"claim_window": 16},
     {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
     {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
+    {"local_route": 1},  # every MoE drain routes the layer itself (no ROUTE task)
+    {"local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
 ]
 
 
