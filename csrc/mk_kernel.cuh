@@ -1493,6 +1493,16 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       __syncthreads();
       if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
     }
+    // local_route: while the router tiles still run, route once on whatever the logits hold (a
+    // warm-up, like warm_op's: op_route's code is then in the instruction cache when the logits
+    // are there; the table it leaves in shared memory is recomputed below)
+    if (s_desc[MK_F_A0] == MK_QUEUE_MOE && p.local_route && !(p.prefetch_mode & MK_MODE_NO_WARM)) {
+      if (threadIdx.x == 0) s_flag = wait_task(p, s_desc, false, pre_h ? 1 : 0);
+      __syncthreads();
+      const bool ready = s_flag;
+      __syncthreads();  // everyone has read s_flag before thread 0 writes it again
+      if (!ready) op_route(s_params, s_desc[MK_F_LAYER], s, ROUTE_LOCAL);
+    }
     if (threadIdx.x == 0) {
       s_flag = wait_task(p, s_desc, true, pre_h ? 1 : 0);
       if (p.timeline) s_t1 = globaltimer();

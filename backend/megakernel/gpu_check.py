@@ -166,9 +166,11 @@ def bench(args: argparse.Namespace) -> int:
     from mkcode.backend.megakernel import timeline
 
     tl_mode = fastest_mode if args.timeline_mode is None else args.timeline_mode
-    be = MegakernelBackend(cfg, w, prefetch_mode=tl_mode, use_mma=fastest_mma)
+    tl_kw = parse_variant(args.timeline_variant)[2] if args.timeline_variant else {}
     results["timeline"] = {}
     for B in args.batches:
+        tl_tiling = replace(tiling_for_batch(cfg, base_t, B), **tl_kw)
+        be = MegakernelBackend(cfg, w, tiling=tl_tiling, prefetch_mode=tl_mode, use_mma=fastest_mma)
         be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
         be.decode(cases[B].batch)
         summ = timeline.summarize(be.timeline)
@@ -203,6 +205,7 @@ def bench(args: argparse.Namespace) -> int:
                 f"    {d['prev']:>13} -> {d['next']:<13} n={d['count']:>5}  total {d['total_us'] / 1e3:6.2f} SM-ms"
                 f"  median {d['median_us']:5.2f} us  p90 {d['p90_us']:5.2f} us"
             )
+        del be
         mid = cfg.num_hidden_layers // 2 + 1  # a MoE layer in the middle (sliding unless l % 4 == 0)
         print(f"  layer {mid} critical path (us from the layer's first task start):")
         for d in timeline.layer_spans(recs, mid):
@@ -268,7 +271,7 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     release_default = default_tiling(north_mini_code_config())
     over = {  # sizes: at most twice the reduced default; switches (claims, drains) as given
         k: getattr(tiling_release, k)
-        if k in ("moe_tail_last", "claim_policy", "claim_window", "attn_drains", "local_route")
+        if k in ("moe_tail_last", "claim_policy", "claim_window", "attn_drains", "local_route", "norm_early")
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)
@@ -350,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="prefetch_mode of the recorded timeline step (default: the fastest variant's); e.g. 16 = "
         "MK_MODE_TWICE, each add+norm and combine run twice to show what a cold op costs",
+    )
+    b.add_argument(
+        "--timeline-variant",
+        default=None,
+        type=lambda v: (parse_variant(v), v)[1],
+        help="Tiling keys (key=value,...) on top of each batch size's tiling for the recorded timeline step",
     )
     b.add_argument(
         "--variants",

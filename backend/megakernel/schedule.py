@@ -12,6 +12,11 @@ batch (BS 1-8) and its attention split policy:
   claimed from per-layer device queues that ROUTE fills (routing is known only on the device);
 - `totals`: each static counter's increment per step, which the host adds to the counter bases.
 
+With Tiling.norm_early a MoE layer's ADD_NORM tasks come before its MoE drains, although they wait
+for items those drains claim: at most half the SMs hold one, and every SM holds one MoE drain of the
+layer, so the drains on the other SMs (whose earlier tasks never wait on an ADD_NORM of this layer)
+run the queue to its end; the emulator's adversarial orders check it.
+
 Layer order (the parallel block: attention and MLP read the same h, so MoE/dense tiles backfill the
 SMs that attention leaves idle): QKV, router/route (or dense up), attention drains, MoE drains,
 combines, dense down, O-proj, add+norm. Then the LM head and sampling.
@@ -319,6 +324,24 @@ def build_schedule(
             for t in range(H // tiling.o_rows)
         ]
 
+        # 8. (early) the add+norm rows before the MoE drains (Tiling.norm_early; at most half the
+        # SMs hold one, so the MoE queue always has drains that are not blocked behind one)
+        mlp_target = cs.targets[cs.names[mlp_c]]
+        norm_early = bool(tiling.norm_early) and not dense and n_sms >= 2 * B
+
+        def add_norms(
+            layer: int = layer, o_c: int = o_c, mlp_c: int = mlp_c, mlp_target: int = mlp_target
+        ) -> None:
+            for b in range(B):
+                emit(
+                    make_desc(
+                        abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
+                    )
+                )
+
+        if norm_early:
+            add_norms()
+
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part)
         if not dense:
             tail_q = len(qinfo)
@@ -382,13 +405,8 @@ def build_schedule(
                 emit(qd)
 
         # 8. residual add + next norm, per row
-        mlp_target = cs.targets[cs.names[mlp_c]]
-        for b in range(B):
-            emit(
-                make_desc(
-                    abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
-                )
-            )
+        if not norm_early:
+            add_norms()
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)

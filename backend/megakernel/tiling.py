@@ -46,6 +46,11 @@ class Tiling:
     # 1: no ROUTE task; every MoE drain routes the layer itself from the router logits (mk_abi.h
     # local_route)
     local_route: int = 0
+    # 1: a MoE layer's ADD_NORM tasks come before its MoE drains in the global order (when the batch
+    # is at most half the SM count), so the SMs holding them wait for the layer's end instead of
+    # draining MoE items first (the add+norm then starts one hop after the last down tile, its
+    # warm-up run done, instead of after its SM's last item and the warm-up)
+    norm_early: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -69,6 +74,7 @@ class Tiling:
         need(self.max_splits >= 1, "max_splits must be >= 1")
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
         need(self.local_route in (0, 1), "local_route must be 0 or 1")
+        need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),

@@ -294,6 +294,28 @@ def test_local_route(weights, strategy, policy, window, contexts):
             b.positions = b.positions + 1
 
 
+@pytest.mark.parametrize("local", [0, 1])
+@pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_norm_early(weights, strategy, contexts, local):
+    """Tiling.norm_early: a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs (and wait
+    there for the layer's end). No deadlock under any interleaving (up to half the SMs hold one),
+    and the step is the reference's, with and without local routing."""
+    from dataclasses import replace
+
+    tiling = replace(TILING, norm_early=1, local_route=local, claim_policy=abi.MK_CLAIM_LAZY)
+    B = len(contexts)
+    sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
+    order = [int(t[abi.MK_F_OP]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == 1]
+    moe_drain = next(
+        i
+        for i, t in enumerate(t for t in sched.tasks if int(t[abi.MK_F_LAYER]) == 1)
+        if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
+    )
+    assert order.index(abi.MK_OP_ADD_NORM) < moe_drain
+    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+
+
 def test_local_route_without_router_wait_is_caught(weights):
     """A MoE drain that routes before the layer's router tiles signalled reads logits nobody
     ordered before it: the happens-before check fails (whatever the interleaving)."""
@@ -367,6 +389,8 @@ SWEEP_TILINGS = [
     {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
     {"local_route": 1},  # every MoE drain routes the layer itself (no ROUTE task)
     {"local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
+    {"norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
 ]
 
 

@@ -340,6 +340,18 @@ def test_local_route_reduced(small, contexts, policy):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=17, steps=3)
 
 
+@pytest.mark.parametrize("local", [0, 1], ids=["route", "local"])
+@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+def test_norm_early_reduced(small, contexts, local):
+    """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there):
+    three steps in a row, with ROUTE and with local routing."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    w, _ = small
+    t = replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), norm_early=1, local_route=local)
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
+
+
 def test_local_route_mode_switch(small):
     """One backend alternating ROUTE schedules and local-route schedules (the counters of the two
     kinds do not mix: the backend resets them at a switch): every step still matches."""
