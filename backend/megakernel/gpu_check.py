@@ -271,7 +271,16 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     release_default = default_tiling(north_mini_code_config())
     over = {  # sizes: at most twice the reduced default; switches (claims, drains) as given
         k: getattr(tiling_release, k)
-        if k in ("moe_tail_last", "claim_policy", "claim_window", "attn_drains", "local_route", "norm_early")
+        if k
+        in (
+            "moe_tail_last",
+            "claim_policy",
+            "claim_window",
+            "attn_drains",
+            "local_route",
+            "norm_early",
+            "attn_with_qkv",
+        )
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)

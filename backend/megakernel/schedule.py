@@ -12,6 +12,9 @@ batch (BS 1-8) and its attention split policy:
   claimed from per-layer device queues that ROUTE fills (routing is known only on the device);
 - `totals`: each static counter's increment per step, which the host adds to the counter bases.
 
+With Tiling.attn_with_qkv the attention drains are dealt to the SMs holding the layer's QKV and
+router tiles instead (each SM's list is still a subsequence of the global order).
+
 With Tiling.norm_early a MoE layer's ADD_NORM tasks come before its MoE drains, although they wait
 for items those drains claim: at most half the SMs hold one, and every SM holds one MoE drain of the
 layer, so the drains on the other SMs (whose earlier tasks never wait on an ADD_NORM of this layer)
@@ -212,6 +215,7 @@ def build_schedule(
     cs.n_dynamic = 0 if local else len(cs.names)
 
     tasks: list[list[int]] = []
+    sm_of: dict[int, int] = {}  # tasks dealt to another SM than round-robin's (Tiling.attn_with_qkv)
     qdescs: list[list[int]] = []
     qinfo: list[list[int]] = []
 
@@ -242,7 +246,8 @@ def build_schedule(
         o_c = counter(f"oproj[{layer}]", n_o)
         wait_h = ((norm[layer], B),)
 
-        # 1. QKV tiles
+        # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
+        busy = [(len(tasks) + t) % n_sms for t in range(n_qkv)]
         for t in range(n_qkv):
             emit(make_desc(abi.MK_OP_QKV, layer, (t * tiling.qkv_rows, tiling.qkv_rows), wait_h, (qkv_c,)))
 
@@ -263,6 +268,7 @@ def build_schedule(
             moe_down_tiles = H // tiling.moe_down_rows
             mlp_c = counter(f"mlp[{layer}]", B * K * moe_down_tiles)
             cs.totals[mlp_c] += B * K * moe_down_tiles  # signalled by device-made MoE down tasks
+            busy += [(len(tasks) + t) % n_sms for t in range(n_router)]
             for t in range(n_router):
                 emit(
                     make_desc(
@@ -288,12 +294,17 @@ def build_schedule(
                     cs.totals[att_c[b][h]] += 1
         n_items = len(qdescs) - first
         n_drains = min(n_items, n_sms, tiling.attn_drains or n_sms)
+        pool = list(dict.fromkeys(busy)) if tiling.attn_with_qkv else []  # distinct SMs, in order
+        if pool:
+            n_drains = min(n_drains, len(pool))
         head_c = counter(f"attn_head[{layer}]", 0)
         # every drain claims exactly twice past the end (the kernel's DRAIN)
         cs.totals[head_c] += n_items + 2 * n_drains
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
-        for _ in range(n_drains):
+        for k in range(n_drains):
+            if pool:
+                sm_of[len(tasks)] = pool[k]
             emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)))
 
         # 5. + 7. the attention tail: combines, then O-proj tiles, K split by kv head (split s reads
@@ -426,8 +437,8 @@ def build_schedule(
 
     arr = np.array(tasks, dtype=np.int32)
     sm_lists: list[list[int]] = [[] for _ in range(n_sms)]
-    for i in range(len(tasks)):
-        sm_lists[i % n_sms].append(i)
+    for i in range(len(tasks)):  # each SM's list keeps the global order: still topological
+        sm_lists[sm_of.get(i, i % n_sms)].append(i)
     return Schedule(
         cfg=cfg,
         tiling=tiling,

@@ -51,6 +51,12 @@ class Tiling:
     # draining MoE items first (the add+norm then starts one hop after the last down tile, its
     # warm-up run done, instead of after its SM's last item and the warm-up)
     norm_early: int = 0
+    # 1: a layer's attention drains go to the SMs that hold its QKV and router tiles (busy until the
+    # attention can start anyway; at most one drain each), so every other SM starts the layer with
+    # its MoE drain and takes MoE up tiles as soon as the routing is known (round-robin dealing put
+    # the drains on the SMs after the router tiles: idle until the last QKV tile, then attention,
+    # and only then their MoE drain)
+    attn_with_qkv: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -75,6 +81,7 @@ class Tiling:
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
         need(self.local_route in (0, 1), "local_route must be 0 or 1")
         need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
+        need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),

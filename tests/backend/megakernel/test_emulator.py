@@ -294,25 +294,43 @@ def test_local_route(weights, strategy, policy, window, contexts):
             b.positions = b.positions + 1
 
 
-@pytest.mark.parametrize("local", [0, 1])
+@pytest.mark.parametrize("local,early,with_qkv", [(0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)])
 @pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_norm_early(weights, strategy, contexts, local):
-    """Tiling.norm_early: a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs (and wait
-    there for the layer's end). No deadlock under any interleaving (up to half the SMs hold one),
-    and the step is the reference's, with and without local routing."""
+def test_task_placement(weights, strategy, contexts, local, early, with_qkv):
+    """Tiling.norm_early (a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs and wait
+    there for the layer's end; up to half the SMs hold one) and Tiling.attn_with_qkv (attention
+    drains on the SMs of the QKV and router tiles): no deadlock under any interleaving and the
+    reference's step, with and without local routing."""
     from dataclasses import replace
 
-    tiling = replace(TILING, norm_early=1, local_route=local, claim_policy=abi.MK_CLAIM_LAZY)
+    tiling = replace(
+        TILING, norm_early=early, local_route=local, attn_with_qkv=with_qkv, claim_policy=abi.MK_CLAIM_LAZY
+    )
     B = len(contexts)
     sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
-    order = [int(t[abi.MK_F_OP]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == 1]
+    layer1 = [t for t in sched.tasks if int(t[abi.MK_F_LAYER]) == 1]
+    order = [int(t[abi.MK_F_OP]) for t in layer1]
     moe_drain = next(
         i
-        for i, t in enumerate(t for t in sched.tasks if int(t[abi.MK_F_LAYER]) == 1)
+        for i, t in enumerate(layer1)
         if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
     )
-    assert order.index(abi.MK_OP_ADD_NORM) < moe_drain
+    assert (order.index(abi.MK_OP_ADD_NORM) < moe_drain) == bool(early)
+    if with_qkv:  # every attention drain sits on an SM that holds a QKV or router tile of its layer
+        sm = {tid: s for s, ids in enumerate(sched.sm_lists) for tid in ids}
+        for layer in range(CFG.num_hidden_layers):
+            ids = [int(t[abi.MK_F_ID]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer]
+            busy = {
+                sm[i] for i in ids if int(sched.tasks[i][abi.MK_F_OP]) in (abi.MK_OP_QKV, abi.MK_OP_ROUTER)
+            }
+            drains = [
+                sm[i]
+                for i in ids
+                if int(sched.tasks[i][abi.MK_F_OP]) == abi.MK_OP_DRAIN
+                and int(sched.tasks[i][abi.MK_F_A0]) == abi.MK_QUEUE_HOST
+            ]
+            assert drains and set(drains) <= busy and len(set(drains)) == len(drains)
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
@@ -391,6 +409,8 @@ SWEEP_TILINGS = [
     {"local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
     {"norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
+    {"attn_with_qkv": 1, "norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
 ]
 
 

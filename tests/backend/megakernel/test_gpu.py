@@ -340,15 +340,25 @@ def test_local_route_reduced(small, contexts, policy):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=17, steps=3)
 
 
-@pytest.mark.parametrize("local", [0, 1], ids=["route", "local"])
+@pytest.mark.parametrize(
+    "local,early,with_qkv",
+    [(0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)],
+    ids=["early", "local-early", "qkv", "all"],
+)
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
-def test_norm_early_reduced(small, contexts, local):
-    """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there):
-    three steps in a row, with ROUTE and with local routing."""
+def test_task_placement_reduced(small, contexts, local, early, with_qkv):
+    """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there) and
+    Tiling.attn_with_qkv (attention drains on the QKV / router SMs): three steps in a row, with ROUTE
+    and with local routing."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
     w, _ = small
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), norm_early=1, local_route=local)
+    t = replace(
+        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
+        norm_early=early,
+        local_route=local,
+        attn_with_qkv=with_qkv,
+    )
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
 
 
