@@ -513,126 +513,125 @@ __shared__ int s_nact;
 enum RouteMode { ROUTE_TASK = 0, ROUTE_DRY = 1, ROUTE_LOCAL = 2 };
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
-// ascending, slots b*k+j ascending), and the reset of this layer's dynamic counters.
-// Top-k by warp arg-maxes (below). The table: slot counts by shared atomics, table positions by
-// warp ballots, and each slot's place among its expert's slots by counting the earlier slots (all
-// parallel; the serial per-expert scans with divisions by K cost ~10 us at BS 8, measured).
+// ascending, slots b*k+j ascending). Top-k by warp arg-maxes: warp b takes row b, its lanes hold the
+// keys of experts lane + 32 j in registers (J = ceil(E / 32), a template constant: 4 at E = 128) and
+// each of the K rounds is one warp max and one warp min (ties to the lower id, the order of a
+// sequential arg-max); the winning lane records the expert and ORs bit b into the expert's row mask.
+// The routing weights come from the K winners in the same warp (a warp sum). The table needs no
+// counting loops: an expert's table position is the number of chosen experts below it (warp
+// ballots over the row masks), its token count the mask's popcount, and slot (b, j)'s place among
+// the expert's slots the number of earlier rows in its mask (a row chooses an expert at most once).
+// Three block barriers in all (session 9: the previous version counted every slot's rank against
+// all earlier slots and scanned 12 keys per lane per round; ROUTE took ~5 us at BS 1 and ~7 us at
+// BS 8, and ~10 us per drain when every MoE drain routed itself).
 // mode (RouteMode): ROUTE_DRY is a warm-up run (no global writes; see MK_MODE_NO_WARM), ROUTE_LOCAL
 // a MoE drain's own routing (local_route; the table in shared memory, rows in the same order).
 // Garbage logits are harmless: NaN becomes -inf, so the chosen experts are K distinct valid indices.
-__device__ __noinline__ void op_route(const Params& p, int l, Smem& s, int mode) {
+template <int J>
+__device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
   const bool dry = mode != ROUTE_TASK, local = mode == ROUTE_LOCAL;
-  float* lg = shared(s.out);                           // [B][E]
-  int* fid = reinterpret_cast<int*>(s.out + 8 * E);    // [B*K] expert of slot b*K + j
-  int* cnt = fid + 8 * MK_MAX_TOKENS;                  // [E] tokens per expert
-  int* pos_s = cnt + E;                                // [E] table position of each expert
-  int* wcnt = pos_s + E;                               // [NWARPS]
-  float* topv = reinterpret_cast<float*>(wcnt + NWARPS);  // [B*K] the chosen logits, by rank
+  float* lg = shared(s.out);                                      // [B][E]
+  int* fid = reinterpret_cast<int*>(s.out + 8 * E);               // [B*K] expert of slot b*K + j
+  unsigned* rmask = reinterpret_cast<unsigned*>(fid + 8 * MK_MAX_TOKENS);  // [E] rows choosing e
+  int* pos_s = reinterpret_cast<int*>(rmask + E);                 // [E] table position of each expert
+  int* wcnt = pos_s + E;                                          // [NWARPS] chosen experts per warp
   for (int i = threadIdx.x; i < B * E; i += NT) {
     const float v = ld_cg(V.rlogits(l) + i);  // rows of E logits, contiguous
     lg[i] = isnan(v) ? -INFINITY : v;         // a total order: K distinct experts below
   }
-  for (int e = threadIdx.x; e < E; e += NT) cnt[e] = 0;
+  for (int e = threadIdx.x; e < E; e += NT) rmask[e] = 0u;
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: logits loaded
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Top-k, a warp per row: K rounds of a warp arg-max (__reduce_max_sync over order-preserving
-  // keys, then __reduce_min_sync of the expert ids holding the maximum: ties to the lower id, the
-  // order of a sequential arg-max). Lane keys of experts lane + 32 j stay in registers (unrolled
-  // over ROUTE_J; key 0, below every float's key, marks a taken or absent expert). O(K * E / 32)
-  // per lane; the rank counting it replaces compared every pair of a row's logits (top-k 9.9 us of
-  // ROUTE's 14.1 at BS 8 on the H200; 4.1 us with the first version of this, keys re-read from
-  // shared memory).
-  for (int b = warp; b < B; b += NWARPS) {
+  if (warp < B) {
+    const int b = warp;
     const float* row = lg + b * E;
-    uint32_t key[ROUTE_J];
+    uint32_t key[J];  // key 0, below every float's key, marks a taken or absent expert
 #pragma unroll
-    for (int j = 0; j < ROUTE_J; ++j) key[j] = lane + 32 * j < E ? fkey(row[lane + 32 * j]) : 0u;
+    for (int j = 0; j < J; ++j) key[j] = lane + 32 * j < E ? fkey(row[lane + 32 * j]) : 0u;
+    int my_e = -1;  // lane r < K: the expert of rank r
     for (int r = 0; r < K; ++r) {
       uint32_t mine = 0;
       int mj = 0;
 #pragma unroll
-      for (int j = 0; j < ROUTE_J; ++j)
+      for (int j = 0; j < J; ++j)
         if (key[j] > mine) {  // strictly greater: ties keep the lower id
           mine = key[j];
           mj = j;
         }
       const uint32_t top = __reduce_max_sync(0xffffffffu, mine);
       const uint32_t e = __reduce_min_sync(0xffffffffu, mine == top ? (uint32_t)(lane + 32 * mj) : 0xffffffffu);
-      if (mine == top && (uint32_t)(lane + 32 * mj) == e) {  // the winner: record and take it
-        fid[b * K + r] = (int)e;
-        topv[b * K + r] = row[e];
+      if (lane == r) my_e = (int)e;
+      if (mine == top && (uint32_t)(lane + 32 * mj) == e) {  // the winner: take it
+        atomicOr(&rmask[e], 1u << b);
 #pragma unroll
-        for (int j = 0; j < ROUTE_J; ++j)
+        for (int j = 0; j < J; ++j)
           if (j == mj) key[j] = 0u;
       }
     }
-  }
-  __syncthreads();
-  if ((int)threadIdx.x < B) {  // thread b: the routing weights of row b
-    const int b = threadIdx.x;
-    const float* top = topv + b * K;
-    float w[MK_MAX_TOKENS];
-    float sum = 0.f;
-    if (!p.selection_sigmoid) {
-      const float m = top[0];
-      for (int j = 0; j < K; ++j) sum += (w[j] = expf(top[j] - m));
-      for (int j = 0; j < K; ++j) w[j] /= sum;
-    } else {
-      for (int j = 0; j < K; ++j) sum += (w[j] = 1.f / (1.f + expf(-top[j])));
-      if (p.norm_topk)
-        for (int j = 0; j < K; ++j) w[j] /= sum;
+    // the weights of row b: lane r < K holds the logit of rank r
+    const float v = lane < K ? row[my_e] : 0.f;
+    const float m = __shfl_sync(0xffffffffu, v, 0);  // rank 0: the largest
+    float w = 0.f;
+    if (lane < K) w = p.selection_sigmoid ? 1.f / (1.f + expf(-v)) : expf(v - m);
+    float sum = w;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (!p.selection_sigmoid || p.norm_topk) w /= sum;
+    if (lane < K) {
+      fid[b * K + lane] = my_e;
+      if (local) s_lr_w[b * K + lane] = w;
+      else if (!dry) V.route_w(l)[b * K + lane] = w;
     }
-    if (local)
-      for (int j = 0; j < K; ++j) s_lr_w[b * K + j] = w[j];
-    else if (!dry)
-      for (int j = 0; j < K; ++j) V.route_w(l)[b * K + j] = w[j];
   }
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // timeline: top-k done
-  for (int i = threadIdx.x; i < BK; i += NT) atomicAdd(&cnt[fid[i]], 1);
+  // table positions: chosen experts below e (E <= 384 < NT: one thread per expert)
+  const bool chosen = (int)threadIdx.x < E && rmask[threadIdx.x < E ? threadIdx.x : 0] != 0u;
+  const unsigned bal = __ballot_sync(0xffffffffu, chosen);
+  if (lane == 0) wcnt[warp] = __popc(bal);
   __syncthreads();
-  // table position of each active expert = active experts before it: warp ballots + warp offsets
-  // (one thread per expert when E <= NT; a serial count otherwise)
-  const unsigned bal = __ballot_sync(0xffffffffu, (int)threadIdx.x < E && cnt[threadIdx.x < E ? threadIdx.x : 0] > 0);
-  if (E <= NT && lane == 0) wcnt[warp] = __popc(bal);
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += NT) {
-    int at = 0;
-    if (E <= NT) {
-      for (int w = 0; w < warp; ++w) at += wcnt[w];
-      at += __popc(bal & ((1u << lane) - 1u));
-    } else {
-      for (int f = 0; f < e; ++f) at += cnt[f] > 0;
-    }
-    pos_s[e] = at;
+  if ((int)threadIdx.x < E) {
+    int at = __popc(bal & ((1u << lane) - 1u));
+    for (int w2 = 0; w2 < warp; ++w2) at += wcnt[w2];
+    pos_s[threadIdx.x] = at;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < BK; i += NT) {  // slot i: its place among its expert's slots
-    const int e = fid[i];
-    int rank = 0;
-    for (int i2 = 0; i2 < i; ++i2) rank += fid[i2] == e;
+  for (int i = threadIdx.x; i < BK; i += NT) {  // slot i = b*K + j: its place among its expert's slots
+    const int e = fid[i], b = i / K;
+    const unsigned msk = rmask[e];
+    const int rank = __popc(msk & ((1u << b) - 1u));
     int* row = local ? s_etab + pos_s[e] * ETAB_STRIDE : V.expert_tab(l) + (size_t)pos_s[e] * ETAB_STRIDE;
     if (dry && !local) continue;
     row[2 + rank] = i;
     if (rank == 0) {
       row[0] = e;
-      row[1] = cnt[e];
+      row[1] = __popc(msk);
     }
   }
+  int n_act = 0;
+  if (threadIdx.x == 0)
+    for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
   if (local) {
-    if (threadIdx.x == 0) s_nact = pos_s[E - 1] + (cnt[E - 1] > 0);
+    if (threadIdx.x == 0) s_nact = n_act;
     __syncthreads();  // the table, the weights and s_nact are the block's
     return;
   }
   if (dry) return;
   if (threadIdx.x == 0) {
-    const int n_act = pos_s[E - 1] + (cnt[E - 1] > 0);
     V.moe_info(l)[0] = n_act;
     V.moe_info(l)[1] = n_act * (p.moe_up_tiles + p.moe_down_tiles);
   }
+}
+
+// One instance per key-register count, so the common E <= 128 scans 4 keys per lane per round.
+__device__ __noinline__ void op_route(const Params& p, int l, Smem& s, int mode) {
+  if (p.num_experts <= 128)
+    route_impl<4>(p, l, s, mode);
+  else
+    route_impl<ROUTE_J>(p, l, s, mode);
 }
 
 // Before ROUTE's dependency wait: reset the layer's dynamic counters (its MoE queue head and the
