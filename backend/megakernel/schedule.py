@@ -215,13 +215,28 @@ def build_schedule(
     cs.n_dynamic = 0 if local else len(cs.names)
 
     tasks: list[list[int]] = []
-    sm_of: dict[int, int] = {}  # tasks dealt to another SM than round-robin's (Tiling.attn_with_qkv)
+    # the SM of each task: round-robin over the work SMs, except control tasks (ROUTE, ADD_NORM) on
+    # the last Tiling.ctrl_sms SMs and attention drains with Tiling.attn_with_qkv
+    n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
+    n_work = n_sms - n_ctrl
+    deal: list[int] = []
+    rr = [0]  # the round-robin cursor over the work SMs
+
+    def next_sm() -> int:
+        sm = rr[0] % n_work
+        rr[0] += 1
+        return sm
+
+    def ctrl_sm(k: int) -> int | None:
+        return n_work + k % n_ctrl if n_ctrl else None
+
     qdescs: list[list[int]] = []
     qinfo: list[list[int]] = []
 
-    def emit(d: list[int]) -> None:
+    def emit(d: list[int], sm: int | None = None) -> None:
         d[abi.MK_F_ID] = len(tasks)
         tasks.append(d)
+        deal.append(next_sm() if sm is None else sm)
         for i in range(d[abi.MK_F_NSIG]):
             cs.totals[d[abi.MK_F_SIG0 + i]] += d[abi.MK_F_SIG_AMOUNT]
 
@@ -247,7 +262,7 @@ def build_schedule(
         wait_h = ((norm[layer], B),)
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
-        busy = [(len(tasks) + t) % n_sms for t in range(n_qkv)]
+        first_qkv = len(tasks)
         for t in range(n_qkv):
             emit(make_desc(abi.MK_OP_QKV, layer, (t * tiling.qkv_rows, tiling.qkv_rows), wait_h, (qkv_c,)))
 
@@ -268,7 +283,6 @@ def build_schedule(
             moe_down_tiles = H // tiling.moe_down_rows
             mlp_c = counter(f"mlp[{layer}]", B * K * moe_down_tiles)
             cs.totals[mlp_c] += B * K * moe_down_tiles  # signalled by device-made MoE down tasks
-            busy += [(len(tasks) + t) % n_sms for t in range(n_router)]
             for t in range(n_router):
                 emit(
                     make_desc(
@@ -280,7 +294,9 @@ def build_schedule(
                     )
                 )
             if not local:
-                emit(make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)))
+                emit(
+                    make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)), ctrl_sm(layer)
+                )
 
         # 3. attention splits into this layer's host queue, claimed by drains
         first = len(qdescs)
@@ -293,8 +309,9 @@ def build_schedule(
                     qdescs.append(qd)
                     cs.totals[att_c[b][h]] += 1
         n_items = len(qdescs) - first
-        n_drains = min(n_items, n_sms, tiling.attn_drains or n_sms)
-        pool = list(dict.fromkeys(busy)) if tiling.attn_with_qkv else []  # distinct SMs, in order
+        n_drains = min(n_items, n_work, tiling.attn_drains or n_work)
+        # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
+        pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
         if pool:
             n_drains = min(n_drains, len(pool))
         head_c = counter(f"attn_head[{layer}]", 0)
@@ -303,9 +320,7 @@ def build_schedule(
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
         for k in range(n_drains):
-            if pool:
-                sm_of[len(tasks)] = pool[k]
-            emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)))
+            emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)), pool[k] if pool else None)
 
         # 5. + 7. the attention tail: combines, then O-proj tiles, K split by kv head (split s reads
         # exactly kv head s's query heads). In MoE layers they are items of the layer's MoE queue,
@@ -338,7 +353,7 @@ def build_schedule(
         # 8. (early) the add+norm rows before the MoE drains (Tiling.norm_early; at most half the
         # SMs hold one, so the MoE queue always has drains that are not blocked behind one)
         mlp_target = cs.targets[cs.names[mlp_c]]
-        norm_early = bool(tiling.norm_early) and not dense and n_sms >= 2 * B
+        norm_early = bool(tiling.norm_early) and not dense and n_work >= 2 * B
 
         def add_norms(
             layer: int = layer, o_c: int = o_c, mlp_c: int = mlp_c, mlp_target: int = mlp_target
@@ -347,7 +362,8 @@ def build_schedule(
                 emit(
                     make_desc(
                         abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
-                    )
+                    ),
+                    ctrl_sm(b),
                 )
 
         if norm_early:
@@ -366,7 +382,7 @@ def build_schedule(
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE; with local routing the router tiles (each drain routes)
             route_wait = (router_c, n_router) if local else (route_c, 1)
-            for _ in range(n_sms):
+            for _ in range(n_work):  # one per work SM
                 emit(
                     make_desc(
                         abi.MK_OP_DRAIN,
@@ -381,7 +397,7 @@ def build_schedule(
                 # expert count its up tiles (an expert without tokens is topped up)
                 up_t, down_t = cfg.intermediate_size // tiling.moe_up_cols, moe_down_tiles
                 cs.totals[moe_head_counter(cfg, layer)] = (
-                    max_active(cfg, B) * (up_t + down_t) + len(tail) + n_sms
+                    max_active(cfg, B) * (up_t + down_t) + len(tail) + n_work
                 )
                 for e in range(E):
                     cs.totals[expert_counter(cfg, layer, e)] = up_t
@@ -437,8 +453,8 @@ def build_schedule(
 
     arr = np.array(tasks, dtype=np.int32)
     sm_lists: list[list[int]] = [[] for _ in range(n_sms)]
-    for i in range(len(tasks)):  # each SM's list keeps the global order: still topological
-        sm_lists[sm_of.get(i, i % n_sms)].append(i)
+    for i, sm in enumerate(deal):  # each SM's list keeps the global order: still topological
+        sm_lists[sm].append(i)
     return Schedule(
         cfg=cfg,
         tiling=tiling,

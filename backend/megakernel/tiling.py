@@ -57,6 +57,11 @@ class Tiling:
     # the drains on the SMs after the router tiles: idle until the last QKV tile, then attention,
     # and only then their MoE drain)
     attn_with_qkv: int = 0
+    # SMs reserved for the layers' control tasks (ROUTE, ADD_NORM; 0: none, at most half the SMs):
+    # everything else is dealt over the other SMs, so these ops always find their code in the
+    # instruction cache (an op an SM runs once per layer otherwise fetches it cold: several us) and
+    # an ADD_NORM waits on its SM for the layer's end instead of starting after its SM's last item
+    ctrl_sms: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -82,6 +87,7 @@ class Tiling:
         need(self.local_route in (0, 1), "local_route must be 0 or 1")
         need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
+        need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),

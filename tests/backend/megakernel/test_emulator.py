@@ -294,18 +294,27 @@ def test_local_route(weights, strategy, policy, window, contexts):
             b.positions = b.positions + 1
 
 
-@pytest.mark.parametrize("local,early,with_qkv", [(0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)])
+@pytest.mark.parametrize(
+    "local,early,with_qkv,ctrl",
+    [(0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (1, 1, 1, 0), (0, 0, 0, 1), (1, 1, 1, 2)],
+)
 @pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_task_placement(weights, strategy, contexts, local, early, with_qkv):
+def test_task_placement(weights, strategy, contexts, local, early, with_qkv, ctrl):
     """Tiling.norm_early (a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs and wait
     there for the layer's end; up to half the SMs hold one) and Tiling.attn_with_qkv (attention
     drains on the SMs of the QKV and router tiles): no deadlock under any interleaving and the
-    reference's step, with and without local routing."""
+    reference's step, with and without local routing. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone
+    on the last SMs."""
     from dataclasses import replace
 
     tiling = replace(
-        TILING, norm_early=early, local_route=local, attn_with_qkv=with_qkv, claim_policy=abi.MK_CLAIM_LAZY
+        TILING,
+        norm_early=early,
+        local_route=local,
+        attn_with_qkv=with_qkv,
+        ctrl_sms=ctrl,
+        claim_policy=abi.MK_CLAIM_LAZY,
     )
     B = len(contexts)
     sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
@@ -316,7 +325,11 @@ def test_task_placement(weights, strategy, contexts, local, early, with_qkv):
         for i, t in enumerate(layer1)
         if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
     )
-    assert (order.index(abi.MK_OP_ADD_NORM) < moe_drain) == bool(early)
+    assert (order.index(abi.MK_OP_ADD_NORM) < moe_drain) == bool(early and N_SMS - ctrl >= 2 * B)
+    ctrl_ops = (abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM)
+    for sm, ids in enumerate(sched.sm_lists):  # control SMs hold control tasks only, and all of them
+        is_ctrl = [int(sched.tasks[i][abi.MK_F_OP]) in ctrl_ops for i in ids]
+        assert all(is_ctrl) if sm >= N_SMS - ctrl else (ctrl == 0 or not any(is_ctrl))
     if with_qkv:  # every attention drain sits on an SM that holds a QKV or router tile of its layer
         sm = {tid: s for s, ids in enumerate(sched.sm_lists) for tid in ids}
         for layer in range(CFG.num_hidden_layers):
@@ -411,6 +424,8 @@ SWEEP_TILINGS = [
     {"norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
     {"attn_with_qkv": 1, "norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
+    {"ctrl_sms": 8, "attn_with_qkv": 1},
 ]
 
 
