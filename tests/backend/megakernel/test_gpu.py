@@ -341,12 +341,12 @@ def test_local_route_reduced(small, contexts, policy):
 
 
 @pytest.mark.parametrize(
-    "local,early,with_qkv",
-    [(0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)],
-    ids=["early", "local-early", "qkv", "all"],
+    "local,early,with_qkv,ctrl",
+    [(0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (1, 1, 1, 0), (0, 0, 0, 1), (1, 0, 1, 8)],
+    ids=["early", "local-early", "qkv", "all", "ctrl1", "local-qkv-ctrl8"],
 )
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
-def test_task_placement_reduced(small, contexts, local, early, with_qkv):
+def test_task_placement_reduced(small, contexts, local, early, with_qkv, ctrl):
     """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there) and
     Tiling.attn_with_qkv (attention drains on the QKV / router SMs): three steps in a row, with ROUTE
     and with local routing."""
@@ -358,6 +358,7 @@ def test_task_placement_reduced(small, contexts, local, early, with_qkv):
         norm_early=early,
         local_route=local,
         attn_with_qkv=with_qkv,
+        ctrl_sms=ctrl,
     )
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
 
