@@ -280,6 +280,7 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
             "local_route",
             "norm_early",
             "attn_with_qkv",
+            "ctrl_sms",
         )
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
