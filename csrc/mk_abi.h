@@ -177,6 +177,13 @@ enum MkError {
 // for ROUTE.
 #define MK_MODE_TOKEN_ROWS 128
 
+// MK_PREFETCH_HEAD: a layer's first GEMV tasks (QKV, ROUTER, DENSE_UP: they wait for the previous
+// layer's add+norm, a window in which nothing else of the step can stream) L2-prefetch their weight
+// tiles before that wait (cp.async.bulk.prefetch.L2), so their GEMVs read L2 when the norm lands.
+// Only these tiles (~21 MB per layer): MK_PREFETCH_SELF prefetches every task's tile (sessions 2-3:
+// slower; every SM's next tile together overflows L2).
+#define MK_PREFETCH_HEAD 256
+
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W
 // items remain before the queue's far end (a host queue's end; a MoE queue's last up tile), W =

@@ -1177,7 +1177,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   // every task but a MoE up item may overwrite the staged h rows (read after the barrier below)
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP) s_h_staged = -1;
   uint64_t t1 = 0;
-  if (p.prefetch_mode & MK_PREFETCH_SELF) prefetch_weights(p, d);
+  if ((p.prefetch_mode & MK_PREFETCH_SELF) ||
+      ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
+       (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)))
+    prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)

@@ -274,8 +274,19 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_MODE_NO_WARM),  # without the warm-up runs of add+norm, route and combine
         (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
+        (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
     ],
-    ids=["mma", "mma-self", "fma", "mma-next", "mma-twice", "mma-nowarm", "mma-smemk", "mma-tokenrows"],
+    ids=[
+        "mma",
+        "mma-self",
+        "fma",
+        "mma-next",
+        "mma-twice",
+        "mma-nowarm",
+        "mma-smemk",
+        "mma-tokenrows",
+        "mma-head",
+    ],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
