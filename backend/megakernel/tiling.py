@@ -212,14 +212,27 @@ WIDE_CLAIM_POLICY = abi.MK_CLAIM_EAGER
 SMALL_MAX_SPLITS = 16
 
 
+# Control SMs (Tiling.ctrl_sms): one per batch row, so each add+norm row has its own SM (and ROUTE
+# runs on one of them), and from WIDE_MOE_FROM_BATCH rows the attention drains on the SMs of the QKV
+# and router tiles (Tiling.attn_with_qkv). Measured on the H200 at 8K (2026-11-30, session 9,
+# gpu_check, same call): BS 1 ctrl_sms=1 3.586 / 3.651 ms vs 3.810 / 3.712, 3.697 / 3.716 vs 3.790 /
+# 3.811, 3.619 / 3.585 vs 3.671 / 3.718 (three calls); BS 8 ctrl_sms=8 with attn_with_qkv 10.555 /
+# 10.701 vs 10.996 / 11.058 and 10.561 / 10.571 vs 10.852 / 10.899 (ctrl_sms=8 alone 10.604 / 10.806;
+# ctrl_sms=4: 11.15).
+CTRL_SMS_PER_ROW = 1
+WIDE_ATTN_WITH_QKV = 1
+
+
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, lazy claims and at most SMALL_MAX_SPLITS attention splits;
-    from there on the widest of WIDE_MOE_SCALES and eager claims (`base`'s tiles where no scale fits)."""
+    from there on the widest of WIDE_MOE_SCALES, eager claims and the attention drains on the QKV
+    SMs (`base`'s tiles where no scale fits); one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
+    t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        return replace(t, claim_policy=WIDE_CLAIM_POLICY)
+        return replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
     return replace(t, claim_policy=SMALL_CLAIM_POLICY, max_splits=min(t.max_splits, SMALL_MAX_SPLITS))
 
 

@@ -213,6 +213,10 @@ def test_moe_tiles_widen_with_the_batch():
 
     from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, WIDE_MOE_FROM_BATCH, tiling_for_batch
 
+    def placement(t, b, wide=False):  # the control SMs (one per row) and, wide, attention on the QKV SMs
+        assert t.ctrl_sms == b and t.attn_with_qkv == int(wide)
+        return replace(t, ctrl_sms=0, attn_with_qkv=0)
+
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
     base = default_tiling(cfg)
@@ -224,7 +228,7 @@ def test_moe_tiles_widen_with_the_batch():
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
         assert (
             replace(
-                small,
+                placement(small, b),
                 moe_up_cols=base.moe_up_cols,
                 moe_down_rows=base.moe_down_rows,
                 claim_policy=eager,
@@ -236,11 +240,12 @@ def test_moe_tiles_widen_with_the_batch():
     assert tiling_for_batch(fallback, default_tiling(fallback), 1).moe_up_cols == 48
     # 128, 64, 48 columns do not divide 160: the base
     other = north_mini_code_config(4, intermediate_size=160)
-    assert tiling_for_batch(other, default_tiling(other), 1) == replace(
+    assert placement(tiling_for_batch(other, default_tiling(other), 1), 1) == replace(
         default_tiling(other), claim_policy=lazy, max_splits=SMALL_MAX_SPLITS
     )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (8 * base.moe_up_cols, 4 * base.moe_down_rows)
+    wide = placement(wide, 8, wide=True)
     assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
     # 256 / 128-column up tiles do not divide 192, 64 do
     mid = north_mini_code_config(4, intermediate_size=192)
@@ -252,7 +257,7 @@ def test_moe_tiles_widen_with_the_batch():
         2 * default_tiling(narrow).moe_down_rows,
     )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
-    assert tiling_for_batch(odd, default_tiling(odd), 8) == default_tiling(odd)
+    assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == default_tiling(odd)
 
 
 def test_device_scripts_parse_and_offer_the_ab_stage():
