@@ -327,11 +327,23 @@ def step(args: argparse.Namespace) -> int:
         )
     )
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=1, std=0.05)
+    kw = parse_variant(args.tiling)[2] if args.tiling else {}
+    tiling = replace(tiling_for_batch(cfg, default_tiling(cfg), len(args.contexts)), **kw) if kw else None
     be = MegakernelBackend(
-        cfg, w, n_sms=args.sms or None, timeout_s=args.timeout, prefetch_mode=args.mode, use_mma=args.mma
+        cfg,
+        w,
+        n_sms=args.sms or None,
+        timeout_s=args.timeout,
+        prefetch_mode=args.mode,
+        use_mma=args.mma,
+        tiling=tiling,
     )
     ok, cos = _compare_step(cfg, w, be, args.contexts, seed=2)
-    print(f"step mode={args.mode} mma={args.mma} contexts={args.contexts}: cosine {cos} ok={ok}", flush=True)
+    print(
+        f"step mode={args.mode} mma={args.mma} tiling={args.tiling or 'default'} contexts={args.contexts}: "
+        f"cosine {cos} ok={ok}",
+        flush=True,
+    )
     return 0 if ok else 1
 
 
@@ -392,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layers", type=int, default=2, choices=[2, 6])
     s.add_argument("--timeout", type=float, default=120.0)
     s.add_argument("--contexts", type=int, nargs="+", default=[3, 64, 300])
+    s.add_argument(
+        "--tiling",
+        default=None,
+        type=lambda v: (parse_variant(v), v)[1],
+        help="Tiling keys (key=value,...) on top of the batch size's default tiling, e.g. local_route=1",
+    )
     s.set_defaults(func=step)
     return p
 
