@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 6
+#define MK_ABI_VERSION 7
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -142,8 +142,7 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window) \
-  X(local_route)
+  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window)
 
 // prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
@@ -198,18 +197,6 @@ enum MkError {
 #define MK_CLAIM_LAZY_END 1
 #define MK_CLAIM_LAZY 2
 #define MK_CLAIM_EAGER_ALL 3
-
-// local_route (a kernel parameter, Tiling.local_route): 1 = no ROUTE task. Every MoE drain waits for
-// the layer's router tiles and computes the routing itself into shared memory (top-k, weights, the
-// expert table: the same code as ROUTE, the same result on every SM), so the ROUTE task, its two
-// dependency hops and the expert table's L2 round trip leave the MoE chain. Nothing is reset on the
-// device then: the MoE queue head and the per-expert up counts keep host bases like every other
-// counter, because the drain that claims the queue's exact end tops them up to fixed per-step
-// totals (the head by the items the routing left out, each expert that got no token by its up
-// tiles); schedule.py counts those totals. That drain also publishes the table, the weights and
-// moe_info (what ROUTE writes) for the host. A drain's shared-memory table and weights hold
-// MK_LR_MAX_ACTIVE entries (MK_MAX_TOKENS * top_k must fit; tiling.py checks it).
-#define MK_LR_MAX_ACTIVE 64
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-6 = %globaltimer (ns) at the task's start, after its waits, when its GEMV began (the

@@ -499,18 +499,10 @@ __device__ __forceinline__ uint32_t fkey(float f) {
 // ROUTE's experts per lane at most: E <= 32 * ROUTE_J (tiling.py keeps E <= 384).
 constexpr int ROUTE_J = 12;
 
-// A MoE drain's copy of its layer's routing (local_route: computed here; else the first ETAB_ROWS
-// rows of ROUTE's table): the expert table rows (expert, tokens, slots), the routing weight of
-// each slot b*k + j, and the number of active experts. Written by op_route (ROUTE_LOCAL) or the
-// drain's copy before a barrier; read by the drain's items (MoE down: the weights).
+// The table's row stride (expert, tokens, slots) and op_route's modes: the ROUTE task (global
+// table, weights, moe_info) or its warm-up (no writes at all).
 constexpr int ETAB_STRIDE = 2 + MK_MAX_TOKENS;
-__shared__ int s_etab[MK_LR_MAX_ACTIVE * ETAB_STRIDE];
-__shared__ float s_lr_w[MK_LR_MAX_ACTIVE];
-__shared__ int s_nact;
-
-// op_route's modes: the ROUTE task (global table, weights, moe_info), its warm-up (no writes at
-// all), or a MoE drain's local routing (local_route: into s_etab / s_lr_w / s_nact only).
-enum RouteMode { ROUTE_TASK = 0, ROUTE_DRY = 1, ROUTE_LOCAL = 2 };
+enum RouteMode { ROUTE_TASK = 0, ROUTE_DRY = 1 };
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending). Top-k by warp arg-maxes: warp b takes row b, its lanes hold the
@@ -524,14 +516,13 @@ enum RouteMode { ROUTE_TASK = 0, ROUTE_DRY = 1, ROUTE_LOCAL = 2 };
 // Three block barriers in all (session 9: the previous version counted every slot's rank against
 // all earlier slots and scanned 12 keys per lane per round; ROUTE took ~5 us at BS 1 and ~7 us at
 // BS 8, and ~10 us per drain when every MoE drain routed itself).
-// mode (RouteMode): ROUTE_DRY is a warm-up run (no global writes; see MK_MODE_NO_WARM), ROUTE_LOCAL
-// a MoE drain's own routing (local_route; the table in shared memory, rows in the same order).
+// mode (RouteMode): ROUTE_DRY is a warm-up run (no global writes; see MK_MODE_NO_WARM).
 // Garbage logits are harmless: NaN becomes -inf, so the chosen experts are K distinct valid indices.
 template <int J>
 __device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
-  const bool dry = mode != ROUTE_TASK, local = mode == ROUTE_LOCAL;
+  const bool dry = mode != ROUTE_TASK;
   float* lg = shared(s.out);                                      // [B][E]
   int* fid = reinterpret_cast<int*>(s.out + 8 * E);               // [B*K] expert of slot b*K + j
   unsigned* rmask = reinterpret_cast<unsigned*>(fid + 8 * MK_MAX_TOKENS);  // [E] rows choosing e
@@ -582,8 +573,7 @@ __device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
     if (!p.selection_sigmoid || p.norm_topk) w /= sum;
     if (lane < K) {
       fid[b * K + lane] = my_e;
-      if (local) s_lr_w[b * K + lane] = w;
-      else if (!dry) V.route_w(l)[b * K + lane] = w;
+      if (!dry) V.route_w(l)[b * K + lane] = w;
     }
   }
   __syncthreads();
@@ -603,8 +593,8 @@ __device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
     const int e = fid[i], b = i / K;
     const unsigned msk = rmask[e];
     const int rank = __popc(msk & ((1u << b) - 1u));
-    int* row = local ? s_etab + pos_s[e] * ETAB_STRIDE : V.expert_tab(l) + (size_t)pos_s[e] * ETAB_STRIDE;
-    if (dry && !local) continue;
+    if (dry) continue;
+    int* row = V.expert_tab(l) + (size_t)pos_s[e] * ETAB_STRIDE;
     row[2 + rank] = i;
     if (rank == 0) {
       row[0] = e;
@@ -614,11 +604,6 @@ __device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
   int n_act = 0;
   if (threadIdx.x == 0)
     for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
-  if (local) {
-    if (threadIdx.x == 0) s_nact = n_act;
-    __syncthreads();  // the table, the weights and s_nact are the block's
-    return;
-  }
   if (dry) return;
   if (threadIdx.x == 0) {
     V.moe_info(l)[0] = n_act;
@@ -670,9 +655,7 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   float* dst = V.moe_out(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
     const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
-    // local_route: the drain that runs this item routed the layer into shared memory
-    const float w = p.local_route ? s_lr_w[slot] : ld_cg(V.route_w(l) + slot);
-    dst[(size_t)slot * p.hidden + r0 + r] = w * s.out[r * 8 + j];
+    dst[(size_t)slot * p.hidden + r0 + r] = ld_cg(V.route_w(l) + slot) * s.out[r * 8 + j];
   }
 }
 
@@ -1318,7 +1301,7 @@ __device__ __forceinline__ void host_item_fetch(const Params& p, int at, int* ra
 // The first ETAB_ROWS rows of a MoE layer's expert table, copied into shared memory (s_etab) when
 // its drain starts (with the first claim, no extra round trip): an up/down item of those experts
 // then builds from shared memory instead of paying an L2 round trip after its claim. 16 rows cover
-// BS 1-2 (top 8). With local_route the drain's own table holds every row.
+// BS 1-2 (top 8).
 constexpr int ETAB_ROWS = 16;
 constexpr int ETAB_WORDS = ETAB_ROWS * ETAB_STRIDE;
 
@@ -1333,7 +1316,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
     } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
       const int m = q.tile(idx);
       const int a = m < q.n_up ? m / p.moe_up_tiles : (m - q.n_up) / p.moe_down_tiles;
-      if (p.local_route || a < ETAB_ROWS) {  // the drain's copy (read after the loop's barrier, like the cp.async)
+      if (a < ETAB_ROWS) {  // the drain's copy (read after the loop's barrier, like the cp.async)
         raw[2 * threadIdx.x] = etab[a * (2 + MK_MAX_TOKENS) + 2 * threadIdx.x];
         raw[2 * threadIdx.x + 1] = etab[a * (2 + MK_MAX_TOKENS) + 2 * threadIdx.x + 1];
       } else {
@@ -1403,31 +1386,6 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
   }
 }
 
-// local_route, the drain that claimed the MoE queue's exact end (one per layer and step), after its
-// last item: the head gets the items the routing left out (its step total is every possible item
-// plus one claim past the end per drain), every expert without tokens its up tiles (every expert
-// count's step total), so no counter needs a reset; then the layer's routing goes to the global
-// table, weights and moe_info (what ROUTE publishes: the host reads them, no SM does). Nothing waits
-// on these adds in this step: relaxed atomics.
-__device__ __noinline__ void lr_finish(const Params& p, int l, unsigned int* head, int n_act, uint32_t end,
-                                       int n_tail) {
-  View V(p);
-  const int E = p.num_experts, BK = p.batch * p.top_k;
-  const int full = min(E, BK) * (p.moe_up_tiles + p.moe_down_tiles) + n_tail;
-  if (threadIdx.x == 0) atomicAdd(head, (unsigned int)(full - (int)end));
-  for (int e = threadIdx.x; e < E; e += NT) {
-    bool active = false;
-    for (int a = 0; a < n_act; ++a) active |= s_etab[a * ETAB_STRIDE] == e;
-    if (!active) atomicAdd(V.counter(p.dyn_base + l * (E + 1) + 1 + e), (unsigned int)p.moe_up_tiles);
-  }
-  for (int w = threadIdx.x; w < n_act * ETAB_STRIDE; w += NT) V.expert_tab(l)[w] = s_etab[w];
-  for (int i = threadIdx.x; i < BK; i += NT) V.route_w(l)[i] = s_lr_w[i];
-  if (threadIdx.x == 0) {
-    V.moe_info(l)[0] = n_act;
-    V.moe_info(l)[1] = n_act * (p.moe_up_tiles + p.moe_down_tiles);
-  }
-}
-
 __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];
@@ -1437,7 +1395,9 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
+  __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
+  __shared__ int s_etab[ETAB_WORDS];                   // a MoE DRAIN's first expert-table rows
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
   if (threadIdx.x == 0) {
@@ -1495,16 +1455,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       __syncthreads();
       if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
     }
-    // local_route: while the router tiles still run, route once on whatever the logits hold (a
-    // warm-up, like warm_op's: op_route's code is then in the instruction cache when the logits
-    // are there; the table it leaves in shared memory is recomputed below)
-    if (s_desc[MK_F_A0] == MK_QUEUE_MOE && p.local_route && !(p.prefetch_mode & MK_MODE_NO_WARM)) {
-      if (threadIdx.x == 0) s_flag = wait_task(p, s_desc, false, pre_h ? 1 : 0);
-      __syncthreads();
-      const bool ready = s_flag;
-      __syncthreads();  // everyone has read s_flag before thread 0 writes it again
-      if (!ready) op_route(s_params, s_desc[MK_F_LAYER], s, ROUTE_LOCAL);
-    }
     if (threadIdx.x == 0) {
       s_flag = wait_task(p, s_desc, true, pre_h ? 1 : 0);
       if (p.timeline) s_t1 = globaltimer();
@@ -1521,9 +1471,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
                                           : nullptr;
     unsigned int* head = (unsigned int*)p.counters +
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
-    // ROUTE resets a MoE head each step (base 0); host heads and local-route MoE heads keep bases
-    const bool local = kind != MK_QUEUE_HOST && p.local_route;
-    const uint32_t head_base = kind == MK_QUEUE_HOST || local ? ((const uint32_t*)p.base)[head - (unsigned int*)p.counters] : 0u;
+    const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
     // While item i runs, item i+1's words are on their way into shared memory (drain_fetch) and,
     // while more than `window` items remain before s_far (the queue's end; a MoE queue's last up tile),
     // the claim of item i+2 is in flight. Beyond that a drain claims its next item only when it is
@@ -1535,21 +1483,14 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     uint32_t claim_far = 0;  // thread 0: the claim in flight (valid when far)
     bool far = false;
     const uint32_t window = p.claim_window > 0 ? (uint32_t)p.claim_window : (uint32_t)p.n_sms;
-    uint32_t c0_raw = 0;  // thread 0: the first claim
-    if (local) {
-      // local_route: the first claim is in flight while the block routes the layer from the router
-      // logits (we waited for the router tiles) into s_etab / s_lr_w / s_nact
-      if (threadIdx.x == 0) c0_raw = atomicAdd(head, 1u);
-      op_route(s_params, arg, s, ROUTE_LOCAL);
-    } else if (kind != MK_QUEUE_HOST && threadIdx.x >= 32) {  // warps 1..: in parallel with thread 0's claim
+    if (kind != MK_QUEUE_HOST && threadIdx.x >= 32) {  // warps 1..: in parallel with thread 0's claim
       // rows past n_act are never read; ROUTE published the table (we waited for route[l])
       const int words = min(ETAB_WORDS, p.num_experts * ETAB_STRIDE);
       for (int w = threadIdx.x - 32; w < words; w += NT - 32) s_etab[w] = ld_cg(View(p).expert_tab(arg) + w);
     }
     if (threadIdx.x == 0) {
-      const uint32_t c0 = (local ? c0_raw : atomicAdd(head, 1u)) - head_base;
-      if (!local)  // local: op_route wrote it
-        s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
+      const uint32_t c0 = atomicAdd(head, 1u) - head_base;
+      s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
       s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
       s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
                                                                            : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
@@ -1596,9 +1537,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // one claim past the end stopped us (none is in flight then: it was not far from the end);
     // one more makes the two per drain that the host queue's step total counts
     if (threadIdx.x == 0 && kind == MK_QUEUE_HOST) atomicAdd(head, 1u);
-    // local_route: the one drain whose stopping claim is the queue's exact end tops the head and
-    // the experts without tokens up to their fixed step totals and publishes the routing
-    if (local && s_claim == s_end) lr_finish(p, arg, head, s_nact, s_end, MoeQueue(p, s_nact, qi).n_tail);
     if (threadIdx.x == 0) {
       tl_marks[0] = tl_marks[1] = 0;
       tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1, s_t1);

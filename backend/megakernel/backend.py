@@ -169,7 +169,6 @@ class MegakernelBackend:
             cfg.intermediate_size,
         )
         self.steps = 0
-        self._last_dynamic: int | None = None  # the last step's n_dynamic (see launch)
 
     # ---- counters ------------------------------------------------------------------------------
     def _alloc_counters(self, capacity: int) -> None:
@@ -317,7 +316,6 @@ class MegakernelBackend:
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "claim_policy": t.claim_policy,
             "claim_window": t.claim_window,
-            "local_route": t.local_route,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,
@@ -353,12 +351,6 @@ class MegakernelBackend:
             prep = self._prepare(
                 positions if positions is not None else self._host_positions(batch.positions)
             )
-        dyn = prep.sched.counters.n_dynamic
-        if dyn != self._last_dynamic and self._last_dynamic is not None:
-            # ROUTE-reset MoE counters (base 0) and local-route ones (host bases) do not mix: the
-            # first step of the other kind starts from clean counters (stream-ordered)
-            self.reset_counters()
-        self._last_dynamic = dyn
         self.bank.prepare(prep.sched)
         self._upload_bases()
         ptrs, ints, floats = self._params(prep, batch)

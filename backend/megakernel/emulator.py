@@ -2,8 +2,7 @@
 
 Each virtual SM walks its descriptor list exactly as a thread block of the kernel does: wait until
 every (counter, target) holds, run the task, signal. DRAIN tasks claim items from work queues with
-an atomic head (host queues of attention splits; MoE queues that ROUTE fills on the "device", or
-that every drain routes itself with Tiling.local_route). A
+an atomic head (host queues of attention splits; MoE queues that ROUTE fills on the "device"). A
 scheduling strategy picks which runnable SM advances next (random, or adversarial orders), so a
 step is exercised under many interleavings.
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
-from mkcode.backend.megakernel.schedule import Schedule, expert_counter, max_active, moe_head_counter
+from mkcode.backend.megakernel.schedule import Schedule, expert_counter, moe_head_counter
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import ModelConfig
 from mkcode.backend.model.weights import ModelWeights
@@ -181,20 +180,16 @@ class Emulator:
             t_first, t_len, t_last = (
                 (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
             )
-            if t.local_route:
-                self._local_route(sm, d, arg)  # after the router tiles (the drain's waits)
-            table = self.ops.moe_tables[arg]  # ROUTE published it (we waited on route[l]), or we routed
+            table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
             n_up = len(table) * self.up_tiles
             tail_at = len(table) * (self.up_tiles + self.down_tiles) if t_last else n_up
             end = len(table) * (self.up_tiles + self.down_tiles) + t_len
             far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
 
-        based = kind == abi.MK_QUEUE_HOST or t.local_route  # else ROUTE reset the head (base 0)
-
         def claim() -> int:
             raw = self.vals[head_c]
             self.vals[head_c] = (raw + 1) & _U32
-            if based:
+            if kind == abi.MK_QUEUE_HOST:
                 self._check_head(head_c)
                 return (raw - self.base[head_c]) & _U32
             return raw
@@ -225,8 +220,6 @@ class Emulator:
                     lambda ly, e: expert_counter(self.cfg, ly, e),
                 )
                 if item is None:
-                    if t.local_route and idx == end:
-                        self._top_up(sm, arg, table, end, t_len)
                     return
             lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + window >= far_end) or (
                 t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + window >= end
@@ -241,37 +234,6 @@ class Emulator:
             ahead = claim() if far else None
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
-
-    def _local_route(self, sm: int, d, layer: int) -> None:
-        """A MoE drain routes the layer itself (Tiling.local_route): ROUTE's op on the router
-        logits, into the drain's shared memory. Every drain computes the same table from the same
-        logits, so the emulator routes once per layer and step; each drain's read of the logits is
-        checked against the router tiles' writes (an event of its own)."""
-        ev = self.n_events
-        self.n_events += 1
-        self.event_descs.append(d)
-        self.past[sm] |= 1 << ev
-        if layer in self.ops.moe_tables:
-            acc = self.ops.route_reads(layer)
-        else:
-            acc = self.ops.op_route(layer, (), d)
-        if self.check_hazards:
-            for key, lo, hi in acc.reads:
-                self.reads.append((key, lo, hi, ev, self.past[sm]))
-
-    def _top_up(self, sm: int, layer: int, table, end: int, t_len: int) -> None:
-        """The drain that claimed the MoE queue's exact end (one per step) tops the head up by the
-        items the routing left out and every expert without tokens by its up tiles, so that those
-        counters advance by fixed per-step totals (mk_abi.h local_route)."""
-        cfg = self.cfg
-        full = max_active(cfg, self.sched.batch) * (self.up_tiles + self.down_tiles) + t_len
-        head_c = moe_head_counter(cfg, layer)
-        self.vals[head_c] = (self.vals[head_c] + full - end) & _U32
-        self._check_head(head_c)
-        active = {e for e, _ in table}
-        for e in range(cfg.num_experts):
-            if e not in active:
-                self._signal(expert_counter(cfg, layer, e), self.up_tiles, self.past[sm])
 
     def _check_head(self, head_c: int) -> None:
         done = (self.vals[head_c] - self.base[head_c]) & _U32
@@ -299,7 +261,6 @@ class Emulator:
             inp,
             math=self.math,
             rng=np.random.default_rng(seed),
-            local_route=bool(self.sched.tiling.local_route),
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)

@@ -111,12 +111,8 @@ class OpSemantics:
         inp: StepInputs,
         math: bool = True,
         rng: np.random.Generator | None = None,
-        local_route: bool = False,
     ):
         self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
-        # MoE drains route in shared memory (Tiling.local_route): MoE items read their routing
-        # there, not from ROUTE's table and weights
-        self.local_route = local_route
         self.rng = rng or np.random.default_rng(0)
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
@@ -356,10 +352,7 @@ class OpSemantics:
         return acc
 
     def _routing_reads(self, layer: int, slots: list[int]) -> list:
-        """A MoE item's reads of ROUTE's table (and of the routing weights of `slots`); none when
-        the drain routed in shared memory (local_route)."""
-        if self.local_route:
-            return []
+        """A MoE item's reads of ROUTE's table (and of the routing weights of `slots`)."""
         return [(("moe_tab", layer), 0, 1)] + [(("route_w", layer), s, s + 1) for s in slots]
 
     def _moe_slots(self, d) -> list[int]:

@@ -277,7 +277,6 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
             "claim_policy",
             "claim_window",
             "attn_drains",
-            "local_route",
             "norm_early",
             "attn_with_qkv",
             "ctrl_sms",
@@ -408,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tiling",
         default=None,
         type=lambda v: (parse_variant(v), v)[1],
-        help="Tiling keys (key=value,...) on top of the batch size's default tiling, e.g. local_route=1",
+        help="Tiling keys (key=value,...) on top of the batch size's default tiling, e.g. ctrl_sms=0",
     )
     s.set_defaults(func=step)
     return p

@@ -41,10 +41,8 @@ W = abi.MK_DESC_WORDS
 
 @dataclass
 class CounterSet:
-    """Counter indices by name. The MoE region [0, L * (E + 1)) is fixed by (L, E): per layer one
-    MoE queue head and one up-tile count per expert. With ROUTE tasks it is dynamic
-    (n_dynamic = its size: reset on the device by ROUTE, base 0); with local routing n_dynamic = 0
-    and its counters have per-step totals like the others."""
+    """Counter indices by name. The dynamic region [0, n_dynamic) is fixed by (L, E): per layer one
+    MoE queue head and one up-tile count per expert, reset on the device by ROUTE."""
 
     names: list[str] = field(default_factory=list)
     totals: list[int] = field(default_factory=list)
@@ -58,11 +56,6 @@ class CounterSet:
 
     def index(self, name: str) -> int:
         return self.names.index(name)
-
-
-def max_active(cfg: ModelConfig, batch: int) -> int:
-    """Experts a MoE layer can route a batch to at most (the local-route top-up's reference)."""
-    return min(cfg.num_experts, batch * cfg.num_experts_per_tok)
 
 
 def moe_head_counter(cfg: ModelConfig, layer: int) -> int:
@@ -209,10 +202,7 @@ def build_schedule(
             cs.add(f"moe_head[{layer}]")
             for e in range(E):
                 cs.add(f"expert[{layer}][{e}]")
-    # ROUTE resets the MoE heads and expert counts (a dynamic region, base 0); with local routing
-    # they keep host bases: the drains top them up to fixed per-step totals (mk_abi.h local_route)
-    local = bool(tiling.local_route) and has_moe
-    cs.n_dynamic = 0 if local else len(cs.names)
+    cs.n_dynamic = len(cs.names)
 
     tasks: list[list[int]] = []
     # the SM of each task: round-robin over the work SMs, except control tasks (ROUTE, ADD_NORM) on
@@ -279,7 +269,7 @@ def build_schedule(
         else:
             n_router = E // tiling.router_rows
             router_c = counter(f"router[{layer}]", n_router)
-            route_c = None if local else counter(f"route[{layer}]", 1)
+            route_c = counter(f"route[{layer}]", 1)
             moe_down_tiles = H // tiling.moe_down_rows
             mlp_c = counter(f"mlp[{layer}]", B * K * moe_down_tiles)
             cs.totals[mlp_c] += B * K * moe_down_tiles  # signalled by device-made MoE down tasks
@@ -293,10 +283,7 @@ def build_schedule(
                         (router_c,),
                     )
                 )
-            if not local:
-                emit(
-                    make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)), ctrl_sm(layer)
-                )
+            emit(make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
 
         # 3. attention splits into this layer's host queue, claimed by drains
         first = len(qdescs)
@@ -380,27 +367,16 @@ def build_schedule(
                 for i in range(qd[abi.MK_F_NSIG]):
                     cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
-            # while ROUTE runs), then ROUTE; with local routing the router tiles (each drain routes)
-            route_wait = (router_c, n_router) if local else (route_c, 1)
+            # while ROUTE runs), then ROUTE
             for _ in range(n_work):  # one per work SM
                 emit(
                     make_desc(
                         abi.MK_OP_DRAIN,
                         layer,
                         (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q),
-                        (*wait_h, route_wait),
+                        (*wait_h, (route_c, 1)),
                     )
                 )
-            if local:
-                # per step: the head takes every possible item (the drain at the queue's end tops
-                # up what the routing left out) plus one claim past the end per drain; every
-                # expert count its up tiles (an expert without tokens is topped up)
-                up_t, down_t = cfg.intermediate_size // tiling.moe_up_cols, moe_down_tiles
-                cs.totals[moe_head_counter(cfg, layer)] = (
-                    max_active(cfg, B) * (up_t + down_t) + len(tail) + n_work
-                )
-                for e in range(E):
-                    cs.totals[expert_counter(cfg, layer, e)] = up_t
         else:
             for qd in tail[: B * Hkv]:
                 emit(qd)

@@ -43,9 +43,6 @@ class Tiling:
     # attention drains per layer at most (0: one per SM, as many as items). Fewer drains leave more
     # SMs to the MoE queue while the attention runs: each drain then takes several items.
     attn_drains: int = 0
-    # 1: no ROUTE task; every MoE drain routes the layer itself from the router logits (mk_abi.h
-    # local_route)
-    local_route: int = 0
     # 1: a MoE layer's ADD_NORM tasks come before its MoE drains in the global order (when the batch
     # is at most half the SM count), so the SMs holding them wait for the layer's end instead of
     # draining MoE items first (the add+norm then starts one hop after the last down tile, its
@@ -84,7 +81,6 @@ class Tiling:
         need(H % self.o_rows == 0, "o_rows must divide hidden_size")
         need(self.max_splits >= 1, "max_splits must be >= 1")
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
-        need(self.local_route in (0, 1), "local_route must be 0 or 1")
         need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
@@ -121,10 +117,6 @@ class Tiling:
             need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
             need(I % 32 == 0, "intermediate_size must be a multiple of 32")
             need(H % self.moe_down_rows == 0, "moe_down_rows must divide hidden_size")
-            need(
-                not self.local_route or abi.MK_MAX_TOKENS * cfg.num_experts_per_tok <= abi.MK_LR_MAX_ACTIVE,
-                f"local_route: a batch's routing slots must fit the drains' tables ({abi.MK_LR_MAX_ACTIVE})",
-            )
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
             need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")

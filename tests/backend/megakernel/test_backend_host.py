@@ -341,27 +341,3 @@ def test_positions_are_read_again_only_when_they_changed(be, monkeypatch):
     assert be._host_positions(pos) == [9, 71] and len(calls) == 3
     other = pos.clone()
     assert be._host_positions(other) == [9, 71] and len(calls) == 4
-
-
-def test_local_route_steps_and_mode_switches(be, weights):
-    """Tiling.local_route through the host path: the MoE heads and expert counts keep host bases
-    (no device reset), and a switch between ROUTE schedules and local-route schedules resets the
-    counters once (without it the first step of the other kind claims from a stale head: the
-    emulator stops on the counter totals)."""
-    from dataclasses import replace
-
-    fake = be.mod
-    batch = _case([5, 70], seed=4)
-    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
-    ref_batch = clone_batch(batch)
-    for local in (1, 1, 0, 1, 0, 0, 1):
-        be.tiling = replace(TILING, local_route=local)
-        be._cache.clear()
-        be._split_keys.clear()
-        logits = be.decode(batch)
-        assert fake.calls[-1]["ints"]["local_route"] == local
-        ref = _check_logits(logits, weights, ref_batch)
-        nxt = ref.argmax(-1)
-        for b in (batch, ref_batch):
-            b.token_ids = nxt.clone()
-            b.positions = b.positions + 1

@@ -259,59 +259,19 @@ def test_claim_policies(weights, strategy, policy, window):
             b.positions = b.positions + 1
 
 
-@pytest.mark.parametrize("contexts", [[70], [70, 3, 190], [1, 2, 65, 126, 128, 129, 190, 250]])
-@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values())[:3], ids=list(CLAIM_CASES)[:3])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_local_route(weights, strategy, policy, window, contexts):
-    """Tiling.local_route: no ROUTE task, every MoE drain routes the layer itself. The step equals
-    the reference under every interleaving, two steps in a row on one bank whose counters wrap
-    (the MoE heads and expert counts now keep bases: the top-up makes their totals exact, which
-    the emulator checks at every step's end), and the published table is the routing."""
-    from dataclasses import replace
-
-    from mkcode.backend.megakernel.testing import kernel_routing
-
-    tiling = replace(TILING, claim_policy=policy, claim_window=window, local_route=1)
-    B = len(contexts)
-    sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
-    assert not any(int(t[abi.MK_F_OP]) == abi.MK_OP_ROUTE for t in sched.tasks)
-    assert sched.counters.n_dynamic == 0
-    case = make_case(CFG, contexts, seed=5)
-    ref_batch = clone_batch(case.batch)
-    ws = Workspace.allocate(CFG, tiling, "cpu")
-    emu = Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=2**32 - 300))
-    batch = clone_batch(case.batch)
-    for step in range(2):
-        ref = reference_step(CFG, weights, ref_batch)
-        ws.poison()
-        emu.step(_inputs(batch), strategy, seed=step)
-        _check(ws, batch, ref, ref_batch)
-        forced = kernel_routing(CFG, ws, B)
-        again = clone_batch(ref_batch)
-        torch.testing.assert_close(reference_step(CFG, weights, again, forced), ref)
-        for b in (batch, ref_batch):
-            b.token_ids = ref.argmax(-1)
-            b.positions = b.positions + 1
-
-
-@pytest.mark.parametrize(
-    "local,early,with_qkv,ctrl",
-    [(0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (1, 1, 1, 0), (0, 0, 0, 1), (1, 1, 1, 2)],
-)
+@pytest.mark.parametrize("early,with_qkv,ctrl", [(1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 2)])
 @pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_task_placement(weights, strategy, contexts, local, early, with_qkv, ctrl):
+def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl):
     """Tiling.norm_early (a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs and wait
     there for the layer's end; up to half the SMs hold one) and Tiling.attn_with_qkv (attention
     drains on the SMs of the QKV and router tiles): no deadlock under any interleaving and the
-    reference's step, with and without local routing. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone
-    on the last SMs."""
+    reference's step. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs."""
     from dataclasses import replace
 
     tiling = replace(
         TILING,
         norm_early=early,
-        local_route=local,
         attn_with_qkv=with_qkv,
         ctrl_sms=ctrl,
         claim_policy=abi.MK_CLAIM_LAZY,
@@ -345,24 +305,6 @@ def test_task_placement(weights, strategy, contexts, local, early, with_qkv, ctr
             ]
             assert drains and set(drains) <= busy and len(set(drains)) == len(drains)
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
-
-
-def test_local_route_without_router_wait_is_caught(weights):
-    """A MoE drain that routes before the layer's router tiles signalled reads logits nobody
-    ordered before it: the happens-before check fails (whatever the interleaving)."""
-    from dataclasses import replace
-
-    tiling = replace(TILING, local_route=1)
-    contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, tiling)
-    drain = next(
-        int(t[abi.MK_F_ID])
-        for t in sched.tasks
-        if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
-    )
-    broken = sched.without_wait(drain, 1)
-    with pytest.raises(HazardError, match="rlogits"):
-        _run(weights, contexts, sched=broken)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -418,12 +360,10 @@ SWEEP_TILINGS = [
     {"claim_window": 16},
     {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
     {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
-    {"local_route": 1},  # every MoE drain routes the layer itself (no ROUTE task)
-    {"local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
-    {"norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
-    {"attn_with_qkv": 1, "norm_early": 1, "local_route": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"attn_with_qkv": 1, "norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},
 ]

@@ -335,65 +335,26 @@ def test_claim_policies_reduced(small, contexts, policy, window):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=11, steps=3)
 
 
-@pytest.mark.parametrize("policy", [abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER], ids=["lazy", "eager"])
 @pytest.mark.parametrize(
-    "contexts", [[300], [5, 300, 255], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs3", "bs8"]
-)
-def test_local_route_reduced(small, contexts, policy):
-    """Tiling.local_route (no ROUTE task: every MoE drain routes the layer in shared memory; the
-    MoE heads and expert counts keep host bases, topped up by the drain at the queue's end): three
-    steps in a row on one backend against the routed reference (the routing it reads back is the
-    table the top-up drain published), so a wrong top-up would stall or corrupt the next step."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
-    w, _ = small
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), claim_policy=policy, local_route=1)
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=17, steps=3)
-
-
-@pytest.mark.parametrize(
-    "local,early,with_qkv,ctrl",
-    [(0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (1, 1, 1, 0), (0, 0, 0, 1), (1, 0, 1, 8)],
-    ids=["early", "local-early", "qkv", "all", "ctrl1", "local-qkv-ctrl8"],
+    "early,with_qkv,ctrl",
+    [(1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (0, 1, 8)],
+    ids=["early", "qkv", "early-qkv", "ctrl1", "qkv-ctrl8"],
 )
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
-def test_task_placement_reduced(small, contexts, local, early, with_qkv, ctrl):
-    """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there) and
-    Tiling.attn_with_qkv (attention drains on the QKV / router SMs): three steps in a row, with ROUTE
-    and with local routing."""
+def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl):
+    """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there),
+    Tiling.attn_with_qkv (attention drains on the QKV / router SMs) and Tiling.ctrl_sms (ROUTE and
+    ADD_NORM alone on the last SMs): three steps in a row."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
     w, _ = small
     t = replace(
         tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
         norm_early=early,
-        local_route=local,
         attn_with_qkv=with_qkv,
         ctrl_sms=ctrl,
     )
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
-
-
-def test_local_route_mode_switch(small):
-    """One backend alternating ROUTE schedules and local-route schedules (the counters of the two
-    kinds do not mix: the backend resets them at a switch): every step still matches."""
-    w, _ = small
-    be = MegakernelBackend(CFG, w)
-    case = make_case(CFG, [62, 190], device="cuda", dtype=torch.bfloat16, seed=19, grow=8)
-    ref_batch = clone_batch(case.batch)
-    fp = Fp32Weights(w)
-    for local in (0, 1, 1, 0, 1):
-        be.tiling = replace(be.tiling, local_route=local)
-        be._cache.clear()
-        be._split_keys.clear()
-        got = be.decode(case.batch)
-        ref = _routed_reference(CFG, fp, be, ref_batch)
-        cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=-1)
-        assert float(cos.min()) >= 0.999, f"local_route={local}: cosine {cos.tolist()}"
-        nxt = ref.argmax(-1)
-        for b in (case.batch, ref_batch):
-            b.token_ids = nxt.clone()
-            b.positions = b.positions + 1
 
 
 def test_asynchronous_decode_steps_in_place(small):
