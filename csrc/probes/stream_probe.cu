@@ -14,8 +14,9 @@
 //            L1 share that the shared-memory size leaves limits the loads in flight
 // Blocks: all SMs, or fewer (per-SM ceiling). Output: one line per (strategy, blocks): GB/s.
 //
+//   gemv<U> (`stream_probe gemv`) the megakernel GEMV's own addressing, from HBM and from L2
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe
+//   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe [gemv]
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -145,7 +146,97 @@ __global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-int main() {
+// gemv<U>: the megakernel GEMV's access pattern (gemv_group in mk_device.cuh) without its mma. A block
+// streams consecutive tiles of R rows x K bf16 (row-major), `reps` times over its chunk (reps > 1 with
+// a chunk of one tile: the tile is L2-resident after the first pass). A 16-row group per wpg warps
+// (16 warps / groups), warp kw of a group takes the k-steps kw * 32 + j * wpg * 32; lane (gid, t)
+// loads 16 B of rows gid and gid + 8 per k-step, U k-steps per batch, then folds them (the GEMV's
+// mma phase). Against ldg<U> (contiguous 512 B per warp load) it says what the GEMV's addressing
+// costs; against HBM it says whether a GEMV from L2 is faster.
+// KB: the group's warps take contiguous K blocks instead (the megakernel's GEMV since session 9).
+template <int U, bool KB = false>
+__global__ void __launch_bounds__(NT, 1)
+    gemv_stream(const uint16_t* src, size_t per_block, int R, int K, int reps, uint32_t* out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int ngroups = R / 16, wpg = 16 / (ngroups < 16 ? ngroups : 16), gslots = 16 / wpg;
+  const int kw = warp % wpg, stride = KB ? 32 : wpg * 32;
+  const int k0 = KB ? kw * (K / wpg) : kw * 32, k1 = KB ? k0 + K / wpg : K;
+  const size_t tile = (size_t)R * K;
+  const size_t ntiles = per_block / 2 / tile;
+  const uint16_t* base = src + blockIdx.x * (per_block / 2);
+  uint32_t acc = 0;
+  for (int rep = 0; rep < reps; ++rep)
+    for (size_t ti = 0; ti < ntiles; ++ti)
+      for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
+        const uint16_t* ra = base + ti * tile + (size_t)(grp * 16 + gid) * K + t * 8;
+        const uint16_t* rb = ra + (size_t)8 * K;
+        for (int kk = k0; kk + (U - 1) * stride < k1; kk += U * stride) {
+          uint4 wa[U], wb[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            wa[u] = ldw(ra + kk + u * stride);
+            wb[u] = ldw(rb + kk + u * stride);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) acc += fold(wa[u]) ^ fold(wb[u]);
+        }
+      }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+// `stream_probe gemv`: gemv<8> tiles (256 x 2048: the MoE up tiles' shape; 64 x 2048: QKV's) from
+// HBM and from L2, with and without the megakernel's ~78 KB of shared memory, next to ldg<8>.
+static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
+  const int block_counts[] = {sms, sms / 2, 16, 1};
+  const uint16_t* s2 = reinterpret_cast<const uint16_t*>(buf);
+  const uint4* s16 = reinterpret_cast<const uint4*>(buf);
+  CK(cudaFuncSetAttribute(gemv_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 78 * 1024));
+  CK(cudaFuncSetAttribute(gemv_stream<8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 78 * 1024));
+  CK(cudaFuncSetAttribute(ldg_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 78 * 1024));
+  printf("gemv probe: GB/s = bytes streamed / kernel time (median of 5); L2 = one tile per block, 40 passes\n");
+  for (int bc : block_counts) {
+    auto run = [&](const char* name, size_t bytes, auto launch) -> int {
+      float t[5];
+      for (int r = 0; r < 5; ++r) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CK(cudaGetLastError());
+        CK(cudaEventElapsedTime(&t[r], a, b));
+      }
+      for (int i = 0; i < 5; ++i)
+        for (int j = i + 1; j < 5; ++j)
+          if (t[j] < t[i]) {
+            const float x = t[i];
+            t[i] = t[j];
+            t[j] = x;
+          }
+      const double gbs = (double)bytes / (t[2] * 1e-3) / 1e9;
+      printf("%-26s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, bc, gbs, gbs / bc);
+      return 0;
+    };
+    const size_t hbm = (size_t)24 << 20;  // per block, from HBM (132 x 24 MB: far beyond L2)
+    for (int smem : {0, 78 * 1024}) {
+      const char* sfx = smem ? " smem78K" : "";
+      char n[64];
+      snprintf(n, sizeof n, "ldg U=8 HBM%s", sfx);
+      if (run(n, hbm * bc, [&] { ldg_stream<8><<<bc, NT, smem>>>(s16, hbm, out); })) return 1;
+      snprintf(n, sizeof n, "gemv 256x2048 HBM%s", sfx);
+      if (run(n, hbm * bc, [&] { gemv_stream<8><<<bc, NT, smem>>>(s2, hbm, 256, 2048, 1, out); })) return 1;
+      snprintf(n, sizeof n, "gemv 64x2048 HBM%s", sfx);
+      if (run(n, hbm * bc, [&] { gemv_stream<8><<<bc, NT, smem>>>(s2, hbm, 64, 2048, 1, out); })) return 1;
+      snprintf(n, sizeof n, "gemv 64x2048 kblock HBM%s", sfx);
+      if (run(n, hbm * bc, [&] { gemv_stream<8, true><<<bc, NT, smem>>>(s2, hbm, 64, 2048, 1, out); })) return 1;
+      const size_t t64 = (size_t)64 * 2048 * 2;  // one 256 KB tile per block: L2-resident
+      snprintf(n, sizeof n, "gemv 64x2048 L2%s", sfx);
+      if (run(n, t64 * 40 * bc, [&] { gemv_stream<8><<<bc, NT, smem>>>(s2, t64, 64, 2048, 40, out); })) return 1;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t total = (size_t)4 << 30;  // 4 GiB: far beyond L2
@@ -157,6 +248,7 @@ int main() {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
+  if (argc > 1 && argv[1][0] == 'g') return gemv_probe(sms, buf, out, a, b);  // `stream_probe gemv`
   const int block_counts[] = {sms, sms / 2, 16, 1};
   printf("SMs %d; per-block chunk: min(4 GiB / blocks, 256 MiB); GB/s = bytes / kernel time (median of 5)\n", sms);
   for (int bc : block_counts) {
