@@ -680,18 +680,22 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
   if (threadIdx.x * 4 < H) w_first = __ldg(reinterpret_cast<const uint2*>(w + threadIdx.x * 4));
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
-    float4 a = ld_cg4(V.x(l) + rb + i);
+    // Every partial load is issued before the first add, unconditionally (a partial past the count
+    // reloads partial 0, an L2 hit, and is zeroed): guarded by `if (j < n)` each load sat in its own
+    // branch and was consumed before the next was issued, 13 L2 round trips in a row at BS 1
+    // (cuobjdump -sass; the op took 4.4 us with its code and data hot, session 9).
+    float4 q[17];
+    q[0] = ld_cg4(V.x(l) + rb + i);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j < n_attn) {
-        const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
-        a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
-      }
+    for (int j = 0; j < 8; ++j) q[1 + j] = ld_cg4(V.ao_part(l, j < n_attn ? j : 0) + rb + i);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j < n_mlp) {
-        const float4 q = ld_cg4(mlp(j) + i);
-        a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    for (int j = 0; j < 8; ++j) q[9 + j] = ld_cg4(mlp(j < n_mlp ? j : 0) + i);
+    float4 a = q[0];
+#pragma unroll
+    for (int j = 0; j < 16; ++j)  // attention partials, then MLP partials (the reference's order)
+      if (j < 8 ? j < n_attn : j - 8 < n_mlp) {
+        const float4 v = q[1 + j];
+        a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
       }
     for (int j = 8; j < n_attn; ++j) {  // geometries beyond the unrolled counts
       const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
