@@ -180,7 +180,8 @@ enum MkError {
 // layer's add+norm, a window in which nothing else of the step can stream) L2-prefetch their weight
 // tiles before that wait (cp.async.bulk.prefetch.L2), so their GEMVs read L2 when the norm lands.
 // Only these tiles (~21 MB per layer): MK_PREFETCH_SELF prefetches every task's tile (sessions 2-3:
-// slower; every SM's next tile together overflows L2).
+// slower; every SM's next tile together overflows L2). Measured slower too (session 9: QKV GEMVs
+// -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.

@@ -255,12 +255,7 @@ class Emulator:
         rng = random.Random(seed)
         self.bank.prepare(self.sched)
         self.ops = OpSemantics(
-            self.cfg,
-            self.w,
-            self.ws,
-            inp,
-            math=self.math,
-            rng=np.random.default_rng(seed),
+            self.cfg, self.w, self.ws, inp, math=self.math, rng=np.random.default_rng(seed)
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)

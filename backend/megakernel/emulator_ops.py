@@ -308,17 +308,13 @@ class OpSemantics:
             self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self.ws["h"][layer, : self.B] @ W.T
         return acc
 
-    def route_reads(self, layer: int) -> Access:
-        """What routing a layer reads: every row's router logits."""
-        return Access(reads=[(("rlogits", layer, b), 0, self.cfg.num_experts) for b in self._rows()])
-
     def op_route(self, layer, a, d) -> Access:
         """Top-k per row, routing weights, and the layer's expert table (experts ascending, each
         with its token slots b*k + j ascending). The emulator resets the dynamic counters itself."""
         cfg, B = self.cfg, self.B
         E, K = cfg.num_experts, cfg.num_experts_per_tok
         acc = Access(
-            reads=self.route_reads(layer).reads,
+            reads=[(("rlogits", layer, b), 0, E) for b in self._rows()],
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
         if self.math:
@@ -351,10 +347,6 @@ class OpSemantics:
         self.ws["moe_info"][layer, 0] = len(table)
         return acc
 
-    def _routing_reads(self, layer: int, slots: list[int]) -> list:
-        """A MoE item's reads of ROUTE's table (and of the routing weights of `slots`)."""
-        return [(("moe_tab", layer), 0, 1)] + [(("route_w", layer), s, s + 1) for s in slots]
-
     def _moe_slots(self, d) -> list[int]:
         return [int(d[abi.MK_F_SLOT0 + j]) for j in range(int(d[abi.MK_F_NTOK]))]
 
@@ -365,7 +357,7 @@ class OpSemantics:
         slots = self._moe_slots(d)
         acc = Access(
             # the kernel stages every batch row of h(l) (its mma computes 8 token columns anyway)
-            reads=self._routing_reads(layer, []) + [(("h", layer, b), 0, H) for b in self._rows()],
+            reads=[(("moe_tab", layer), 0, 1)] + [(("h", layer, b), 0, H) for b in self._rows()],
             writes=[(("moe_act", layer, s), c0, c0 + n) for s in slots],
         )
         if self.math:
@@ -382,7 +374,9 @@ class OpSemantics:
         I = self.cfg.intermediate_size
         slots = self._moe_slots(d)
         acc = Access(
-            reads=self._routing_reads(layer, slots) + [(("moe_act", layer, s), 0, I) for s in slots],
+            reads=[(("moe_tab", layer), 0, 1)]
+            + [(("moe_act", layer, s), 0, I) for s in slots]
+            + [(("route_w", layer), s, s + 1) for s in slots],
             writes=[(("moe_out", layer, s), r0, r0 + n) for s in slots],
         )
         if self.math:
