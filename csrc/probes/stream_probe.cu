@@ -184,6 +184,31 @@ __global__ void __launch_bounds__(NT, 1)
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
+// Run `launch` five times between events a and b and print `bytes` over the median time as GB/s,
+// in total and per block. Nonzero on a CUDA error.
+template <class F>
+static int report(const char* name, int blocks, size_t bytes, cudaEvent_t a, cudaEvent_t b, F launch) {
+  float t[5];
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaEventRecord(a));
+    launch();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
+    CK(cudaEventElapsedTime(&t[r], a, b));
+  }
+  for (int i = 0; i < 5; ++i)
+    for (int j = i + 1; j < 5; ++j)
+      if (t[j] < t[i]) {
+        const float x = t[i];
+        t[i] = t[j];
+        t[j] = x;
+      }
+  const double gbs = (double)bytes / (t[2] * 1e-3) / 1e9;
+  printf("%-26s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, blocks, gbs, gbs / blocks);
+  return 0;
+}
+
 // `stream_probe gemv`: gemv<8> tiles (256 x 2048: the MoE up tiles' shape; 64 x 2048: QKV's) from
 // HBM and from L2, with and without the megakernel's ~78 KB of shared memory, next to ldg<8>.
 static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
@@ -195,27 +220,7 @@ static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEven
   CK(cudaFuncSetAttribute(ldg_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, 78 * 1024));
   printf("gemv probe: GB/s = bytes streamed / kernel time (median of 5); L2 = one tile per block, 40 passes\n");
   for (int bc : block_counts) {
-    auto run = [&](const char* name, size_t bytes, auto launch) -> int {
-      float t[5];
-      for (int r = 0; r < 5; ++r) {
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        CK(cudaGetLastError());
-        CK(cudaEventElapsedTime(&t[r], a, b));
-      }
-      for (int i = 0; i < 5; ++i)
-        for (int j = i + 1; j < 5; ++j)
-          if (t[j] < t[i]) {
-            const float x = t[i];
-            t[i] = t[j];
-            t[j] = x;
-          }
-      const double gbs = (double)bytes / (t[2] * 1e-3) / 1e9;
-      printf("%-26s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, bc, gbs, gbs / bc);
-      return 0;
-    };
+    auto run = [&](const char* name, size_t bytes, auto launch) { return report(name, bc, bytes, a, b, launch); };
     const size_t hbm = (size_t)24 << 20;  // per block, from HBM (132 x 24 MB: far beyond L2)
     for (int smem : {0, 78 * 1024}) {
       const char* sfx = smem ? " smem78K" : "";
@@ -255,27 +260,7 @@ int main(int argc, char** argv) {
     size_t per_block = total / bc;
     if (per_block > ((size_t)256 << 20)) per_block = (size_t)256 << 20;
     per_block &= ~(size_t)((1 << 20) - 1);
-    auto run = [&](const char* name, auto launch) -> int {
-      float best[5];
-      for (int r = 0; r < 5; ++r) {
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        CK(cudaGetLastError());
-        CK(cudaEventElapsedTime(&best[r], a, b));
-      }
-      for (int i = 0; i < 5; ++i)
-        for (int j = i + 1; j < 5; ++j)
-          if (best[j] < best[i]) {
-            float t = best[i];
-            best[i] = best[j];
-            best[j] = t;
-          }
-      const double gbs = (double)per_block * bc / (best[2] * 1e-3) / 1e9;
-      printf("%-16s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, bc, gbs, gbs / bc);
-      return 0;
-    };
+    auto run = [&](const char* name, auto launch) { return report(name, bc, per_block * bc, a, b, launch); };
     const uint4* s16 = reinterpret_cast<const uint4*>(buf);
     if (run("ldg U=4", [&] { ldg_stream<4><<<bc, NT>>>(s16, per_block, out); })) return 1;
     if (run("ldg U=8", [&] { ldg_stream<8><<<bc, NT>>>(s16, per_block, out); })) return 1;
