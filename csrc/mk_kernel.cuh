@@ -499,10 +499,7 @@ __device__ __forceinline__ uint32_t fkey(float f) {
 // ROUTE's experts per lane at most: E <= 32 * ROUTE_J (tiling.py keeps E <= 384).
 constexpr int ROUTE_J = 12;
 
-// The table's row stride (expert, tokens, slots) and op_route's modes: the ROUTE task (global
-// table, weights, moe_info) or its warm-up (no writes at all).
-constexpr int ETAB_STRIDE = 2 + MK_MAX_TOKENS;
-enum RouteMode { ROUTE_TASK = 0, ROUTE_DRY = 1 };
+constexpr int ETAB_STRIDE = 2 + MK_MAX_TOKENS;  // an expert-table row: expert, tokens, slots
 
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
 // ascending, slots b*k+j ascending). Top-k by warp arg-maxes: warp b takes row b, its lanes hold the
@@ -516,13 +513,12 @@ enum RouteMode { ROUTE_TASK = 0, ROUTE_DRY = 1 };
 // Three block barriers in all (session 9: the previous version counted every slot's rank against
 // all earlier slots and scanned 12 keys per lane per round; ROUTE took ~5 us at BS 1 and ~7 us at
 // BS 8, and ~10 us per drain when every MoE drain routed itself).
-// mode (RouteMode): ROUTE_DRY is a warm-up run (no global writes; see MK_MODE_NO_WARM).
+// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
 // Garbage logits are harmless: NaN becomes -inf, so the chosen experts are K distinct valid indices.
 template <int J>
-__device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
+__device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, B = p.batch, BK = B * K;
-  const bool dry = mode != ROUTE_TASK;
   float* lg = shared(s.out);                                      // [B][E]
   int* fid = reinterpret_cast<int*>(s.out + 8 * E);               // [B*K] expert of slot b*K + j
   unsigned* rmask = reinterpret_cast<unsigned*>(fid + 8 * MK_MAX_TOKENS);  // [E] rows choosing e
@@ -601,22 +597,21 @@ __device__ void route_impl(const Params& p, int l, Smem& s, int mode) {
       row[1] = __popc(msk);
     }
   }
-  int n_act = 0;
-  if (threadIdx.x == 0)
-    for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
   if (dry) return;
   if (threadIdx.x == 0) {
+    int n_act = 0;  // chosen experts
+    for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
     V.moe_info(l)[0] = n_act;
     V.moe_info(l)[1] = n_act * (p.moe_up_tiles + p.moe_down_tiles);
   }
 }
 
 // One instance per key-register count, so the common E <= 128 scans 4 keys per lane per round.
-__device__ __noinline__ void op_route(const Params& p, int l, Smem& s, int mode) {
+__device__ __noinline__ void op_route(const Params& p, int l, Smem& s, bool dry) {
   if (p.num_experts <= 128)
-    route_impl<4>(p, l, s, mode);
+    route_impl<4>(p, l, s, dry);
   else
-    route_impl<ROUTE_J>(p, l, s, mode);
+    route_impl<ROUTE_J>(p, l, s, dry);
 }
 
 // Before ROUTE's dependency wait: reset the layer's dynamic counters (its MoE queue head and the
@@ -1115,7 +1110,7 @@ __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
 __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
   switch (d[MK_F_OP]) {
     case MK_OP_ADD_NORM: op_add_norm(p, d, s, true); break;
-    case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, ROUTE_DRY); break;
+    case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, true); break;
     default: op_attn_combine(p, d, s, true); break;
   }
 }
@@ -1224,7 +1219,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_router(p, d, s);
       break;
     case MK_OP_ROUTE:
-      op_route(q, d[MK_F_LAYER], s, ROUTE_TASK);
+      op_route(q, d[MK_F_LAYER], s, false);
       break;
     case MK_OP_MOE_UP:
       op_moe_up(p, d, s);
@@ -1397,9 +1392,9 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_rows[8];
   __shared__ int s_flag;
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
+  __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
-  __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
   __shared__ int s_etab[ETAB_WORDS];                   // a MoE DRAIN's first expert-table rows
   __shared__ int s_tl_n;      // timeline records written by this block
