@@ -29,6 +29,7 @@ combines, dense down, O-proj, add+norm. Then the LM head and sampling.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -212,12 +213,7 @@ def build_schedule(
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
     deal: list[int] = []
-    rr = [0]  # the round-robin cursor over the work SMs
-
-    def next_sm() -> int:
-        sm = rr[0] % n_work
-        rr[0] += 1
-        return sm
+    rr = itertools.count()  # the round-robin cursor over the work SMs
 
     def ctrl_sm(k: int) -> int | None:
         return n_work + k % n_ctrl if n_ctrl else None
@@ -228,7 +224,7 @@ def build_schedule(
     def emit(d: list[int], sm: int | None = None) -> None:
         d[abi.MK_F_ID] = len(tasks)
         tasks.append(d)
-        deal.append(next_sm() if sm is None else sm)
+        deal.append(next(rr) % n_work if sm is None else sm)
         for i in range(d[abi.MK_F_NSIG]):
             cs.totals[d[abi.MK_F_SIG0 + i]] += d[abi.MK_F_SIG_AMOUNT]
 
