@@ -213,8 +213,48 @@ def bench(args: argparse.Namespace) -> int:
                 f"    {d['op']:<13} n={d['count']:>4} ready {d['first_ready_us']:7.1f}..{d['last_ready_us']:7.1f}"
                 f"  end {d['last_end_us']:7.1f}  run {d['mean_run_us']:6.2f} (signal {d['mean_signal_us']:5.2f})"
             )
+        prof = layer_profile(cfg, tl_tiling, recs, mid, B, args.context, bin_us=2.0 if B < 4 else 4.0)
+        results["timeline"][str(B)]["profile"] = prof
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     return 0
+
+
+def layer_profile(
+    cfg: ModelConfig, tiling, recs, layer: int, B: int, context: int, bin_us: float
+) -> list[dict]:
+    """Print and return timeline.stream_profile of one layer: the bytes of each GEMV tile from the
+    tiling, the layer's KV bytes from B rows of `context` tokens."""
+    from mkcode.backend.megakernel import timeline
+
+    H, ebytes = cfg.hidden_size, 2
+    op_bytes = {
+        "QKV": tiling.qkv_rows * H * ebytes,
+        "ROUTER": tiling.router_rows * H * ebytes,
+        "OPROJ": tiling.o_rows * (cfg.num_attention_heads // cfg.num_key_value_heads) * cfg.head_dim * ebytes,
+        "MOE_UP": 2 * tiling.moe_up_cols * H * ebytes,
+        "MOE_DOWN": tiling.moe_down_rows * cfg.intermediate_size * ebytes,
+        "DENSE_UP": 2 * tiling.dense_up_cols * H * ebytes,
+        "DENSE_DOWN": tiling.dense_down_rows
+        * (cfg.prefix_dense_intermediate_size // tiling.mlp_splits)
+        * ebytes,
+        "LM_HEAD": tiling.lm_rows * H * ebytes,
+    }
+    window = cfg.window(layer)
+    kv_tokens = min(context + 1, window) if window else context + 1
+    attn_bytes = B * kv_tokens * cfg.num_key_value_heads * cfg.head_dim * 2 * ebytes
+    prof = timeline.stream_profile(recs, layer, op_bytes, attn_bytes, bin_us)
+    total = sum(p["tb_s"] for p in prof) * bin_us * 1e-6 * 1e12
+    print(
+        f"  layer {layer} HBM profile ({bin_us:g} us bins; {total / 1e6:.1f} MB, mean "
+        f"{total / (len(prof) * bin_us * 1e-6) / 1e12:.2f} TB/s over {len(prof) * bin_us:g} us): "
+        "t us, TB/s, blocks in GEMV per op / in attention"
+    )
+    for p in prof:
+        blocks = " ".join(
+            f"{k}:{v:.0f}" for k, v in sorted(p["blocks"].items(), key=lambda kv: -kv[1]) if v >= 0.5
+        )
+        print(f"    {p['t_us']:6.1f} {p['tb_s']:5.2f} {'#' * int(p['tb_s'] * 10):<48} {blocks}")
+    return prof
 
 
 def sampling_cost(cfg, w, cases, batches) -> dict:

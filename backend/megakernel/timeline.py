@@ -11,6 +11,7 @@ one layer (the critical path); `records` into a flat array (block, word 0, stamp
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from itertools import pairwise
 
@@ -207,3 +208,47 @@ def gaps(recs: torch.Tensor) -> list[dict]:
             }
         )
     return sorted(out, key=lambda d: -d["total_us"])
+
+
+def stream_profile(
+    recs: torch.Tensor, layer: int, op_bytes: dict[str, float], attn_bytes: float, bin_us: float = 2.0
+) -> list[dict]:
+    """HBM traffic over one layer's time (records as `records` returns them): each GEMV record's
+    weight bytes (op_bytes[opcode name], its tile) spread evenly over its GEMV interval, the layer's
+    KV bytes (attn_bytes) split evenly over its ATTN records' run intervals. Per bin of bin_us from
+    the layer's first task start: TB/s and how many blocks were in a GEMV (per opcode) or in attention
+    during it (block-time / bin). An estimate (a GEMV does not stream evenly), to see where a layer
+    streams below the copy bandwidth and which tasks run then."""
+    w0 = recs[:, 1]
+    sel = recs[((w0 >> 8) & 0xFF) == layer].tolist()
+    if not sel:
+        return []
+    base = min(r[2] for r in sel)
+    end = max(r[7] for r in sel)
+    nbins = max(1, math.ceil((end - base) / 1e3 / bin_us))
+    traffic = [0.0] * nbins
+    busy: list[dict[str, float]] = [defaultdict(float) for _ in range(nbins)]
+    n_attn = sum(1 for r in sel if (r[1] & 0xFF) == abi.MK_OP_ATTN)
+
+    def spread(t0: int, t1: int, nbytes: float, op: str) -> None:
+        a, b = (t0 - base) / 1e3, (t1 - base) / 1e3
+        if b <= a:
+            return
+        for i in range(int(a / bin_us), min(nbins, int(b / bin_us) + 1)):
+            lo, hi = max(a, i * bin_us), min(b, (i + 1) * bin_us)
+            if hi > lo:
+                traffic[i] += nbytes * (hi - lo) / (b - a)
+                busy[i][op] += (hi - lo) / bin_us
+
+    for r in sel:
+        opc = r[1] & 0xFF
+        op = abi.OPNAMES.get(opc, "?")
+        _, _, t1, g0, g1, t2, _ = r[1:]
+        if opc == abi.MK_OP_ATTN and n_attn:
+            spread(t1, t2, attn_bytes / n_attn, op)
+        elif g0 and g1:
+            spread(g0, g1, op_bytes.get(op, 0.0), op)
+    return [
+        {"t_us": i * bin_us, "tb_s": traffic[i] / (bin_us * 1e-6) / 1e12, "blocks": dict(busy[i])}
+        for i in range(nbins)
+    ]

@@ -14,7 +14,8 @@
 //            L1 share that the shared-memory size leaves limits the loads in flight
 // Blocks: all SMs, or fewer (per-SM ceiling). Output: one line per (strategy, blocks): GB/s.
 //
-//   gemv<U> (`stream_probe gemv`) the megakernel GEMV's own addressing, from HBM and from L2
+//   gemv<U> (`stream_probe gemv`) the megakernel GEMV's own addressing, from HBM and from L2, and
+//            gemv_lines: addressings whose every warp load covers whole 128-byte lines
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe [gemv]
 #include <cuda_runtime.h>
@@ -184,6 +185,89 @@ __global__ void __launch_bounds__(NT, 1)
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
+// gemv_lines<U, M>: addressings that make every warp load cover whole 128-byte lines (the GEMV's
+// 8 rows x 64 B touch 8 lines per load; `stream_probe gemv` found one SM's GEMV rate at about half
+// the contiguous stream's, as if the SM were bound by lines per load). A 16-row group per warp
+// (wpg = 1 at 256 rows; 64-row tiles: 4 warps per group, contiguous K blocks), U k-chunks of 32 per
+// row in flight per batch, as the GEMV.
+//   M = 1 (tiled): the weights stored as 16 x 32 blocks ([R/16][K/32][16][32], 1 KB each): the
+//          GEMV's lane mapping unchanged, each load 512 contiguous bytes (rows g of the block)
+//   M = 2 (rows4): row-major weights, each load 4 rows x 128 B (lane L: row 4i + L/8, piece L%8),
+//          no redistribution (what the memory system sees)
+//   M = 3 (rows4 + shuffles): M = 2 plus the shuffles that hand every lane the mma fragment pieces
+//          of its rows g and g+8 (source-side and destination-side selects, 1 shfl per word)
+template <int U, int M>
+__global__ void __launch_bounds__(NT, 1)
+    gemv_lines(const uint16_t* src, size_t per_block, int R, int K, uint32_t* out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int ngroups = R / 16, wpg = 16 / (ngroups < 16 ? ngroups : 16), gslots = 16 / wpg;
+  const int kw = warp % wpg, k0 = kw * (K / wpg), k1 = k0 + K / wpg;
+  const size_t tile = (size_t)R * K;
+  const size_t ntiles = per_block / 2 / tile;
+  const uint16_t* base = src + blockIdx.x * (per_block / 2);
+  uint32_t acc = 0;
+  for (size_t ti = 0; ti < ntiles; ++ti)
+    for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
+      const uint16_t* g0 = base + ti * tile + (size_t)grp * 16 * K;  // the group's first row (both layouts)
+      if (M == 1) {
+        const uint16_t* ra = g0 + gid * 32 + t * 8;
+        for (int kk = k0; kk + (U - 1) * 32 < k1; kk += U * 32) {
+          uint4 wa[U], wb[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            wa[u] = ldw(ra + (size_t)(kk + u * 32) * 16);
+            wb[u] = ldw(ra + (size_t)(kk + u * 32) * 16 + 256);
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u) acc += fold(wa[u]) ^ fold(wb[u]);
+        }
+      } else {
+        // per batch: U / 2 chunks of 64 k, each 4 loads (rows 4i .. 4i + 3, 128 B each)
+        const uint16_t* rp = g0 + (size_t)(lane >> 3) * K + (lane & 7) * 8;
+        const bool odd = lane & 1, hi = gid >= 4;
+        for (int kk = k0; kk + (U - 1) * 32 < k1; kk += U * 32) {
+          uint4 v[2 * U];
+#pragma unroll
+          for (int c = 0; c < U / 2; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[c * 4 + i] = ldw(rp + (size_t)(4 * i) * K + kk + c * 64);
+          if (M == 2) {
+#pragma unroll
+            for (int u = 0; u < 2 * U; ++u) acc += fold(v[u]);
+          } else {
+            // consumer (gid, t) wants row gid (loads 0 / 1) and row gid + 8 (loads 2 / 3), pieces
+            // 2t and 2t + 1. Shuffle A: lanes gid < 4 read piece 2t of load 0 from lane 8 gid + 2t
+            // (even), lanes gid >= 4 piece 2t + 1 of load 1 from lane 8 (gid - 4) + 2t + 1 (odd):
+            // even sources offer load 0, odd ones load 1. Shuffle B the other way round.
+#pragma unroll
+            for (int c = 0; c < U / 2; ++c)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {  // h = 0: rows 0-7 (loads 0, 1), h = 1: rows 8-15 (2, 3)
+                const uint4 l0 = v[c * 4 + 2 * h], l1 = v[c * 4 + 2 * h + 1];
+                const int sa = 8 * (gid & 3) + 2 * t + (hi ? 1 : 0), sb = 8 * (gid & 3) + 2 * t + (hi ? 0 : 1);
+                uint32_t pa[4], pb[4];
+                const uint32_t* w0 = &l0.x;
+                const uint32_t* w1 = &l1.x;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                  pa[w] = __shfl_sync(0xffffffffu, odd ? w1[w] : w0[w], sa);
+                  pb[w] = __shfl_sync(0xffffffffu, odd ? w0[w] : w1[w], sb);
+                }
+                uint32_t ev = 0, od = 0;  // piece 2t (even) and 2t + 1 (odd) of this lane's row
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                  ev ^= hi ? pb[w] : pa[w];
+                  od += hi ? pa[w] : pb[w];
+                }
+                acc += ev ^ od;
+              }
+          }
+        }
+      }
+    }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
 // Run `launch` five times between events a and b and print `bytes` over the median time as GB/s,
 // in total and per block. Nonzero on a CUDA error.
 template <class F>
@@ -233,6 +317,19 @@ static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEven
       if (run(n, hbm * bc, [&] { gemv_stream<8><<<bc, NT, smem>>>(s2, hbm, 64, 2048, 1, out); })) return 1;
       snprintf(n, sizeof n, "gemv 64x2048 kblock HBM%s", sfx);
       if (run(n, hbm * bc, [&] { gemv_stream<8, true><<<bc, NT, smem>>>(s2, hbm, 64, 2048, 1, out); })) return 1;
+      if (!smem) {
+        // whole-line addressings (gemv_lines) next to the GEMV's own (contiguous K blocks)
+        for (int R : {256, 64}) {
+          auto lines = [&](const char* nm, auto launch) {
+            snprintf(n, sizeof n, "%s %dx2048 HBM", nm, R);
+            return run(n, hbm * bc, launch);
+          };
+          if (lines("gemv kblock", [&] { gemv_stream<8, true><<<bc, NT>>>(s2, hbm, R, 2048, 1, out); })) return 1;
+          if (lines("tiled", [&] { gemv_lines<8, 1><<<bc, NT>>>(s2, hbm, R, 2048, out); })) return 1;
+          if (lines("rows4", [&] { gemv_lines<8, 2><<<bc, NT>>>(s2, hbm, R, 2048, out); })) return 1;
+          if (lines("rows4+shfl", [&] { gemv_lines<8, 3><<<bc, NT>>>(s2, hbm, R, 2048, out); })) return 1;
+        }
+      }
       const size_t t64 = (size_t)64 * 2048 * 2;  // one 256 KB tile per block: L2-resident
       snprintf(n, sizeof n, "gemv 64x2048 L2%s", sfx);
       if (run(n, t64 * 40 * bc, [&] { gemv_stream<8><<<bc, NT, smem>>>(s2, t64, 64, 2048, 40, out); })) return 1;

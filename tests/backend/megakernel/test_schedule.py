@@ -153,6 +153,27 @@ def test_timeline_summary_of_synthetic_records():
     assert timeline.breakdown(recs[:0])["blocks"] == 0
 
 
+def test_stream_profile_spreads_bytes_over_gemv_and_attention_intervals():
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 4, "cpu")
+    # layer 5: a QKV tile streams 4 MB over its GEMV, 2-6 us after the layer's first start
+    tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (5 << 8), 1000, 2000, 3000, 7000, 7500, 8000])
+    # an attention item runs 3-5 us (ready to op end); the layer's 1 MB of KV is all its own
+    tl[1, 0] = torch.tensor([abi.MK_OP_ATTN | (5 << 8) | (1 << 16), 3000, 4000, 0, 0, 6000, 6200])
+    tl[1, 1] = torch.tensor([abi.MK_OP_DRAIN | (5 << 8), 1000, 1000, 0, 0, 1000, 9000])
+    tl[0, 1] = torch.tensor([abi.MK_OP_QKV | (6 << 8), 9000, 9000, 9500, 9900, 9950, 10000])  # another layer
+    prof = timeline.stream_profile(timeline.records(tl), 5, {"QKV": 4e6}, attn_bytes=1e6, bin_us=2.0)
+    assert [p["t_us"] for p in prof] == [0.0, 2.0, 4.0, 6.0]  # first start 1000 ns, last end 9000
+    got = [round(p["tb_s"], 6) for p in prof]
+    # QKV: 1 MB per us over 2..6 us; attention: 0.5 MB per us over 3..5 us
+    assert got == [0.0, round((2e6 + 0.5e6) / 2e-6 / 1e12, 6), round((2e6 + 0.5e6) / 2e-6 / 1e12, 6), 0.0]
+    assert prof[1]["blocks"] == {"QKV": 1.0, "ATTN": 0.5} and prof[3]["blocks"] == {}
+    assert timeline.stream_profile(timeline.records(tl), 9, {}, 0.0) == []
+
+
 def test_gpu_check_cli_parses_variants():
     """The device run's command line is checked here, where it costs no device time."""
     from mkcode.backend.megakernel import gpu_check
