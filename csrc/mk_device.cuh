@@ -254,17 +254,6 @@ __device__ __forceinline__ void mma_lines_chunk(float (&c)[4], const uint4 (&v)[
   mma16816(c, pb[0][2], pb[1][2], pb[0][3], pb[1][3], xu.z, xu.w);
 }
 
-// Loads of half a lines batch (2 chunks of 64 k from k on) for mma_lines_chunk.
-__device__ __forceinline__ void lines_half(uint4 (&v)[2][4], const bf16* r0, const bf16* r1, long ld8, int k) {
-#pragma unroll
-  for (int ch = 0; ch < 2; ++ch) {
-    v[ch][0] = ld_weight16(r0 + k + ch * 64);
-    v[ch][1] = ld_weight16(r1 + k + ch * 64);
-    v[ch][2] = ld_weight16(r0 + ld8 + k + ch * 64);
-    v[ch][3] = ld_weight16(r1 + ld8 + k + ch * 64);
-  }
-}
-
 // One 16-row group of a warp over k in [kk, klen) (the k-steps before kk were already accumulated
 // in c); the partial sums go to this warp's block of red_s. Full 256-k batches load whole lines
 // (mma_lines_chunk); the rest (fewer than U k-steps of `stride`) loads each lane's own pieces.
@@ -274,34 +263,18 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const Gemv& gm, int ro
   static_assert(U == 8, "a lines batch is 4 chunks of 64 k = 8 k-steps of 32");
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int q = lane >> 3, j = lane & 7;
-  // the group's 16 rows in one matrix and inside the tile (else the per-lane path takes all of K)
-  const bool whole = row0 + 16 <= gm.nrows && (row0 + 16 <= gm.nsplit || row0 >= gm.nsplit);
-  const long ld = row0 < gm.nsplit ? gm.ld0 : gm.ld1;
-  const bf16* r0 = gemv_row(gm, row0 + q) + j * 8;  // loads 0, 2: piece j of rows q, 8 + q
-  const bf16* r1 = r0 + 4 * ld + ((j ^ 4) - j) * 8;  // loads 1, 3: piece j ^ 4 of rows 4 + q, 12 + q
-  // xa: token gid's activations at piece t of k = 0 (a chunk's pieces t and t + 4: xa + 64 ch, + 32).
-  // Two halves of 128 k in flight, software-pipelined: a half's registers are refilled with the
-  // next batch's half as soon as its mma ran, so the SM's loads in flight do not fall to zero while
-  // the warps shuffle and multiply (a warp used to issue a whole batch, wait for it, compute, and
-  // only then issue the next). The last batch issues no loads.
-  const int nfull = whole ? (klen - kk) / (U * stride) : 0;
-  if (nfull > 0) {
-    uint4 va[2][4], vb[2][4];
-    lines_half(va, r0, r1, 8 * ld, kk);
-    lines_half(vb, r0, r1, 8 * ld, kk + 128);
-    for (int b = 1; b < nfull; ++b, kk += U * stride) {
-      mma_lines_chunk(c, va[0], xa + kk);
-      mma_lines_chunk(c, va[1], xa + kk + 64);
-      lines_half(va, r0, r1, 8 * ld, kk + 256);
-      mma_lines_chunk(c, vb[0], xa + kk + 128);
-      mma_lines_chunk(c, vb[1], xa + kk + 192);
-      lines_half(vb, r0, r1, 8 * ld, kk + 384);
-    }
-    mma_lines_chunk(c, va[0], xa + kk);
-    mma_lines_chunk(c, va[1], xa + kk + 64);
-    mma_lines_chunk(c, vb[0], xa + kk + 128);
-    mma_lines_chunk(c, vb[1], xa + kk + 192);
-    kk += U * stride;
+  const bf16* rl[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) rl[i] = gemv_row(gm, row0 + 4 * i + q) + ((i & 1) ? (j ^ 4) : j) * 8;
+  // xa: token gid's activations at piece t of k = 0 (a chunk's pieces t and t + 4: xa + 64 ch, + 32)
+  for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
+    uint4 v[4][4];
+#pragma unroll
+    for (int ch = 0; ch < 4; ++ch)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[ch][i] = ld_weight16(rl[i] + kk + ch * 64);
+#pragma unroll
+    for (int ch = 0; ch < 4; ++ch) mma_lines_chunk(c, v[ch], xa + kk + ch * 64);
   }
   const bf16* ra = gemv_row(gm, row0 + gid) + t * 8;
   const bf16* rb = gemv_row(gm, row0 + gid + 8) + t * 8;
