@@ -218,6 +218,18 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// The mma of U k-steps whose weights are in registers (16 bytes of rows g and g + 8 per k-step).
+template <int U>
+__device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], const uint4 (&wb)[U], const bf16* xa,
+                                          int stride) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint4 bx = *reinterpret_cast<const uint4*>(xa + u * stride);
+    mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
+    mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
+  }
+}
+
 // One batch of 256 k (8 k-steps of 32) of a 16-row group, loaded in whole 128-byte lines.
 //
 // The mma fragment gives lane (g, t) = (lane / 4, lane % 4) rows g and g + 8, so loading each
@@ -260,24 +272,45 @@ __device__ __forceinline__ void mma_lines_chunk(float (&c)[4], const uint4 (&v)[
 template <int U>
 __device__ __forceinline__ void gemv_group(float (&c)[4], const Gemv& gm, int row0, const bf16* xa, int kk,
                                            int klen, int stride, float* red) {
-  static_assert(U == 8, "a lines batch is 4 chunks of 64 k = 8 k-steps of 32");
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const int q = lane >> 3, j = lane & 7;
-  const bf16* rl[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) rl[i] = gemv_row(gm, row0 + 4 * i + q) + ((i & 1) ? (j ^ 4) : j) * 8;
-  // xa: token gid's activations at piece t of k = 0 (a chunk's pieces t and t + 4: xa + 64 ch, + 32)
-  for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
-    uint4 v[4][4];
-#pragma unroll
-    for (int ch = 0; ch < 4; ++ch)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[ch][i] = ld_weight16(rl[i] + kk + ch * 64);
-#pragma unroll
-    for (int ch = 0; ch < 4; ++ch) mma_lines_chunk(c, v[ch], xa + kk + ch * 64);
-  }
   const bf16* ra = gemv_row(gm, row0 + gid) + t * 8;
   const bf16* rb = gemv_row(gm, row0 + gid + 8) + t * 8;
+  // Full batches of U k-steps, software-pipelined in two halves of U / 2 k-steps: a half's
+  // registers are refilled with the next batch's half as soon as its mma ran, so an SM's loads in
+  // flight do not fall to zero once per batch (all warps of all SMs issuing a whole batch, waiting
+  // for it, then computing: HBM idles for a latency per batch). The last batch issues no loads.
+  constexpr int H = U / 2;
+  const int nfull = (klen - kk) / (U * stride);
+  if (nfull > 0) {
+    uint4 wa0[H], wb0[H], wa1[H], wb1[H];
+#pragma unroll
+    for (int u = 0; u < H; ++u) {
+      wa0[u] = ld_weight16(ra + kk + u * stride);
+      wb0[u] = ld_weight16(rb + kk + u * stride);
+    }
+#pragma unroll
+    for (int u = 0; u < H; ++u) {
+      wa1[u] = ld_weight16(ra + kk + (H + u) * stride);
+      wb1[u] = ld_weight16(rb + kk + (H + u) * stride);
+    }
+    for (int n = 1; n < nfull; ++n, kk += U * stride) {
+      mma_steps<H>(c, wa0, wb0, xa + kk, stride);
+#pragma unroll
+      for (int u = 0; u < H; ++u) {
+        wa0[u] = ld_weight16(ra + kk + (U + u) * stride);
+        wb0[u] = ld_weight16(rb + kk + (U + u) * stride);
+      }
+      mma_steps<H>(c, wa1, wb1, xa + kk + H * stride, stride);
+#pragma unroll
+      for (int u = 0; u < H; ++u) {
+        wa1[u] = ld_weight16(ra + kk + (U + H + u) * stride);
+        wb1[u] = ld_weight16(rb + kk + (U + H + u) * stride);
+      }
+    }
+    mma_steps<H>(c, wa0, wb0, xa + kk, stride);
+    mma_steps<H>(c, wa1, wb1, xa + kk + H * stride, stride);
+    kk += U * stride;
+  }
   // The tail (fewer than U k-steps): all its loads issued before the first mma, so it costs one
   // memory latency, not one per k-step (a loop of dependent load -> mma steps made the 16-row
   // ROUTER tiles, 4 k-steps per warp, ~4 latencies: gemv 5.9 us for 64 KB at BS 1, measured).
