@@ -218,7 +218,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// The mma of U k-steps whose weights are in registers (16 bytes of rows g and g + 8 per k-step).
+// Result: out_s[r * 8 + n] (fp32). red_s: RED_FLOATS floats scratch. Ends with __syncthreads().
+// Stages the activations (act_s: [8][klen + ACT_PAD] bf16) first. (Issuing the first weight loads
+// before the staging, with the activations copied by cp.async so that no register is held across
+// them, was measured slower on the H200, 2026-11-29: MoE up items 14.9 vs 12.4 us at BS 1.)
+// `mark`: thread 0 stamps tl_marks[0] once the activations are staged.
+// Not inlined: it gets the whole register budget, so the U weight loads in flight per thread stay
+// in registers (inlined into the kernel's dispatch they were spilled to local memory).
 template <int U>
 __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], const uint4 (&wb)[U], const bf16* xa,
                                           int stride) {
@@ -230,86 +236,20 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
   }
 }
 
-// One batch of 256 k (8 k-steps of 32) of a 16-row group, loaded in whole 128-byte lines.
-//
-// The mma fragment gives lane (g, t) = (lane / 4, lane % 4) rows g and g + 8, so loading each
-// lane's own 16 bytes (as the tail below does) makes every warp load touch 8 rows x 64 B: 8 lines,
-// half of each. One SM then streams at ~120 GB/s and all SMs together at ~3.6 TB/s, where loads of
-// whole lines reach ~220 GB/s and ~4.6 TB/s (csrc/probes/stream_probe.cu `gemv`: "gemv kblock" vs
-// "rows4+shfl"). Here a load covers 4 rows x 128 B instead: loader lane (q, j) = (lane / 8, lane % 8)
-// takes 16-byte piece j of row 4i + q in load i (i = 0..3 per 64-k chunk: rows 0-3, 4-7, 8-11,
-// 12-15), in the odd loads piece j ^ 4. Shuffles then hand lane (g, t) pieces t and t + 4 of its
-// rows g and g + 8 (one shuffle per 32-bit word; the source lane offers load 2h or 2h + 1 by bit 2
-// of its lane, which the XOR makes conflict-free), and the mma runs as in the tail: each 16-byte
-// piece is the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, with the activations of the same 8 k.
-__device__ __forceinline__ void mma_lines_chunk(float (&c)[4], const uint4 (&v)[4], const bf16* xa) {
-  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const bool up = lane & 4;                                     // this lane offers: A load 2h + 1, B load 2h
-  const int sa = (g & 3) * 8 + t + (g >= 4 ? 4 : 0);           // piece t of row g (+ 8)
-  const int sb = (g & 3) * 8 + t + (g >= 4 ? 0 : 4);           // piece t + 4
-  uint32_t pa[2][4], pb[2][4];                                  // [h][word]: h = 0 row g, h = 1 row g + 8
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t* w0 = &v[2 * h].x;
-    const uint32_t* w1 = &v[2 * h + 1].x;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      pa[h][w] = __shfl_sync(0xffffffffu, up ? w1[w] : w0[w], sa);
-      pb[h][w] = __shfl_sync(0xffffffffu, up ? w0[w] : w1[w], sb);
-    }
-  }
-  const uint4 xt = *reinterpret_cast<const uint4*>(xa);       // token g, piece t
-  const uint4 xu = *reinterpret_cast<const uint4*>(xa + 32);  // piece t + 4
-  mma16816(c, pa[0][0], pa[1][0], pa[0][1], pa[1][1], xt.x, xt.y);
-  mma16816(c, pa[0][2], pa[1][2], pa[0][3], pa[1][3], xt.z, xt.w);
-  mma16816(c, pb[0][0], pb[1][0], pb[0][1], pb[1][1], xu.x, xu.y);
-  mma16816(c, pb[0][2], pb[1][2], pb[0][3], pb[1][3], xu.z, xu.w);
-}
-
-// One 16-row group of a warp over k in [kk, klen) (the k-steps before kk were already accumulated
-// in c); the partial sums go to this warp's block of red_s. Full 256-k batches load whole lines
-// (mma_lines_chunk); the rest (fewer than U k-steps of `stride`) loads each lane's own pieces.
+// One 16-row group of a warp from k = kk on (the k-steps before kk were already accumulated in c);
+// the partial sums go to this warp's block of red_s.
 template <int U>
-__device__ __forceinline__ void gemv_group(float (&c)[4], const Gemv& gm, int row0, const bf16* xa, int kk,
+__device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
                                            int klen, int stride, float* red) {
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const bf16* ra = gemv_row(gm, row0 + gid) + t * 8;
-  const bf16* rb = gemv_row(gm, row0 + gid + 8) + t * 8;
-  // Full batches of U k-steps, software-pipelined in two halves of U / 2 k-steps: a half's
-  // registers are refilled with the next batch's half as soon as its mma ran, so an SM's loads in
-  // flight do not fall to zero once per batch (all warps of all SMs issuing a whole batch, waiting
-  // for it, then computing: HBM idles for a latency per batch). The last batch issues no loads.
-  constexpr int H = U / 2;
-  const int nfull = (klen - kk) / (U * stride);
-  if (nfull > 0) {
-    uint4 wa0[H], wb0[H], wa1[H], wb1[H];
+  for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
+    uint4 wa[U], wb[U];
 #pragma unroll
-    for (int u = 0; u < H; ++u) {
-      wa0[u] = ld_weight16(ra + kk + u * stride);
-      wb0[u] = ld_weight16(rb + kk + u * stride);
+    for (int u = 0; u < U; ++u) {
+      wa[u] = ld_weight16(ra + kk + u * stride);
+      wb[u] = ld_weight16(rb + kk + u * stride);
     }
-#pragma unroll
-    for (int u = 0; u < H; ++u) {
-      wa1[u] = ld_weight16(ra + kk + (H + u) * stride);
-      wb1[u] = ld_weight16(rb + kk + (H + u) * stride);
-    }
-    for (int n = 1; n < nfull; ++n, kk += U * stride) {
-      mma_steps<H>(c, wa0, wb0, xa + kk, stride);
-#pragma unroll
-      for (int u = 0; u < H; ++u) {
-        wa0[u] = ld_weight16(ra + kk + (U + u) * stride);
-        wb0[u] = ld_weight16(rb + kk + (U + u) * stride);
-      }
-      mma_steps<H>(c, wa1, wb1, xa + kk + H * stride, stride);
-#pragma unroll
-      for (int u = 0; u < H; ++u) {
-        wa1[u] = ld_weight16(ra + kk + (U + H + u) * stride);
-        wb1[u] = ld_weight16(rb + kk + (U + H + u) * stride);
-      }
-    }
-    mma_steps<H>(c, wa0, wb0, xa + kk, stride);
-    mma_steps<H>(c, wa1, wb1, xa + kk + H * stride, stride);
-    kk += U * stride;
+    mma_steps<U>(c, wa, wb, xa + kk, stride);
   }
   // The tail (fewer than U k-steps): all its loads issued before the first mma, so it costs one
   // memory latency, not one per k-step (a loop of dependent load -> mma steps made the 16-row
@@ -340,13 +280,6 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const Gemv& gm, int ro
   red[(gid + 8) * 8 + 2 * t + 1] = c[3];
 }
 
-// Result: out_s[r * 8 + n] (fp32). red_s: RED_FLOATS floats scratch. Ends with __syncthreads().
-// Stages the activations (act_s: [8][klen + ACT_PAD] bf16) first. (Issuing the first weight loads
-// before the staging, with the activations copied by cp.async so that no register is held across
-// them, was measured slower on the H200, 2026-11-29: MoE up items 14.9 vs 12.4 us at BS 1.)
-// `mark`: thread 0 stamps tl_marks[0] once the activations are staged.
-// Not inlined: it gets the whole register budget, so the U weight loads in flight per thread stay
-// in registers (inlined into the kernel's dispatch they were spilled to local memory).
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
                                       bool mark, bool staged) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -374,7 +307,9 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   const bf16* xa = act_s + gid * lds + t * 8;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
-    gemv_group<U>(c, g, grp * 16, xa, k_begin, k_end, 32, red_s + (grp * wpg + kw) * 128);
+    const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
+    const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
+    gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, red_s + (grp * wpg + kw) * 128);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
