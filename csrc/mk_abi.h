@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 7
+#define MK_ABI_VERSION 8
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -35,7 +35,10 @@ enum MkOpcode {
   MK_OP_SAMPLE = 14,       // all rows: greedy argmax over the LM-head tiles -> tokens
   MK_OP_DRAIN = 15,        // claim tasks from a work queue until it is empty, run each
   MK_OP_SAMPLE_ROW = 16,   // one row: greedy / temperature / top-k / top-p draw -> tokens[b]
-  MK_OP_COUNT = 17,
+  MK_OP_MOE_FUSED = 17,    // one expert, a tile of intermediate columns: its up tile, then the down
+                           // slice of those columns for every hidden row, added (fp32 atomics,
+                           // weighted) into moe_acc of its tokens' rows (Tiling.moe_fused)
+  MK_OP_COUNT = 18,
 };
 
 // Descriptor words. Waits are (counter, target) pairs, the target RELATIVE to the counter's base
@@ -67,6 +70,7 @@ enum MkField {
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
+//   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index
 //   SAMPLE_ROW               A0 = row
 //   ROUTE, SAMPLE, NOP       none
@@ -134,7 +138,8 @@ enum MkError {
   X(lm_arg)        /* int32 [n_lm_tiles][B] tile argmax */ \
   X(tokens_out)    /* int64 [B] greedy tokens */ \
   X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */ \
-  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */
+  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */ \
+  X(moe_acc)       /* fp32 [L][B][H] fused MoE sum per row (moe_fused: zeroed by ROUTE, atomically summed) */
 
 // Integer parameters, in order (int64 on the Python side, int32 in the kernel).
 #define MK_PARAM_INTS(X) \
@@ -142,7 +147,9 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window)
+  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window) X(moe_fused)
+// moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
+// wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
 
 // prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.

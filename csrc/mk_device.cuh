@@ -363,6 +363,85 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // both end with __syncthreads
 }
 
+// ---- the down slice of a fused MoE item: every hidden row, a short K (the item's columns) -------
+//
+// acc[btok[n] * H + r] += wtok[n] * sum_k W[r * ld + k] * act[n][k] for r < nrows, n < nt and
+// k < 32 * KP (act_s: bf16 [8][lds], tokens >= nt staged as zeros). K is too short to split over
+// warps, so each warp owns a contiguous run of 16-row groups and keeps GB = 8 / KP groups' weights
+// (2 x 8 x 16 B per thread) in flight together, then adds its results straight from the mma
+// fragments with fp32 atomics (no return value: RED at L2). nrows % 16 == 0 (the tiling checks
+// hidden % 32). Not inlined, for the same register reason as gemv_mma.
+template <int KP>
+__device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, const bf16* act_s, int lds, float* acc,
+                                           int H, const float* wtok, const int* btok, int nt) {
+  constexpr int GB = 8 / KP;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int ngroups = nrows / 16;
+  const int gpw = (ngroups + NWARPS - 1) / NWARPS;
+  const int g_begin = warp * gpw, g_end = min(ngroups, g_begin + gpw);
+  const bf16* xa = act_s + gid * lds + t * 8;  // token gid's activations (the mma B column)
+  // this thread's accumulator columns are tokens 2t and 2t + 1
+  const bool v0 = 2 * t < nt, v1 = 2 * t + 1 < nt;
+  float* d0 = acc + (size_t)(v0 ? btok[2 * t] : 0) * H;
+  float* d1 = acc + (size_t)(v1 ? btok[2 * t + 1] : 0) * H;
+  const float w0 = v0 ? wtok[2 * t] : 0.f, w1 = v1 ? wtok[2 * t + 1] : 0.f;
+  for (int g0 = g_begin; g0 < g_end; g0 += GB) {
+    uint4 wa[GB][KP], wb[GB][KP];
+#pragma unroll
+    for (int u = 0; u < GB; ++u) {
+      const int g = min(g0 + u, g_end - 1);  // past the run: the last group again, results unused
+      const bf16* ra = W + (size_t)(g * 16 + gid) * ld + t * 8;
+      const bf16* rb = ra + (size_t)8 * ld;
+#pragma unroll
+      for (int kp = 0; kp < KP; ++kp) {
+        wa[u][kp] = ld_weight16(ra + kp * 32);
+        wb[u][kp] = ld_weight16(rb + kp * 32);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < GB; ++u) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kp = 0; kp < KP; ++kp) {
+        const uint4 bx = *reinterpret_cast<const uint4*>(xa + kp * 32);
+        mma16816(c, wa[u][kp].x, wb[u][kp].x, wa[u][kp].y, wb[u][kp].y, bx.x, bx.y);
+        mma16816(c, wa[u][kp].z, wb[u][kp].z, wa[u][kp].w, wb[u][kp].w, bx.z, bx.w);
+      }
+      if (g0 + u < g_end) {  // c0, c1: row gid, tokens 2t, 2t+1; c2, c3: row gid + 8
+        const int r = (g0 + u) * 16 + gid;
+        if (v0) {
+          atomicAdd(d0 + r, w0 * c[0]);
+          atomicAdd(d0 + r + 8, w0 * c[2]);
+        }
+        if (v1) {
+          atomicAdd(d1 + r, w1 * c[1]);
+          atomicAdd(d1 + r + 8, w1 * c[3]);
+        }
+      }
+    }
+  }
+}
+
+// Plain FMA version of the same contract (use_mma = 0): a warp per row, a lane per k pair.
+__device__ __noinline__ void gemv_down_acc_fma(const bf16* W, int ld, int nrows, int klen, const bf16* act_s, int lds,
+                                               float* acc, int H, const float* wtok, const int* btok, int nt) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < nrows; r += NWARPS) {
+    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int k = lane; k < klen; k += 32) {
+      const float wv = __bfloat162float(W[(size_t)r * ld + k]);
+#pragma unroll
+      for (int n = 0; n < 8; ++n) a[n] += wv * __bfloat162float(act_s[n * lds + k]);
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      float v = a[n];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && n < nt) atomicAdd(acc + (size_t)btok[n] * H + r, wtok[n] * v);
+    }
+  }
+}
+
 // Block-wide sum (all threads get the result). scratch: NWARPS floats.
 __device__ float block_sum(float v, float* scratch) {
   scratch = shared(scratch);

@@ -59,6 +59,7 @@ struct View {
   __device__ int* moe_info(int l) const { return (int*)p.moe_info + (size_t)l * 4; }
   __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
   __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
+  __device__ float* moe_acc(int l) const { return (float*)p.moe_acc + (size_t)l * 8 * p.hidden; }
   __device__ const bf16* lw(int l, int slot) const {
     return reinterpret_cast<const bf16*>(((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + slot]);
   }
@@ -149,7 +150,8 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
-    case MK_OP_MOE_UP: {  // A0 expert, A1 first column, A2 columns
+    case MK_OP_MOE_UP:       // A0 expert, A1 first column, A2 columns
+    case MK_OP_MOE_FUSED: {  // (its up tile; the down slice follows in op_moe_fused)
       const int I = p.moe_inter;
       const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)a0 * 2 * I * H;
       g = Gemv{gu + (size_t)a1 * H, H, gu + (size_t)(I + a1) * H, H, a2, 2 * a2, H};
@@ -185,7 +187,8 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
 // stores 1216 -> 232 B, its code 263 -> 164 KB; step time unchanged (docs/MEGAKERNEL.md).
 __device__ __forceinline__ bool is_gemv_op(int op) {
   return op == MK_OP_QKV || op == MK_OP_OPROJ || op == MK_OP_DENSE_UP || op == MK_OP_DENSE_DOWN ||
-         op == MK_OP_ROUTER || op == MK_OP_MOE_UP || op == MK_OP_MOE_DOWN || op == MK_OP_LM_HEAD;
+         op == MK_OP_ROUTER || op == MK_OP_MOE_UP || op == MK_OP_MOE_DOWN || op == MK_OP_LM_HEAD ||
+         op == MK_OP_MOE_FUSED;
 }
 
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
@@ -206,7 +209,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     k0 = d[MK_F_A2];
   } else if (op == MK_OP_LM_HEAD) {
     src = V.h(p.num_layers);
-  } else if (op == MK_OP_MOE_UP) {
+  } else if (op == MK_OP_MOE_UP || op == MK_OP_MOE_FUSED) {
     // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged);
     // MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token)
     const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);
@@ -598,6 +601,10 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
     }
   }
   if (dry) return;
+  if (p.moe_fused) {  // the fused items' sums of this layer's rows start at zero
+    float4* acc = reinterpret_cast<float4*>(V.moe_acc(l));
+    for (int i = threadIdx.x; i < p.batch * p.hidden / 4; i += NT) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (threadIdx.x == 0) {
     int n_act = 0;  // chosen experts
     for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
@@ -654,6 +661,57 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   }
 }
 
+// The rest of a fused MoE item (moe_fused) after its up GEMV (gemv_op, as an up item's): act =
+// silu(gate) * up of its tokens and columns c0 .. c0 + n, bf16 in shared memory (over the staged h
+// rows: s_h_staged is cleared), then the down slice W_down[e][:, c0 : c0 + n] for every hidden row,
+// route_w * (W act) added into moe_acc of each token's row (fp32 atomics). No per-expert counter
+// and no down tiles: an expert's items are independent, ADD_NORM waits for all (the mlp counter).
+__device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  __shared__ float s_w[MK_MAX_TOKENS];
+  __shared__ int s_b[MK_MAX_TOKENS];
+  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
+  const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK], K = p.top_k;
+  const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);  // token column = batch row (gemv_op)
+  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) {
+    const int slot = d[MK_F_SLOT0 + threadIdx.x];
+    s_w[threadIdx.x] = ld_cg(V.route_w(l) + slot);  // ROUTE wrote it (the drain waited on route[l])
+    s_b[threadIdx.x] = slot / K;
+  }
+  if (threadIdx.x == 0) s_h_staged = -1;  // the activations below overwrite the staged h rows
+  bf16* act = shared(s.act);
+  const int lds = n + ((n / 32) % 2 ? 0 : 32);  // rows 64 B apart mod 128: no bank conflicts
+  for (int i = threadIdx.x; i < 8 * n; i += NT) {
+    const int j = i / n, c = i - j * n;
+    const int col = j < nt && whole ? d[MK_F_SLOT0 + j] / K : j;  // token j's column of the up GEMV
+    const float v = j < nt ? silu(s.out[c * 8 + col]) * s.out[(n + c) * 8 + col] : 0.f;
+    act[j * lds + c] = __float2bfloat16(v);
+  }
+  __syncthreads();
+  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
+  float* acc = V.moe_acc(l);
+  if (!p.use_mma) {
+    gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
+    return;
+  }
+  switch (n / 32) {  // the tiling keeps n a multiple of 32, at most 256
+    case 1:
+      gemv_down_acc<1>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
+      break;
+    case 2:
+      gemv_down_acc<2>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
+      break;
+    case 4:
+      gemv_down_acc<4>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
+      break;
+    case 8:
+      gemv_down_acc<8>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
+      break;
+    default:
+      if (threadIdx.x == 0) raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);
+  }
+}
+
 // One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
 // MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
@@ -663,10 +721,14 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
   const bool dense = V.flags(l) & MK_LAYER_DENSE;
-  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.top_k;
+  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.moe_fused ? 1 : p.top_k;
   const size_t rb = (size_t)b * H;
-  // MLP partial j of this row: the dense K split j, or the MoE output of slot b * top_k + j
-  auto mlp = [&](int j) { return dense ? V.mlp_part(l, j) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H); };
+  // MLP partial j of this row: the dense K split j, the fused MoE sum (moe_fused), or the MoE output
+  // of slot b * top_k + j
+  auto mlp = [&](int j) {
+    return dense ? V.mlp_part(l, j) + rb
+                 : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H);
+  };
   const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
   float* row = shared(s.out);  // H <= OUT_FLOATS floats (checked by the launcher)
   // the norm weights of this thread's first four columns are static: their load overlaps the
@@ -1156,8 +1218,9 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
 __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
   const Params& q = s_params;  // for the out-of-line ops (s_params)
-  // every task but a MoE up item may overwrite the staged h rows (read after the barrier below)
-  if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP) s_h_staged = -1;
+  // every task but a MoE up item may overwrite the staged h rows (read after the barrier below; a
+  // fused item clears it itself after its up GEMV)
+  if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED) s_h_staged = -1;
   uint64_t t1 = 0;
   if ((p.prefetch_mode & MK_PREFETCH_SELF) ||
       ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
@@ -1226,6 +1289,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       break;
     case MK_OP_MOE_DOWN:
       op_moe_down(p, d, s);
+      break;
+    case MK_OP_MOE_FUSED:
+      op_moe_fused(q, d, s);
       break;
     case MK_OP_ADD_NORM:
       op_add_norm(q, d, s, false);
@@ -1347,11 +1413,12 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   const int up = p.moe_up_tiles, down = p.moe_down_tiles;
   const int m = q.tile(idx);
   const bool is_up = m < q.n_up;
-  const int t = is_up ? m % up : (m - q.n_up) % down;
+  const int t = is_up ? m % up : down > 0 ? (m - q.n_up) % down : 0;
   const int e = raw[0], ntok = raw[1];
   const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
   int v = 0;
-  if (w == MK_F_OP) v = is_up ? MK_OP_MOE_UP : MK_OP_MOE_DOWN;
+  const bool fused_up = is_up && p.moe_fused;  // signals the MLP counter itself (no down tiles)
+  if (w == MK_F_OP) v = !is_up ? MK_OP_MOE_DOWN : fused_up ? MK_OP_MOE_FUSED : MK_OP_MOE_UP;
   else if (w == MK_F_LAYER) v = l;
   else if (w == MK_F_A0) v = e;
   else if (w == MK_F_A1) v = is_up ? t * p.moe_up_cols : t * p.moe_down_rows;
@@ -1362,9 +1429,9 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
     v = (!is_up && i == 0) ? (second ? up : ecounter) : (second ? 0 : MK_NO_COUNTER);
   } else if (w == MK_F_NWAIT) v = is_up ? 0 : 1;
   else if (w == MK_F_NSIG) v = 1;
-  else if (w == MK_F_SIG0) v = is_up ? ecounter : mlp_counter;
+  else if (w == MK_F_SIG0) v = is_up && !fused_up ? ecounter : mlp_counter;
   else if (w > MK_F_SIG0 && w < MK_F_SIG0 + MK_MAX_SIGNALS) v = MK_NO_COUNTER;
-  else if (w == MK_F_SIG_AMOUNT) v = is_up ? 1 : ntok;
+  else if (w == MK_F_SIG_AMOUNT) v = is_up && !fused_up ? 1 : ntok;
   else if (w == MK_F_ID) v = -(1 << 20) - m;
   else if (w == MK_F_NTOK) v = ntok;
   else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? raw[2 + (w - MK_F_SLOT0)] : -1;

@@ -305,7 +305,7 @@ class MegakernelBackend:
             "dyn_base": 0,
             "moe_up_tiles": (I // t.moe_up_cols) if I else 0,
             "moe_up_cols": t.moe_up_cols,
-            "moe_down_tiles": H // t.moe_down_rows,
+            "moe_down_tiles": 0 if t.moe_fused else H // t.moe_down_rows,
             "moe_down_rows": t.moe_down_rows,
             "sliding_window": cfg.sliding_window,
             "selection_sigmoid": int(cfg.expert_selection_fn == "sigmoid"),
@@ -316,6 +316,7 @@ class MegakernelBackend:
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "claim_policy": t.claim_policy,
             "claim_window": t.claim_window,
+            "moe_fused": t.moe_fused,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

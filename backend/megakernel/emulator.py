@@ -89,7 +89,7 @@ class Emulator:
         t = schedule.tiling
         H, I = cfg.hidden_size, max(cfg.intermediate_size, 1)
         self.up_tiles = I // t.moe_up_cols if cfg.intermediate_size else 0
-        self.down_tiles = H // t.moe_down_rows
+        self.down_tiles = 0 if t.moe_fused else H // t.moe_down_rows
 
     # ---- counters -------------------------------------------------------------------------
     def _abs_target(self, c: int, rel: int) -> int:
@@ -151,6 +151,10 @@ class Emulator:
                 self.reads.append((key, lo, hi, ev, past))
             for key, lo, hi in acc.writes:
                 self.writes[key].append((lo, hi, ev))
+                self.plain[key].append((lo, hi, ev))
+            for key, lo, hi in acc.accums:  # readers must see them; they must see the initialiser
+                self.writes[key].append((lo, hi, ev))
+                self.accums.append((key, lo, hi, ev, past))
         amount = int(d[abi.MK_F_SIG_AMOUNT]) or 1
         for i in range(abi.MK_MAX_SIGNALS):
             c = int(d[abi.MK_F_SIG0 + i])
@@ -168,7 +172,8 @@ class Emulator:
         first claim past the end and a host queue's drain then claims once more, so it over-claims
         exactly twice (the totals count it). A MoE queue's items: the up tiles,
         then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
-        last, when the tail queue's word 3 says so)."""
+        last, when the tail queue's word 3 says so); with Tiling.moe_fused the up tiles are fused
+        items (up tile + down slice) and there are no down tiles."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
         t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
@@ -218,6 +223,7 @@ class Emulator:
                     self.down_tiles,
                     t.moe_down_rows,
                     lambda ly, e: expert_counter(self.cfg, ly, e),
+                    fused=bool(t.moe_fused),
                 )
                 if item is None:
                     return
@@ -255,7 +261,13 @@ class Emulator:
         rng = random.Random(seed)
         self.bank.prepare(self.sched)
         self.ops = OpSemantics(
-            self.cfg, self.w, self.ws, inp, math=self.math, rng=np.random.default_rng(seed)
+            self.cfg,
+            self.w,
+            self.ws,
+            inp,
+            math=self.math,
+            rng=np.random.default_rng(seed),
+            moe_fused=bool(self.sched.tiling.moe_fused),
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)
@@ -263,7 +275,9 @@ class Emulator:
         self.n_events = 0
         self.event_descs: list = []
         self.reads: list = []
-        self.writes: dict = defaultdict(list)
+        self.writes: dict = defaultdict(list)  # plain writes and accumulations
+        self.plain: dict = defaultdict(list)  # plain writes only
+        self.accums: list = []
         self.vals = [int(v) for v in self.bank.values]
         self.base = [int(v) for v in self.bank.base]
         self.n_dyn = self.sched.counters.n_dynamic
@@ -328,6 +342,16 @@ class Emulator:
                 raise CounterError(f"counter {cs.names[c]} ended the step at {done}, expected {cs.totals[c]}")
 
     def _check_hazards(self) -> None:
+        for key, lo, hi, ev, past in self.accums:  # an atomic sum needs its initialiser before it
+            init = [w for w in self.plain.get(key, ()) if w[0] < hi and lo < w[1]]
+            if not init:
+                raise HazardError(f"{self._name(ev)} adds into {key}[{lo}:{hi}], which nothing initialises")
+            for _, _, wev in init:
+                if not (past >> wev) & 1:
+                    raise HazardError(
+                        f"race: {self._name(ev)} adds into {key}[{lo}:{hi}] initialised by "
+                        f"{self._name(wev)} with no dependency ordering them"
+                    )
         for key, lo, hi, ev, past in self.reads:
             covered = []
             for wlo, whi, wev in self.writes.get(key, ()):

@@ -42,6 +42,9 @@ class StepInputs:
 class Access:
     reads: list[Region] = field(default_factory=list)
     writes: list[Region] = field(default_factory=list)
+    # commutative additions (fp32 atomics) into a region some plain write initialised: unordered
+    # among themselves, but each must come after that write, and every read after all of them
+    accums: list[Region] = field(default_factory=list)
 
 
 def attention_range(position: int, window: int | None, split: int, splits: int) -> tuple[int, int]:
@@ -69,9 +72,11 @@ def moe_item(
     down_tiles: int,
     down_rows: int,
     expert_counter,
+    fused: bool = False,
 ) -> list[int] | None:
     """Expand MoE queue item `item` of a layer into a full descriptor (as the kernel's drain does):
-    items [0, n*up_tiles) are up tiles, expert-major; then the down tiles. None past the end."""
+    items [0, n*up_tiles) are up tiles, expert-major; then the down tiles. None past the end.
+    `fused` (down_tiles = 0): the up items are MOE_FUSED and signal the MLP counter directly."""
     from mkcode.backend.megakernel.schedule import make_desc
 
     n_act = len(table)
@@ -80,7 +85,11 @@ def moe_item(
     if item < n_act * up_tiles:
         a, t = divmod(item, up_tiles)
         e, slots = table[a]
-        d = make_desc(abi.MK_OP_MOE_UP, layer, (e, t * up_cols, up_cols), (), (expert_counter(layer, e),))
+        args = (e, t * up_cols, up_cols)
+        if fused:
+            d = make_desc(abi.MK_OP_MOE_FUSED, layer, args, (), (mlp_counter,), amount=len(slots))
+        else:
+            d = make_desc(abi.MK_OP_MOE_UP, layer, args, (), (expert_counter(layer, e),))
     else:
         a, t = divmod(item - n_act * up_tiles, down_tiles)
         e, slots = table[a]
@@ -111,8 +120,11 @@ class OpSemantics:
         inp: StepInputs,
         math: bool = True,
         rng: np.random.Generator | None = None,
+        moe_fused: bool | None = None,
     ):
         self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
+        # ADD_NORM's MoE input: the fused sum (moe_acc) or the top-k slot outputs (moe_out)
+        self.moe_fused = bool(ws.tiling.moe_fused if moe_fused is None else moe_fused)
         self.rng = rng or np.random.default_rng(0)
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
@@ -317,6 +329,10 @@ class OpSemantics:
             reads=[(("rlogits", layer, b), 0, E) for b in self._rows()],
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
+        if self.moe_fused:  # the fused items' sums start at zero
+            acc.writes += [(("moe_acc", layer, b), 0, cfg.hidden_size) for b in self._rows()]
+            if self.math:
+                self.ws["moe_acc"][layer, :B] = 0
         if self.math:
             # NaN ranks as -inf (as in the kernel); equal logits in expert order (the kernel's
             # tie rule: the lower id first; torch.topk leaves the order of ties open)
@@ -386,6 +402,30 @@ class OpSemantics:
             self.ws["moe_out"][layer, idx, r0 : r0 + n] = y * self.ws["route_w"][layer, idx][:, None]
         return acc
 
+    def op_moe_fused(self, layer, a, d) -> Access:
+        """Up tile (columns c0 .. c0+n) then the down slice of those columns for every hidden row,
+        weighted by each token's routing weight and added into its row's moe_acc."""
+        e, c0, n = a[0], a[1], a[2]
+        cfg = self.cfg
+        K, H, I = cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size
+        slots = self._moe_slots(d)
+        acc = Access(
+            reads=[(("moe_tab", layer), 0, 1)]
+            + [(("h", layer, b), 0, H) for b in self._rows()]  # the kernel stages every batch row
+            + [(("route_w", layer), s, s + 1) for s in slots],
+            accums=[(("moe_acc", layer, s // K), 0, H) for s in slots],
+        )
+        if self.math:
+            lw = self.w.layers[layer]
+            gu = lw.experts_gate_up[e]
+            rows = torch.tensor([s // K for s in slots])
+            h = self.ws["h"][layer][rows]
+            act = F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
+            y = act @ lw.experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
+            wts = self.ws["route_w"][layer, torch.tensor(slots)]
+            self.ws["moe_acc"][layer, rows] += y * wts[:, None]
+        return acc
+
     def op_add_norm(self, layer, a, d) -> Access:
         cfg, b = self.cfg, a[0]
         H, Hkv, K = cfg.hidden_size, cfg.num_key_value_heads, cfg.num_experts_per_tok
@@ -394,6 +434,8 @@ class OpSemantics:
         reads = [(("x", layer, b), 0, H)] + [(("ao", layer, s, b), 0, H) for s in range(Hkv)]
         if dense:
             reads += [(("mlp", layer, s, b), 0, H) for s in range(ms)]
+        elif self.moe_fused:
+            reads += [(("moe_acc", layer, b), 0, H)]
         else:
             reads += [(("moe_out", layer, b * K + j), 0, H) for j in range(K)]
         acc = Access(reads=reads, writes=[(("x", layer + 1, b), 0, H), (("h", layer + 1, b), 0, H)])
@@ -401,6 +443,8 @@ class OpSemantics:
             x = self.ws["x"][layer, b] + self.ws["ao_part"][layer, :, b].sum(0)
             if dense:
                 x = x + self.ws["mlp_part"][layer, :ms, b].sum(0)
+            elif self.moe_fused:
+                x = x + self.ws["moe_acc"][layer, b]
             else:
                 x = x + self.ws["moe_out"][layer, b * K : (b + 1) * K].sum(0)
             self.ws["x"][layer + 1, b] = x

@@ -233,6 +233,8 @@ def layer_profile(
         "OPROJ": tiling.o_rows * (cfg.num_attention_heads // cfg.num_key_value_heads) * cfg.head_dim * ebytes,
         "MOE_UP": 2 * tiling.moe_up_cols * H * ebytes,
         "MOE_DOWN": tiling.moe_down_rows * cfg.intermediate_size * ebytes,
+        # up tile + down slice (H rows of its columns); the whole item's bytes over its up GEMV's span
+        "MOE_FUSED": 3 * tiling.moe_up_cols * H * ebytes,
         "DENSE_UP": 2 * tiling.dense_up_cols * H * ebytes,
         "DENSE_DOWN": tiling.dense_down_rows
         * (cfg.prefix_dense_intermediate_size // tiling.mlp_splits)
@@ -320,6 +322,7 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
             "norm_early",
             "attn_with_qkv",
             "ctrl_sms",
+            "moe_fused",
         )
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)

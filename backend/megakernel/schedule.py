@@ -268,9 +268,13 @@ def build_schedule(
             n_router = E // tiling.router_rows
             router_c = counter(f"router[{layer}]", n_router)
             route_c = counter(f"route[{layer}]", 1)
-            moe_down_tiles = H // tiling.moe_down_rows
-            mlp_c = counter(f"mlp[{layer}]", B * K * moe_down_tiles)
-            cs.totals[mlp_c] += B * K * moe_down_tiles  # signalled by device-made MoE down tasks
+            # signalled by the device-made MoE items that end the MLP (amount: their tokens): the
+            # fused items (every token slot is in one item per column tile), else the down tiles
+            mlp_items = (
+                cfg.intermediate_size // tiling.moe_up_cols if tiling.moe_fused else H // tiling.moe_down_rows
+            )
+            mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items)
+            cs.totals[mlp_c] += B * K * mlp_items
             for t in range(n_router):
                 emit(
                     make_desc(

@@ -59,6 +59,10 @@ class Tiling:
     # instruction cache (an op an SM runs once per layer otherwise fetches it cold: several us) and
     # an ADD_NORM waits on its SM for the layer's end instead of starting after its SM's last item
     ctrl_sms: int = 0
+    # 1: one MoE queue item per (expert, up-column tile) that also runs the down projection of those
+    # columns for every hidden row (fp32 atomics into the row's sum, moe_acc): no down tiles, no
+    # per-expert up -> down dependency. 0: up tiles, then down tiles of moe_down_rows rows.
+    moe_fused: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -84,6 +88,7 @@ class Tiling:
         need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
+        need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
@@ -116,6 +121,11 @@ class Tiling:
             I, E = cfg.intermediate_size, cfg.num_experts
             need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
             need(I % 32 == 0, "intermediate_size must be a multiple of 32")
+            if self.moe_fused:  # the down slice's K is the tile's columns: 1, 2, 4 or 8 mma k-pairs
+                need(
+                    self.moe_up_cols in (32, 64, 128, 256),
+                    "fused MoE items need moe_up_cols in 32, 64, 128, 256",
+                )
             need(H % self.moe_down_rows == 0, "moe_down_rows must divide hidden_size")
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")

@@ -31,6 +31,7 @@ FLOAT_BUFFERS = (
     "route_w",
     "moe_act",
     "moe_out",
+    "moe_acc",
     "logits",
     "lm_best",
 )
@@ -60,6 +61,7 @@ def buffer_shapes(cfg: ModelConfig, tiling: Tiling) -> dict[str, tuple[tuple[int
         "moe_info": ((L, 4), i32),
         "moe_act": ((L, B * K, I), f32),
         "moe_out": ((L, B * K, H), f32),
+        "moe_acc": ((L, B, H), f32),
         "logits": ((B, cfg.vocab_size), f32),
         "lm_best": ((n_lm, B), f32),
         "lm_arg": ((n_lm, B), i32),

@@ -78,8 +78,18 @@ def _check(ws, batch, ref, ref_batch):
     ],
 )
 @pytest.mark.parametrize("strategy", ["random", "reverse"])
-def test_step_matches_reference(weights, contexts, splits, strategy):
-    _check(*_run(weights, contexts, splits, strategy)[:4])
+@pytest.mark.parametrize("fused", [1, 0], ids=["fused", "up-down"])
+def test_step_matches_reference(weights, contexts, splits, strategy, fused):
+    """Fused MoE items (Tiling.moe_fused: up + down slice, atomic sums) and separate up/down tiles."""
+    from dataclasses import replace
+
+    t = replace(TILING, moe_fused=fused)
+    sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t, splits)
+    ws, batch, ref, ref_batch, _ = _run(weights, contexts, splits, strategy, sched=sched)
+    _check(ws, batch, ref, ref_batch)
+    B, moe = len(contexts), [i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)]
+    written = {n: not torch.isnan(ws[n][moe, :B]).any() for n in ("moe_acc", "moe_out")}
+    assert written == {"moe_acc": bool(fused), "moe_out": not fused}  # the path that ran
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -166,7 +176,7 @@ def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last):
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    sched = build_schedule(CFG, 3, contexts, N_SMS, replace(TILING, moe_tail_last=tail_last))
+    sched = build_schedule(CFG, 3, contexts, N_SMS, replace(TILING, moe_tail_last=tail_last, moe_fused=0))
     assert {int(q[3]) for q in sched.queue_info if q[2] == abi.MK_NO_COUNTER} == {tail_last}
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
@@ -185,6 +195,39 @@ def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last):
         _run(
             weights, contexts, sched=sched.without_queue_wait(_find_item(sched, op, 1), 0), strategy="random"
         )
+
+
+def test_fused_moe_sums_need_their_initialiser(weights, monkeypatch):
+    """A fused item's atomic sum must come after ROUTE zeroed it: an item of layer 1 adding into
+    layer 2's sums (zeroed by layer 2's ROUTE, which runs after it) is a race; sums nobody zeroes
+    are an error too."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.emulator_ops import OpSemantics
+
+    real = OpSemantics.op_moe_fused
+    sched = build_schedule(CFG, 2, [70, 3], N_SMS, replace(TILING, moe_fused=1))
+
+    def shifted(self, layer, a, d):
+        acc = real(self, layer, a, d)
+        if layer == 1:
+            acc.accums = [((k[0], 2, *k[2:]), lo, hi) for k, lo, hi in acc.accums]
+        return acc
+
+    monkeypatch.setattr(OpSemantics, "op_moe_fused", shifted)
+    with pytest.raises(HazardError, match="race: MOE_FUSED"):
+        _run(weights, [70, 3], sched=sched)
+    monkeypatch.setattr(OpSemantics, "op_moe_fused", real)
+    real_route = OpSemantics.op_route
+
+    def no_zero(self, layer, a, d):
+        acc = real_route(self, layer, a, d)
+        acc.writes = [w for w in acc.writes if w[0][0] != "moe_acc"]
+        return acc
+
+    monkeypatch.setattr(OpSemantics, "op_route", no_zero)
+    with pytest.raises(HazardError, match="nothing initialises"):
+        _run(weights, [70, 3], sched=sched)
 
 
 def test_double_signal_is_caught(weights):
@@ -236,14 +279,16 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
 
 @pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_claim_policies(weights, strategy, policy, window):
+@pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
+def test_claim_policies(weights, strategy, policy, window, fused):
     """Every claim policy (Tiling.claim_policy, claim_window) gives the reference step under every
     interleaving, and two steps in a row on one bank (a drain's claims still total items + 2 per
-    host drain)."""
+    host drain), with separate MoE up/down tiles and with fused MoE items (whose sums each step's
+    ROUTE zeroes again)."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    tiling = replace(TILING, claim_policy=policy, claim_window=window)
+    tiling = replace(TILING, claim_policy=policy, claim_window=window, moe_fused=fused)
     sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
     case = make_case(CFG, contexts, seed=5)
     ref_batch = clone_batch(case.batch)
@@ -262,11 +307,13 @@ def test_claim_policies(weights, strategy, policy, window):
 @pytest.mark.parametrize("early,with_qkv,ctrl", [(1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 2)])
 @pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl):
+@pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
+def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, fused):
     """Tiling.norm_early (a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs and wait
     there for the layer's end; up to half the SMs hold one) and Tiling.attn_with_qkv (attention
     drains on the SMs of the QKV and router tiles): no deadlock under any interleaving and the
-    reference's step. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs."""
+    reference's step. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs. With both
+    kinds of MoE items (Tiling.moe_fused)."""
     from dataclasses import replace
 
     tiling = replace(
@@ -275,6 +322,7 @@ def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl):
         attn_with_qkv=with_qkv,
         ctrl_sms=ctrl,
         claim_policy=abi.MK_CLAIM_LAZY,
+        moe_fused=fused,
     )
     B = len(contexts)
     sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
@@ -308,9 +356,13 @@ def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_release_geometry_engine_tilings(batch):
+@pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
+def test_release_geometry_engine_tilings(batch, fused):
     """The engine's per-batch tiling (tiling_for_batch: lazy claims and 16 splits at BS 1, wide MoE
-    tiles and eager claims at BS 8) at the release geometry: no deadlock, no over-claim."""
+    tiles and eager claims at BS 8) at the release geometry, with either kind of MoE items
+    (Tiling.moe_fused): no deadlock, no over-claim."""
+    from dataclasses import replace
+
     from mkcode.backend.megakernel.tiling import tiling_for_batch
 
     layers = 5
@@ -319,8 +371,9 @@ def test_release_geometry_engine_tilings(batch):
         layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
         mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
     )
-    base = default_tiling(cfg)
+    base = replace(default_tiling(cfg), moe_fused=fused)
     tiling = tiling_for_batch(cfg, base, batch)
+    assert tiling.moe_fused == fused
     contexts = [8192 + 977 * b for b in range(batch)]
     splits = attention_splits(cfg, contexts, tiling, 132)
     sched = build_schedule(cfg, batch, contexts, 132, tiling, splits)
@@ -366,6 +419,9 @@ SWEEP_TILINGS = [
     {"attn_with_qkv": 1, "norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},
+    {"moe_fused": 1},  # up tile + down slice per item, atomic sums (session 4's fused items)
+    {"moe_fused": 1, "moe_up_cols": 128, "claim_policy": abi.MK_CLAIM_LAZY, "norm_early": 1, "ctrl_sms": 1},
+    {"moe_fused": 1, "moe_up_cols": 256, "ctrl_sms": 8, "attn_with_qkv": 1},  # the BS 8 engine's tiles
 ]
 
 

@@ -59,9 +59,10 @@ OUTPUTS = {
     abi.MK_OP_DENSE_UP: ["dense_act"],
     abi.MK_OP_DENSE_DOWN: ["mlp_part"],
     abi.MK_OP_ROUTER: ["rlogits"],
-    abi.MK_OP_ROUTE: ["route_w", "expert_tab", "moe_info"],
+    abi.MK_OP_ROUTE: ["route_w", "expert_tab", "moe_info", "moe_acc"],  # moe_acc: zeroed (fused)
     abi.MK_OP_MOE_UP: ["moe_act"],
     abi.MK_OP_MOE_DOWN: ["moe_out"],
+    abi.MK_OP_MOE_FUSED: [],  # adds into moe_acc (random before): checked in the test itself
     abi.MK_OP_ADD_NORM: ["x", "h"],
     abi.MK_OP_LM_HEAD: ["logits", "lm_best", "lm_arg"],
     abi.MK_OP_SAMPLE: ["tokens_out"],
@@ -103,13 +104,17 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
         return [make_desc(op, 3, (0, 16))]
     if op == abi.MK_OP_ROUTE:
         return [make_desc(op, 3, ())]
-    if op in (abi.MK_OP_MOE_UP, abi.MK_OP_MOE_DOWN):
+    if op in (abi.MK_OP_MOE_UP, abi.MK_OP_MOE_DOWN, abi.MK_OP_MOE_FUSED):
         rng = np.random.default_rng(seed)
         slots = sorted(rng.choice(B * c.num_experts_per_tok, size=min(B, 3), replace=False).tolist())
         table = [(5, slots), (11, [s for s in range(B * c.num_experts_per_tok) if s not in slots][:8])]
-        items = range(0, 2 * 8) if op == abi.MK_OP_MOE_UP else range(16, 16 + 2 * 4)
+        fused = op == abi.MK_OP_MOE_FUSED
+        items = range(16, 16 + 2 * 4) if op == abi.MK_OP_MOE_DOWN else range(0, 2 * 8)
         return [
-            moe_item(table, 2, i, 0, 8, 32, 4, 128, lambda ly, e: expert_counter(CFG, ly, e)) for i in items
+            moe_item(
+                table, 2, i, 0, 8, 32, 0 if fused else 4, 128, lambda ly, e: expert_counter(CFG, ly, e), fused
+            )
+            for i in items
         ]
     if op == abi.MK_OP_ADD_NORM:
         return [make_desc(op, ly, (b,)) for ly in (0, 5) for b in range(B)]
@@ -155,6 +160,7 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
     descs = [_strip(d) for d in _op_descs(op, B, seed)]
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
+    acc_before = ws["moe_acc"].clone()  # ref_bufs' copy is the reference workspace's: it changes
     ref_batch = clone_batch(case.batch)
     be.run_tasks(np.array(descs, dtype=np.int32), case.batch, n_sms=min(len(descs), 7))
     torch.cuda.synchronize()
@@ -191,6 +197,23 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
         )
         m = ~torch.isnan(want) & torch.isfinite(want)
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
+    if op == abi.MK_OP_MOE_FUSED:  # sums added into the routed rows of layer 2 only, the rest as before
+        got, want, before = ws["moe_acc"], ref_ws["moe_acc"], acc_before
+        rows = sorted(
+            {
+                int(d[abi.MK_F_SLOT0 + j]) // CFG.num_experts_per_tok
+                for d in descs
+                for j in range(d[abi.MK_F_NTOK])
+            }
+        )
+        touched = torch.zeros_like(got, dtype=torch.bool)
+        touched[2, rows] = True
+        assert torch.equal(got[~touched], want[~touched]), "moe_acc changed outside the routed rows"
+        delta_got, delta_want = (got - before)[touched], (want - before)[touched]
+        assert float(delta_want.abs().min()) > 0, "the reference added nothing"
+        assert _relerr(delta_got, delta_want) < 1.5e-2, (
+            f"moe_acc: rel err {_relerr(delta_got, delta_want):.3g}"
+        )
     if op == abi.MK_OP_QKV:  # K/V written into the pool
         assert _relerr(case.batch.kv_pool.float(), ref_batch.kv_pool.float()) < 1e-2
 
@@ -295,6 +318,65 @@ def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
         _step_check(CFG, w, be, contexts, seed=len(contexts))
     finally:
         be.use_mma, be.prefetch_mode = 1, abi.MK_PREFETCH_DEFAULT
+
+
+@pytest.fixture(scope="module")
+def small_fused(small):
+    """The same weights with fused MoE items (Tiling.moe_fused = 1: up tile + down slice per item)."""
+    from mkcode.backend.megakernel.tiling import default_tiling
+
+    w, _ = small
+    return w, MegakernelBackend(CFG, w, tiling=replace(default_tiling(CFG), moe_fused=1))
+
+
+def _fused_tiling(tiles: str, B: int):
+    """Fused MoE tiles: "c32" the reduced default (32 columns: one mma k-pair), "c64" two k-pairs,
+    "batch" the engine's per-batch tiling (128 columns at BS 1-3, 256 from BS 4; claims, ctrl SMs)."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    base = replace(default_tiling(CFG), moe_fused=1)
+    if tiles == "batch":
+        return tiling_for_batch(CFG, base, B)
+    return replace(base, moe_up_cols={"c32": 32, "c64": 64}[tiles])
+
+
+@pytest.mark.parametrize("op", [abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM], ids=lambda o: abi.OPNAMES[o])
+@pytest.mark.parametrize("B", [1, 5, 8])
+def test_fused_moe_route_and_add_norm(small_fused, op, B):
+    """With moe_fused ROUTE also zeroes moe_acc of its layer's batch rows (the items then add into
+    it), and a MoE layer's ADD_NORM adds moe_acc[layer][b] instead of the top-k slot outputs."""
+    w, be = small_fused
+    _op_check(CFG, w, be, op, B)
+    if op == abi.MK_OP_ROUTE:
+        assert bool((be.ws["moe_acc"][3, :B] == 0).all()), "ROUTE left moe_acc unzeroed"
+
+
+@pytest.mark.parametrize(
+    "contexts", [[300], [63, 64], [1, 64, 65, 127, 128, 257, 511, 700]], ids=["bs1", "bs2", "bs8"]
+)
+@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
+@pytest.mark.parametrize("tiles", ["c32", "c64", "batch"])
+def test_step_matches_reference_fused_moe(small_fused, contexts, use_mma, tiles):
+    """A whole step with fused MoE items (no down tiles: fp32 atomic sums into moe_acc, which ADD_NORM
+    reads) against the routed fp32 reference, as the reduced-geometry step tests."""
+    w, be = small_fused
+    if tiles != "c32":
+        be = MegakernelBackend(CFG, w, tiling=_fused_tiling(tiles, len(contexts)))
+    be.use_mma = use_mma
+    try:
+        _step_check(CFG, w, be, contexts, seed=len(contexts))
+        assert not torch.isnan(be.ws["moe_acc"][1, : len(contexts)]).any()  # the fused path ran
+    finally:
+        be.use_mma = 1
+
+
+@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+def test_consecutive_steps_fused_moe(small, contexts):
+    """Fused MoE items at the engine's per-batch tiles, three steps in a row: each step's ROUTE must
+    zero the sums the previous step left (and the mlp counters' totals must hold)."""
+    w, _ = small
+    be = MegakernelBackend(CFG, w, tiling=_fused_tiling("batch", len(contexts)))
+    _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
