@@ -423,7 +423,10 @@ class OpSemantics:
             act = F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
             y = act @ lw.experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
             wts = self.ws["route_w"][layer, torch.tensor(slots)]
-            self.ws["moe_acc"][layer, rows] += y * wts[:, None]
+            # index_add_: a row that holds two of the item's slots gets both terms (an indexed +=
+            # keeps only one; real routing never picks an expert twice for a token, the op tests do)
+            acc_l = self.ws["moe_acc"][layer]
+            acc_l.index_add_(0, rows.to(acc_l.device), y * wts[:, None])
         return acc
 
     def op_add_norm(self, layer, a, d) -> Access:
