@@ -323,6 +323,7 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
             "attn_with_qkv",
             "ctrl_sms",
             "moe_fused",
+            "combine_ctrl",
         )
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)

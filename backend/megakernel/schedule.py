@@ -310,6 +310,10 @@ def build_schedule(
         qinfo.append([first, n_items, head_c, 0])
         for k in range(n_drains):
             emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)), pool[k] if pool else None)
+        # Tiling.combine_ctrl: a MoE layer's combines as static tasks on the control SMs (one per
+        # control SM in turn), where they wait warm (dry run) for their attention items and start
+        # without a claim; the O-proj items stay in the MoE queue
+        combine_ctrl = bool(tiling.combine_ctrl) and not dense and n_ctrl > 0
 
         # 5. + 7. the attention tail: combines, then O-proj tiles, K split by kv head (split s reads
         # exactly kv head s's query heads). In MoE layers they are items of the layer's MoE queue,
@@ -317,7 +321,7 @@ def build_schedule(
         # they are claimable (as static tasks after the MoE drain they waited for the MoE queue to
         # empty: 15-20 us per layer at BS 1, measured); in dense layers they stay static.
         kspan = G * d
-        tail = [
+        combines = [
             make_desc(
                 abi.MK_OP_ATTN_COMBINE,
                 layer,
@@ -327,7 +331,12 @@ def build_schedule(
             )
             for b in range(B)
             for h in range(Hkv)
-        ] + [
+        ]
+        if combine_ctrl:
+            for k, cd in enumerate(combines):
+                emit(cd, ctrl_sm(k))
+            combines = []
+        tail = combines + [
             make_desc(
                 abi.MK_OP_OPROJ,
                 layer,

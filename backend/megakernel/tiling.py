@@ -63,6 +63,9 @@ class Tiling:
     # columns for every hidden row (fp32 atomics into the row's sum, moe_acc): no down tiles, no
     # per-expert up -> down dependency. 0: up tiles, then down tiles of moe_down_rows rows.
     moe_fused: int = 0
+    # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
+    # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
+    combine_ctrl: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -89,6 +92,8 @@ class Tiling:
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
+        need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
+        need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),

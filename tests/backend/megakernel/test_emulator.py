@@ -304,16 +304,19 @@ def test_claim_policies(weights, strategy, policy, window, fused):
             b.positions = b.positions + 1
 
 
-@pytest.mark.parametrize("early,with_qkv,ctrl", [(1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 2)])
+@pytest.mark.parametrize(
+    "early,with_qkv,ctrl,combine",
+    [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (1, 1, 2, 0), (0, 0, 3, 1), (1, 1, 2, 1)],
+)
 @pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
-def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, fused):
+def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, combine, fused):
     """Tiling.norm_early (a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs and wait
     there for the layer's end; up to half the SMs hold one) and Tiling.attn_with_qkv (attention
     drains on the SMs of the QKV and router tiles): no deadlock under any interleaving and the
-    reference's step. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs. With both
-    kinds of MoE items (Tiling.moe_fused)."""
+    reference's step. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs (and a MoE
+    layer's combines with Tiling.combine_ctrl). With both kinds of MoE items (Tiling.moe_fused)."""
     from dataclasses import replace
 
     tiling = replace(
@@ -323,6 +326,7 @@ def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, fuse
         ctrl_sms=ctrl,
         claim_policy=abi.MK_CLAIM_LAZY,
         moe_fused=fused,
+        combine_ctrl=combine,
     )
     B = len(contexts)
     sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
@@ -334,9 +338,19 @@ def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, fuse
         if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
     )
     assert (order.index(abi.MK_OP_ADD_NORM) < moe_drain) == bool(early and N_SMS - ctrl >= 2 * B)
-    ctrl_ops = (abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM)
+
+    def is_ctrl_task(t) -> bool:  # ROUTE, ADD_NORM; with combine_ctrl a MoE layer's combines too
+        op = int(t[abi.MK_F_OP])
+        moe_comb = combine and op == abi.MK_OP_ATTN_COMBINE and not CFG.is_dense(int(t[abi.MK_F_LAYER]))
+        return op in (abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM) or moe_comb
+
+    if combine:  # a MoE layer's combines are static tasks on the control SMs, none in its queue
+        on_ctrl = {tid for sm_ids in sched.sm_lists[N_SMS - ctrl :] for tid in sm_ids}
+        combs = [t for t in layer1 if int(t[abi.MK_F_OP]) == abi.MK_OP_ATTN_COMBINE]
+        assert len(combs) == B * CFG.num_key_value_heads
+        assert all(int(t[abi.MK_F_ID]) in on_ctrl for t in combs)
     for sm, ids in enumerate(sched.sm_lists):  # control SMs hold control tasks only, and all of them
-        is_ctrl = [int(sched.tasks[i][abi.MK_F_OP]) in ctrl_ops for i in ids]
+        is_ctrl = [is_ctrl_task(sched.tasks[i]) for i in ids]
         assert all(is_ctrl) if sm >= N_SMS - ctrl else (ctrl == 0 or not any(is_ctrl))
     if with_qkv:  # every attention drain sits on an SM that holds a QKV or router tile of its layer
         sm = {tid: s for s, ids in enumerate(sched.sm_lists) for tid in ids}
@@ -422,6 +436,9 @@ SWEEP_TILINGS = [
     {"moe_fused": 1},  # up tile + down slice per item, atomic sums (session 4's fused items)
     {"moe_fused": 1, "moe_up_cols": 128, "claim_policy": abi.MK_CLAIM_LAZY, "norm_early": 1, "ctrl_sms": 1},
     {"moe_fused": 1, "moe_up_cols": 256, "ctrl_sms": 8, "attn_with_qkv": 1},  # the BS 8 engine's tiles
+    # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
+    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
 ]
 
 
