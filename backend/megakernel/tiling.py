@@ -230,9 +230,25 @@ CTRL_SMS_PER_ROW = 1
 WIDE_ATTN_WITH_QKV = 1
 
 
+# Below WIDE_MOE_FROM_BATCH rows: fused MoE items (Tiling.moe_fused: up tile + down slice, no down
+# wave), at least SMALL_CTRL_SMS control SMs and the MoE layers' combines on them (combine_ctrl).
+# Measured on the H200 at 8K (2026-11-30, session 10, gpu_check, same call each line):
+#   BS 1 unfused 3.554 / 3.580 ms, fused 3.424 / 3.421; unfused 3.658 / 3.599, fused 3.383, fused
+#   with 64 / 32 columns 3.538 / 4.098; unfused 3.502 / 3.543, fused 3.456 / 3.400, fused + 4 control
+#   SMs 3.342, + combines on them 3.367 / 3.347;
+#   BS 2 unfused 4.774 / 4.851, fused 4.623 / 4.684, + 4 control SMs 4.625, + combines 4.665 / 4.607;
+#   BS 8 (256 columns) fused 10.88 / 10.86 and 10.72 (128 columns 10.70) vs unfused 10.46-10.60: not
+#   from WIDE_MOE_FROM_BATCH on. The combines on the control SMs run warm (5.3 vs 7.1 us as queue
+#   items) but the step did not change: kept for the shorter attention chain.
+SMALL_MOE_FUSED = 1
+SMALL_CTRL_SMS = 4
+SMALL_COMBINE_CTRL = 1
+
+
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
-    SMALL_MOE_SCALES the config allows, lazy claims and at most SMALL_MAX_SPLITS attention splits;
+    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits, fused
+    MoE items (where the tile's columns allow them) and the combines on SMALL_CTRL_SMS control SMs;
     from there on the widest of WIDE_MOE_SCALES, eager claims and the attention drains on the QKV
     SMs (`base`'s tiles where no scale fits); one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH
@@ -240,7 +256,18 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
         return replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
-    return replace(t, claim_policy=SMALL_CLAIM_POLICY, max_splits=min(t.max_splits, SMALL_MAX_SPLITS))
+    t = replace(t, claim_policy=SMALL_CLAIM_POLICY, max_splits=min(t.max_splits, SMALL_MAX_SPLITS))
+    fused = replace(
+        t,
+        moe_fused=SMALL_MOE_FUSED,
+        ctrl_sms=min(abi.MK_MAX_TOKENS, max(t.ctrl_sms, SMALL_CTRL_SMS)),
+        combine_ctrl=SMALL_COMBINE_CTRL,
+    )
+    try:
+        fused.validate(cfg)
+    except TilingError:  # e.g. a column count the fused down slice does not take
+        return t
+    return fused
 
 
 def visible_pages(position: int, window: int | None) -> int:

@@ -372,9 +372,9 @@ def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, comb
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
 def test_release_geometry_engine_tilings(batch, fused):
-    """The engine's per-batch tiling (tiling_for_batch: lazy claims and 16 splits at BS 1, wide MoE
-    tiles and eager claims at BS 8) at the release geometry, with either kind of MoE items
-    (Tiling.moe_fused): no deadlock, no over-claim."""
+    """The engine's per-batch tiling (tiling_for_batch: lazy claims, 16 splits, fused MoE items and
+    the combines on 4 control SMs at BS 1, wide MoE tiles and eager claims at BS 8) at the release
+    geometry, with either kind of MoE items (Tiling.moe_fused): no deadlock, no over-claim."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import tiling_for_batch
@@ -385,9 +385,10 @@ def test_release_geometry_engine_tilings(batch, fused):
         layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
         mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
     )
-    base = replace(default_tiling(cfg), moe_fused=fused)
-    tiling = tiling_for_batch(cfg, base, batch)
-    assert tiling.moe_fused == fused
+    base = default_tiling(cfg)
+    engine = tiling_for_batch(cfg, base, batch)
+    assert engine.moe_fused == (batch < 4)  # fused items below WIDE_MOE_FROM_BATCH rows
+    tiling = replace(engine, moe_fused=fused)  # and the other kind of items on the same tiling
     contexts = [8192 + 977 * b for b in range(batch)]
     splits = attention_splits(cfg, contexts, tiling, 132)
     sched = build_schedule(cfg, batch, contexts, 132, tiling, splits)

@@ -235,7 +235,10 @@ def test_moe_tiles_widen_with_the_batch():
     from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, WIDE_MOE_FROM_BATCH, tiling_for_batch
 
     def placement(t, b, wide=False):  # the control SMs (one per row) and, wide, attention on the QKV SMs
-        assert t.ctrl_sms == b and t.attn_with_qkv == int(wide)
+        if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs
+            assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1
+            t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b)
+        assert t.ctrl_sms == b and t.attn_with_qkv == int(wide) and t.combine_ctrl == 0
         return replace(t, ctrl_sms=0, attn_with_qkv=0)
 
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
@@ -245,7 +248,7 @@ def test_moe_tiles_widen_with_the_batch():
     for b in (1, WIDE_MOE_FROM_BATCH - 1):
         small = tiling_for_batch(cfg, base, b)
         assert (small.moe_up_cols, small.moe_down_rows) == (128, 256)  # release geometry: 768 / 128 = 6 tiles
-        assert small.claim_policy == lazy
+        assert small.claim_policy == lazy and small.moe_fused == 1
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
         assert (
             replace(
@@ -258,7 +261,8 @@ def test_moe_tiles_widen_with_the_batch():
             == base
         )
     fallback = north_mini_code_config(4, intermediate_size=96)  # 128 / 64 columns do not divide 96, 48 do
-    assert tiling_for_batch(fallback, default_tiling(fallback), 1).moe_up_cols == 48
+    t = tiling_for_batch(fallback, default_tiling(fallback), 1)
+    assert t.moe_up_cols == 48 and t.moe_fused == 0  # a fused item's down slice takes 32/64/128/256
     # 128, 64, 48 columns do not divide 160: the base
     other = north_mini_code_config(4, intermediate_size=160)
     assert placement(tiling_for_batch(other, default_tiling(other), 1), 1) == replace(
