@@ -29,11 +29,25 @@ typedef __nv_bfloat16 bf16;
 
 // Immutable weights: read-only path, no L1 allocation (streamed once per step). Not volatile: the
 // compiler may hoist these loads above unrelated math (they never alias a write of the step).
-__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+// L2 eviction policies for the weight streams (createpolicy: an opaque 64-bit register). A step
+// streams ~7 GB of weights that no later read of the step reuses: they are loaded evict_first, so
+// that the few small weights every step reads again (the routers: 48 x 512 KB) can stay in L2
+// across steps, loaded evict_last (Gemv::keep). Activations and KV keep the normal priority.
+__device__ __forceinline__ uint64_t l2_policy(bool keep) {
+  uint64_t pol;
+  if (keep)
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  else
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// 16 bytes of a weight matrix: not through L1 (never reused by this SM), with an L2 policy.
+__device__ __forceinline__ uint4 ld_weight16(const void* p, uint64_t pol) {
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "l"(pol));
   return r;
 }
 
@@ -170,6 +184,7 @@ struct Gemv {
   int nsplit;
   int nrows;
   int klen;
+  bool keep = false;  // L2 evict_last (weights every step reads again: the routers), else evict_first
 };
 
 __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
@@ -240,14 +255,14 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
 // the partial sums go to this warp's block of red_s.
 template <int U>
 __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
-                                           int klen, int stride, float* red) {
+                                           int klen, int stride, float* red, uint64_t pol) {
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
     uint4 wa[U], wb[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      wa[u] = ld_weight16(ra + kk + u * stride);
-      wb[u] = ld_weight16(rb + kk + u * stride);
+      wa[u] = ld_weight16(ra + kk + u * stride, pol);
+      wb[u] = ld_weight16(rb + kk + u * stride, pol);
     }
     mma_steps<U>(c, wa, wb, xa + kk, stride);
   }
@@ -263,8 +278,8 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
       const int k = kk + (u < last ? u : last) * stride;
-      wa[u] = ld_weight16(ra + k);
-      wb[u] = ld_weight16(rb + k);
+      wa[u] = ld_weight16(ra + k, pol);
+      wb[u] = ld_weight16(rb + k, pol);
     }
 #pragma unroll
     for (int u = 0; u < U - 1; ++u) {
@@ -305,11 +320,12 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
+  const uint64_t pol = l2_policy(g.keep);
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
-    gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, red_s + (grp * wpg + kw) * 128);
+    gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, red_s + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
@@ -329,7 +345,7 @@ __device__ __noinline__ void gemv_fma(const Gemv g, const bf16* act_s, float* ou
     const bf16* w = gemv_row(g, r);
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int k = lane * 8; k < g.klen; k += 256) {
-      const uint4 wv = ld_weight16(w + k);
+      const uint4 wv = ld_weight16(w + k, l2_policy(g.keep));
       const bf16* wp = reinterpret_cast<const bf16*>(&wv);
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
@@ -385,6 +401,7 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   float* d0 = acc + (size_t)(v0 ? btok[2 * t] : 0) * H;
   float* d1 = acc + (size_t)(v1 ? btok[2 * t + 1] : 0) * H;
   const float w0 = v0 ? wtok[2 * t] : 0.f, w1 = v1 ? wtok[2 * t + 1] : 0.f;
+  const uint64_t pol = l2_policy(false);  // streamed once per step
   for (int g0 = g_begin; g0 < g_end; g0 += GB) {
     uint4 wa[GB][KP], wb[GB][KP];
 #pragma unroll
@@ -394,8 +411,8 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
       const bf16* rb = ra + (size_t)8 * ld;
 #pragma unroll
       for (int kp = 0; kp < KP; ++kp) {
-        wa[u][kp] = ld_weight16(ra + kp * 32);
-        wb[u][kp] = ld_weight16(rb + kp * 32);
+        wa[u][kp] = ld_weight16(ra + kp * 32, pol);
+        wb[u][kp] = ld_weight16(rb + kp * 32, pol);
       }
     }
 #pragma unroll

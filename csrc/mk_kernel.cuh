@@ -124,9 +124,9 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
-    case MK_OP_ROUTER: {
+    case MK_OP_ROUTER: {  // read every step, small (E x H per layer): kept in L2 across steps
       const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)a0 * H;
-      g = Gemv{W, H, W, H, a1, a1, H};
+      g = Gemv{W, H, W, H, a1, a1, H, true};
       return true;
     }
     case MK_OP_DENSE_UP: {
