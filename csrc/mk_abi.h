@@ -190,9 +190,6 @@ enum MkError {
 // slower; every SM's next tile together overflows L2). Measured slower too (session 9: QKV GEMVs
 // -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
-// MK_PREFETCH_FUSED_DOWN: a fused MoE item (MOE_FUSED) issues L2 prefetches of its down slice (H rows
-// of its columns) before its up GEMV, so that the slice is on chip when the up tile is done.
-#define MK_PREFETCH_FUSED_DOWN 512
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W

@@ -1162,16 +1162,6 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
   }
 }
 
-// MK_PREFETCH_FUSED_DOWN: the down slice of a fused MoE item (H rows of its n columns, 2 n bytes
-// each, I columns apart) into L2 before its up GEMV.
-__device__ __noinline__ void prefetch_fused_down(const Params& p, const int* d) {
-  View V(p);
-  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
-  const int I = p.moe_inter, H = p.hidden;
-  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
-  for (int r = threadIdx.x; r < H; r += NT) prefetch_l2(Wd + (size_t)r * I, (uint32_t)n * 2);
-}
-
 // Warm-up (see MK_MODE_NO_WARM): the ops that an SM runs once per layer, as static tasks.
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
@@ -1236,7 +1226,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
        (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)))
     prefetch_weights(p, d);
-  if (d[MK_F_OP] == MK_OP_MOE_FUSED && (p.prefetch_mode & MK_PREFETCH_FUSED_DOWN)) prefetch_fused_down(q, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
