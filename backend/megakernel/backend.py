@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -140,7 +140,13 @@ class MegakernelBackend:
         ):
             if t.dtype != torch.bfloat16 or not t.is_contiguous():
                 raise ValueError(f"{name}: megakernel weights must be contiguous bf16")
-        self.ws = Workspace.allocate(cfg, self.tiling, self.device)
+        # buffers for every tiling a step may use: with the per-batch default, its narrowest LM-head
+        # tiles (the most lm_best rows); the other per-batch sizes never exceed the base's
+        ws_tiling = self.tiling
+        if self.auto_tiling:
+            lm_rows = min(self._tiling_for(b).lm_rows for b in range(1, abi.MK_MAX_TOKENS + 1))
+            ws_tiling = replace(self.tiling, lm_rows=min(lm_rows, self.tiling.lm_rows))
+        self.ws = Workspace.allocate(cfg, ws_tiling, self.device)
         self.layer_w = torch.tensor(
             _layer_weight_ptrs(cfg, weights, self.device), dtype=torch.int64, device=self.device
         )

@@ -268,6 +268,7 @@ class Emulator:
             math=self.math,
             rng=np.random.default_rng(seed),
             moe_fused=bool(self.sched.tiling.moe_fused),
+            n_lm_tiles=self.sched.n_lm_tiles,
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)

@@ -121,8 +121,12 @@ class OpSemantics:
         math: bool = True,
         rng: np.random.Generator | None = None,
         moe_fused: bool | None = None,
+        n_lm_tiles: int | None = None,
     ):
         self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
+        # the step's LM-head tiles (its schedule's; the buffer may hold more: a backend sizes it
+        # for its widest per-batch tiling)
+        self.n_lm = int(ws["lm_best"].shape[0] if n_lm_tiles is None else n_lm_tiles)
         # ADD_NORM's MoE input: the fused sum (moe_acc) or the top-k slot outputs (moe_out)
         self.moe_fused = bool(ws.tiling.moe_fused if moe_fused is None else moe_fused)
         self.rng = rng or np.random.default_rng(0)
@@ -471,24 +475,24 @@ class OpSemantics:
         return acc
 
     def op_sample(self, layer, a, d) -> Access:
-        n_lm = self.ws["lm_best"].shape[0]
+        n_lm = self.n_lm
         acc = Access(reads=[(("lm_best",), 0, n_lm)], writes=[(("tokens",), 0, self.B)])
         if self.math:
-            best = self.ws["lm_best"][:, : self.B]  # [tiles, B]
+            best = self.ws["lm_best"][:n_lm, : self.B]  # [tiles, B]
             t = best.argmax(0)  # first maximal tile
             self.ws["tokens_out"][: self.B] = self.ws["lm_arg"][t, torch.arange(self.B)].long()
         return acc
 
     def op_sample_row(self, layer, a, d) -> Access:
         b = a[0]
-        n_lm = self.ws["lm_best"].shape[0]
+        n_lm = self.n_lm
         V = self.cfg.vocab_size
         acc = Access(reads=[(("lm_best",), 0, n_lm), (("logits", b), 0, V)], writes=[(("tokens",), b, b + 1)])
         if self.math:
             sp = self.inp.sample_params
             p = sampling.SamplingParams() if sp is None else sampling.unpack(np.asarray(sp)[b])
             if p.greedy:  # the first maximal tile's argmax, as SAMPLE
-                t = int(self.ws["lm_best"][:, b].argmax())
+                t = int(self.ws["lm_best"][:n_lm, b].argmax())
                 tok = int(self.ws["lm_arg"][t, b])
             else:
                 tok = int(sampling.sample_row(self.ws["logits"][b].detach().cpu().numpy(), p)[0])

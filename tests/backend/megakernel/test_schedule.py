@@ -235,9 +235,10 @@ def test_moe_tiles_widen_with_the_batch():
     from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, WIDE_MOE_FROM_BATCH, tiling_for_batch
 
     def placement(t, b, wide=False):  # the control SMs (one per row) and, wide, attention on the QKV SMs
-        if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs
-            assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1
-            t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b)
+        if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs,
+            # 256-row LM-head tiles
+            assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1 and t.lm_rows == 256
+            t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=default_tiling(cfg).lm_rows)
         assert t.ctrl_sms == b and t.attn_with_qkv == int(wide) and t.combine_ctrl == 0
         return replace(t, ctrl_sms=0, attn_with_qkv=0)
 
