@@ -247,13 +247,16 @@ SMALL_COMBINE_CTRL = 1
 # staging / epilogue / signal cost). BS 1, fused default, same call: 3.306 vs 3.355 / 3.317 ms and
 # 3.322 vs 3.398 / 3.418 (session 10); session 5 had measured it neutral on that kernel.
 SMALL_LM_ROWS = 256
+# O-proj tiles of 128 rows below WIDE_MOE_FROM_BATCH rows (64 items of 256 KB instead of 128 of 128
+# KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
+SMALL_O_ROWS = 128
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits, fused
-    MoE items (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs and
-    SMALL_LM_ROWS-row LM-head tiles;
+    MoE items (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
+    SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
     from there on the widest of WIDE_MOE_SCALES, eager claims and the attention drains on the QKV
     SMs (`base`'s tiles where no scale fits); one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH
@@ -268,6 +271,7 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
         ctrl_sms=min(abi.MK_MAX_TOKENS, max(t.ctrl_sms, SMALL_CTRL_SMS)),
         combine_ctrl=SMALL_COMBINE_CTRL,
         lm_rows=SMALL_LM_ROWS if cfg.vocab_size % SMALL_LM_ROWS == 0 else t.lm_rows,
+        o_rows=SMALL_O_ROWS if cfg.hidden_size % SMALL_O_ROWS == 0 else t.o_rows,
     )
     try:
         fused.validate(cfg)

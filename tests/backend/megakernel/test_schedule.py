@@ -237,8 +237,10 @@ def test_moe_tiles_widen_with_the_batch():
     def placement(t, b, wide=False):  # the control SMs (one per row) and, wide, attention on the QKV SMs
         if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs,
             # 256-row LM-head tiles
-            assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1 and t.lm_rows == 256
-            t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=default_tiling(cfg).lm_rows)
+            assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1
+            assert (t.lm_rows, t.o_rows) == (256, 128)  # 256-row LM-head, 128-row O-proj tiles
+            d = default_tiling(cfg)
+            t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=d.lm_rows, o_rows=d.o_rows)
         assert t.ctrl_sms == b and t.attn_with_qkv == int(wide) and t.combine_ctrl == 0
         return replace(t, ctrl_sms=0, attn_with_qkv=0)
 
