@@ -16,6 +16,7 @@
 //
 //   gemv<U> (`stream_probe gemv`) the megakernel GEMV's own addressing, from HBM and from L2, and
 //            gemv_lines: addressings whose every warp load covers whole 128-byte lines
+//   `stream_probe loaded`: one block's rate by in-flight strategy while other blocks load HBM
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe [gemv]
 #include <cuda_runtime.h>
@@ -338,6 +339,124 @@ static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEven
   return 0;
 }
 
+// `stream_probe loaded`: what M streaming blocks pull each while B other blocks load HBM, by the
+// measured blocks' strategy: registers (ldg U=8: 128 KB in flight per block, the megakernel GEMV's
+// budget) or a bulk-copy ring (S stages of 32 KB, up to 192 KB in flight, no registers or L1).
+// Every block stamps %globaltimer around its own stream; a measured block's rate = its bytes over
+// its own time, so the background's longer stream only sets the load. Question for the megakernel:
+// does a deeper in-flight window raise one SM's rate when HBM is shared (its MoE phases stream on
+// 48-88 SMs at ~50-60 GB/s each)?
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int MODE>  // 0: ldg U=8, 1: bulk 4 x 32 KB, 2: bulk 6 x 32 KB
+__global__ void __launch_bounds__(NT, 1)
+    loaded_stream(const char* src, size_t per_measured, size_t per_background, int measured, uint64_t* span,
+                  uint32_t* out) {
+  extern __shared__ __align__(128) unsigned char lring[];
+  __shared__ uint64_t full[6], empty[6];
+  const bool mine = (int)blockIdx.x < measured;
+  const size_t bytes = mine ? per_measured : per_background;
+  const char* p = src + (mine ? (size_t)blockIdx.x * per_measured
+                              : (size_t)measured * per_measured + (size_t)(blockIdx.x - measured) * per_background);
+  __syncthreads();
+  const uint64_t t0 = gtimer();
+  uint32_t acc = 0;
+  if (!mine || MODE == 0) {
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+    const size_t n = bytes / 16;
+    for (size_t i = threadIdx.x; i + 7 * NT < n; i += (size_t)8 * NT) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = ldw(q + i + u * NT);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc += fold(v[u]);
+    }
+  } else {
+    constexpr int S = MODE == 1 ? 4 : 6, STAGE = 32768;
+    const int nstages = (int)(bytes / STAGE);
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < S; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], NT / 32);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int s = 0; s < S && s < nstages; ++s) {
+        mbar_expect_tx(&full[s], STAGE);
+        bulk_copy(lring + s * STAGE, p + (size_t)s * STAGE, STAGE, &full[s]);
+      }
+    for (int i = 0; i < nstages; ++i) {
+      const int s = i % S;
+      mbar_wait(&full[s], (i / S) & 1);
+      const uint4* st = reinterpret_cast<const uint4*>(lring + s * STAGE);
+      for (int j = threadIdx.x; j < STAGE / 16; j += NT) acc += fold(st[j]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      if (threadIdx.x == 0 && i + S < nstages) {
+        mbar_wait(&empty[s], (i / S) & 1);
+        mbar_expect_tx(&full[s], STAGE);
+        bulk_copy(lring + s * STAGE, p + (size_t)(i + S) * STAGE, STAGE, &full[s]);
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) span[blockIdx.x] = gtimer() - t0;
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+// measured blocks' mean GB/s per block (and the background's), median over 5 launches by the sum
+template <int MODE>
+static int loaded_case(const char* name, int sms, char* buf, uint32_t* out, uint64_t* span, int measured,
+                       int background) {
+  const size_t per_m = (size_t)16 << 20, per_b = (size_t)32 << 20;  // the background outlasts; <= 4 GiB in all
+  const size_t smem = MODE == 0 ? 0 : (MODE == 1 ? 4 : 6) * 32768;
+  CK(cudaFuncSetAttribute(loaded_stream<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  double best[5];
+  for (int r = 0; r < 5; ++r) {
+    loaded_stream<MODE><<<measured + background, NT, smem>>>(buf, per_m, per_b, measured, span, out);
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    uint64_t h[1024];
+    CK(cudaMemcpy(h, span, sizeof(uint64_t) * (measured + background), cudaMemcpyDeviceToHost));
+    double gbs = 0;
+    for (int i = 0; i < measured; ++i) gbs += (double)per_m / (double)h[i];  // bytes / ns = GB/s
+    best[r] = gbs / measured;
+  }
+  for (int i = 0; i < 5; ++i)
+    for (int j = i + 1; j < 5; ++j)
+      if (best[j] < best[i]) {
+        const double x = best[i];
+        best[i] = best[j];
+        best[j] = x;
+      }
+  printf("loaded %-10s measured %3d + background %3d: %6.1f GB/s per measured block (%6.0f GB/s in all)\n", name,
+         measured, background, best[2], best[2] * measured);
+  (void)sms;
+  return 0;
+}
+
+static int loaded_probe(int sms, char* buf, uint32_t* out) {
+  uint64_t* span = nullptr;
+  CK(cudaMalloc(&span, 1024 * sizeof(uint64_t)));
+  printf("loaded probe: measured blocks stream 16 MB each, background blocks 32 MB each (ldg U=8)\n");
+  for (int measured : {16, 48}) {
+    for (int background : {0, 40, sms - measured}) {
+      if (measured + background > sms) continue;
+      if (loaded_case<0>("ldg U=8", sms, buf, out, span, measured, background)) return 1;
+      if (loaded_case<1>("bulk 4x32K", sms, buf, out, span, measured, background)) return 1;
+      if (loaded_case<2>("bulk 6x32K", sms, buf, out, span, measured, background)) return 1;
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -351,6 +470,7 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   if (argc > 1 && argv[1][0] == 'g') return gemv_probe(sms, buf, out, a, b);  // `stream_probe gemv`
+  if (argc > 1 && argv[1][0] == 'l') return loaded_probe(sms, buf, out);       // `stream_probe loaded`
   const int block_counts[] = {sms, sms / 2, 16, 1};
   printf("SMs %d; per-block chunk: min(4 GiB / blocks, 256 MiB); GB/s = bytes / kernel time (median of 5)\n", sms);
   for (int bc : block_counts) {
