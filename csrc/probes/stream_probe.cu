@@ -44,10 +44,9 @@ __device__ __forceinline__ uint4 ldw(const void* p) {
 
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
+// The block streams n 16-byte words from p in batches of U loads per thread; returns the fold.
 template <int U>
-__global__ void __launch_bounds__(NT, 1) ldg_stream(const uint4* src, size_t per_block, uint32_t* out) {
-  const uint4* p = src + blockIdx.x * (per_block / 16);
-  const size_t n = per_block / 16;
+__device__ uint32_t ldg_words(const uint4* p, size_t n) {
   uint32_t acc = 0;
   for (size_t i = threadIdx.x; i + (U - 1) * NT < n; i += (size_t)U * NT) {
     uint4 v[U];
@@ -56,6 +55,12 @@ __global__ void __launch_bounds__(NT, 1) ldg_stream(const uint4* src, size_t per
 #pragma unroll
     for (int u = 0; u < U; ++u) acc += fold(v[u]);
   }
+  return acc;
+}
+
+template <int U>
+__global__ void __launch_bounds__(NT, 1) ldg_stream(const uint4* src, size_t per_block, uint32_t* out) {
+  const uint32_t acc = ldg_words<U>(src + blockIdx.x * (per_block / 16), per_block / 16);
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
@@ -110,13 +115,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
+// The block streams `bytes` from p through a ring of S stages of STAGE bytes in buf (shared memory):
+// thread 0 issues cp.async.bulk copies with mbarrier full/empty barriers; every warp consumes a
+// stage and arrives on its empty barrier (count = warps), so no block-wide barrier is involved.
+// full / empty: S mbarriers each in shared memory. Returns the fold.
 template <int S, int STAGE>
-__global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per_block, uint32_t* out) {
-  extern __shared__ __align__(128) unsigned char buf[];  // [S][STAGE]
-  __shared__ uint64_t full[S], empty[S];
-  const char* p = src + blockIdx.x * per_block;
-  const int nstages = (int)(per_block / STAGE);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ uint32_t bulk_ring(unsigned char* buf, uint64_t* full, uint64_t* empty, const char* p, size_t bytes) {
+  const int nstages = (int)(bytes / STAGE);
+  const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
@@ -144,7 +150,14 @@ __global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per
       bulk_copy(buf + s * STAGE, p + (size_t)(i + S) * STAGE, STAGE, &full[s]);
     }
   }
-  (void)warp;
+  return acc;
+}
+
+template <int S, int STAGE>
+__global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per_block, uint32_t* out) {
+  extern __shared__ __align__(128) unsigned char buf[];  // [S][STAGE]
+  __shared__ uint64_t full[S], empty[S];
+  const uint32_t acc = bulk_ring<S, STAGE>(buf, full, empty, src + blockIdx.x * per_block, per_block);
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
@@ -269,27 +282,34 @@ __global__ void __launch_bounds__(NT, 1)
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
+// The median of five values (sorts them in place).
+static double median5(double (&v)[5]) {
+  for (int i = 0; i < 5; ++i)
+    for (int j = i + 1; j < 5; ++j)
+      if (v[j] < v[i]) {
+        const double x = v[i];
+        v[i] = v[j];
+        v[j] = x;
+      }
+  return v[2];
+}
+
 // Run `launch` five times between events a and b and print `bytes` over the median time as GB/s,
 // in total and per block. Nonzero on a CUDA error.
 template <class F>
 static int report(const char* name, int blocks, size_t bytes, cudaEvent_t a, cudaEvent_t b, F launch) {
-  float t[5];
+  double t[5];
   for (int r = 0; r < 5; ++r) {
+    float ms = 0.f;
     CK(cudaEventRecord(a));
     launch();
     CK(cudaEventRecord(b));
     CK(cudaEventSynchronize(b));
     CK(cudaGetLastError());
-    CK(cudaEventElapsedTime(&t[r], a, b));
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t[r] = ms;
   }
-  for (int i = 0; i < 5; ++i)
-    for (int j = i + 1; j < 5; ++j)
-      if (t[j] < t[i]) {
-        const float x = t[i];
-        t[i] = t[j];
-        t[j] = x;
-      }
-  const double gbs = (double)bytes / (t[2] * 1e-3) / 1e9;
+  const double gbs = (double)bytes / (median5(t) * 1e-3) / 1e9;
   printf("%-26s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, blocks, gbs, gbs / blocks);
   return 0;
 }
@@ -364,61 +384,25 @@ __global__ void __launch_bounds__(NT, 1)
                               : (size_t)measured * per_measured + (size_t)(blockIdx.x - measured) * per_background);
   __syncthreads();
   const uint64_t t0 = gtimer();
-  uint32_t acc = 0;
-  if (!mine || MODE == 0) {
-    const uint4* q = reinterpret_cast<const uint4*>(p);
-    const size_t n = bytes / 16;
-    for (size_t i = threadIdx.x; i + 7 * NT < n; i += (size_t)8 * NT) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = ldw(q + i + u * NT);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc += fold(v[u]);
-    }
-  } else {
-    constexpr int S = MODE == 1 ? 4 : 6, STAGE = 32768;
-    const int nstages = (int)(bytes / STAGE);
-    const int lane = threadIdx.x % 32;
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < S; ++s) {
-        mbar_init(&full[s], 1);
-        mbar_init(&empty[s], NT / 32);
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-      for (int s = 0; s < S && s < nstages; ++s) {
-        mbar_expect_tx(&full[s], STAGE);
-        bulk_copy(lring + s * STAGE, p + (size_t)s * STAGE, STAGE, &full[s]);
-      }
-    for (int i = 0; i < nstages; ++i) {
-      const int s = i % S;
-      mbar_wait(&full[s], (i / S) & 1);
-      const uint4* st = reinterpret_cast<const uint4*>(lring + s * STAGE);
-      for (int j = threadIdx.x; j < STAGE / 16; j += NT) acc += fold(st[j]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
-      if (threadIdx.x == 0 && i + S < nstages) {
-        mbar_wait(&empty[s], (i / S) & 1);
-        mbar_expect_tx(&full[s], STAGE);
-        bulk_copy(lring + s * STAGE, p + (size_t)(i + S) * STAGE, STAGE, &full[s]);
-      }
-    }
-  }
+  uint32_t acc;
+  if (!mine || MODE == 0)
+    acc = ldg_words<8>(reinterpret_cast<const uint4*>(p), bytes / 16);
+  else if (MODE == 1)
+    acc = bulk_ring<4, 32768>(lring, full, empty, p, bytes);
+  else
+    acc = bulk_ring<6, 32768>(lring, full, empty, p, bytes);
   __syncthreads();
   if (threadIdx.x == 0) span[blockIdx.x] = gtimer() - t0;
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-// measured blocks' mean GB/s per block (and the background's), median over 5 launches by the sum
+// the measured blocks' mean GB/s per block (each over its own time), median over 5 launches
 template <int MODE>
-static int loaded_case(const char* name, int sms, char* buf, uint32_t* out, uint64_t* span, int measured,
-                       int background) {
+static int loaded_case(const char* name, char* buf, uint32_t* out, uint64_t* span, int measured, int background) {
   const size_t per_m = (size_t)16 << 20, per_b = (size_t)32 << 20;  // the background outlasts; <= 4 GiB in all
   const size_t smem = MODE == 0 ? 0 : (MODE == 1 ? 4 : 6) * 32768;
   CK(cudaFuncSetAttribute(loaded_stream<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  double best[5];
+  double rate[5];  // mean GB/s per measured block, per launch
   for (int r = 0; r < 5; ++r) {
     loaded_stream<MODE><<<measured + background, NT, smem>>>(buf, per_m, per_b, measured, span, out);
     CK(cudaDeviceSynchronize());
@@ -427,18 +411,11 @@ static int loaded_case(const char* name, int sms, char* buf, uint32_t* out, uint
     CK(cudaMemcpy(h, span, sizeof(uint64_t) * (measured + background), cudaMemcpyDeviceToHost));
     double gbs = 0;
     for (int i = 0; i < measured; ++i) gbs += (double)per_m / (double)h[i];  // bytes / ns = GB/s
-    best[r] = gbs / measured;
+    rate[r] = gbs / measured;
   }
-  for (int i = 0; i < 5; ++i)
-    for (int j = i + 1; j < 5; ++j)
-      if (best[j] < best[i]) {
-        const double x = best[i];
-        best[i] = best[j];
-        best[j] = x;
-      }
+  const double med = median5(rate);
   printf("loaded %-10s measured %3d + background %3d: %6.1f GB/s per measured block (%6.0f GB/s in all)\n", name,
-         measured, background, best[2], best[2] * measured);
-  (void)sms;
+         measured, background, med, med * measured);
   return 0;
 }
 
@@ -449,9 +426,9 @@ static int loaded_probe(int sms, char* buf, uint32_t* out) {
   for (int measured : {16, 48}) {
     for (int background : {0, 40, sms - measured}) {
       if (measured + background > sms) continue;
-      if (loaded_case<0>("ldg U=8", sms, buf, out, span, measured, background)) return 1;
-      if (loaded_case<1>("bulk 4x32K", sms, buf, out, span, measured, background)) return 1;
-      if (loaded_case<2>("bulk 6x32K", sms, buf, out, span, measured, background)) return 1;
+      if (loaded_case<0>("ldg U=8", buf, out, span, measured, background)) return 1;
+      if (loaded_case<1>("bulk 4x32K", buf, out, span, measured, background)) return 1;
+      if (loaded_case<2>("bulk 6x32K", buf, out, span, measured, background)) return 1;
     }
   }
   return 0;
