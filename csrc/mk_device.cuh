@@ -27,12 +27,12 @@ typedef __nv_bfloat16 bf16;
 
 // ---- memory helpers ----------------------------------------------------------------------------
 
-// Immutable weights: read-only path, no L1 allocation (streamed once per step). Not volatile: the
-// compiler may hoist these loads above unrelated math (they never alias a write of the step).
 // L2 eviction policies for the weight streams (createpolicy: an opaque 64-bit register). A step
 // streams ~7 GB of weights that no later read of the step reuses: they are loaded evict_first, so
 // that the few small weights every step reads again (the routers: 48 x 512 KB) can stay in L2
 // across steps, loaded evict_last (Gemv::keep). Activations and KV keep the normal priority.
+// Measured (session 10): the step -1.5 % at BS 1 and 8, from the streamed GEMVs; the router GEMV
+// itself did not get faster (one round trip and a 16-warp reduction either way).
 __device__ __forceinline__ uint64_t l2_policy(bool keep) {
   uint64_t pol;
   if (keep)
@@ -42,7 +42,9 @@ __device__ __forceinline__ uint64_t l2_policy(bool keep) {
   return pol;
 }
 
-// 16 bytes of a weight matrix: not through L1 (never reused by this SM), with an L2 policy.
+// Immutable weights, 16 bytes: read-only path, no L1 allocation (streamed once per step), with an
+// L2 policy (l2_policy). Not volatile: the compiler may hoist these loads above unrelated math (they
+// never alias a write of the step).
 __device__ __forceinline__ uint4 ld_weight16(const void* p, uint64_t pol) {
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
