@@ -160,7 +160,8 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
     descs = [_strip(d) for d in _op_descs(op, B, seed)]
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
-    acc_before = ws["moe_acc"].clone()  # ref_bufs' copy is the reference workspace's: it changes
+    # ref_bufs' copy is the reference workspace's: it changes (only the fused item's check needs it)
+    acc_before = ws["moe_acc"].clone() if op == abi.MK_OP_MOE_FUSED else None
     ref_batch = clone_batch(case.batch)
     be.run_tasks(np.array(descs, dtype=np.int32), case.batch, n_sms=min(len(descs), 7))
     torch.cuda.synchronize()
