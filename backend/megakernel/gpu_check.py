@@ -33,7 +33,13 @@ from mkcode.backend.megakernel.testing import (
     reduced_config,
     reference_step,
 )
-from mkcode.backend.megakernel.tiling import Tiling, TilingError, default_tiling, tiling_for_batch
+from mkcode.backend.megakernel.tiling import (
+    SWITCH_FIELDS,
+    Tiling,
+    TilingError,
+    default_tiling,
+    tiling_for_batch,
+)
 from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 
@@ -313,18 +319,7 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     release_default = default_tiling(north_mini_code_config())
     over = {  # sizes: at most twice the reduced default; switches (claims, drains) as given
         k: getattr(tiling_release, k)
-        if k
-        in (
-            "moe_tail_last",
-            "claim_policy",
-            "claim_window",
-            "attn_drains",
-            "norm_early",
-            "attn_with_qkv",
-            "ctrl_sms",
-            "moe_fused",
-            "combine_ctrl",
-        )
+        if k in SWITCH_FIELDS
         else min(getattr(tiling_release, k), getattr(t, k) * 2)
         for k in vars(release_default)
         if getattr(tiling_release, k) != getattr(release_default, k)

@@ -13,9 +13,9 @@ batch (BS 1-8) and its attention split policy:
 - `totals`: each static counter's increment per step, which the host adds to the counter bases.
 
 Dealing exceptions (each SM's list is still a subsequence of the global order): with
-Tiling.ctrl_sms the last SMs hold only the ROUTE and ADD_NORM tasks (the others are dealt over the
-rest), and with Tiling.attn_with_qkv the attention drains go to the SMs holding the layer's QKV and
-router tiles.
+Tiling.ctrl_sms the last SMs hold only the ROUTE and ADD_NORM tasks (and, with Tiling.combine_ctrl,
+a MoE layer's combines; the others are dealt over the rest), and with Tiling.attn_with_qkv the
+attention drains go to the SMs holding the layer's QKV and router tiles.
 
 With Tiling.norm_early a MoE layer's ADD_NORM tasks come before its MoE drains, although they wait
 for items those drains claim: at most half the SMs hold one, and every SM holds one MoE drain of the

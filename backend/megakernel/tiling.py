@@ -137,6 +137,23 @@ class Tiling:
             need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")
 
 
+# The Tiling fields that choose a mode or a placement rather than a tile size (a reduced-geometry
+# check copies them as given and scales only the sizes: gpu_check.reduced_check).
+SWITCH_FIELDS = frozenset(
+    {
+        "moe_tail_last",
+        "claim_policy",
+        "claim_window",
+        "attn_drains",
+        "norm_early",
+        "attn_with_qkv",
+        "ctrl_sms",
+        "moe_fused",
+        "combine_ctrl",
+    }
+)
+
+
 def default_tiling(cfg: ModelConfig) -> Tiling:
     """The release tiling, shrunk where a small (test) geometry cannot take it."""
 

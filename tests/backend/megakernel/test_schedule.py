@@ -174,6 +174,25 @@ def test_stream_profile_spreads_bytes_over_gemv_and_attention_intervals():
     assert timeline.stream_profile(timeline.records(tl), 9, {}, 0.0) == []
 
 
+def test_switch_fields_are_tiling_fields():
+    """tiling.SWITCH_FIELDS (modes and placements, copied as given by the reduced check) names real
+    Tiling fields, and no tile size among them."""
+    from dataclasses import fields
+
+    from mkcode.backend.megakernel.tiling import SWITCH_FIELDS, Tiling
+
+    names = {f.name for f in fields(Tiling)}
+    assert names >= SWITCH_FIELDS
+    assert not SWITCH_FIELDS & {
+        "qkv_rows",
+        "o_rows",
+        "moe_up_cols",
+        "moe_down_rows",
+        "lm_rows",
+        "router_rows",
+    }
+
+
 def test_gpu_check_cli_parses_variants():
     """The device run's command line is checked here, where it costs no device time."""
     from mkcode.backend.megakernel import gpu_check
