@@ -370,23 +370,25 @@ class OpSemantics:
     def _moe_slots(self, d) -> list[int]:
         return [int(d[abi.MK_F_SLOT0 + j]) for j in range(int(d[abi.MK_F_NTOK]))]
 
+    def _up_reads(self, layer) -> list[Region]:
+        """An up (or fused) item's reads: the table and every batch row of h(l) (the kernel stages
+        them all: its mma computes 8 token columns anyway)."""
+        H = self.cfg.hidden_size
+        return [(("moe_tab", layer), 0, 1)] + [(("h", layer, b), 0, H) for b in self._rows()]
+
+    def _up_act(self, layer, e, c0, n, slots) -> torch.Tensor:
+        """silu(gate) * up of expert e's columns c0 .. c0 + n for the slots' tokens: [tokens, n]."""
+        K, I = self.cfg.num_experts_per_tok, self.cfg.intermediate_size
+        gu = self.w.layers[layer].experts_gate_up[e]
+        h = self.ws["h"][layer][torch.tensor([s // K for s in slots])]
+        return F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
+
     def op_moe_up(self, layer, a, d) -> Access:
         e, c0, n = a[0], a[1], a[2]
-        cfg = self.cfg
-        K, H, I = cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size
         slots = self._moe_slots(d)
-        acc = Access(
-            # the kernel stages every batch row of h(l) (its mma computes 8 token columns anyway)
-            reads=[(("moe_tab", layer), 0, 1)] + [(("h", layer, b), 0, H) for b in self._rows()],
-            writes=[(("moe_act", layer, s), c0, c0 + n) for s in slots],
-        )
+        acc = Access(reads=self._up_reads(layer), writes=[(("moe_act", layer, s), c0, c0 + n) for s in slots])
         if self.math:
-            gu = self.w.layers[layer].experts_gate_up[e]
-            rows = torch.tensor([s // K for s in slots])
-            h = self.ws["h"][layer][rows]
-            g = h @ gu[c0 : c0 + n].float().T
-            u = h @ gu[I + c0 : I + c0 + n].float().T
-            self.ws["moe_act"][layer, torch.tensor(slots), c0 : c0 + n] = F.silu(g) * u
+            self.ws["moe_act"][layer, torch.tensor(slots), c0 : c0 + n] = self._up_act(layer, e, c0, n, slots)
         return acc
 
     def op_moe_down(self, layer, a, d) -> Access:
@@ -410,22 +412,16 @@ class OpSemantics:
         """Up tile (columns c0 .. c0+n) then the down slice of those columns for every hidden row,
         weighted by each token's routing weight and added into its row's moe_acc."""
         e, c0, n = a[0], a[1], a[2]
-        cfg = self.cfg
-        K, H, I = cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size
+        K, H = self.cfg.num_experts_per_tok, self.cfg.hidden_size
         slots = self._moe_slots(d)
         acc = Access(
-            reads=[(("moe_tab", layer), 0, 1)]
-            + [(("h", layer, b), 0, H) for b in self._rows()]  # the kernel stages every batch row
-            + [(("route_w", layer), s, s + 1) for s in slots],
+            reads=self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots],
             accums=[(("moe_acc", layer, s // K), 0, H) for s in slots],
         )
         if self.math:
-            lw = self.w.layers[layer]
-            gu = lw.experts_gate_up[e]
             rows = torch.tensor([s // K for s in slots])
-            h = self.ws["h"][layer][rows]
-            act = F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
-            y = act @ lw.experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
+            act = self._up_act(layer, e, c0, n, slots)
+            y = act @ self.w.layers[layer].experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
             wts = self.ws["route_w"][layer, torch.tensor(slots)]
             # index_add_: a row that holds two of the item's slots gets both terms (an indexed +=
             # keeps only one; real routing never picks an expert twice for a token, the op tests do)
