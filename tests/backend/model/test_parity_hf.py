@@ -2,10 +2,14 @@
 
 Each case builds a tiny transformers model, saves it with `save_pretrained` (the real on-disk
 format), loads it with mkcode, and compares prefill logits over a prompt longer than the sliding
-window and >= 32 greedy decode steps: fp32 logits within 1e-4 relative, identical greedy tokens.
+window and >= 32 greedy decode steps: fp32 logits within 1e-4 relative, identical greedy tokens. The weights are seeded per case, the
+same in every process; MKCODE_PARITY_SEED=N shifts every seed (to try other draws of the models).
 """
 
 from __future__ import annotations
+
+import os
+import zlib
 
 import pytest
 import torch
@@ -38,7 +42,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_prefill_and_decode_match_transformers(case, tmp_path):
-    torch.manual_seed(hash(case) % 1000)
+    # a seed that is the same in every process (str hash() is salted per process: the CI run that
+    # failed drew a model whose routing had a near-tie at one decode step)
+    torch.manual_seed(zlib.crc32(case.encode()) + int(os.environ.get("MKCODE_PARITY_SEED", "0")))
     overrides = dict(CASES[case])
     if overrides.get("prefix_dense_sliding_window_pattern") == 2:
         n = 6
