@@ -309,29 +309,42 @@ def sampling_cost(cfg, w, cases, batches) -> dict:
     return out
 
 
+def reduced_tiling(tiling_release: Tiling, cfg: ModelConfig | None = None) -> tuple[Tiling, list[str]]:
+    """The reduced geometry's tiling for a release-geometry variant, and what of it did not fit.
+
+    Each field the variant changes from the release default is carried over: sizes at most twice
+    the reduced default, switches (SWITCH_FIELDS: modes, placements) as given. They are applied in
+    the fields' order, each kept only if the tiling so far still validates with it, so that options
+    that need each other (moe_split_downs needs moe_split_last) are checked together, and a size
+    that does not fit the reduced geometry (moe_up_cols=48 does not divide 256) keeps the default."""
+    cfg = cfg or reduced_config()
+    t = default_tiling(cfg)
+    release_default = default_tiling(north_mini_code_config())
+    dropped = []
+    for k in vars(release_default):
+        v = getattr(tiling_release, k)
+        if v == getattr(release_default, k):
+            continue
+        if k not in SWITCH_FIELDS:
+            v = min(v, getattr(t, k) * 2)
+        try:
+            cand = replace(t, **{k: v})
+            cand.validate(cfg)
+            t = cand
+        except TilingError:
+            dropped.append(f"{k}={v} does not fit the reduced geometry, kept {getattr(t, k)}")
+    return t, dropped
+
+
 def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
-    """One BS-4 step at the reduced geometry with the same tile overrides (where they fit), against
-    the fp32 reference with the kernel's expert choices: cosine >= 0.999."""
+    """One BS-4 step at the reduced geometry with the same tile overrides (where they fit,
+    reduced_tiling), against the fp32 reference with the kernel's expert choices: cosine >= 0.999."""
     from mkcode.backend.megakernel.backend import MegakernelBackend
 
     cfg = reduced_config()
-    t = default_tiling(cfg)
-    release_default = default_tiling(north_mini_code_config())
-    over = {  # sizes: at most twice the reduced default; switches (claims, drains) as given
-        k: getattr(tiling_release, k)
-        if k in SWITCH_FIELDS
-        else min(getattr(tiling_release, k), getattr(t, k) * 2)
-        for k in vars(release_default)
-        if getattr(tiling_release, k) != getattr(release_default, k)
-    }
-    fits = {}
-    for k, v in over.items():  # e.g. moe_up_cols=48 does not divide the reduced 256: keep its default
-        try:
-            replace(t, **{k: v}).validate(cfg)
-            fits[k] = v
-        except TilingError:
-            print(f"reduced-geometry check: {k}={v} does not fit the reduced geometry, kept {getattr(t, k)}")
-    t = replace(t, **fits)
+    t, dropped = reduced_tiling(tiling_release, cfg)
+    for why in dropped:
+        print(f"reduced-geometry check: {why}")
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=5, std=0.05)
     be = MegakernelBackend(cfg, w, tiling=t, prefetch_mode=mode, use_mma=mma)
     return _compare_step(cfg, w, be, [5, 300, 255, 256], seed=4)[0]

@@ -220,6 +220,29 @@ def test_gpu_check_cli_parses_variants():
     assert tw.timeline_mode == abi.MK_MODE_TWICE == 16
 
 
+def test_reduced_tiling_carries_options_that_need_each_other():
+    """gpu_check.reduced_tiling (the bench's correctness check of a variant at the reduced
+    geometry): the BS 1 engine tiling's combines on the control SMs need those SMs, and checked one
+    field at a time against the reduced default (no control SMs) they were dropped; applied in field
+    order they are carried together. A size that does not fit keeps the default and says so."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel import gpu_check
+    from mkcode.backend.megakernel.testing import reduced_config
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    release = north_mini_code_config()
+    bs1 = tiling_for_batch(release, default_tiling(release), 1)
+    assert bs1.combine_ctrl and bs1.ctrl_sms and bs1.moe_fused  # the engine's BS 1 options
+    t, dropped = gpu_check.reduced_tiling(bs1)
+    t.validate(reduced_config())
+    assert (t.combine_ctrl, t.ctrl_sms, t.moe_fused) == (bs1.combine_ctrl, bs1.ctrl_sms, bs1.moe_fused)
+    assert dropped == []
+    t, dropped = gpu_check.reduced_tiling(replace(bs1, moe_up_cols=48))
+    assert t.moe_up_cols == default_tiling(reduced_config()).moe_up_cols
+    assert any(d.startswith("moe_up_cols=48 does not fit") for d in dropped)
+
+
 def test_gpu_run_plan_variants_parse_and_are_emulated():
     """gpu_run.sh's default VARIANTS parse with gpu_check's parser, the default mode is among them
     (twice: the spread between runs of one call), and every tiling it sweeps is one the emulator test
