@@ -87,9 +87,7 @@ class Emulator:
         self.cfg, self.w, self.sched, self.ws, self.bank = cfg, weights, schedule, ws, bank
         self.math, self.check_hazards = math, check_hazards
         t = schedule.tiling
-        H, I = cfg.hidden_size, max(cfg.intermediate_size, 1)
-        self.up_tiles = I // t.moe_up_cols if cfg.intermediate_size else 0
-        self.down_tiles = 0 if t.moe_fused else H // t.moe_down_rows
+        self.up_tiles, self.down_tiles = t.moe_tiles(cfg)
 
     # ---- counters -------------------------------------------------------------------------
     def _abs_target(self, c: int, rel: int) -> int:

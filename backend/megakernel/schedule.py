@@ -270,9 +270,8 @@ def build_schedule(
             route_c = counter(f"route[{layer}]", 1)
             # signalled by the device-made MoE items that end the MLP (amount: their tokens): the
             # fused items (every token slot is in one item per column tile), else the down tiles
-            mlp_items = (
-                cfg.intermediate_size // tiling.moe_up_cols if tiling.moe_fused else H // tiling.moe_down_rows
-            )
+            up_tiles, down_tiles = tiling.moe_tiles(cfg)
+            mlp_items = up_tiles if tiling.moe_fused else down_tiles
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items)
             cs.totals[mlp_c] += B * K * mlp_items
             for t in range(n_router):

@@ -136,6 +136,12 @@ class Tiling:
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
             need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")
 
+    def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
+        """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
+        (the kernel's moe_up_tiles / moe_down_tiles; the emulator and the schedule count the same)."""
+        up = cfg.intermediate_size // self.moe_up_cols if cfg.intermediate_size else 0
+        return up, 0 if self.moe_fused else cfg.hidden_size // self.moe_down_rows
+
 
 # The Tiling fields that choose a mode or a placement rather than a tile size (a reduced-geometry
 # check copies them as given and scales only the sizes: gpu_check.reduced_check).
