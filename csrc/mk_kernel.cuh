@@ -717,19 +717,32 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
 // of one per partial).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+// Before the wait (run_task): the layer's flags and the next norm's weight pointer (s_an).
+__device__ void add_norm_prologue(const Params& p, const int* d) {
+  if (threadIdx.x == 0) {
+    View V(p);
+    const int l = d[MK_F_LAYER];
+    s_an.flags = V.flags(l);
+    s_an.norm_w = l + 1 < p.num_layers ? (const void*)V.lw(l + 1, MK_LW_NORM) : p.final_norm;
+  }
+}
+
+// After the wait (its facts from add_norm_prologue; also run dry by warm_op, after the prologue).
 __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
-  const bool dense = V.flags(l) & MK_LAYER_DENSE;
+  const bool dense = s_an.flags & MK_LAYER_DENSE;  // add_norm_prologue
   const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.moe_fused ? 1 : p.top_k;
   const size_t rb = (size_t)b * H;
-  // MLP partial j of this row: the dense K split j, the fused MoE sum (moe_fused), or the MoE output
-  // of slot b * top_k + j
-  auto mlp = [&](int j) {
-    return dense ? V.mlp_part(l, j) + rb
-                 : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H);
-  };
-  const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
+  // This row's partials: attention partial j at att + j * att_step; MLP partial j at mlp + j *
+  // mlp_step: the dense K split j, the fused MoE sum (moe_fused: one), or the MoE output of slot
+  // b * top_k + j. Base and step computed once: per-partial addresses in a ternary put each load
+  // in its own branch.
+  const float* att = V.ao_part(l, 0) + rb;
+  const size_t att_step = (size_t)8 * H;
+  const float* mlp = dense ? V.mlp_part(l, 0) + rb : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + rb * p.top_k;
+  const size_t mlp_step = dense ? (size_t)8 * H : (size_t)H;
+  const bf16* w = (const bf16*)s_an.norm_w;
   float* row = shared(s.out);  // H <= OUT_FLOATS floats (checked by the launcher)
   // the norm weights of this thread's first four columns are static: their load overlaps the
   // partials' (one memory round trip on the layer's chain instead of two when H <= 4 * NT)
@@ -737,30 +750,39 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
   if (threadIdx.x * 4 < H) w_first = __ldg(reinterpret_cast<const uint2*>(w + threadIdx.x * 4));
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
-    // Every partial load is issued before the first add, unconditionally (a partial past the count
-    // reloads partial 0, an L2 hit, and is zeroed): guarded by `if (j < n)` each load sat in its own
-    // branch and was consumed before the next was issued, 13 L2 round trips in a row at BS 1
-    // (cuobjdump -sass; the op took 4.4 us with its code and data hot, session 9).
-    float4 q[17];
+    // Every partial load is issued before the first add, each as one predicated load (ld_cg4_if):
+    // guarded by `if (j < n)` each load sat in its own branch and was consumed before the next was
+    // issued, 13 L2 round trips in a row at BS 1 (cuobjdump -sass; the op took 4.4 us with its code
+    // and data hot, session 9); loaded unconditionally (sessions 9-10) the 17 loads moved 136 KB
+    // per row where BS 1 with fused MoE items needs 48 KB (x, 4 attention partials, moe_acc), and
+    // the compiler began the adds (waiting on the first loads) before it issued the MLP partials.
+    // Unrolled: 4 attention partials (the release geometry's kv heads) and 8 MLP partials (top-k),
+    // 13 loads, issued in that order; partials beyond those counts load one by one below.
+    constexpr int UA = 4, UM = 8;
+    float4 q[1 + UA + UM];
     q[0] = ld_cg4(V.x(l) + rb + i);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[1 + j] = ld_cg4(V.ao_part(l, j < n_attn ? j : 0) + rb + i);
+    for (int j = 0; j < UA; ++j) q[1 + j] = ld_cg4_if(att + j * att_step + i, j < n_attn);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[9 + j] = ld_cg4(mlp(j < n_mlp ? j : 0) + i);
+    for (int j = 0; j < UM; ++j) q[1 + UA + j] = ld_cg4_if(mlp + j * mlp_step + i, j < n_mlp);
+    // adds in the reference's order: x, the attention partials, the MLP partials
     float4 a = q[0];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)  // attention partials, then MLP partials (the reference's order)
-      if (j < 8 ? j < n_attn : j - 8 < n_mlp) {
-        const float4 v = q[1 + j];
+    for (int j = 0; j < UA; ++j)
+      if (j < n_attn) a.x += q[1 + j].x, a.y += q[1 + j].y, a.z += q[1 + j].z, a.w += q[1 + j].w;
+    for (int j = UA; j < n_attn; ++j) {  // geometries with more kv heads
+      const float4 v = ld_cg4(att + j * att_step + i);
+      a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
+    }
+#pragma unroll
+    for (int j = 0; j < UM; ++j)
+      if (j < n_mlp) {
+        const float4 v = q[1 + UA + j];
         a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
       }
-    for (int j = 8; j < n_attn; ++j) {  // geometries beyond the unrolled counts
-      const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
-      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
-    }
-    for (int j = 8; j < n_mlp; ++j) {
-      const float4 q = ld_cg4(mlp(j) + i);
-      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    for (int j = UM; j < n_mlp; ++j) {  // more MLP partials (top-k or dense splits above 8)
+      const float4 v = ld_cg4(mlp + j * mlp_step + i);
+      a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
     }
     *reinterpret_cast<float4*>(row + i) = a;
     if (!dry) *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
@@ -1228,6 +1250,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
     if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
