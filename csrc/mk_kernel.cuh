@@ -756,15 +756,18 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
     // and data hot, session 9); loaded unconditionally (sessions 9-10) the 17 loads moved 136 KB
     // per row where BS 1 with fused MoE items needs 48 KB (x, 4 attention partials, moe_acc), and
     // the compiler began the adds (waiting on the first loads) before it issued the MLP partials.
-    // Unrolled: 4 attention partials (the release geometry's kv heads) and 8 MLP partials (top-k),
-    // 13 loads, issued in that order; partials beyond those counts load one by one below.
+    // Unrolled: 4 attention partials (the release geometry's kv heads) and 8 MLP partials (top-k);
+    // partials beyond those counts load one by one below. The MLP partials come first in the
+    // source: after x and the attention partials ptxas put the first MLP load behind the first add
+    // (a second round trip at BS 1, where moe_acc is the only MLP partial). tests/backend/megakernel/
+    // test_sass_issue.py checks the compiled order (13 loads before the first FADD).
     constexpr int UA = 4, UM = 8;
     float4 q[1 + UA + UM];
+#pragma unroll
+    for (int j = 0; j < UM; ++j) q[1 + UA + j] = ld_cg4_if(mlp + j * mlp_step + i, j < n_mlp);
     q[0] = ld_cg4(V.x(l) + rb + i);
 #pragma unroll
     for (int j = 0; j < UA; ++j) q[1 + j] = ld_cg4_if(att + j * att_step + i, j < n_attn);
-#pragma unroll
-    for (int j = 0; j < UM; ++j) q[1 + UA + j] = ld_cg4_if(mlp + j * mlp_step + i, j < n_mlp);
     // adds in the reference's order: x, the attention partials, the MLP partials
     float4 a = q[0];
 #pragma unroll
