@@ -61,6 +61,14 @@ __device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterp
 // ld_cg4 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
 // branch, so a run of them keeps every load in flight (op_add_norm: guarded by `if`, each load sat
 // in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth)
+__device__ __forceinline__ float ld_cg_if(const float* p, bool pred) {
+  float r = 0.f;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.cg.f32 %0, [%1];\n\t}"
+               : "+f"(r)
+               : "l"(p), "r"((int)pred)
+               : "memory");
+  return r;
+}
 __device__ __forceinline__ float4 ld_cg4_if(const float* p, bool pred) {
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
   asm volatile(

@@ -527,10 +527,17 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
   unsigned* rmask = reinterpret_cast<unsigned*>(fid + 8 * MK_MAX_TOKENS);  // [E] rows choosing e
   int* pos_s = reinterpret_cast<int*>(rmask + E);                 // [E] table position of each expert
   int* wcnt = pos_s + E;                                          // [NWARPS] chosen experts per warp
-  for (int i = threadIdx.x; i < B * E; i += NT) {
-    const float v = ld_cg(V.rlogits(l) + i);  // rows of E logits, contiguous
-    lg[i] = isnan(v) ? -INFINITY : v;         // a total order: K distinct experts below
-  }
+  // rows of E logits, contiguous: every load issued before the first is used (one round trip on
+  // the MoE chain; as a loop each load was stored to shared memory before the next was issued, two
+  // round trips at BS 8); B * E <= 8 * 32 * J
+  constexpr int PER = (MK_MAX_TOKENS * 32 * J + NT - 1) / NT;
+  float v[PER];
+#pragma unroll
+  for (int u = 0; u < PER; ++u) v[u] = ld_cg_if(V.rlogits(l) + threadIdx.x + u * NT, threadIdx.x + u * NT < B * E);
+#pragma unroll
+  for (int u = 0; u < PER; ++u)
+    if (threadIdx.x + u * NT < B * E)
+      lg[threadIdx.x + u * NT] = isnan(v[u]) ? -INFINITY : v[u];  // a total order: K distinct experts below
   for (int e = threadIdx.x; e < E; e += NT) rmask[e] = 0u;
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: logits loaded
