@@ -408,9 +408,15 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
 }
 
 // out = sum_s w_s o_s with w_s = exp(lse_s - max) / sum: the weights of the (row, kv head)'s G
-// heads are computed once into shared memory (a warp per head), then every output element reads
-// its S partials with independent loads.
+// heads are computed once into shared memory (a warp per head), then every output element sums its
+// S partials in split order. Its loads are one round trip: each thread first issues the split
+// outputs of its (up to) two output elements for the first COMBINE_PRE splits (they do not depend
+// on the weights), then the warps load the lse values, one per lane and split, and keep them in
+// registers for the max and the exponentials (loaded again, they were a second L2 round trip on
+// the attention chain; the split outputs, loaded after the barrier, a third).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+constexpr int COMBINE_PRE = 16;
+
 __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
@@ -420,13 +426,31 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   float* out = V.attn_out(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
   float* wts = shared(s.out);  // [G][S] (<= OUT_FLOATS floats: G <= 64, S <= 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_out = G * hd;
+  // output i: head i / hd, dimension i % hd; split sp's value at src(i) + sp * hd
+  auto src = [&](int i) { return o_base + (size_t)(i / hd) * MS * hd + i % hd; };
+  const int i0 = threadIdx.x, i1 = threadIdx.x + NT;
+  const float* s0 = src(i0 < n_out ? i0 : 0);
+  const float* s1 = src(i1 < n_out ? i1 : 0);
+  float x0[COMBINE_PRE], x1[COMBINE_PRE];
+#pragma unroll
+  for (int u = 0; u < COMBINE_PRE; ++u) x0[u] = ld_cg_if(s0 + (size_t)u * hd, i0 < n_out && u < S);
+#pragma unroll
+  for (int u = 0; u < COMBINE_PRE; ++u) x1[u] = ld_cg_if(s1 + (size_t)u * hd, i1 < n_out && u < S);
   for (int hq = warp; hq < G; hq += NWARPS) {
-    float m = -INFINITY;
-    for (int sp = lane; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse_base + hq * MS + sp));
+    const float* lse = lse_base + hq * MS;
+    const float v0 = ld_cg_if(lse + lane, lane < S);  // S <= 32: all of them (more: the loops below)
+    float m = lane < S ? v0 : -INFINITY;
+    for (int sp = lane + 32; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse + sp));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float den = 0.f;
-    for (int sp = lane; sp < S; sp += 32) {
-      const float e = expf(ld_cg(lse_base + hq * MS + sp) - m);  // 0 for an empty split
+    if (lane < S) {
+      const float e = expf(v0 - m);  // 0 for an empty split
+      wts[hq * S + lane] = e;
+      den += e;
+    }
+    for (int sp = lane + 32; sp < S; sp += 32) {
+      const float e = expf(ld_cg(lse + sp) - m);
       wts[hq * S + sp] = e;
       den += e;
     }
@@ -435,20 +459,22 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
     for (int sp = lane; sp < S; sp += 32) wts[hq * S + sp] /= den;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < G * hd; i += NT) {
-    const int hq = i / hd, dim = i % hd;
-    const float* src = o_base + (size_t)hq * MS * hd + dim;
-    const float* wr = wts + hq * S;
+  auto finish = [&](int i, const float* x) {  // output i from its preloaded splits and the rest
+    const float* wr = wts + (i / hd) * S;
+    const float* sp_src = src(i);
     float acc = 0.f;
-    int sp = 0;
-    for (; sp + 8 <= S; sp += 8) {
-      float x[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) x[u] = ld_cg(src + (size_t)(sp + u) * hd);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc += wr[sp + u] * x[u];
-    }
-    for (; sp < S; ++sp) acc += wr[sp] * ld_cg(src + (size_t)sp * hd);
+    for (int u = 0; u < COMBINE_PRE; ++u)
+      if (u < S) acc += wr[u] * x[u];
+    for (int sp = COMBINE_PRE; sp < S; ++sp) acc += wr[sp] * ld_cg(sp_src + (size_t)sp * hd);
+    if (!dry) out[i] = acc;
+  };
+  if (i0 < n_out) finish(i0, x0);
+  if (i1 < n_out) finish(i1, x1);
+  for (int i = threadIdx.x + 2 * NT; i < n_out; i += NT) {  // geometries with more than 2 x NT outputs
+    const float* wr = wts + (i / hd) * S;
+    float acc = 0.f;
+    for (int sp = 0; sp < S; ++sp) acc += wr[sp] * ld_cg(src(i) + (size_t)sp * hd);
     if (!dry) out[i] = acc;
   }
 }
