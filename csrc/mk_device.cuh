@@ -175,6 +175,17 @@ struct AddNormFacts {
 };
 __shared__ AddNormFacts s_an;
 
+// A QKV task's step facts, read by its prologue before the task waits (fixed for the step) and by
+// op_qkv's epilogue after its GEMV: the layer's flags, each row's position and the KV page its new
+// K/V row goes to. Read in the epilogue they were two dependent L2 round trips (position, then the
+// page it selects) after the GEMV, on the attention chain. Written before run_task's barriers.
+struct QkvFacts {
+  long long pos[MK_MAX_TOKENS];
+  int page[MK_MAX_TOKENS];
+  int flags;
+};
+__shared__ QkvFacts s_qkv;
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -249,6 +249,21 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
+// Before the wait (run_task): the layer's flags, each row's position and its new K/V row's page.
+__device__ __noinline__ void qkv_prologue(const Params& p, const int* d) {
+  View V(p);
+  const int l = d[MK_F_LAYER];
+  if (threadIdx.x == 0) s_qkv.flags = V.flags(l);
+  if ((int)threadIdx.x < p.batch) {
+    const int b = threadIdx.x;
+    const long long pos = V.position(b);
+    s_qkv.pos[b] = pos;
+    s_qkv.page[b] = V.page(l, b, (int)pos);
+  }
+}
+
+// The QKV tile's epilogue (its facts from qkv_prologue): RoPE on Q and K, Q to q(l), K / V rows into
+// the KV cache at each row's position.
 __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
@@ -264,11 +279,11 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
     kind = 2;
     local = r0 - qw - kvw;
   }
-  const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
+  const bool rope = (s_qkv.flags & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
     float v0 = s.out[r * 8 + b], v1 = s.out[(r + 1) * 8 + b];
-    const long long pos = V.position(b);
+    const long long pos = s_qkv.pos[b];
     const int col = local + r;  // even
     if (rope) {
       const int pair = (col % hd) / 2;
@@ -285,8 +300,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
       q[0] = v0;
       q[1] = v1;
     } else {
-      const int pg = V.page(l, b, (int)pos);
-      bf16* dst = V.kv(pg, kind - 1, col / hd, (int)(pos % 64)) + col % hd;
+      bf16* dst = V.kv(s_qkv.page[b], kind - 1, col / hd, (int)(pos % 64)) + col % hd;
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
     }
   }
@@ -1287,6 +1301,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
     if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
