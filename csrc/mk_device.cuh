@@ -186,6 +186,13 @@ struct QkvFacts {
 };
 __shared__ QkvFacts s_qkv;
 
+// A MoE down or fused item's routing weights (one per token, s_rw[j] for its j-th token) and a fused
+// item's down-weight pointer, copied by cp.async before its GEMV (moe_prologue) and read after it
+// (op_moe_down, op_moe_fused wait for the copies): read there, the weights were an L2 round trip
+// after the GEMV (before the down GEMV in a fused item, behind the pointer's own round trip).
+__shared__ float s_rw[MK_MAX_TOKENS];
+__shared__ unsigned long long s_wdown;
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -697,14 +697,34 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s) {
   }
 }
 
+// Before a MoE down or fused item's GEMV (run_task, before its wait): its tokens' routing weights
+// into s_rw and, for a fused item, the layer's down-weight pointer into s_wdown, by cp.async (.ca:
+// ROUTE wrote the weights this step and the drain acquired route[l] before building the item, which
+// emptied L1). The op waits for them (cp_async_wait_all) and a barrier publishes them.
+__device__ __noinline__ void moe_prologue(const Params& p, const int* d) {
+  View V(p);
+  const int l = d[MK_F_LAYER];
+  if ((int)threadIdx.x < d[MK_F_NTOK])
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(&s_rw[threadIdx.x])),
+                 "l"(V.route_w(l) + d[MK_F_SLOT0 + threadIdx.x])
+                 : "memory");
+  if (threadIdx.x == 0 && d[MK_F_OP] == MK_OP_MOE_FUSED)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(&s_wdown)),
+                 "l"((const long long*)p.layer_w + (size_t)l * MK_LW_COUNT + MK_LW_EXP_DOWN)
+                 : "memory");
+  cp_async_commit();
+}
+
 __device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
+  cp_async_wait_all();  // moe_prologue's routing weights
+  __syncthreads();
   for (int i = threadIdx.x; i < n * nt; i += NT) {
     const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
-    dst[(size_t)slot * p.hidden + r0 + r] = ld_cg(V.route_w(l) + slot) * s.out[r * 8 + j];
+    dst[(size_t)slot * p.hidden + r0 + r] = s_rw[j] * s.out[r * 8 + j];
   }
 }
 
@@ -715,16 +735,12 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
 // and no down tiles: an expert's items are independent, ADD_NORM waits for all (the mlp counter).
 __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s) {
   View V(p);
-  __shared__ float s_w[MK_MAX_TOKENS];
   __shared__ int s_b[MK_MAX_TOKENS];
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK], K = p.top_k;
   const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);  // token column = batch row (gemv_op)
-  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) {
-    const int slot = d[MK_F_SLOT0 + threadIdx.x];
-    s_w[threadIdx.x] = ld_cg(V.route_w(l) + slot);  // ROUTE wrote it (the drain waited on route[l])
-    s_b[threadIdx.x] = slot / K;
-  }
+  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) s_b[threadIdx.x] = d[MK_F_SLOT0 + threadIdx.x] / K;
+  cp_async_wait_all();  // moe_prologue's routing weights (s_rw) and down-weight pointer (s_wdown)
   if (threadIdx.x == 0) s_h_staged = -1;  // the activations below overwrite the staged h rows
   bf16* act = shared(s.act);
   const int lds = n + ((n / 32) % 2 ? 0 : 32);  // rows 64 B apart mod 128: no bank conflicts
@@ -735,7 +751,8 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
     act[j * lds + c] = __float2bfloat16(v);
   }
   __syncthreads();
-  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
+  const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
+  const float* s_w = s_rw;
   float* acc = V.moe_acc(l);
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
@@ -1302,6 +1319,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
     if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
