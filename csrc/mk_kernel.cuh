@@ -1432,8 +1432,9 @@ __device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
-// The shape of a MoE queue: [0, n_up) up tiles, [n_up, n_up + n_tail) tail, then n_down down tiles.
-// With the tail queue's word 3 set (schedule: Tiling.moe_tail_last) the tail comes after the downs.
+// The shape of a MoE queue: [0, n_up) up tiles, then the n_down down tiles with the n_tail tail items
+// after the first min(n_down, the tail queue's word 3) of them (schedule: Tiling.moe_tail_downs, or
+// MK_TAIL_ALL_DOWNS for Tiling.moe_tail_last).
 struct MoeQueue {
   int n_up, n_tail, n_down, tail_first, tail_at;
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
@@ -1441,7 +1442,7 @@ struct MoeQueue {
         n_tail(tq ? tq[1] : 0),
         n_down(n_act * p.moe_down_tiles),
         tail_first(tq ? tq[0] : 0),
-        tail_at(tq && tq[3] ? n_up + n_down : n_up) {}
+        tail_at(n_up + (tq ? min(n_down, tq[3]) : 0)) {}
   __device__ bool in_tail(uint32_t idx) const {
     return idx >= (uint32_t)tail_at && idx < (uint32_t)(tail_at + n_tail);
   }
