@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 8
+#define MK_ABI_VERSION 9
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -251,3 +251,9 @@ enum MkLayerWeight {
   MK_LW_EXP_DOWN = 10,
   MK_LW_COUNT = 11,
 };
+
+// A MoE layer's tail queue (its combines and O-proj items, claimed through the MoE head) sits after
+// this many of the queue's down tiles; the schedule writes it as the tail queue's word 3
+// (Tiling.moe_tail_downs; Tiling.moe_tail_last writes MK_TAIL_ALL_DOWNS: after every down tile).
+// The kernel and the emulator take min(word 3, the layer's down tiles).
+#define MK_TAIL_ALL_DOWNS 1073741824

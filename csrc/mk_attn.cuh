@@ -230,13 +230,16 @@ __device__ __forceinline__ void kreg_issue_v_round(const View& V, int l, int b, 
   cp_async_commit();
 }
 
-__device__ __forceinline__ uint4 ld_cg16_ordered(const void* ptr) {
-  // volatile + memory clobber: issued here, before the PV that follows (not sunk to its use)
-  uint4 r;
-  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(ptr)
-               : "memory");
+// One 16-byte L2 load, issued here (volatile + memory clobber: before the PV that follows, not sunk
+// to its use), predicated: nothing loaded, zeros, when `pred` is false (the next round's K, which
+// the last round has none of, without a branch around the loads).
+__device__ __forceinline__ uint4 ld_cg16_if_ordered(const void* ptr, bool pred) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
+      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+      : "l"(ptr), "r"((int)pred)
+      : "memory");
   return r;
 }
 
@@ -283,6 +286,21 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int kg = warp >> 1, half = warp & 1, mate = warp ^ 1;
   constexpr int CH = HD / 8;
+  // This warp's 8 keys of its group in page jr (keys (kg & 3) * 16 + half * 8 + gid), all dims: the
+  // QK's B fragments. K of round r + 1 is issued at the top of round r, so two rounds of K are in
+  // flight per thread (one round was a full memory latency exposed per round: ~4.5 us per round of
+  // two pages at BS 8). Round 0's K is issued first of all, before the Q setup.
+  auto k_row = [&](int jr) {
+    const long long pg = sp.pa + (jr < sp.np ? jr : sp.np - 1);
+    return V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + half * 8 + gid) + t * 8;
+  };
+  uint4 kx[NC];
+  {
+    const int j0 = kg >> 2;
+    const bf16* Kg = k_row(j0);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_if_ordered(Kg + c * 32, j0 < sp.np);
+  }
   bf16* vslots = reinterpret_cast<bf16*>(s.raw);
   const uint4* qs = reinterpret_cast<const uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]
   float* xmax = reinterpret_cast<float*>(s.raw + V_BYTES + Q_BYTES);  // [NWARPS][8 heads]
@@ -341,17 +359,15 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
   };
   for (int r = 0; r < rounds; ++r) {
     const int j = ATTN_PPR * r + (kg >> 2);
-    // 1. this warp's 8 keys of the group (keys (kg & 3) * 16 + half * 8 + gid of page j), all dims
-    // (a warp past the item's pages loads its last page again and ignores it: unconditional loads
-    // keep the K registers out of a branch)
-    uint4 kx[NC];
+    // 1. K(r + 1) (predicated: none past the item's pages; K(r) is in kx since the last round)
+    uint4 kn[NC];
     {
-      const long long pg = sp.pa + (j < sp.np ? j : sp.np - 1);
-      const bf16* Kg = V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + half * 8 + gid) + t * 8;
+      const int jn = j + ATTN_PPR;
+      const bf16* Kg = k_row(jn);
 #pragma unroll
-      for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_ordered(Kg + c * 32);
+      for (int c = 0; c < NC; ++c) kn[c] = ld_cg16_if_ordered(Kg + c * 32, jn < sp.np);
     }
-    // 2. the previous round's PV while K(r) is in flight
+    // 2. the previous round's PV while K(r) lands
     if (r > 0) {
       cp_async_wait<1>();  // V(r - 1) has landed (V(r) may still be in flight); the P halves are written
       __syncthreads();
@@ -410,6 +426,8 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
       xp[warp * 32 + lane] = pown;
     }
     j_prev = j;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) kx[c] = kn[c];
   }
   // the last round's PV (its V is the second most recent group: the newest is V(rounds), empty,
   // or V(1) when there is one round)

@@ -58,6 +58,26 @@ __device__ __forceinline__ float4 ld_cg4(const float* p) { return __ldcg(reinter
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ int ld_cg(const int* p) { return __ldcg(p); }
 __device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+// ld_cg4 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
+// branch, so a run of them keeps every load in flight (op_add_norm: guarded by `if`, each load sat
+// in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth)
+__device__ __forceinline__ float ld_cg_if(const float* p, bool pred) {
+  float r = 0.f;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.cg.f32 %0, [%1];\n\t}"
+               : "+f"(r)
+               : "l"(p), "r"((int)pred)
+               : "memory");
+  return r;
+}
+__device__ __forceinline__ float4 ld_cg4_if(const float* p, bool pred) {
+  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n\t}"
+      : "+f"(r.x), "+f"(r.y), "+f"(r.z), "+f"(r.w)
+      : "l"(p), "r"((int)pred)
+      : "memory");
+  return r;
+}
 
 // Ask L2 to fetch an immutable weight range before the task waits on its inputs.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
@@ -144,6 +164,34 @@ __shared__ __align__(16) Params s_params;
 // (MK_MODE_TOKEN_ROWS off): set by a MoE up item or a MoE drain that staged them, cleared by every
 // other task (they may overwrite the region). Thread 0 writes it before a barrier.
 __shared__ int s_h_staged;
+
+// An ADD_NORM task's layer facts, read by its prologue before the task waits (they are fixed for the
+// step) and by op_add_norm after it: the layer's flags and the next norm's weights. Read in the op,
+// each was an L2 round trip ahead of the partial loads on the layer's chain (the wait's acquire
+// leaves nothing in L1). Thread 0 writes them before run_task's barriers.
+struct AddNormFacts {
+  const void* norm_w;
+  int flags;
+};
+__shared__ AddNormFacts s_an;
+
+// A QKV task's step facts, read by its prologue before the task waits (fixed for the step) and by
+// op_qkv's epilogue after its GEMV: the layer's flags, each row's position and the KV page its new
+// K/V row goes to. Read in the epilogue they were two dependent L2 round trips (position, then the
+// page it selects) after the GEMV, on the attention chain. Written before run_task's barriers.
+struct QkvFacts {
+  long long pos[MK_MAX_TOKENS];
+  int page[MK_MAX_TOKENS];
+  int flags;
+};
+__shared__ QkvFacts s_qkv;
+
+// A MoE down or fused item's routing weights (one per token, s_rw[j] for its j-th token) and a fused
+// item's down-weight pointer, copied by cp.async before its GEMV (moe_prologue) and read after it
+// (op_moe_down, op_moe_fused wait for the copies): read there, the weights were an L2 round trip
+// after the GEMV (before the down GEMV in a fused item, behind the pointer's own round trip).
+__shared__ float s_rw[MK_MAX_TOKENS];
+__shared__ unsigned long long s_wdown;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

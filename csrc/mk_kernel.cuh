@@ -249,6 +249,21 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
+// Before the wait (run_task): the layer's flags, each row's position and its new K/V row's page.
+__device__ __noinline__ void qkv_prologue(const Params& p, const int* d) {
+  View V(p);
+  const int l = d[MK_F_LAYER];
+  if (threadIdx.x == 0) s_qkv.flags = V.flags(l);
+  if ((int)threadIdx.x < p.batch) {
+    const int b = threadIdx.x;
+    const long long pos = V.position(b);
+    s_qkv.pos[b] = pos;
+    s_qkv.page[b] = V.page(l, b, (int)pos);
+  }
+}
+
+// The QKV tile's epilogue (its facts from qkv_prologue): RoPE on Q and K, Q to q(l), K / V rows into
+// the KV cache at each row's position.
 __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
@@ -264,11 +279,11 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
     kind = 2;
     local = r0 - qw - kvw;
   }
-  const bool rope = (V.flags(l) & MK_LAYER_ROPE) && kind != 2;
+  const bool rope = (s_qkv.flags & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
     float v0 = s.out[r * 8 + b], v1 = s.out[(r + 1) * 8 + b];
-    const long long pos = V.position(b);
+    const long long pos = s_qkv.pos[b];
     const int col = local + r;  // even
     if (rope) {
       const int pair = (col % hd) / 2;
@@ -285,8 +300,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
       q[0] = v0;
       q[1] = v1;
     } else {
-      const int pg = V.page(l, b, (int)pos);
-      bf16* dst = V.kv(pg, kind - 1, col / hd, (int)(pos % 64)) + col % hd;
+      bf16* dst = V.kv(s_qkv.page[b], kind - 1, col / hd, (int)(pos % 64)) + col % hd;
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
     }
   }
@@ -408,9 +422,15 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
 }
 
 // out = sum_s w_s o_s with w_s = exp(lse_s - max) / sum: the weights of the (row, kv head)'s G
-// heads are computed once into shared memory (a warp per head), then every output element reads
-// its S partials with independent loads.
+// heads are computed once into shared memory (a warp per head), then every output element sums its
+// S partials in split order. Its loads are one round trip: each thread first issues the split
+// outputs of its (up to) two output elements for the first COMBINE_PRE splits (they do not depend
+// on the weights), then the warps load the lse values, one per lane and split, and keep them in
+// registers for the max and the exponentials (loaded again, they were a second L2 round trip on
+// the attention chain; the split outputs, loaded after the barrier, a third).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+constexpr int COMBINE_PRE = 16;
+
 __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
@@ -420,13 +440,31 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
   float* out = V.attn_out(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
   float* wts = shared(s.out);  // [G][S] (<= OUT_FLOATS floats: G <= 64, S <= 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_out = G * hd;
+  // output i: head i / hd, dimension i % hd; split sp's value at src(i) + sp * hd
+  auto src = [&](int i) { return o_base + (size_t)(i / hd) * MS * hd + i % hd; };
+  const int i0 = threadIdx.x, i1 = threadIdx.x + NT;
+  const float* s0 = src(i0 < n_out ? i0 : 0);
+  const float* s1 = src(i1 < n_out ? i1 : 0);
+  float x0[COMBINE_PRE], x1[COMBINE_PRE];
+#pragma unroll
+  for (int u = 0; u < COMBINE_PRE; ++u) x0[u] = ld_cg_if(s0 + (size_t)u * hd, i0 < n_out && u < S);
+#pragma unroll
+  for (int u = 0; u < COMBINE_PRE; ++u) x1[u] = ld_cg_if(s1 + (size_t)u * hd, i1 < n_out && u < S);
   for (int hq = warp; hq < G; hq += NWARPS) {
-    float m = -INFINITY;
-    for (int sp = lane; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse_base + hq * MS + sp));
+    const float* lse = lse_base + hq * MS;
+    const float v0 = ld_cg_if(lse + lane, lane < S);  // S <= 32: all of them (more: the loops below)
+    float m = lane < S ? v0 : -INFINITY;
+    for (int sp = lane + 32; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse + sp));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float den = 0.f;
-    for (int sp = lane; sp < S; sp += 32) {
-      const float e = expf(ld_cg(lse_base + hq * MS + sp) - m);  // 0 for an empty split
+    if (lane < S) {
+      const float e = expf(v0 - m);  // 0 for an empty split
+      wts[hq * S + lane] = e;
+      den += e;
+    }
+    for (int sp = lane + 32; sp < S; sp += 32) {
+      const float e = expf(ld_cg(lse + sp) - m);
       wts[hq * S + sp] = e;
       den += e;
     }
@@ -435,20 +473,22 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
     for (int sp = lane; sp < S; sp += 32) wts[hq * S + sp] /= den;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < G * hd; i += NT) {
-    const int hq = i / hd, dim = i % hd;
-    const float* src = o_base + (size_t)hq * MS * hd + dim;
-    const float* wr = wts + hq * S;
+  auto finish = [&](int i, const float* x) {  // output i from its preloaded splits and the rest
+    const float* wr = wts + (i / hd) * S;
+    const float* sp_src = src(i);
     float acc = 0.f;
-    int sp = 0;
-    for (; sp + 8 <= S; sp += 8) {
-      float x[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) x[u] = ld_cg(src + (size_t)(sp + u) * hd);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc += wr[sp + u] * x[u];
-    }
-    for (; sp < S; ++sp) acc += wr[sp] * ld_cg(src + (size_t)sp * hd);
+    for (int u = 0; u < COMBINE_PRE; ++u)
+      if (u < S) acc += wr[u] * x[u];
+    for (int sp = COMBINE_PRE; sp < S; ++sp) acc += wr[sp] * ld_cg(sp_src + (size_t)sp * hd);
+    if (!dry) out[i] = acc;
+  };
+  if (i0 < n_out) finish(i0, x0);
+  if (i1 < n_out) finish(i1, x1);
+  for (int i = threadIdx.x + 2 * NT; i < n_out; i += NT) {  // geometries with more than 2 x NT outputs
+    const float* wr = wts + (i / hd) * S;
+    float acc = 0.f;
+    for (int sp = 0; sp < S; ++sp) acc += wr[sp] * ld_cg(src(i) + (size_t)sp * hd);
     if (!dry) out[i] = acc;
   }
 }
@@ -527,10 +567,17 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
   unsigned* rmask = reinterpret_cast<unsigned*>(fid + 8 * MK_MAX_TOKENS);  // [E] rows choosing e
   int* pos_s = reinterpret_cast<int*>(rmask + E);                 // [E] table position of each expert
   int* wcnt = pos_s + E;                                          // [NWARPS] chosen experts per warp
-  for (int i = threadIdx.x; i < B * E; i += NT) {
-    const float v = ld_cg(V.rlogits(l) + i);  // rows of E logits, contiguous
-    lg[i] = isnan(v) ? -INFINITY : v;         // a total order: K distinct experts below
-  }
+  // rows of E logits, contiguous: every load issued before the first is used (one round trip on
+  // the MoE chain; as a loop each load was stored to shared memory before the next was issued, two
+  // round trips at BS 8); B * E <= 8 * 32 * J
+  constexpr int PER = (MK_MAX_TOKENS * 32 * J + NT - 1) / NT;
+  float v[PER];
+#pragma unroll
+  for (int u = 0; u < PER; ++u) v[u] = ld_cg_if(V.rlogits(l) + threadIdx.x + u * NT, threadIdx.x + u * NT < B * E);
+#pragma unroll
+  for (int u = 0; u < PER; ++u)
+    if (threadIdx.x + u * NT < B * E)
+      lg[threadIdx.x + u * NT] = isnan(v[u]) ? -INFINITY : v[u];  // a total order: K distinct experts below
   for (int e = threadIdx.x; e < E; e += NT) rmask[e] = 0u;
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: logits loaded
@@ -650,14 +697,34 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s) {
   }
 }
 
+// Before a MoE down or fused item's GEMV (run_task, before its wait): its tokens' routing weights
+// into s_rw and, for a fused item, the layer's down-weight pointer into s_wdown, by cp.async (.ca:
+// ROUTE wrote the weights this step and the drain acquired route[l] before building the item, which
+// emptied L1). The op waits for them (cp_async_wait_all) and a barrier publishes them.
+__device__ __noinline__ void moe_prologue(const Params& p, const int* d) {
+  View V(p);
+  const int l = d[MK_F_LAYER];
+  if ((int)threadIdx.x < d[MK_F_NTOK])
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(&s_rw[threadIdx.x])),
+                 "l"(V.route_w(l) + d[MK_F_SLOT0 + threadIdx.x])
+                 : "memory");
+  if (threadIdx.x == 0 && d[MK_F_OP] == MK_OP_MOE_FUSED)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(&s_wdown)),
+                 "l"((const long long*)p.layer_w + (size_t)l * MK_LW_COUNT + MK_LW_EXP_DOWN)
+                 : "memory");
+  cp_async_commit();
+}
+
 __device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
+  cp_async_wait_all();  // moe_prologue's routing weights
+  __syncthreads();
   for (int i = threadIdx.x; i < n * nt; i += NT) {
     const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
-    dst[(size_t)slot * p.hidden + r0 + r] = ld_cg(V.route_w(l) + slot) * s.out[r * 8 + j];
+    dst[(size_t)slot * p.hidden + r0 + r] = s_rw[j] * s.out[r * 8 + j];
   }
 }
 
@@ -668,16 +735,12 @@ __device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
 // and no down tiles: an expert's items are independent, ADD_NORM waits for all (the mlp counter).
 __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s) {
   View V(p);
-  __shared__ float s_w[MK_MAX_TOKENS];
   __shared__ int s_b[MK_MAX_TOKENS];
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK], K = p.top_k;
   const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);  // token column = batch row (gemv_op)
-  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) {
-    const int slot = d[MK_F_SLOT0 + threadIdx.x];
-    s_w[threadIdx.x] = ld_cg(V.route_w(l) + slot);  // ROUTE wrote it (the drain waited on route[l])
-    s_b[threadIdx.x] = slot / K;
-  }
+  if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) s_b[threadIdx.x] = d[MK_F_SLOT0 + threadIdx.x] / K;
+  cp_async_wait_all();  // moe_prologue's routing weights (s_rw) and down-weight pointer (s_wdown)
   if (threadIdx.x == 0) s_h_staged = -1;  // the activations below overwrite the staged h rows
   bf16* act = shared(s.act);
   const int lds = n + ((n / 32) % 2 ? 0 : 32);  // rows 64 B apart mod 128: no bank conflicts
@@ -688,7 +751,8 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
     act[j * lds + c] = __float2bfloat16(v);
   }
   __syncthreads();
-  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * H * I + c0;
+  const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
+  const float* s_w = s_rw;
   float* acc = V.moe_acc(l);
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
@@ -717,19 +781,32 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
 // of one per partial).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+// Before the wait (run_task): the layer's flags and the next norm's weight pointer (s_an).
+__device__ void add_norm_prologue(const Params& p, const int* d) {
+  if (threadIdx.x == 0) {
+    View V(p);
+    const int l = d[MK_F_LAYER];
+    s_an.flags = V.flags(l);
+    s_an.norm_w = l + 1 < p.num_layers ? (const void*)V.lw(l + 1, MK_LW_NORM) : p.final_norm;
+  }
+}
+
+// After the wait (its facts from add_norm_prologue; also run dry by warm_op, after the prologue).
 __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
-  const bool dense = V.flags(l) & MK_LAYER_DENSE;
+  const bool dense = s_an.flags & MK_LAYER_DENSE;  // add_norm_prologue
   const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.moe_fused ? 1 : p.top_k;
   const size_t rb = (size_t)b * H;
-  // MLP partial j of this row: the dense K split j, the fused MoE sum (moe_fused), or the MoE output
-  // of slot b * top_k + j
-  auto mlp = [&](int j) {
-    return dense ? V.mlp_part(l, j) + rb
-                 : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + (rb * p.top_k + (size_t)j * H);
-  };
-  const bf16* w = l + 1 < p.num_layers ? V.lw(l + 1, MK_LW_NORM) : (const bf16*)p.final_norm;
+  // This row's partials: attention partial j at att + j * att_step; MLP partial j at mlp + j *
+  // mlp_step: the dense K split j, the fused MoE sum (moe_fused: one), or the MoE output of slot
+  // b * top_k + j. Base and step computed once: per-partial addresses in a ternary put each load
+  // in its own branch.
+  const float* att = V.ao_part(l, 0) + rb;
+  const size_t att_step = (size_t)8 * H;
+  const float* mlp = dense ? V.mlp_part(l, 0) + rb : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + rb * p.top_k;
+  const size_t mlp_step = dense ? (size_t)8 * H : (size_t)H;
+  const bf16* w = (const bf16*)s_an.norm_w;
   float* row = shared(s.out);  // H <= OUT_FLOATS floats (checked by the launcher)
   // the norm weights of this thread's first four columns are static: their load overlaps the
   // partials' (one memory round trip on the layer's chain instead of two when H <= 4 * NT)
@@ -737,30 +814,42 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
   if (threadIdx.x * 4 < H) w_first = __ldg(reinterpret_cast<const uint2*>(w + threadIdx.x * 4));
   float ss = 0.f;
   for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
-    // Every partial load is issued before the first add, unconditionally (a partial past the count
-    // reloads partial 0, an L2 hit, and is zeroed): guarded by `if (j < n)` each load sat in its own
-    // branch and was consumed before the next was issued, 13 L2 round trips in a row at BS 1
-    // (cuobjdump -sass; the op took 4.4 us with its code and data hot, session 9).
-    float4 q[17];
+    // Every partial load is issued before the first add, each as one predicated load (ld_cg4_if):
+    // guarded by `if (j < n)` each load sat in its own branch and was consumed before the next was
+    // issued, 13 L2 round trips in a row at BS 1 (cuobjdump -sass; the op took 4.4 us with its code
+    // and data hot, session 9); loaded unconditionally (sessions 9-10) the 17 loads moved 136 KB
+    // per row where BS 1 with fused MoE items needs 48 KB (x, 4 attention partials, moe_acc), and
+    // the compiler began the adds (waiting on the first loads) before it issued the MLP partials.
+    // Unrolled: 4 attention partials (the release geometry's kv heads) and 8 MLP partials (top-k);
+    // partials beyond those counts load one by one below. The MLP partials come first in the
+    // source: after x and the attention partials ptxas put the first MLP load behind the first add
+    // (a second round trip at BS 1, where moe_acc is the only MLP partial). tests/backend/megakernel/
+    // test_sass_issue.py checks the compiled order (13 loads before the first FADD).
+    constexpr int UA = 4, UM = 8;
+    float4 q[1 + UA + UM];
+#pragma unroll
+    for (int j = 0; j < UM; ++j) q[1 + UA + j] = ld_cg4_if(mlp + j * mlp_step + i, j < n_mlp);
     q[0] = ld_cg4(V.x(l) + rb + i);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[1 + j] = ld_cg4(V.ao_part(l, j < n_attn ? j : 0) + rb + i);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) q[9 + j] = ld_cg4(mlp(j < n_mlp ? j : 0) + i);
+    for (int j = 0; j < UA; ++j) q[1 + j] = ld_cg4_if(att + j * att_step + i, j < n_attn);
+    // adds in the reference's order: x, the attention partials, the MLP partials
     float4 a = q[0];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)  // attention partials, then MLP partials (the reference's order)
-      if (j < 8 ? j < n_attn : j - 8 < n_mlp) {
-        const float4 v = q[1 + j];
+    for (int j = 0; j < UA; ++j)
+      if (j < n_attn) a.x += q[1 + j].x, a.y += q[1 + j].y, a.z += q[1 + j].z, a.w += q[1 + j].w;
+    for (int j = UA; j < n_attn; ++j) {  // geometries with more kv heads
+      const float4 v = ld_cg4(att + j * att_step + i);
+      a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
+    }
+#pragma unroll
+    for (int j = 0; j < UM; ++j)
+      if (j < n_mlp) {
+        const float4 v = q[1 + UA + j];
         a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
       }
-    for (int j = 8; j < n_attn; ++j) {  // geometries beyond the unrolled counts
-      const float4 q = ld_cg4(V.ao_part(l, j) + rb + i);
-      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
-    }
-    for (int j = 8; j < n_mlp; ++j) {
-      const float4 q = ld_cg4(mlp(j) + i);
-      a.x += q.x, a.y += q.y, a.z += q.z, a.w += q.w;
+    for (int j = UM; j < n_mlp; ++j) {  // more MLP partials (top-k or dense splits above 8)
+      const float4 v = ld_cg4(mlp + j * mlp_step + i);
+      a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
     }
     *reinterpret_cast<float4*>(row + i) = a;
     if (!dry) *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
@@ -1228,6 +1317,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
     if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
@@ -1340,8 +1432,9 @@ __device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
-// The shape of a MoE queue: [0, n_up) up tiles, [n_up, n_up + n_tail) tail, then n_down down tiles.
-// With the tail queue's word 3 set (schedule: Tiling.moe_tail_last) the tail comes after the downs.
+// The shape of a MoE queue: [0, n_up) up tiles, then the n_down down tiles with the n_tail tail items
+// after the first min(n_down, the tail queue's word 3) of them (schedule: Tiling.moe_tail_downs, or
+// MK_TAIL_ALL_DOWNS for Tiling.moe_tail_last).
 struct MoeQueue {
   int n_up, n_tail, n_down, tail_first, tail_at;
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
@@ -1349,7 +1442,7 @@ struct MoeQueue {
         n_tail(tq ? tq[1] : 0),
         n_down(n_act * p.moe_down_tiles),
         tail_first(tq ? tq[0] : 0),
-        tail_at(tq && tq[3] ? n_up + n_down : n_up) {}
+        tail_at(n_up + (tq ? min(n_down, tq[3]) : 0)) {}
   __device__ bool in_tail(uint32_t idx) const {
     return idx >= (uint32_t)tail_at && idx < (uint32_t)(tail_at + n_tail);
   }

@@ -180,12 +180,12 @@ class Emulator:
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
-            t_first, t_len, t_last = (
+            t_first, t_len, t_after = (
                 (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
             )
             table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
             n_up = len(table) * self.up_tiles
-            tail_at = len(table) * (self.up_tiles + self.down_tiles) if t_last else n_up
+            tail_at = n_up + min(len(table) * self.down_tiles, t_after)  # word 3: downs before the tail
             end = len(table) * (self.up_tiles + self.down_tiles) + t_len
             far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
 

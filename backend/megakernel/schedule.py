@@ -369,8 +369,9 @@ def build_schedule(
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part)
         if not dense:
             tail_q = len(qinfo)
-            # claimed through the MoE head; word 3: the tail after the down tiles (else after the ups)
-            qinfo.append([len(qdescs), len(tail), abi.MK_NO_COUNTER, tiling.moe_tail_last])
+            # claimed through the MoE head; word 3: how many down tiles come before the tail
+            tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs
+            qinfo.append([len(qdescs), len(tail), abi.MK_NO_COUNTER, tail_after])
             for qd in tail:
                 qd[abi.MK_F_ID] = -1 - len(qdescs)
                 qdescs.append(qd)

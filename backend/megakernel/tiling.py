@@ -36,6 +36,11 @@ class Tiling:
     max_splits: int = 32  # attention splits per (row, kv head) at most
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
     moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
+    # the attention tail after this many of the layer's down tiles (0: right after the up tiles). At
+    # BS 8 the O-proj items claimed right after the ups waited ~12-25 us each for their combines
+    # (the attention ends ~30 us after the last up tile is claimed) while ready down tiles queued
+    # behind them
+    moe_tail_downs: int = 0
     claim_policy: int = abi.MK_CLAIM_EAGER  # when a drain claims its next item (MK_CLAIM_*, mk_abi.h)
     # a drain keeps a claim two ahead while more than this many items remain before the queue's far
     # end (0: the SM count; mk_abi.h MK_CLAIM_*)
@@ -88,6 +93,11 @@ class Tiling:
         need(H % self.o_rows == 0, "o_rows must divide hidden_size")
         need(self.max_splits >= 1, "max_splits must be >= 1")
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
+        need(0 <= self.moe_tail_downs < abi.MK_TAIL_ALL_DOWNS, "moe_tail_downs must be >= 0")
+        need(
+            not (self.moe_tail_last and self.moe_tail_downs),
+            "moe_tail_downs and moe_tail_last exclude each other",
+        )
         need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
@@ -148,6 +158,7 @@ class Tiling:
 SWITCH_FIELDS = frozenset(
     {
         "moe_tail_last",
+        "moe_tail_downs",
         "claim_policy",
         "claim_window",
         "attn_drains",

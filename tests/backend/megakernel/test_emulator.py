@@ -3,6 +3,8 @@ reference model over the same paged cache, and broken schedules must fail loudly
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -169,32 +171,49 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
-@pytest.mark.parametrize("tail_last", [0, 1])
+# (moe_tail_last, moe_tail_downs): the tail after the ups, after every down tile, after 3 down tiles
+# (between them at this geometry: 3 rows x top-k experts x several down tiles each), after more down
+# tiles than the layer has (= after all of them)
+TAIL_PLACES = [(0, 0), (1, 0), (0, 3), (0, 100000)]
+
+
+@pytest.mark.parametrize(("tail_last", "tail_downs"), TAIL_PLACES)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last):
-    """Tiling.moe_tail_last puts a MoE queue's attention tail after its down tiles: same results."""
+def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last, tail_downs):
+    """Tiling.moe_tail_last / moe_tail_downs put a MoE queue's attention tail after all or some of
+    its down tiles: same results."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    sched = build_schedule(CFG, 3, contexts, N_SMS, replace(TILING, moe_tail_last=tail_last, moe_fused=0))
-    assert {int(q[3]) for q in sched.queue_info if q[2] == abi.MK_NO_COUNTER} == {tail_last}
+    tiling = replace(TILING, moe_tail_last=tail_last, moe_tail_downs=tail_downs, moe_fused=0)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    word3 = abi.MK_TAIL_ALL_DOWNS if tail_last else tail_downs
+    assert {int(q[3]) for q in sched.queue_info if q[2] == abi.MK_NO_COUNTER} == {word3}
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
-@pytest.mark.parametrize("tail_last", [0, 1])
+@pytest.mark.parametrize(("tail_last", "tail_downs"), TAIL_PLACES)
 @pytest.mark.parametrize("op", [abi.MK_OP_ATTN_COMBINE, abi.MK_OP_OPROJ])
-def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last):
+def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last, tail_downs):
     """In MoE layers the combines and O-proj tiles are MoE queue items (between the up and the
-    down tiles, or after the downs): a missing wait there is a race too."""
+    down tiles, among the downs, or after them): a missing wait there is a race too."""
     from dataclasses import replace
 
     contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, moe_tail_last=tail_last))
+    tiling = replace(TILING, moe_tail_last=tail_last, moe_tail_downs=tail_downs, moe_fused=0)
+    sched = build_schedule(CFG, 2, contexts, N_SMS, tiling)
     assert not any(t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == 1 for t in sched.tasks)
-    with pytest.raises(HazardError, match=r"race|never written"):
-        _run(
-            weights, contexts, sched=sched.without_queue_wait(_find_item(sched, op, 1), 0), strategy="random"
-        )
+    broken = sched.without_queue_wait(_find_item(sched, op, 1), 0)
+    # A race shows only in an interleaving where nothing else orders the item after its producers
+    # (an SM that ran all of them itself, say); over four interleavings it must show.
+    caught = []
+    for seed in range(4):
+        try:
+            _run(weights, contexts, sched=broken, strategy="random", seed=seed)
+        except HazardError as e:
+            assert re.search(r"race|never written", str(e)), e
+            caught.append(seed)
+    assert caught, "a deleted attention-tail wait went unnoticed in every interleaving"
 
 
 def test_fused_moe_sums_need_their_initialiser(weights, monkeypatch):

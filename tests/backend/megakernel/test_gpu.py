@@ -442,6 +442,25 @@ def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
 
 
+@pytest.mark.parametrize(
+    "tail_last,tail_downs", [(1, 0), (0, 4), (0, 40), (0, 100000)], ids=["last", "d4", "d40", "dall"]
+)
+def test_attention_tail_place_reduced(small, tail_last, tail_downs):
+    """Tiling.moe_tail_last / moe_tail_downs at BS 8 (separate up and down tiles): a MoE layer's
+    combines and O-proj items after all, some or more than all of its down tiles; three steps."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    w, _ = small
+    contexts = [5, 300, 255, 256, 1, 64, 65, 700]
+    t = replace(
+        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
+        moe_tail_last=tail_last,
+        moe_tail_downs=tail_downs,
+    )
+    assert not t.moe_fused
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=29, steps=3)
+
+
 def test_asynchronous_decode_steps_in_place(small):
     """asynchronous=True (the bench harness's mode): steps enqueued back to back on one batch whose
     tensors are updated in place (positions += 1 bumps the version counter, so the host re-reads

@@ -1,0 +1,57 @@
+"""sass_issue: the loads a device function issues before its first use of one, from SASS."""
+
+from __future__ import annotations
+
+import pytest
+
+from mkcode.backend.megakernel import sass_issue
+from mkcode.backend.megakernel.build import missing_requirements
+from mkcode.backend.megakernel.code_size import CodeSizeError, find_cuobjdump
+
+FUNCS = [(0x100, 0x200, "op_add_norm"), (0x200, 0x300, "gemv_mma")]
+
+
+def _sass(rows: list[tuple[int, str]]) -> str:
+    return "\n".join(f"        /*{a:04x}*/                   {t} ;   /* 0x0 */" for a, t in rows)
+
+
+TEXT = _sass(
+    [
+        (0x0F0, "LDG.E.128.STRONG.GPU R4, desc[UR4][R2.64]"),  # before the function: not counted
+        (0x100, "@P0 LDG.E.128.STRONG.GPU R8, desc[UR4][R2.64]"),  # predicated: counted
+        (0x110, "LDG.E.64.CONSTANT R12, desc[UR4][R2.64]"),  # another kind: not counted
+        (0x120, "LDG.E.128.STRONG.GPU R16, desc[UR4][R6.64]"),
+        (0x130, "@!P1 FADD R16, R16, R8"),  # the first use
+        (0x140, "LDG.E.128.STRONG.GPU R20, desc[UR4][R6.64]"),  # after it: not counted
+        (0x200, "LDG.E.128.STRONG.GPU R20, desc[UR4][R6.64]"),  # the next function
+    ]
+)
+
+
+def test_counts_loads_before_the_first_use_in_the_function():
+    assert sass_issue.loads_before_first(TEXT, FUNCS, "op_add_norm", "LDG.E.128.STRONG", "FADD") == 2
+    # no use at all: every load of the function
+    assert sass_issue.loads_before_first(TEXT, FUNCS, "gemv_mma", "LDG.E.128.STRONG", "FADD") == 1
+
+
+def test_unknown_function_or_no_load_is_a_clear_error():
+    with pytest.raises(CodeSizeError, match="no device function 'op_route'"):
+        sass_issue.loads_before_first(TEXT, FUNCS, "op_route", "LDG", "FADD")
+    with pytest.raises(CodeSizeError, match="no LDS before its first FADD"):
+        sass_issue.loads_before_first(TEXT, FUNCS, "op_add_norm", "LDS", "FADD")
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc, pybind11 and Python headers")
+@pytest.mark.skipif(
+    find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
+)
+def test_compiled_add_norm_issues_every_partial_load_before_its_first_add():
+    """On the object CI compiles: ADD_NORM's residual and 12 unrolled partial loads (4 attention,
+    8 MLP) are all issued before its first add, so they cost the layer's chain one L2 round trip."""
+    from mkcode.backend.megakernel.build import build
+
+    n = sass_issue.object_loads_before_first(
+        build(compile_only=True).path, "op_add_norm", "LDG.E.128.STRONG", "FADD"
+    )
+    assert n >= 13
