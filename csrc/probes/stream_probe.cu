@@ -17,6 +17,8 @@
 //   gemv<U> (`stream_probe gemv`) the megakernel GEMV's own addressing, from HBM and from L2, and
 //            gemv_lines: addressings whose every warp load covers whole 128-byte lines
 //   `stream_probe loaded`: one block's rate by in-flight strategy while other blocks load HBM
+//   `stream_probe stripe`: a fused MoE item's down slice (a column stripe of a row-major matrix)
+//            against the same bytes stored contiguously
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe [gemv]
 #include <cuda_runtime.h>
@@ -314,6 +316,72 @@ static int report(const char* name, int blocks, size_t bytes, cudaEvent_t a, cud
   return 0;
 }
 
+// stripe<KP, TILED> (`stream_probe stripe`): a fused MoE item's down slice. W is an H x I bf16
+// matrix (row-major, I contiguous: the checkpoint's down_proj of one expert); an item reads columns
+// c * n .. + n (n = 32 KP) of every row, 2 n bytes per row at a row pitch of 2 I bytes, with
+// gemv_down_acc's addressing (a warp owns a contiguous run of 16-row groups, 8 / KP groups in
+// flight, each thread 16 B of rows gid and gid + 8 per 32 columns). TILED: the same slice stored
+// contiguously ([I / n][H][n] per matrix: the layout a re-tiled copy of the weights would have).
+// Consecutive blocks take consecutive column tiles of one matrix, as a layer's fused items do
+// (the I / n items of an expert run at the same time); `items` items per block, all distinct data.
+template <int KP, bool TILED>
+__global__ void __launch_bounds__(NT, 1)
+    stripe_stream(const uint16_t* src, int H, int I, int items, uint32_t* out) {
+  constexpr int GB = 8 / KP, n = 32 * KP;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int gpw = H / 16 / 16;  // 16 warps
+  const int g_begin = warp * gpw, g_end = g_begin + gpw;
+  const int tiles = I / n;
+  uint32_t acc = 0;
+  for (int it = 0; it < items; ++it) {
+    const int item = it * gridDim.x + blockIdx.x;
+    const int m = item / tiles, c = item % tiles;
+    const uint16_t* W = src + (size_t)m * H * I + (TILED ? (size_t)c * H * n : (size_t)c * n);
+    const int ld = TILED ? n : I;
+    for (int g0 = g_begin; g0 < g_end; g0 += GB) {
+      uint4 wa[GB][KP], wb[GB][KP];
+#pragma unroll
+      for (int u = 0; u < GB; ++u) {
+        const uint16_t* ra = W + (size_t)((g0 + u) * 16 + gid) * ld + t * 8;
+        const uint16_t* rb = ra + (size_t)8 * ld;
+#pragma unroll
+        for (int kp = 0; kp < KP; ++kp) {
+          wa[u][kp] = ldw(ra + kp * 32);
+          wb[u][kp] = ldw(rb + kp * 32);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < GB; ++u)
+#pragma unroll
+        for (int kp = 0; kp < KP; ++kp) acc += fold(wa[u][kp]) ^ fold(wb[u][kp]);
+    }
+    __syncthreads();  // one item after another, as the kernel's drain runs them
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+// `stream_probe stripe`: down slices of fused MoE items (H 2048, I 768: the release geometry) as
+// column stripes of row-major matrices and as contiguous tiles, with 48 blocks (BS 1's fused
+// items), all SMs and 16.
+static int stripe_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
+  const int H = 2048, I = 768;
+  const uint16_t* s2 = reinterpret_cast<const uint16_t*>(buf);
+  const size_t matrices = ((size_t)4 << 30) / ((size_t)H * I * 2);
+  printf("stripe probe: a fused item's down slice, H %d x n columns of an H x %d bf16 matrix; GB/s = bytes / time\n", H, I);
+  for (int bc : {48, sms, 16}) {
+    auto run = [&](const char* name, int n, auto launch) {
+      const int items = (int)(matrices * (I / n) / bc);
+      return report(name, bc, (size_t)items * bc * H * n * 2, a, b, [&] { launch(items); });
+    };
+    if (run("stripe n=128 (row pitch)", 128, [&](int it) { stripe_stream<4, false><<<bc, NT>>>(s2, H, I, it, out); })) return 1;
+    if (run("tiled  n=128 (contiguous)", 128, [&](int it) { stripe_stream<4, true><<<bc, NT>>>(s2, H, I, it, out); })) return 1;
+    if (run("stripe n=256 (row pitch)", 256, [&](int it) { stripe_stream<8, false><<<bc, NT>>>(s2, H, I, it, out); })) return 1;
+    if (run("tiled  n=256 (contiguous)", 256, [&](int it) { stripe_stream<8, true><<<bc, NT>>>(s2, H, I, it, out); })) return 1;
+    if (run("stripe n=64 (row pitch)", 64, [&](int it) { stripe_stream<2, false><<<bc, NT>>>(s2, H, I, it, out); })) return 1;
+  }
+  return 0;
+}
+
 // `stream_probe gemv`: gemv<8> tiles (256 x 2048: the MoE up tiles' shape; 64 x 2048: QKV's) from
 // HBM and from L2, with and without the megakernel's ~78 KB of shared memory, next to ldg<8>.
 static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
@@ -448,6 +516,7 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&b));
   if (argc > 1 && argv[1][0] == 'g') return gemv_probe(sms, buf, out, a, b);  // `stream_probe gemv`
   if (argc > 1 && argv[1][0] == 'l') return loaded_probe(sms, buf, out);       // `stream_probe loaded`
+  if (argc > 1 && argv[1][0] == 's') return stripe_probe(sms, buf, out, a, b);  // `stream_probe stripe`
   const int block_counts[] = {sms, sms / 2, 16, 1};
   printf("SMs %d; per-block chunk: min(4 GiB / blocks, 256 MiB); GB/s = bytes / kernel time (median of 5)\n", sms);
   for (int bc : block_counts) {
