@@ -435,8 +435,16 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
 // k < 32 * KP (act_s: bf16 [8][lds], tokens >= nt staged as zeros). K is too short to split over
 // warps, so each warp owns a contiguous run of 16-row groups and keeps GB = 8 / KP groups' weights
 // (2 x 8 x 16 B per thread) in flight together, then adds its results straight from the mma
-// fragments with fp32 atomics (no return value: RED at L2). nrows % 16 == 0 (the tiling checks
+// fragments with fp32 reductions (red.global: no return value, RED at L2). nrows % 16 == 0 (the tiling checks
 // hidden % 32). Not inlined, for the same register reason as gemv_mma.
+// acc += v at a global address, fire and forget (PTX red.global: RED in SASS). atomicAdd on a float
+// pointer the compiler cannot prove global compiled to a generic ATOM plus compare-and-swap loops
+// for the shared-memory window, with a predicate the warp branched on after each one (SASS, session
+// 12): the fused items' down slices spent most of their time there.
+__device__ __forceinline__ void red_add_global(float* p, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "f"(v) : "memory");
+}
+
 template <int KP>
 __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, const bf16* act_s, int lds, float* acc,
                                            int H, const float* wtok, const int* btok, int nt) {
@@ -477,12 +485,12 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
       if (g0 + u < g_end) {  // c0, c1: row gid, tokens 2t, 2t+1; c2, c3: row gid + 8
         const int r = (g0 + u) * 16 + gid;
         if (v0) {
-          atomicAdd(d0 + r, w0 * c[0]);
-          atomicAdd(d0 + r + 8, w0 * c[2]);
+          red_add_global(d0 + r, w0 * c[0]);
+          red_add_global(d0 + r + 8, w0 * c[2]);
         }
         if (v1) {
-          atomicAdd(d1 + r, w1 * c[1]);
-          atomicAdd(d1 + r + 8, w1 * c[3]);
+          red_add_global(d1 + r, w1 * c[1]);
+          red_add_global(d1 + r + 8, w1 * c[3]);
         }
       }
     }
@@ -504,7 +512,7 @@ __device__ __noinline__ void gemv_down_acc_fma(const bf16* W, int ld, int nrows,
     for (int n = 0; n < 8; ++n) {
       float v = a[n];
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && n < nt) atomicAdd(acc + (size_t)btok[n] * H + r, wtok[n] * v);
+      if (lane == 0 && n < nt) red_add_global(acc + (size_t)btok[n] * H + r, wtok[n] * v);
     }
   }
 }
