@@ -6,7 +6,9 @@ round trip together. Session 9 found each load in its own branch, consumed befor
 issued (13 round trips in a row); session 11 found the compiler starting the adds after 12 of 17
 loads. Neither shows in a test's numbers, so this reads the compiled object (`cuobjdump -sass` and
 `-elf`, as sass_loops does): in the function's code, in address order, the loads of a kind that
-come before the first instruction of another kind.
+come before the first instruction of another kind. `opcodes_in` counts a function's opcodes (the
+fused down slice's sums must be fire-and-forget REDG, not generic ATOM plus compare-and-swap loops,
+which is what atomicAdd on a float pointer not known to be global compiled to; session 12).
 """
 
 from __future__ import annotations
@@ -57,3 +59,26 @@ def object_loads_before_first(
     tool = require_cuobjdump(cuobjdump)
     functions = parse_functions(run_cuobjdump(tool, "-elf", obj))
     return loads_before_first(run_cuobjdump(tool, "-sass", obj), functions, function, load, use)
+
+
+def opcodes_in(sass_text: str, functions: list[tuple[int, int, str]], function: str) -> dict[str, int]:
+    """How often each opcode (with its modifiers, e.g. `REDG.E.ADD.F32.FTZ.RN.STRONG.GPU`) occurs in
+    `function`'s code. A clear error when the function is not in the symbols."""
+    spans = [(lo, hi) for lo, hi, name in functions if name == function]
+    if not spans:
+        raise CodeSizeError(f"no device function {function!r} in the object's symbols")
+    lo, hi = spans[0]
+    counts: dict[str, int] = {}
+    for line in sass_text.splitlines():
+        m = _INS.match(line)
+        if m and lo <= int(m.group(1), 16) < hi:
+            op = _opcode(m.group(2))
+            counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def object_opcodes_in(obj: Path, function: str, cuobjdump: str | None = None) -> dict[str, int]:
+    """opcodes_in on a compiled kernel object."""
+    tool = require_cuobjdump(cuobjdump)
+    functions = parse_functions(run_cuobjdump(tool, "-elf", obj))
+    return opcodes_in(run_cuobjdump(tool, "-sass", obj), functions, function)

@@ -55,3 +55,27 @@ def test_compiled_add_norm_issues_every_partial_load_before_its_first_add():
         build(compile_only=True).path, "op_add_norm", "LDG.E.128.STRONG", "FADD"
     )
     assert n >= 13
+
+
+def test_opcodes_in_counts_one_function():
+    counts = sass_issue.opcodes_in(TEXT, FUNCS, "op_add_norm")
+    assert counts == {"LDG.E.128.STRONG.GPU": 3, "LDG.E.64.CONSTANT": 1, "FADD": 1}
+    with pytest.raises(CodeSizeError, match="no device function 'op_route'"):
+        sass_issue.opcodes_in(TEXT, FUNCS, "op_route")
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc, pybind11 and Python headers")
+@pytest.mark.skipif(
+    find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
+)
+@pytest.mark.parametrize("kp", [1, 2, 4, 8])
+def test_compiled_fused_down_slice_sums_by_global_reductions(kp):
+    """On the object CI compiles: the fused MoE item's down slice (gemv_down_acc<KP>) adds into the
+    row sums with REDG (global, no return value) and holds no ATOM / CAS loop: atomicAdd on a
+    generic float pointer compiled to a generic ATOM plus compare-and-swap loops (session 12)."""
+    from mkcode.backend.megakernel.build import build
+
+    counts = sass_issue.object_opcodes_in(build(compile_only=True).path, f"gemv_down_acc<{kp}>")
+    assert sum(n for op, n in counts.items() if op.startswith("REDG.E.ADD.F32")) >= 4, counts
+    assert not [op for op in counts if op.startswith("ATOM") or "CAS" in op], counts
