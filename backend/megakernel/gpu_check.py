@@ -239,8 +239,10 @@ def layer_profile(
         "OPROJ": tiling.o_rows * (cfg.num_attention_heads // cfg.num_key_value_heads) * cfg.head_dim * ebytes,
         "MOE_UP": 2 * tiling.moe_up_cols * H * ebytes,
         "MOE_DOWN": tiling.moe_down_rows * cfg.intermediate_size * ebytes,
-        # up tile + down slice (H rows of its columns); the whole item's bytes over its up GEMV's span
-        "MOE_FUSED": 3 * tiling.moe_up_cols * H * ebytes,
+        # a fused item: its up tile over its up GEMV, its down slice (H rows of its columns) over the
+        # epilogue that follows (timeline.stream_profile)
+        "MOE_FUSED": 2 * tiling.moe_up_cols * H * ebytes,
+        "MOE_FUSED_DOWN": tiling.moe_up_cols * H * ebytes,
         "DENSE_UP": 2 * tiling.dense_up_cols * H * ebytes,
         "DENSE_DOWN": tiling.dense_down_rows
         * (cfg.prefix_dense_intermediate_size // tiling.mlp_splits)

@@ -218,7 +218,11 @@ def stream_profile(
     KV bytes (attn_bytes) split evenly over its ATTN records' run intervals. Per bin of bin_us from
     the layer's first task start: TB/s and how many blocks were in a GEMV (per opcode) or in attention
     during it (block-time / bin). An estimate (a GEMV does not stream evenly), to see where a layer
-    streams below the copy bandwidth and which tasks run then."""
+    streams below the copy bandwidth and which tasks run then. A fused MoE item streams its down
+    slice after its up GEMV (in its epilogue): with op_bytes["MOE_FUSED_DOWN"] those bytes go over
+    the epilogue (GEMV end to op end, counted as MOE_FUSED_DOWN), op_bytes["MOE_FUSED"] over the up
+    GEMV (session 10's profile put the whole item's bytes over the up GEMV, and the down slices'
+    phase looked idle)."""
     w0 = recs[:, 1]
     sel = recs[((w0 >> 8) & 0xFF) == layer].tolist()
     if not sel:
@@ -248,6 +252,8 @@ def stream_profile(
             spread(t1, t2, attn_bytes / n_attn, op)
         elif g0 and g1:
             spread(g0, g1, op_bytes.get(op, 0.0), op)
+            if opc == abi.MK_OP_MOE_FUSED and "MOE_FUSED_DOWN" in op_bytes:
+                spread(g1, t2, op_bytes["MOE_FUSED_DOWN"], "MOE_FUSED_DOWN")
     return [
         {"t_us": i * bin_us, "tb_s": traffic[i] / (bin_us * 1e-6) / 1e12, "blocks": dict(busy[i])}
         for i in range(nbins)

@@ -174,6 +174,25 @@ def test_stream_profile_spreads_bytes_over_gemv_and_attention_intervals():
     assert timeline.stream_profile(timeline.records(tl), 9, {}, 0.0) == []
 
 
+def test_stream_profile_puts_a_fused_items_down_slice_over_its_epilogue():
+    """A fused MoE item: its up bytes over its up GEMV, its down slice's (MOE_FUSED_DOWN) over the
+    epilogue after it; without MOE_FUSED_DOWN every byte stays over the GEMV."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(1, 2, "cpu")
+    # layer 2: up GEMV 0-4 us, then the act and the down slice 4-6 us (from the layer's first stamp,
+    # 1000 ns: a record whose start stamp is 0 is an empty slot)
+    tl[0, 0] = torch.tensor([abi.MK_OP_MOE_FUSED | (2 << 8) | (1 << 16), 1000, 1000, 1000, 5000, 7000, 7100])
+    recs = timeline.records(tl)
+    prof = timeline.stream_profile(recs, 2, {"MOE_FUSED": 8e6, "MOE_FUSED_DOWN": 4e6}, 0.0, bin_us=2.0)
+    assert [round(p["tb_s"], 6) for p in prof] == [2.0, 2.0, 2.0, 0.0]  # 2 MB per us throughout, then none
+    assert prof[0]["blocks"] == {"MOE_FUSED": 1.0} and prof[2]["blocks"] == {"MOE_FUSED_DOWN": 1.0}
+    whole = timeline.stream_profile(recs, 2, {"MOE_FUSED": 12e6}, 0.0, bin_us=2.0)
+    assert [round(p["tb_s"], 6) for p in whole] == [3.0, 3.0, 0.0, 0.0]
+
+
 def test_switch_fields_are_tiling_fields():
     """tiling.SWITCH_FIELDS (modes and placements, copied as given by the reduced check) names real
     Tiling fields, and no tile size among them."""
