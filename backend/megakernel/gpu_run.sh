@@ -44,6 +44,11 @@ tree_rounds() {
       if [[ $tree == . ]]; then label="A work"; else label="B $tree $(cut -d' ' -f1 "$tree/REV")"; fi
       (cd "$tree" && MKCODE_KERNEL_CACHE=$PWD/.mkcache OUT=$OUT/$name/${label// /_}$round \
         bash backend/megakernel/gpu_run.sh "$stage" 2>&1 | grep -E "$pattern" | sed "s|^|$label |")
+      # the device tool returns a limited number of files: keep each run's results (bench.json,
+      # decode JSON, logs), drop its timelines, build logs and plots (the timeline of this tree
+      # comes from a separate `bench` stage)
+      find "$OUT/$name/${label// /_}$round" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \
+        -o -name "*.png" \) -delete 2>/dev/null || true
     done
   done 2>&1 | tee "$OUT/$name.log"
 }
