@@ -232,19 +232,6 @@ __device__ __forceinline__ void kreg_issue_v_round(const View& V, int l, int b, 
   cp_async_commit();
 }
 
-// One 16-byte L2 load, issued here (volatile + memory clobber: before the PV that follows, not sunk
-// to its use), predicated: nothing loaded, zeros, when `pred` is false (the next round's K, which
-// the last round has none of, without a branch around the loads).
-__device__ __forceinline__ uint4 ld_cg16_if_ordered(const void* ptr, bool pred) {
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  asm volatile(
-      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
-      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
-      : "l"(ptr), "r"((int)pred)
-      : "memory");
-  return r;
-}
-
 template <int HD>
 __device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem& s) {
   View V(p);
@@ -301,7 +288,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
     const int j0 = kg >> 2;
     const bf16* Kg = k_row(j0);
 #pragma unroll
-    for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_if_ordered(Kg + c * 32, j0 < sp.np);
+    for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_if(Kg + c * 32, j0 < sp.np);
   }
   bf16* vslots = reinterpret_cast<bf16*>(s.raw);
   const uint4* qs = reinterpret_cast<const uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]
@@ -367,7 +354,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
       const int jn = j + ATTN_PPR;
       const bf16* Kg = k_row(jn);
 #pragma unroll
-      for (int c = 0; c < NC; ++c) kn[c] = ld_cg16_if_ordered(Kg + c * 32, jn < sp.np);
+      for (int c = 0; c < NC; ++c) kn[c] = ld_cg16_if(Kg + c * 32, jn < sp.np);
     }
     // 2. the previous round's PV while K(r) lands
     if (r > 0) {

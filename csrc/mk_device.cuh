@@ -58,24 +58,30 @@ __device__ __forceinline__ float4 ld_cg4(const float* p) { return __ldcg(reinter
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ int ld_cg(const int* p) { return __ldcg(p); }
 __device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
-// ld_cg4 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
+// ld_cg16 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
 // branch, so a run of them keeps every load in flight (op_add_norm: guarded by `if`, each load sat
-// in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth)
+// in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth). volatile
+// with a memory clobber: issued where it is written, not sunk to its first use (attn_kreg_t's K of
+// the next round is issued before the current round's PV).
+__device__ __forceinline__ uint4 ld_cg16_if(const void* p, bool pred) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
+      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+      : "l"(p), "r"((int)pred)
+      : "memory");
+  return r;
+}
+__device__ __forceinline__ float4 ld_cg4_if(const float* p, bool pred) {
+  const uint4 r = ld_cg16_if(p, pred);
+  return make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
+}
 __device__ __forceinline__ float ld_cg_if(const float* p, bool pred) {
   float r = 0.f;
   asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.cg.f32 %0, [%1];\n\t}"
                : "+f"(r)
                : "l"(p), "r"((int)pred)
                : "memory");
-  return r;
-}
-__device__ __forceinline__ float4 ld_cg4_if(const float* p, bool pred) {
-  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-  asm volatile(
-      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n\t}"
-      : "+f"(r.x), "+f"(r.y), "+f"(r.z), "+f"(r.w)
-      : "l"(p), "r"((int)pred)
-      : "memory");
   return r;
 }
 
@@ -279,6 +285,14 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
+}
+// 4- and 8-byte copies (cp.async.ca: the only sizes below 16 it takes; through L1, so only for data
+// the block has acquired since it was written, e.g. after waiting on its producer's counter)
+__device__ __forceinline__ void cp_async4_ca(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

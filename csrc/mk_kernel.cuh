@@ -704,14 +704,9 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s) {
 __device__ __noinline__ void moe_prologue(const Params& p, const int* d) {
   View V(p);
   const int l = d[MK_F_LAYER];
-  if ((int)threadIdx.x < d[MK_F_NTOK])
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(&s_rw[threadIdx.x])),
-                 "l"(V.route_w(l) + d[MK_F_SLOT0 + threadIdx.x])
-                 : "memory");
+  if ((int)threadIdx.x < d[MK_F_NTOK]) cp_async4_ca(&s_rw[threadIdx.x], V.route_w(l) + d[MK_F_SLOT0 + threadIdx.x]);
   if (threadIdx.x == 0 && d[MK_F_OP] == MK_OP_MOE_FUSED)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(&s_wdown)),
-                 "l"((const long long*)p.layer_w + (size_t)l * MK_LW_COUNT + MK_LW_EXP_DOWN)
-                 : "memory");
+    cp_async8_ca(&s_wdown, (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT + MK_LW_EXP_DOWN);
   cp_async_commit();
 }
 
@@ -1427,10 +1422,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 // combines and O-proj tiles), then the down tiles. An up/down tile's words come from the expert
 // table row of its active expert (expert, tokens, slots) plus its index; n_act (the layer's active
 // experts) is read once per drain after ROUTE published.
-
-__device__ __forceinline__ void cp_async8_ca(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
 
 // The shape of a MoE queue: [0, n_up) up tiles, then the n_down down tiles with the n_tail tail items
 // after the first min(n_down, the tail queue's word 3) of them (schedule: Tiling.moe_tail_downs, or

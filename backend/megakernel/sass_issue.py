@@ -13,6 +13,8 @@ which is what atomicAdd on a float pointer not known to be global compiled to; s
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from mkcode.backend.megakernel.code_size import CodeSizeError, require_cuobjdump, run_cuobjdump
@@ -25,29 +27,38 @@ def _opcode(text: str) -> str:
     return parts[1] if parts[0].startswith("@") else parts[0]
 
 
+def _function_ops(sass_text: str, functions: list[tuple[int, int, str]], function: str) -> Iterator[str]:
+    """The opcodes of `function`'s instructions in address order. A clear error when the function
+    is not in the symbols."""
+    spans = [(lo, hi) for lo, hi, name in functions if name == function]
+    if not spans:
+        raise CodeSizeError(f"no device function {function!r} in the object's symbols")
+    lo, hi = spans[0]
+    for line in sass_text.splitlines():
+        m = _INS.match(line)
+        if m and lo <= int(m.group(1), 16) < hi:
+            yield _opcode(m.group(2))
+
+
+def _on_object(obj: Path, cuobjdump: str | None) -> tuple[str, list[tuple[int, int, str]]]:
+    """A compiled kernel object's SASS and its device functions' address spans."""
+    tool = require_cuobjdump(cuobjdump)
+    return run_cuobjdump(tool, "-sass", obj), parse_functions(run_cuobjdump(tool, "-elf", obj))
+
+
 def loads_before_first(
     sass_text: str, functions: list[tuple[int, int, str]], function: str, load: str, use: str
 ) -> int:
     """Instructions whose opcode starts with `load` that lie before the first whose opcode starts
     with `use`, in `function`'s code (all of them when it has no `use`). A clear error when the
     function is not in the symbols or holds no such load."""
-    spans = [(lo, hi) for lo, hi, name in functions if name == function]
-    if not spans:
-        raise CodeSizeError(f"no device function {function!r} in the object's symbols")
-    lo, hi = spans[0]
     n = 0
-    seen_load = False
-    for line in sass_text.splitlines():
-        m = _INS.match(line)
-        if not m or not lo <= int(m.group(1), 16) < hi:
-            continue
-        op = _opcode(m.group(2))
+    for op in _function_ops(sass_text, functions, function):
         if op.startswith(use):
             break
         if op.startswith(load):
             n += 1
-            seen_load = True
-    if not seen_load:
+    if not n:
         raise CodeSizeError(f"{function}: no {load} before its first {use}")
     return n
 
@@ -56,29 +67,15 @@ def object_loads_before_first(
     obj: Path, function: str, load: str, use: str, cuobjdump: str | None = None
 ) -> int:
     """loads_before_first on a compiled kernel object."""
-    tool = require_cuobjdump(cuobjdump)
-    functions = parse_functions(run_cuobjdump(tool, "-elf", obj))
-    return loads_before_first(run_cuobjdump(tool, "-sass", obj), functions, function, load, use)
+    return loads_before_first(*_on_object(obj, cuobjdump), function, load, use)
 
 
 def opcodes_in(sass_text: str, functions: list[tuple[int, int, str]], function: str) -> dict[str, int]:
     """How often each opcode (with its modifiers, e.g. `REDG.E.ADD.F32.FTZ.RN.STRONG.GPU`) occurs in
     `function`'s code. A clear error when the function is not in the symbols."""
-    spans = [(lo, hi) for lo, hi, name in functions if name == function]
-    if not spans:
-        raise CodeSizeError(f"no device function {function!r} in the object's symbols")
-    lo, hi = spans[0]
-    counts: dict[str, int] = {}
-    for line in sass_text.splitlines():
-        m = _INS.match(line)
-        if m and lo <= int(m.group(1), 16) < hi:
-            op = _opcode(m.group(2))
-            counts[op] = counts.get(op, 0) + 1
-    return counts
+    return dict(Counter(_function_ops(sass_text, functions, function)))
 
 
 def object_opcodes_in(obj: Path, function: str, cuobjdump: str | None = None) -> dict[str, int]:
     """opcodes_in on a compiled kernel object."""
-    tool = require_cuobjdump(cuobjdump)
-    functions = parse_functions(run_cuobjdump(tool, "-elf", obj))
-    return opcodes_in(run_cuobjdump(tool, "-sass", obj), functions, function)
+    return opcodes_in(*_on_object(obj, cuobjdump), function)

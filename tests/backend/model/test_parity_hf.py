@@ -2,8 +2,9 @@
 
 Each case builds a tiny transformers model, saves it with `save_pretrained` (the real on-disk
 format), loads it with mkcode, and compares prefill logits over a prompt longer than the sliding
-window and >= 32 greedy decode steps: fp32 logits within 1e-4 relative, identical greedy tokens. The weights are seeded per case, the
-same in every process; MKCODE_PARITY_SEED=N shifts every seed (to try other draws of the models).
+window and >= 32 greedy decode steps: fp32 logits within 1e-4 relative, identical greedy tokens.
+The weights are seeded per case, the same in every process; MKCODE_PARITY_SEED=N shifts every seed
+(to try other draws of the models).
 """
 
 from __future__ import annotations
