@@ -66,7 +66,10 @@ def _run(weights, contexts, splits=None, strategy="random", seed=0, bank_start=0
 def _check(ws, batch, ref, ref_batch):
     B = batch.size
     torch.testing.assert_close(ws["logits"][:B], ref, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-5, atol=1e-6)
+    # the K/V written by later layers carry the fp32 rounding of the earlier layers' sums, whose order
+    # differs from the reference's (fused MoE items add into moe_acc in claim order): 1e-6 absolute
+    # was crossed by one element in 1.6M (1.2e-6) on a fresh checkout; the logits' tolerance here
+    torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-4, atol=1e-5)
     assert ws["tokens_out"][:B].tolist() == ref.argmax(-1).tolist()
 
 
@@ -450,6 +453,7 @@ SWEEP_TILINGS = [
     {"claim_window": 16},
     {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
     {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
+    {"claim_policy": abi.MK_CLAIM_LAZY_FAR, "claim_window": 64},  # lazy at the up tiles' end only
     {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
     {"norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
