@@ -64,7 +64,6 @@ enum MkField {
 // Arguments per opcode (A0..A4):
 //   EMBED, ADD_NORM          A0 = row
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
-//   QKV                      A2 = the layer's attention queue (MK_PREFETCH_KV_QKV)
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
@@ -72,9 +71,7 @@ enum MkField {
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns
-//   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index; a host queue's drain:
-//                            A2 = its index among the queue's drains, A3 = their count (its share
-//                            of the queue's K/V pages under MK_PREFETCH_KV)
+//   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index
 //   SAMPLE_ROW               A0 = row
 //   ROUTE, SAMPLE, NOP       none
 
@@ -194,18 +191,6 @@ enum MkError {
 // -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
 
-// MK_PREFETCH_KV (two bits: a budget of 24 MB per layer times their value, 1-3): the K/V pages of a
-// layer's attention items are asked of L2 (cp.async.bulk.prefetch.L2) before the attention can
-// start, while the layer's head (add+norm -> QKV -> attention) leaves HBM mostly idle; the pages were
-// written by earlier steps (the current token's slot, written by this step's QKV, lands in the same
-// L2 lines). Drain k of n of a layer's attention queue (DRAIN A2 / A3) takes items k, k + n, ... up
-// to its share of the budget, the first pages of each item first, before its dependency wait.
-// MK_PREFETCH_KV_QKV: the layer's QKV tiles issue them instead (tile t of n_qkv: items t, t + n_qkv,
-// ...; QKV A2 = the layer's attention queue), before their wait for the previous layer's add+norm.
-#define MK_PREFETCH_KV 512
-#define MK_PREFETCH_KV_BITS 1536
-#define MK_PREFETCH_KV_QKV 2048
-
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W
 // items remain before the queue's far end (a host queue's end; a MoE queue's last up tile), W =
@@ -215,15 +200,11 @@ enum MkError {
 // SM can take it meanwhile (an item claimed ahead is held by a busy SM: at BS 1 a third of a
 // layer's down tiles waited ~12 us for the SM that held them). LAZY: every claim that is not two
 // ahead is made after the current item ran. EAGER_ALL: EAGER with a MoE queue's far end at its end
-// (claims two ahead into the attention tail and the down tiles too). LAZY_FAR: lazy only for the
-// items within W of the far end (a MoE queue's last up tiles), eager before and after them: an SM
-// running one of the last 45-us BS 8 up tiles no longer holds the next item (often an attention
-// combine that every O-proj item of its kv head waits for) while other SMs sit idle.
+// (claims two ahead into the attention tail and the down tiles too).
 #define MK_CLAIM_EAGER 0
 #define MK_CLAIM_LAZY_END 1
 #define MK_CLAIM_LAZY 2
 #define MK_CLAIM_EAGER_ALL 3
-#define MK_CLAIM_LAZY_FAR 4
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-6 = %globaltimer (ns) at the task's start, after its waits, when its GEMV began (the

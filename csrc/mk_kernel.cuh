@@ -1246,41 +1246,6 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
   }
 }
 
-// MK_PREFETCH_KV (mk_abi.h): ask L2 for the K/V pages of items k, k + n, ... of attention queue
-// `qid` (host descriptors), the first pages of each item first, up to this issuer's share (1 / n) of
-// the layer's budget. One warp: lane w reads word w of an item's descriptor; then each lane asks for
-// one page's K rows and V rows of the item's kv head (64 slots x head_dim each, contiguous).
-// Out of line and off by default, so the step's default path keeps its register allocation.
-__device__ __noinline__ void kv_prefetch(const Params& p, int qid, int k, int n) {
-  const int lane = threadIdx.x & 31;
-  const int units = (p.prefetch_mode & MK_PREFETCH_KV_BITS) / MK_PREFETCH_KV;
-  if (n <= 0 || k < 0 || units == 0) return;
-  const int* qi = (const int*)p.queue_info + qid * 4;
-  const int first = __ldg(qi), n_items = __ldg(qi + 1);
-  const uint32_t head_bytes = 64u * (uint32_t)p.head_dim * 2u;
-  long long budget = ((long long)units * (24ll << 20)) / n / (2 * head_bytes);  // pages (K and V)
-  const View V(p);
-  for (int i = k; i < n_items && budget > 0; i += n) {
-    const int w = __ldg((const int*)p.queue + (size_t)(first + i) * MK_DESC_WORDS + lane);
-    if (__shfl_sync(0xffffffffu, w, MK_F_OP) != MK_OP_ATTN) return;
-    int d[MK_F_END] = {};
-    d[MK_F_LAYER] = __shfl_sync(0xffffffffu, w, MK_F_LAYER);
-    d[MK_F_A0] = __shfl_sync(0xffffffffu, w, MK_F_A0);
-    d[MK_F_A1] = __shfl_sync(0xffffffffu, w, MK_F_A1);
-    d[MK_F_A2] = __shfl_sync(0xffffffffu, w, MK_F_A2);
-    d[MK_F_A3] = __shfl_sync(0xffffffffu, w, MK_F_A3);
-    const AttnSpan sp = attn_span(p, V, d);
-    const int np = (int)(sp.np < budget ? sp.np : budget);
-    for (int j = lane; j < np; j += 32) {
-      const int phys = V.page(d[MK_F_LAYER], d[MK_F_A0], (int)((sp.pa + j) * 64));
-      if (phys < 0) continue;
-      prefetch_l2(V.kv(phys, 0, d[MK_F_A1], 0), head_bytes);
-      prefetch_l2(V.kv(phys, 1, d[MK_F_A1], 0), head_bytes);
-    }
-    budget -= np;
-  }
-}
-
 // Warm-up (see MK_MODE_NO_WARM): the ops that an SM runs once per layer, as static tasks.
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
@@ -1349,8 +1314,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
-  if (d[MK_F_OP] == MK_OP_QKV && (p.prefetch_mode & MK_PREFETCH_KV_QKV) && threadIdx.x / 32 == 1)
-    kv_prefetch(q, d[MK_F_A2], d[MK_F_A0] / d[MK_F_A1], (q.num_heads + 2 * q.num_kv_heads) * q.head_dim / d[MK_F_A1]);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
@@ -1642,11 +1605,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       __syncthreads();
       if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
     }
-    // MK_PREFETCH_KV: an attention drain's share of its queue's K/V pages, by warp 1 while thread 0
-    // waits (the barrier after the wait joins them)
-    if ((p.prefetch_mode & MK_PREFETCH_KV_BITS) && !(p.prefetch_mode & MK_PREFETCH_KV_QKV) &&
-        s_desc[MK_F_A0] == MK_QUEUE_HOST && threadIdx.x / 32 == 1)
-      kv_prefetch(s_params, s_desc[MK_F_A1], s_desc[MK_F_A2], s_desc[MK_F_A3]);
     if (threadIdx.x == 0) {
       s_flag = wait_task(p, s_desc, true, pre_h ? 1 : 0);
       if (p.timeline) s_t1 = globaltimer();
@@ -1704,8 +1662,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       // idx + window < s_far, and s_far <= s_end, so a lazy item never has a claim in flight.
       const uint32_t ahead_n = idx + window;
       const bool lazy = (p.claim_policy == MK_CLAIM_LAZY && ahead_n >= s_far) ||
-                        (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end) ||
-                        (p.claim_policy == MK_CLAIM_LAZY_FAR && ahead_n >= s_far && idx < s_far);
+                        (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
       if (!lazy) {
         if (threadIdx.x == 0) {
           const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item

@@ -166,8 +166,7 @@ class Emulator:
         MK_CLAIM_EAGER_ALL), the claim after it is already in flight (an item claimed ahead waits
         for the running one); beyond that a drain claims when it is free. With a lazy claim policy
         (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the end (LAZY) or within W
-        items of the queue's end (LAZY_END) or within W items before the far end (LAZY_FAR) has
-        no claim after it until it ran. It stops at its
+        items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its
         first claim past the end and a host queue's drain then claims once more, so it over-claims
         exactly twice (the totals count it). A MoE queue's items: the up tiles,
         then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
@@ -226,10 +225,8 @@ class Emulator:
                 )
                 if item is None:
                     return
-            lazy = (
-                (t.claim_policy == abi.MK_CLAIM_LAZY and idx + window >= far_end)
-                or (t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + window >= end)
-                or (t.claim_policy == abi.MK_CLAIM_LAZY_FAR and far_end <= idx + window and idx < far_end)
+            lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + window >= far_end) or (
+                t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + window >= end
             )
             if lazy:  # `far` is False here: nothing is in flight
                 yield None

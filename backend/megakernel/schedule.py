@@ -250,12 +250,9 @@ def build_schedule(
         wait_h = ((norm[layer], B),)
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
-        # A2: the layer's attention queue (appended to qinfo below), whose K/V pages the tiles
-        # L2-prefetch before their wait under MK_PREFETCH_KV_QKV
-        first_qkv, attn_q = len(tasks), len(qinfo)
+        first_qkv = len(tasks)
         for t in range(n_qkv):
-            args = (t * tiling.qkv_rows, tiling.qkv_rows, attn_q)
-            emit(make_desc(abi.MK_OP_QKV, layer, args, wait_h, (qkv_c,)))
+            emit(make_desc(abi.MK_OP_QKV, layer, (t * tiling.qkv_rows, tiling.qkv_rows), wait_h, (qkv_c,)))
 
         # 2. MLP front: dense up tiles, or router tiles + ROUTE
         if dense:
@@ -309,12 +306,9 @@ def build_schedule(
         # every drain claims exactly twice past the end (the kernel's DRAIN)
         cs.totals[head_c] += n_items + 2 * n_drains
         qid = len(qinfo)
-        assert qid == attn_q, "the QKV tiles name this queue"
         qinfo.append([first, n_items, head_c, 0])
-        # A2 / A3: drain k of n_drains (its share of the queue's K/V pages under MK_PREFETCH_KV)
         for k in range(n_drains):
-            args = (abi.MK_QUEUE_HOST, qid, k, n_drains)
-            emit(make_desc(abi.MK_OP_DRAIN, layer, args), pool[k] if pool else None)
+            emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)), pool[k] if pool else None)
         # Tiling.combine_ctrl: a MoE layer's combines as static tasks on the control SMs (one per
         # control SM in turn), where they wait warm (dry run) for their attention items and start
         # without a claim; the O-proj items stay in the MoE queue

@@ -30,8 +30,6 @@ CLAIM_CASES = {
     "eager_all": (abi.MK_CLAIM_EAGER_ALL, 0),
     "eager_all-w2": (abi.MK_CLAIM_EAGER_ALL, 2),
     "lazy-w4": (abi.MK_CLAIM_LAZY, 4),
-    "lazy_far": (abi.MK_CLAIM_LAZY_FAR, 0),
-    "lazy_far-w3": (abi.MK_CLAIM_LAZY_FAR, 3),
 }
 
 

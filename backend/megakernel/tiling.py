@@ -106,13 +106,7 @@ class Tiling:
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
         need(
             self.claim_policy
-            in (
-                abi.MK_CLAIM_EAGER,
-                abi.MK_CLAIM_LAZY_END,
-                abi.MK_CLAIM_LAZY,
-                abi.MK_CLAIM_EAGER_ALL,
-                abi.MK_CLAIM_LAZY_FAR,
-            ),
+            in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
             "claim_policy must be one of MK_CLAIM_*",
         )
         rows = {

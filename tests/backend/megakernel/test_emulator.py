@@ -453,7 +453,6 @@ SWEEP_TILINGS = [
     {"claim_window": 16},
     {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
     {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
-    {"claim_policy": abi.MK_CLAIM_LAZY_FAR, "claim_window": 64},  # lazy at the up tiles' end only
     {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
     {"norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles

@@ -299,8 +299,6 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
         (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
-        (1, abi.MK_PREFETCH_KV_BITS),  # the attention drains L2-prefetch K/V pages (72 MB budget)
-        (1, abi.MK_PREFETCH_KV | abi.MK_PREFETCH_KV_QKV),  # the QKV tiles do (24 MB budget)
     ],
     ids=[
         "mma",
@@ -312,8 +310,6 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         "mma-smemk",
         "mma-tokenrows",
         "mma-head",
-        "mma-kv",
-        "mma-kvqkv",
     ],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):

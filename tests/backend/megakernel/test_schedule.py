@@ -84,26 +84,6 @@ def test_descriptor_array_layout(sched):
     assert (desc[0, 0] == sched.tasks[sched.sm_lists[0][0]]).all()
 
 
-def test_kv_prefetch_shares_name_each_layers_attention_queue(sched):
-    """MK_PREFETCH_KV's descriptor words: a host-queue drain's A2 / A3 are its index among its
-    queue's drains and their count (indices 0..n-1, each once); a QKV tile's A2 is its layer's
-    attention queue, whose items are that layer's ATTN splits."""
-    drains = defaultdict(list)
-    for t in sched.tasks:
-        op, layer = int(t[abi.MK_F_OP]), int(t[abi.MK_F_LAYER])
-        if op == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_HOST:
-            drains[int(t[abi.MK_F_A1])].append((int(t[abi.MK_F_A2]), int(t[abi.MK_F_A3])))
-        if op == abi.MK_OP_QKV:
-            first, n, _, _ = (int(v) for v in sched.queue_info[int(t[abi.MK_F_A2])])
-            items = sched.queue_desc[first : first + n]
-            assert n > 0 and (items[:, abi.MK_F_OP] == abi.MK_OP_ATTN).all()
-            assert (items[:, abi.MK_F_LAYER] == layer).all()
-    assert len(drains) == CFG.num_hidden_layers
-    for shares in drains.values():
-        n = len(shares)
-        assert sorted(shares) == [(k, n) for k in range(n)]
-
-
 def test_split_policy_buckets_and_caps():
     t = default_tiling(CFG)
     s1 = attention_splits(CFG, [8192], t, 132)
