@@ -191,11 +191,6 @@ enum MkError {
 // -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
 
-// MK_PREFETCH_OPROJ: O-proj tiles L2-prefetch their weights before their wait (at BS 1 an O-proj
-// item claimed after ROUTE waits ~20 us for its kv head's combine, then streams 256 KB at ~25 GB/s
-// on the attention chain, which ends the full-attention layers).
-#define MK_PREFETCH_OPROJ 1024
-
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W
 // items remain before the queue's far end (a host queue's end; a MoE queue's last up tile), W =

@@ -44,10 +44,16 @@ __device__ __forceinline__ uint64_t l2_policy(bool keep) {
 
 // Immutable weights, 16 bytes: read-only path, no L1 allocation (streamed once per step), with an
 // L2 policy (l2_policy). Not volatile: the compiler may hoist these loads above unrelated math (they
-// never alias a write of the step).
+// never alias a write of the step). L2::128B: a miss fetches the whole 128-byte line from HBM. A
+// GEMV warp load covers 64 bytes of each of 8 rows (the mma fragment ties lanes to rows) and the
+// line's other half comes with the next k-step, so without the hint L2 asked HBM for 64-byte
+// pieces (stream_probe: the GEMV pattern 3.6 TB/s with every SM streaming, whole lines 4.5).
+// Measured on the H200 (session 13, three rounds in one call): BS 1 3.205 / 3.178 / 3.284 ms vs
+// 3.324 / 3.326 / 3.283, BS 8 10.135 / 10.017 / 10.184 vs 10.238 / 10.388 / 10.379; L2::256B
+// 3.260-3.300 and 10.269-10.361.
 __device__ __forceinline__ uint4 ld_weight16(const void* p, uint64_t pol) {
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p), "l"(pol));
   return r;

@@ -1308,8 +1308,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   uint64_t t1 = 0;
   if ((p.prefetch_mode & MK_PREFETCH_SELF) ||
       ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
-       (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)) ||
-      ((p.prefetch_mode & MK_PREFETCH_OPROJ) && d[MK_F_OP] == MK_OP_OPROJ))
+       (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)))
     prefetch_weights(p, d);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);

@@ -299,7 +299,6 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
         (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
-        (1, abi.MK_PREFETCH_OPROJ),  # O-proj tiles L2-prefetch their weights before their wait
     ],
     ids=[
         "mma",
@@ -311,7 +310,6 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         "mma-smemk",
         "mma-tokenrows",
         "mma-head",
-        "mma-oproj",
     ],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
@@ -357,25 +355,20 @@ def test_fused_moe_route_and_add_norm(small_fused, op, B):
 @pytest.mark.parametrize(
     "contexts", [[300], [63, 64], [1, 64, 65, 127, 128, 257, 511, 700]], ids=["bs1", "bs2", "bs8"]
 )
-@pytest.mark.parametrize(
-    "use_mma,prefetch",
-    [(1, abi.MK_PREFETCH_DEFAULT), (0, abi.MK_PREFETCH_DEFAULT), (1, abi.MK_PREFETCH_OPROJ)],
-    ids=["mma", "fma", "mma-oproj"],
-)
+@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
 @pytest.mark.parametrize("tiles", ["c32", "c64", "batch"])
-def test_step_matches_reference_fused_moe(small_fused, contexts, use_mma, prefetch, tiles):
+def test_step_matches_reference_fused_moe(small_fused, contexts, use_mma, tiles):
     """A whole step with fused MoE items (no down tiles: fp32 atomic sums into moe_acc, which ADD_NORM
-    reads) against the routed fp32 reference, as the reduced-geometry step tests; "oproj": the O-proj
-    tiles (attention-tail queue items here) L2-prefetch their weights before their wait."""
+    reads) against the routed fp32 reference, as the reduced-geometry step tests."""
     w, be = small_fused
     if tiles != "c32":
         be = MegakernelBackend(CFG, w, tiling=_fused_tiling(tiles, len(contexts)))
-    be.use_mma, be.prefetch_mode = use_mma, prefetch
+    be.use_mma = use_mma
     try:
         _step_check(CFG, w, be, contexts, seed=len(contexts))
         assert not torch.isnan(be.ws["moe_acc"][1, : len(contexts)]).any()  # the fused path ran
     finally:
-        be.use_mma, be.prefetch_mode = 1, abi.MK_PREFETCH_DEFAULT
+        be.use_mma = 1
 
 
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
