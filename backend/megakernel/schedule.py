@@ -15,7 +15,8 @@ batch (BS 1-8) and its attention split policy:
 Dealing exceptions (each SM's list is still a subsequence of the global order): with
 Tiling.ctrl_sms the last SMs hold only the ROUTE and ADD_NORM tasks (and, with Tiling.combine_ctrl,
 a MoE layer's combines; the others are dealt over the rest), and with Tiling.attn_with_qkv the
-attention drains go to the SMs holding the layer's QKV and router tiles.
+attention drains go to the SMs holding the layer's QKV and router tiles (with Tiling.attn_idle_first
+first to the SMs holding neither, then the router tiles', then the QKV tiles').
 
 With Tiling.norm_early a MoE layer's ADD_NORM tasks come before its MoE drains, although they wait
 for items those drains claim: at most half the SMs hold one, and every SM holds one MoE drain of the
@@ -300,6 +301,11 @@ def build_schedule(
         n_drains = min(n_items, n_work, tiling.attn_drains or n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
+        if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
+            qkv_sms = list(dict.fromkeys(deal[first_qkv : first_qkv + n_qkv]))
+            front = set(deal[first_qkv:])
+            later = [s for s in dict.fromkeys(deal[first_qkv + n_qkv :]) if s < n_work and s not in qkv_sms]
+            pool = [s for s in range(n_work) if s not in front] + later + qkv_sms
         if pool:
             n_drains = min(n_drains, len(pool))
         head_c = counter(f"attn_head[{layer}]", 0)

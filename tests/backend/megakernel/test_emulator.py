@@ -456,6 +456,7 @@ SWEEP_TILINGS = [
     {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
     {"norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
+    {"attn_idle_first": 1, "max_splits": 12},  # attention drains on idle SMs first (BS 1 candidate)
     {"attn_with_qkv": 1, "norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},

@@ -84,6 +84,31 @@ def test_descriptor_array_layout(sched):
     assert (desc[0, 0] == sched.tasks[sched.sm_lists[0][0]]).all()
 
 
+def test_attn_idle_first_places_drains_on_idle_sms_first():
+    """Tiling.attn_idle_first: a layer's attention drains take the SMs that hold none of its QKV or
+    router tiles before the router tiles' SMs, and those before the QKV tiles' SMs."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    t = replace(tiling_for_batch(CFG, default_tiling(CFG), 1), attn_idle_first=1)
+    s = build_schedule(CFG, 1, [8192], 132, t)
+    sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
+    layer = 5
+    mine = [i for i, d in enumerate(s.tasks) if int(d[abi.MK_F_LAYER]) == layer]
+    qkv = {sm_of[i] for i in mine if s.tasks[i][abi.MK_F_OP] == abi.MK_OP_QKV}
+    router = {sm_of[i] for i in mine if s.tasks[i][abi.MK_F_OP] == abi.MK_OP_ROUTER}
+    drains = [
+        sm_of[i]
+        for i in mine
+        if s.tasks[i][abi.MK_F_OP] == abi.MK_OP_DRAIN and s.tasks[i][abi.MK_F_A0] == abi.MK_QUEUE_HOST
+    ]
+    rank = [0 if sm not in qkv | router else 1 if sm in router else 2 for sm in drains]
+    assert rank == sorted(rank) and len(set(drains)) == len(drains)
+    n_idle = 132 - t.ctrl_sms - len(qkv | router)
+    assert rank.count(0) == min(len(drains), n_idle) and 0 < n_idle < len(drains)
+
+
 def test_split_policy_buckets_and_caps():
     t = default_tiling(CFG)
     s1 = attention_splits(CFG, [8192], t, 132)
