@@ -261,7 +261,14 @@ WIDE_CLAIM_POLICY = abi.MK_CLAIM_EAGER
 # default 32 at 8K): fewer, longer attention items leave more SMs to the MoE up tiles of the layer.
 # Measured on the H200 at 8K, BS 1 (gpu_check, lazy claims, 64/256 MoE tiles), three runs in two
 # calls: 16 splits 4.210, 4.292, 4.258 ms against 32 splits 4.378, 4.441, 4.420 (12: 4.317, 24: 4.293).
-SMALL_MAX_SPLITS = 16
+# Session 13 (2026-11-30, gpu_check, two calls), with the attention drains on idle SMs first
+# (SMALL_ATTN_IDLE_FIRST): 10 splits 3.070 / 3.082 and 3.082 / 3.098 / 3.083 ms against 16 splits
+# without it 3.136 / 3.155 and 3.161 / 3.178 / 3.156 (8 splits 3.157 / 3.136; 12: 3.060 / 3.154;
+# idle-first alone 3.111 / 3.212): 40 items per layer, as many as the SMs that hold no QKV / router
+# tile, so none starts late on a QKV tile's SM (with 64 items ~24 did, ~9 us after the QKV tiles).
+# Measured at BS 1 only.
+SMALL_MAX_SPLITS = 10
+SMALL_ATTN_IDLE_FIRST = 1
 
 
 # Control SMs (Tiling.ctrl_sms): one per batch row, so each add+norm row has its own SM (and ROUTE
@@ -299,7 +306,8 @@ SMALL_O_ROWS = 128
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
-    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits, fused
+    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits with
+    the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused
     MoE items (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
     from there on the widest of WIDE_MOE_SCALES, eager claims and the attention drains on the QKV
@@ -309,7 +317,12 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
         return replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
-    t = replace(t, claim_policy=SMALL_CLAIM_POLICY, max_splits=min(t.max_splits, SMALL_MAX_SPLITS))
+    t = replace(
+        t,
+        claim_policy=SMALL_CLAIM_POLICY,
+        max_splits=min(t.max_splits, SMALL_MAX_SPLITS),
+        attn_idle_first=SMALL_ATTN_IDLE_FIRST,
+    )
     fused = replace(
         t,
         moe_fused=SMALL_MOE_FUSED,

@@ -91,7 +91,9 @@ def test_attn_idle_first_places_drains_on_idle_sms_first():
 
     from mkcode.backend.megakernel.tiling import tiling_for_batch
 
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), 1), attn_idle_first=1)
+    # 16 splits: 64 attention items per layer, more than the idle SMs (the BS 1 default, 10 splits,
+    # has 40: exactly the idle SMs)
+    t = replace(tiling_for_batch(CFG, default_tiling(CFG), 1), attn_idle_first=1, max_splits=16)
     s = build_schedule(CFG, 1, [8192], 132, t)
     sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
     layer = 5
@@ -320,15 +322,17 @@ def test_moe_tiles_widen_with_the_batch():
 
     from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, WIDE_MOE_FROM_BATCH, tiling_for_batch
 
-    def placement(t, b, wide=False):  # the control SMs (one per row) and, wide, attention on the QKV SMs
+    def placement(t, b, wide=False):  # the control SMs (one per row), where the attention drains go
         if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs,
             # 256-row LM-head tiles
             assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1
             assert (t.lm_rows, t.o_rows) == (256, 128)  # 256-row LM-head, 128-row O-proj tiles
             d = default_tiling(cfg)
             t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=d.lm_rows, o_rows=d.o_rows)
+        # small batches: the attention drains on idle SMs first; wide: on the QKV / router SMs
         assert t.ctrl_sms == b and t.attn_with_qkv == int(wide) and t.combine_ctrl == 0
-        return replace(t, ctrl_sms=0, attn_with_qkv=0)
+        assert t.attn_idle_first == int(not wide)
+        return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0)
 
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
