@@ -419,16 +419,36 @@ def test_claim_policies_reduced(small, contexts, policy, window):
 
 
 @pytest.mark.parametrize(
-    "early,with_qkv,ctrl,combine",
-    [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (0, 1, 8, 0), (0, 0, 4, 1), (0, 1, 8, 1)],
-    ids=["early", "qkv", "early-qkv", "ctrl1", "qkv-ctrl8", "ctrl4-combine", "qkv-ctrl8-combine"],
+    "early,with_qkv,ctrl,combine,idle",
+    [
+        (1, 0, 0, 0, 0),
+        (0, 1, 0, 0, 0),
+        (1, 1, 0, 0, 0),
+        (0, 0, 1, 0, 0),
+        (0, 1, 8, 0, 0),
+        (0, 0, 4, 1, 0),
+        (0, 1, 8, 1, 0),
+        (0, 0, 8, 0, 1),
+        (1, 0, 4, 1, 1),
+    ],
+    ids=[
+        "early",
+        "qkv",
+        "early-qkv",
+        "ctrl1",
+        "qkv-ctrl8",
+        "ctrl4-combine",
+        "qkv-ctrl8-combine",
+        "idle-ctrl8",
+        "idle-early-ctrl4-combine",
+    ],
 )
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
-def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine):
+def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine, idle):
     """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there),
-    Tiling.attn_with_qkv (attention drains on the QKV / router SMs), Tiling.ctrl_sms (ROUTE and
-    ADD_NORM alone on the last SMs) and Tiling.combine_ctrl (a MoE layer's combines there too, static
-    and warm): three steps in a row."""
+    Tiling.attn_with_qkv (attention drains on the QKV / router SMs), Tiling.attn_idle_first (on the
+    SMs holding neither first), Tiling.ctrl_sms (ROUTE and ADD_NORM alone on the last SMs) and
+    Tiling.combine_ctrl (a MoE layer's combines there too, static and warm): three steps in a row."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
     w, _ = small
@@ -436,6 +456,7 @@ def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine)
         tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
         norm_early=early,
         attn_with_qkv=with_qkv,
+        attn_idle_first=idle,
         ctrl_sms=ctrl,
         combine_ctrl=combine,
     )
