@@ -83,9 +83,10 @@ def kv_budget_bytes(opts: RuntimeOptions, device: torch.device) -> int:
 def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str, str]:
     """(backend, its name, a one-line reason).
 
-    `auto` picks the fastest measured backend on this device: today the graph backend (faster than
-    the megakernel at BS=1 and BS=8 on the H200; the figures are in docs/PERF.md), then the
-    megakernel, then torch. `--decode megakernel` asks for the megakernel explicitly."""
+    `auto` picks the graph backend, then the megakernel, then torch: on the H200 the megakernel is
+    faster at BS=1 (-5.7 %) but 1.22x slower at BS=8 (docs/PERF.md, session 13), so the graph
+    backend stays the default until the megakernel wins at both. `--decode megakernel` asks for the
+    megakernel explicitly."""
     if name not in DECODE_BACKENDS:
         raise ValueError(f"unknown decode backend {name!r}; choose one of {list(DECODE_BACKENDS)}")
     dev = model.device
