@@ -212,6 +212,9 @@ def bench(args: argparse.Namespace) -> int:
                 f"  median {d['median_us']:5.2f} us  p90 {d['p90_us']:5.2f} us"
             )
         del be
+        chains = timeline.chain_ends(recs)
+        results["timeline"][str(B)]["chain_ends"] = chains
+        print_chain_summary(chains)
         mid = cfg.num_hidden_layers // 2 + 1  # a MoE layer in the middle (sliding unless l % 4 == 0)
         print(f"  layer {mid} critical path (us from the layer's first task start):")
         for d in timeline.layer_spans(recs, mid):
@@ -223,6 +226,32 @@ def bench(args: argparse.Namespace) -> int:
         results["timeline"][str(B)]["profile"] = prof
     (out / "bench.json").write_text(json.dumps(results, indent=1))
     return 0
+
+
+def print_chain_summary(chains: list[dict]) -> None:
+    """Which chain ends each layer (timeline.chain_ends): per layer the add+norm's end, the O-proj
+    items' and the MoE items' last ends, from the previous add+norm; then how many layers each chain
+    ended and by how much on average."""
+    if not chains:
+        return
+    moe_ops = ("MOE_FUSED", "MOE_DOWN")
+    last = {"OPROJ": [], "MOE": []}
+    for c in chains:
+        e = c["ends_us"]
+        moe = max((e[op] for op in moe_ops if op in e), default=None)
+        if moe is None or "OPROJ" not in e:
+            continue  # dense layers
+        key = "OPROJ" if e["OPROJ"] > moe else "MOE"
+        last[key].append(abs(e["OPROJ"] - moe))
+    n = sum(len(v) for v in last.values())
+    lens = [c["layer_us"] for c in chains]
+    print(
+        f"  layers ({len(chains)}): mean {sum(lens) / len(lens):.1f} us from add+norm to add+norm; of {n} MoE layers "
+        + ", ".join(
+            f"{len(v)} ended on {k} (by {sum(v) / len(v):.1f} us)" if v else f"0 on {k}"
+            for k, v in last.items()
+        )
+    )
 
 
 def layer_profile(

@@ -179,6 +179,42 @@ def layer_spans(recs: torch.Tensor, layer: int) -> list[dict]:
     return sorted(out, key=lambda d: d["first_ready_us"])
 
 
+# the ops whose last end `chain_ends` reports per layer: the two chains of a MoE layer (QKV ->
+# attention -> combine -> O-proj, and ROUTE -> MoE items) and the dense layers' MLP
+CHAIN_OPS = (
+    "QKV",
+    "ROUTE",
+    "ATTN",
+    "ATTN_COMBINE",
+    "OPROJ",
+    "MOE_FUSED",
+    "MOE_DOWN",
+    "DENSE_DOWN",
+    "ADD_NORM",
+)
+
+
+def chain_ends(recs: torch.Tensor) -> list[dict]:
+    """Per layer after the first: when each op of CHAIN_OPS last ended (after its signals), in us
+    from the end of the previous layer's last ADD_NORM; `layer_us` is the layer's own ADD_NORM end.
+    Which chain ends last (O-proj or the MoE items) is the one a change must shorten (session 13:
+    the sliding layers end on the MoE items, the full-attention layers often on the O-proj items)."""
+    ends: dict[int, dict[str, int]] = defaultdict(dict)
+    for row in recs.tolist():
+        op = abi.OPNAMES.get(row[1] & 0xFF, "?")
+        if op in CHAIN_OPS:
+            layer = (row[1] >> 8) & 0xFF
+            ends[layer][op] = max(ends[layer].get(op, 0), row[7])
+    out = []
+    for layer in sorted(ends):
+        prev = ends.get(layer - 1, {}).get("ADD_NORM")
+        if prev is None or "ADD_NORM" not in ends[layer]:
+            continue
+        rel = {op: (t - prev) / 1e3 for op, t in ends[layer].items() if op != "ADD_NORM"}
+        out.append({"layer": layer, "layer_us": (ends[layer]["ADD_NORM"] - prev) / 1e3, "ends_us": rel})
+    return out
+
+
 def gaps(recs: torch.Tensor) -> list[dict]:
     """The time a block spends between two tasks it runs (DRAIN records left out, their items kept):
     per (previous opcode, next opcode), the count, total and median / 90th percentile gap in us,

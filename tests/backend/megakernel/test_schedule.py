@@ -178,6 +178,12 @@ def test_timeline_summary_of_synthetic_records():
     assert gp[0]["total_us"] == 5.0 and gp[0]["median_us"] == 3.0 and gp[0]["p90_us"] == 3.0
     assert bd["per_op"]["QKV"]["gemv"] == 3.0 and bd["per_op"]["DRAIN"]["drain_wait"] == 4.0
     assert timeline.breakdown(recs[:0])["blocks"] == 0
+    ch = timeline.chain_ends(timeline.records(tl))  # layer 3 has no layer-2 add+norm to count from
+    assert ch == []
+    tl[1, 3] = torch.tensor([abi.MK_OP_ADD_NORM | (2 << 8), 500, 500, 0, 0, 700, 800])
+    ch = timeline.chain_ends(timeline.records(tl))
+    assert [c["layer"] for c in ch] == [3] and ch[0]["layer_us"] == 17.5 - 0.8
+    assert ch[0]["ends_us"] == {"QKV": 9.0 - 0.8}  # MOE_UP is not a chain op; ends after signals
 
 
 def test_stream_profile_spreads_bytes_over_gemv_and_attention_intervals():
