@@ -229,9 +229,9 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def print_chain_summary(chains: list[dict]) -> None:
-    """Which chain ends each layer (timeline.chain_ends): per layer the add+norm's end, the O-proj
-    items' and the MoE items' last ends, from the previous add+norm; then how many layers each chain
-    ended and by how much on average."""
+    """One line from timeline.chain_ends: the mean layer length (add+norm to add+norm) and, over the
+    MoE layers, how many ended on the O-proj items and how many on the MoE items (the later of the
+    two last ends), with the mean margin of each."""
     if not chains:
         return
     moe_ops = ("MOE_FUSED", "MOE_DOWN")

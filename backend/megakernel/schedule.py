@@ -302,10 +302,11 @@ def build_schedule(
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
         if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
-            qkv_sms = list(dict.fromkeys(deal[first_qkv : first_qkv + n_qkv]))
-            front = set(deal[first_qkv:])
-            later = [s for s in dict.fromkeys(deal[first_qkv + n_qkv :]) if s < n_work and s not in qkv_sms]
-            pool = [s for s in range(n_work) if s not in front] + later + qkv_sms
+            head = deal[first_qkv:]  # QKV tiles, then router tiles (or dense ups) and ROUTE
+            qkv_sms = list(dict.fromkeys(head[:n_qkv]))
+            busy, on_qkv = set(head), set(qkv_sms)
+            later = [s for s in dict.fromkeys(head[n_qkv:]) if s < n_work and s not in on_qkv]
+            pool = [s for s in range(n_work) if s not in busy] + later + qkv_sms
         if pool:
             n_drains = min(n_drains, len(pool))
         head_c = counter(f"attn_head[{layer}]", 0)
