@@ -323,6 +323,8 @@ class MegakernelBackend:
             "claim_policy": t.claim_policy,
             "claim_window": t.claim_window,
             "moe_fused": t.moe_fused,
+            "moe_up_big": t.moe_up_layout(cfg)[0],
+            "moe_up_small": t.moe_up_small,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

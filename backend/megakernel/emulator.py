@@ -217,7 +217,7 @@ class Emulator:
                     idx if idx < tail_at else idx - t_len,
                     mlp_c,
                     self.up_tiles,
-                    t.moe_up_cols,
+                    lambda n_act, m: t.moe_up_tile(self.cfg, n_act, m),
                     self.down_tiles,
                     t.moe_down_rows,
                     lambda ly, e: expert_counter(self.cfg, ly, e),

@@ -76,6 +76,14 @@ class Tiling:
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
+    # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
+    # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
+    # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
+    # tiles (256 columns, ~45 us) fall in 1.2 waves: the last ~40 were claimed ~100 us into a ~188-us
+    # layer by SMs that had finished their first one and ended ~45 us later, their experts' down tiles
+    # after them (session 14, timeline). The small tiles claimed last end within a few us of each other.
+    moe_up_small: int = 0
+    moe_up_small_tiles: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -145,6 +153,22 @@ class Tiling:
         if any(not cfg.is_dense(i) for i in range(cfg.num_hidden_layers)):
             I, E = cfg.intermediate_size, cfg.num_experts
             need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
+            need(
+                (self.moe_up_small > 0) == (self.moe_up_small_tiles > 0),
+                "moe_up_small and moe_up_small_tiles are both > 0 (two up-tile sizes) or both 0",
+            )
+            if self.moe_up_small:
+                span = self.moe_up_small * self.moe_up_small_tiles
+                need(self.moe_up_small % 16 == 0, "moe_up_small must be a multiple of 16")
+                need(
+                    2 * self.moe_up_small <= abi.MK_MAX_TILE_ROWS,
+                    f"2 * moe_up_small weight rows, the kernel takes at most {abi.MK_MAX_TILE_ROWS}",
+                )
+                need(
+                    span <= I and (I - span) % self.moe_up_cols == 0,
+                    "the small up tiles must leave a whole number of moe_up_cols tiles",
+                )
+                need(not self.moe_fused, "fused MoE items take one up-tile size (moe_up_small = 0)")
             need(I % 32 == 0, "intermediate_size must be a multiple of 32")
             if self.moe_fused:  # the down slice's K is the tile's columns: 1, 2, 4 or 8 mma k-pairs
                 need(
@@ -159,8 +183,28 @@ class Tiling:
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
         (the kernel's moe_up_tiles / moe_down_tiles; the emulator and the schedule count the same)."""
-        up = cfg.intermediate_size // self.moe_up_cols if cfg.intermediate_size else 0
+        up = sum(self.moe_up_layout(cfg))
         return up, 0 if self.moe_fused else cfg.hidden_size // self.moe_down_rows
+
+    def moe_up_layout(self, cfg: ModelConfig) -> tuple[int, int]:
+        """(wide tiles, small tiles) per active expert: moe_up_cols wide ones over the expert's first
+        columns, then moe_up_small_tiles of moe_up_small columns (the kernel's moe_up_big and
+        moe_up_tiles - moe_up_big)."""
+        if not cfg.intermediate_size:
+            return 0, 0
+        wide = (cfg.intermediate_size - self.moe_up_small * self.moe_up_small_tiles) // self.moe_up_cols
+        return wide, self.moe_up_small_tiles
+
+    def moe_up_tile(self, cfg: ModelConfig, n_act: int, m: int) -> tuple[int, int, int]:
+        """Up tile m (0 <= m < n_act * up tiles) of a MoE queue with n_act active experts: (active
+        expert index, first column, columns). Every expert's wide tiles first, then the small ones
+        (the kernel's up_tile)."""
+        wide, small = self.moe_up_layout(cfg)
+        if m < n_act * wide:
+            a, t = divmod(m, wide)
+            return a, t * self.moe_up_cols, self.moe_up_cols
+        a, t = divmod(m - n_act * wide, small)
+        return a, wide * self.moe_up_cols + t * self.moe_up_small, self.moe_up_small
 
 
 # The Tiling fields that choose a mode or a placement rather than a tile size (a reduced-geometry
@@ -178,6 +222,8 @@ SWITCH_FIELDS = frozenset(
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
+        "moe_up_small",
+        "moe_up_small_tiles",
     }
 )
 

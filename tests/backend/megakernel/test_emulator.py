@@ -195,6 +195,20 @@ def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last, tail_
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_up_tile_sizes(weights, strategy):
+    """Tiling.moe_up_small: each expert's last columns in small up tiles queued after every expert's
+    wide ones; the down tiles wait for all of an expert's up tiles (a target counting only the wide
+    ones would be a race the hazard check reports): same results."""
+    from dataclasses import replace
+
+    contexts = [70, 3, 190]
+    tiling = replace(TILING, moe_up_small=16, moe_up_small_tiles=2, moe_fused=0)
+    assert tiling.moe_up_layout(CFG) == (1, 2)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+
+
 @pytest.mark.parametrize(("tail_last", "tail_downs"), TAIL_PLACES)
 @pytest.mark.parametrize("op", [abi.MK_OP_ATTN_COMBINE, abi.MK_OP_OPROJ])
 def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last, tail_downs):
@@ -466,6 +480,9 @@ SWEEP_TILINGS = [
     # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
     {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
+    # two up-tile sizes at the BS 8 engine's tiles (session 14): wide tiles first, small ones last
+    {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},
+    {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 128, "moe_up_small_tiles": 2, "ctrl_sms": 8},
 ]
 
 

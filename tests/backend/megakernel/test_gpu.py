@@ -482,6 +482,24 @@ def test_attention_tail_place_reduced(small, tail_last, tail_downs):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=29, steps=3)
 
 
+@pytest.mark.parametrize("wide,small_cols,n_small", [(64, 32, 2), (128, 64, 2), (64, 16, 4)])
+def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
+    """Tiling.moe_up_small at BS 8 (separate up and down tiles): each expert's last columns in small
+    up tiles after every expert's wide ones, the down tiles waiting for all of them; three steps."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    w, _ = small
+    contexts = [5, 300, 255, 256, 1, 64, 65, 700]
+    t = replace(
+        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
+        moe_up_cols=wide,
+        moe_up_small=small_cols,
+        moe_up_small_tiles=n_small,
+    )
+    assert not t.moe_fused and t.moe_up_layout(CFG)[1] == n_small
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=31, steps=3)
+
+
 def test_asynchronous_decode_steps_in_place(small):
     """asynchronous=True (the bench harness's mode): steps enqueued back to back on one batch whose
     tensors are updated in place (positions += 1 bumps the version counter, so the host re-reads

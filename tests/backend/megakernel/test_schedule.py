@@ -134,6 +134,36 @@ def test_bad_tilings_are_refused():
         default_tiling(many).validate(many)
 
 
+def test_two_up_tile_sizes_cover_each_expert_once_wide_tiles_first():
+    """Tiling.moe_up_small / moe_up_small_tiles: every expert's columns are covered exactly once,
+    all wide tiles come before any small one, and bad layouts are refused."""
+    t = Tiling(moe_up_cols=256, moe_down_rows=512, moe_up_small=64, moe_up_small_tiles=4)
+    t.validate(CFG)
+    assert t.moe_up_layout(CFG) == (2, 4)
+    assert t.moe_tiles(CFG) == (6, 4)
+    n_act, I = 51, CFG.intermediate_size
+    tiles = [t.moe_up_tile(CFG, n_act, m) for m in range(n_act * 6)]
+    assert {c for _, _, c in tiles[: 2 * n_act]} == {256} and {c for _, _, c in tiles[2 * n_act :]} == {64}
+    for a in range(n_act):
+        cols = sorted((c0, c) for x, c0, c in tiles if x == a)
+        assert sum(c for _, c in cols) == I
+        assert all(c0 + c == n0 for (c0, c), (n0, _) in zip(cols, cols[1:], strict=False))
+    # one size: the old map (expert-major, moe_up_cols each)
+    one = Tiling(moe_up_cols=256)
+    assert [one.moe_up_tile(CFG, 2, m) for m in range(6)] == [
+        (a, c, 256) for a in range(2) for c in (0, 256, 512)
+    ]
+    for bad, what in [
+        ({"moe_up_small": 64}, "both > 0"),
+        ({"moe_up_small": 40, "moe_up_small_tiles": 2}, "multiple of 16"),
+        ({"moe_up_small": 64, "moe_up_small_tiles": 3}, "whole number"),
+        ({"moe_up_small": 64, "moe_up_small_tiles": 13}, "whole number"),
+        ({"moe_up_small": 64, "moe_up_small_tiles": 4, "moe_fused": 1}, "fused"),
+    ]:
+        with pytest.raises(TilingError, match=what):
+            Tiling(moe_up_cols=256, **bad).validate(CFG)
+
+
 def test_timeline_summary_of_synthetic_records():
     import torch
 
