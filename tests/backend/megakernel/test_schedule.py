@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -147,7 +148,7 @@ def test_two_up_tile_sizes_cover_each_expert_once_wide_tiles_first():
     for a in range(n_act):
         cols = sorted((c0, c) for x, c0, c in tiles if x == a)
         assert sum(c for _, c in cols) == I
-        assert all(c0 + c == n0 for (c0, c), (n0, _) in zip(cols, cols[1:], strict=False))
+        assert cols[0][0] == 0 and all(c0 + c == n0 for (c0, c), (n0, _) in pairwise(cols))
     # one size: the old map (expert-major, moe_up_cols each)
     one = Tiling(moe_up_cols=256)
     assert [one.moe_up_tile(CFG, 2, m) for m in range(6)] == [
