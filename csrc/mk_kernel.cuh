@@ -1470,9 +1470,10 @@ __device__ __forceinline__ void host_item_fetch(const Params& p, int at, int* ra
 
 // The first ETAB_ROWS rows of a MoE layer's expert table, copied into shared memory (s_etab) when
 // its drain starts (with the first claim, no extra round trip): an up/down item of those experts
-// then builds from shared memory instead of paying an L2 round trip after its claim. 16 rows cover
-// BS 1-2 (top 8).
-constexpr int ETAB_ROWS = 16;
+// then builds from shared memory instead of paying an L2 round trip after its claim. 64 rows cover
+// every batch of up to 8 rows at top-8 (BS 8 routes to ~51 experts; session 14: 16 rows made most
+// BS 8 items fetch their row from L2, and a deferred claim, below, needs the build to be local).
+constexpr int ETAB_ROWS = 64;
 constexpr int ETAB_WORDS = ETAB_ROWS * ETAB_STRIDE;
 
 __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int* qi, int l, uint32_t idx, int n_act,
@@ -1562,6 +1563,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_rows[8];
   __shared__ int s_flag;
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
+  __shared__ int s_pend;        // 1: that claim is still in flight (thread 0's claim_far), see below
   __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
@@ -1684,19 +1686,31 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
                         (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
       if (!lazy) {
         if (threadIdx.x == 0) {
-          const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
-          s_claim = c;
-          far = c + window < s_far;
-          if (far) claim_far = atomicAdd(head, 1u);
+          if (far) {  // the next item's claim has been in flight since the last item
+            const uint32_t c = claim_far - head_base;
+            s_claim = c;
+            far = c + window < s_far;
+            if (far) claim_far = atomicAdd(head, 1u);
+          } else {  // claim the next item now, read its index only after this one ran (session
+            // 14: waiting for it here put one L2 atomic round trip, ~1.5 us under load, before
+            // every item near a queue's end); once not far, never far again (claims only grow)
+            claim_far = atomicAdd(head, 1u);
+          }
+          s_pend = !far;
         }
         __syncthreads();
-        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free: s_item was built
+        if (!s_pend) drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free
       }
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
         cp_async_wait_all();  // no copy may land after the block has left
         return;
       }
-      __syncthreads();
+      __syncthreads();  // run_task's barriers: everyone read s_pend before thread 0 writes it below
+      if (!lazy && s_pend) {
+        if (threadIdx.x == 0) s_claim = claim_far - head_base;  // far stays false
+        __syncthreads();
+        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
+      }
       if (lazy) {
         if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
         __syncthreads();
