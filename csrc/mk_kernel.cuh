@@ -431,9 +431,8 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
 constexpr int COMBINE_PRE = 16;
 
-__device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem& s, bool dry) {
+__device__ __noinline__ void attn_combine_at(const Params& p, int l, int b, int kvh, int S, Smem& s, bool dry) {
   View V(p);
-  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], S = d[MK_F_A2];
   const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads, MS = p.max_splits;
   const float* o_base = (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS) * hd;
   const float* lse_base = (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * MS;
@@ -491,6 +490,11 @@ __device__ __noinline__ void op_attn_combine(const Params& p, const int* d, Smem
     for (int sp = 0; sp < S; ++sp) acc += wr[sp] * ld_cg(src(i) + (size_t)sp * hd);
     if (!dry) out[i] = acc;
   }
+}
+
+// ATTN_COMBINE's descriptor: A0 row, A1 kv head, A2 splits
+__device__ __forceinline__ void op_attn_combine(const Params& p, const int* d, Smem& s, bool dry) {
+  attn_combine_at(p, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], d[MK_F_A2], s, dry);
 }
 
 __device__ void op_oproj(const Params& p, const int* d, Smem& s) {
@@ -1299,6 +1303,38 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();
 }
 
+// The signal of an attention split with Tiling.combine_inline (A4 = its combine counter): thread 0
+// adds to the split's counter with acquire-release semantics, and the split that brings it to the
+// step's target (base + splits: exactly one, the atomic returns each value once) merges the splits
+// of its (row, kv head) at once, then signals the combine counter. The release publishes this
+// split's partials to whichever split comes last; the acquire makes the others' visible to this
+// block (thread 0, then the barrier, as for a wait). Out of line: run_task stays as it was.
+__device__ __noinline__ void attn_last_split(const Params& p, const int* d, Smem& s, int* flag, int* tl_n,
+                                             uint64_t t0, uint64_t t1) {
+  const int c = d[MK_F_SIG0];
+  if (threadIdx.x == 0) {
+    const uint64_t t2 = p.timeline ? globaltimer() : 0;
+    uint32_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(old)
+                 : "l"((uint32_t*)p.counters + c)
+                 : "memory");
+    *flag = old + 1u == ((const uint32_t*)p.base)[c] + (uint32_t)d[MK_F_A3];
+    tl_record(p, tl_n, MK_OP_ATTN, d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
+  }
+  __syncthreads();
+  if (!*flag) return;  // uniform
+  const uint64_t c0 = p.timeline ? globaltimer() : 0;
+  if (threadIdx.x == 0) tl_marks[0] = tl_marks[1] = 0;
+  attn_combine_at(p, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], d[MK_F_A3], s, false);
+  __syncthreads();  // every thread's writes are done
+  if (threadIdx.x == 0) {
+    const uint64_t c2 = p.timeline ? globaltimer() : 0;
+    signal_release((uint32_t*)p.counters + d[MK_F_A4], 1u);
+    tl_record(p, tl_n, MK_OP_ATTN_COMBINE, d[MK_F_LAYER], 1, c0, c0, c2);
+  }
+}
+
 __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
   const Params& q = s_params;  // for the out-of-line ops (s_params)
@@ -1399,6 +1435,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       return false;
   }
   __syncthreads();  // every thread's writes are done
+  if (d[MK_F_OP] == MK_OP_ATTN && d[MK_F_A4] != MK_NO_COUNTER) {  // uniform (Tiling.combine_inline)
+    attn_last_split(q, d, s, flag, tl_n, t0, t1);
+    return true;
+  }
   if (threadIdx.x == 0) {
     const uint64_t t2 = p.timeline ? globaltimer() : 0;
     // release: the block's writes (ordered before thread 0 by the barrier above, and covered by

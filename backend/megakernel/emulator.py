@@ -27,7 +27,7 @@ import numpy as np
 
 from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
-from mkcode.backend.megakernel.schedule import Schedule, expert_counter, moe_head_counter
+from mkcode.backend.megakernel.schedule import Schedule, expert_counter, make_desc, moe_head_counter
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import ModelConfig
 from mkcode.backend.model.weights import ModelWeights
@@ -158,6 +158,18 @@ class Emulator:
             c = int(d[abi.MK_F_SIG0 + i])
             if c != abi.MK_NO_COUNTER:
                 self._signal(c, amount, past)
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(d[abi.MK_F_A4]) != abi.MK_NO_COUNTER:
+            # Tiling.combine_inline: the split whose signal completed the (row, kv head) merges them
+            # (the kernel's atomic returns the last value to exactly one split; nothing ran between)
+            c = int(d[abi.MK_F_SIG0])
+            if (self.vals[c] - self.base[c]) & _U32 == int(d[abi.MK_F_A3]):
+                self.past[sm] |= self.release[c]  # the kernel's atom.acq_rel
+                b, h, splits = (int(d[abi.MK_F_A0 + i]) for i in (0, 1, 3))
+                comb = make_desc(
+                    abi.MK_OP_ATTN_COMBINE, int(d[abi.MK_F_LAYER]), (b, h, splits), (), (int(d[abi.MK_F_A4]),)
+                )
+                comb[abi.MK_F_ID] = int(d[abi.MK_F_ID])
+                yield from self._run_task(sm, comb)
         yield None
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:

@@ -292,8 +292,14 @@ def build_schedule(
         for b in range(B):
             for h in range(Hkv):
                 s_n = rows_splits[b]
+                # A4: the combine counter when the last split combines (Tiling.combine_inline)
+                comb = comb_c[h] if tiling.combine_inline else abi.MK_NO_COUNTER
+                if tiling.combine_inline:
+                    cs.totals[comb_c[h]] += 1  # one combine per (row, kv head), by its last split
                 for s in range(s_n):
-                    qd = make_desc(abi.MK_OP_ATTN, layer, (b, h, s, s_n), ((qkv_c, n_qkv),), (att_c[b][h],))
+                    qd = make_desc(
+                        abi.MK_OP_ATTN, layer, (b, h, s, s_n, comb), ((qkv_c, n_qkv),), (att_c[b][h],)
+                    )
                     qd[abi.MK_F_ID] = -1 - len(qdescs)  # queue items: negative ids
                     qdescs.append(qd)
                     cs.totals[att_c[b][h]] += 1
@@ -337,7 +343,9 @@ def build_schedule(
             )
             for b in range(B)
             for h in range(Hkv)
+            if not tiling.combine_inline  # then the last attention split of each runs it
         ]
+        n_comb = len(combines)
         if combine_ctrl:
             for k, cd in enumerate(combines):
                 emit(cd, ctrl_sm(k))
@@ -396,7 +404,7 @@ def build_schedule(
                     )
                 )
         else:
-            for qd in tail[: B * Hkv]:
+            for qd in tail[:n_comb]:
                 emit(qd)
 
         # 6. dense down
@@ -422,7 +430,7 @@ def build_schedule(
 
         # 7. O-proj (dense layers: static, after the dense down tiles)
         if dense:
-            for qd in tail[B * Hkv :]:
+            for qd in tail[n_comb:]:
                 emit(qd)
 
         # 8. residual add + next norm, per row

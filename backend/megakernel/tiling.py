@@ -82,6 +82,11 @@ class Tiling:
     # tiles (256 columns, ~45 us) fall in 1.2 waves: the last ~40 were claimed ~100 us into a ~188-us
     # layer by SMs that had finished their first one and ended ~45 us later, their experts' down tiles
     # after them (session 14, timeline). The small tiles claimed last end within a few us of each other.
+    # 1: no combine tasks; the attention split of a (row, kv head) that signals last (its counter's
+    # atomic add returns the step's last value) merges the splits on its own SM at once. Queued
+    # combines were claimed ahead by SMs starting 45-us up tiles at BS 8, and the O-proj items
+    # claimed after them waited ~30 us on ~40 SMs per layer (session 14, timeline)
+    combine_inline: int = 0
     moe_up_small: int = 0
     moe_up_small_tiles: int = 0
 
@@ -122,6 +127,11 @@ class Tiling:
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
+        need(self.combine_inline in (0, 1), "combine_inline must be 0 or 1")
+        need(
+            not (self.combine_inline and self.combine_ctrl),
+            "combine_inline and combine_ctrl exclude each other",
+        )
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
@@ -222,6 +232,7 @@ SWITCH_FIELDS = frozenset(
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
+        "combine_inline",
         "moe_up_small",
         "moe_up_small_tiles",
     }

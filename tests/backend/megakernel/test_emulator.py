@@ -195,6 +195,42 @@ def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last, tail_
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
+@pytest.mark.parametrize("fused", [0, 1])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_combine_by_the_last_split(weights, strategy, fused):
+    """Tiling.combine_inline: no combine tasks; the attention split whose signal completes its (row,
+    kv head) merges the splits at once (dense and MoE layers): same results, and every (row, kv
+    head) combined exactly once (a second combine would over-signal its counter)."""
+    from dataclasses import replace
+
+    contexts = [70, 3, 190]
+    tiling = replace(TILING, combine_inline=1, moe_fused=fused)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    ops = {int(t[abi.MK_F_OP]) for t in sched.tasks} | {int(q[abi.MK_F_OP]) for q in sched.queue_desc}
+    assert abi.MK_OP_ATTN_COMBINE not in ops
+    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+
+
+def test_combine_by_the_last_split_needs_every_split(weights):
+    """With one split's signal missing, no split is the last: the combine never runs and the O-proj
+    items wait for it until the emulator reports the deadlock."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.emulator import DeadlockError
+
+    contexts = [70, 3]
+    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, combine_inline=1))
+    k = next(
+        i
+        for i, q in enumerate(sched.queue_desc)
+        if int(q[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(q[abi.MK_F_A3]) > 1
+    )
+    sched.queue_desc[k][abi.MK_F_NSIG] = 0
+    sched.queue_desc[k][abi.MK_F_SIG0] = abi.MK_NO_COUNTER
+    with pytest.raises(DeadlockError):
+        _run(weights, contexts, sched=sched, strategy="random")
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_up_tile_sizes(weights, strategy):
     """Tiling.moe_up_small: each expert's last columns in small up tiles queued after every expert's
@@ -483,6 +519,14 @@ SWEEP_TILINGS = [
     # two up-tile sizes at the BS 8 engine's tiles (session 14): wide tiles first, small ones last
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 128, "moe_up_small_tiles": 2, "ctrl_sms": 8},
+    {"combine_inline": 1, "ctrl_sms": 8, "attn_with_qkv": 1},  # the last split combines (session 14)
+    {
+        "combine_inline": 1,
+        "moe_fused": 1,
+        "moe_up_cols": 128,
+        "ctrl_sms": 4,
+        "claim_policy": abi.MK_CLAIM_LAZY,
+    },
 ]
 
 

@@ -482,6 +482,18 @@ def test_attention_tail_place_reduced(small, tail_last, tail_downs):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=29, steps=3)
 
 
+@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+def test_combine_by_the_last_split_reduced(small, contexts):
+    """Tiling.combine_inline on each batch size's tiling: no combine tasks, the attention split that
+    completes its (row, kv head) merges the splits (atom.acq_rel: exactly one split sees the last
+    value); three steps, so the counters' bases move between steps."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    w, _ = small
+    t = replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), combine_inline=1, combine_ctrl=0)
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=37, steps=3)
+
+
 @pytest.mark.parametrize("wide,small_cols,n_small", [(64, 32, 2), (128, 64, 2), (64, 16, 4)])
 def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
     """Tiling.moe_up_small at BS 8 (separate up and down tiles): each expert's last columns in small
