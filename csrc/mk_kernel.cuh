@@ -1650,8 +1650,19 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && !(p.prefetch_mode & MK_MODE_TOKEN_ROWS) &&
                        s_desc[MK_F_NWAIT] >= 2;
     if (threadIdx.x == 0 && p.timeline) s_t0 = globaltimer();
+    // thread 0: the drain's first claim when it was made before the staging below (early)
+    uint32_t early_c = 0;
+    bool early = false;
     if (pre_h) {
-      if (threadIdx.x == 0) s_flag = wait_counter(p, s_desc[MK_F_WAIT0], s_desc[MK_F_WAIT0 + 1], s_desc[MK_F_ID]);
+      if (threadIdx.x == 0) {
+        // A drain that ran attention items first finds ROUTE long done: one acquire look at
+        // route[l] (which covers the norm too: ROUTE's chain acquired it), and the first claim is
+        // in flight while h stages (session 14: norm wait, staging, route wait and claim in turn
+        // made ~8.5 us between a BS 8 SM's last attention item and its first up tile).
+        early = wait_counter(p, s_desc[MK_F_WAIT0 + 2], s_desc[MK_F_WAIT0 + 3], s_desc[MK_F_ID], false);
+        if (early) early_c = atomicAdd((unsigned int*)p.counters + p.dyn_base + s_desc[MK_F_A1] * (p.num_experts + 1), 1u);
+        s_flag = early || wait_counter(p, s_desc[MK_F_WAIT0], s_desc[MK_F_WAIT0 + 1], s_desc[MK_F_ID]);
+      }
       __syncthreads();
       if (!s_flag) {
         return;
@@ -1667,7 +1678,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
     }
     if (threadIdx.x == 0) {
-      s_flag = wait_task(p, s_desc, true, pre_h ? 1 : 0);
+      s_flag = early || wait_task(p, s_desc, true, pre_h ? 1 : 0);
       if (p.timeline) s_t1 = globaltimer();
     }
     __syncthreads();
@@ -1700,7 +1711,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       for (int w = threadIdx.x - 32; w < words; w += NT - 32) s_etab[w] = ld_cg(View(p).expert_tab(arg) + w);
     }
     if (threadIdx.x == 0) {
-      const uint32_t c0 = atomicAdd(head, 1u) - head_base;
+      const uint32_t c0 = (early ? early_c : atomicAdd(head, 1u)) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
       s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
       s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
