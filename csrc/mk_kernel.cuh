@@ -1603,7 +1603,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_rows[8];
   __shared__ int s_flag;
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
-  __shared__ int s_pend;        // 1: that claim is still in flight (thread 0's claim_far), see below
   __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
@@ -1736,32 +1735,25 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       const bool lazy = (p.claim_policy == MK_CLAIM_LAZY && ahead_n >= s_far) ||
                         (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
       if (!lazy) {
+        // The next item's claim, before this one runs, so that its words arrive meanwhile. Not
+        // later (session 14, `deferred`): thread 0 cannot hold an atomic's result across run_task,
+        // ptxas spills it to local memory at once and the spill store waits for the atomic (SASS:
+        // ATOMG then STL of its register), so a claim "in flight" across an item costs its round
+        // trip where it is issued; reading it after the item only exposed the fetch too.
         if (threadIdx.x == 0) {
-          if (far) {  // the next item's claim has been in flight since the last item
-            const uint32_t c = claim_far - head_base;
-            s_claim = c;
-            far = c + window < s_far;
-            if (far) claim_far = atomicAdd(head, 1u);
-          } else {  // claim the next item now, read its index only after this one ran (session
-            // 14: waiting for it here put one L2 atomic round trip, ~1.5 us under load, before
-            // every item near a queue's end); once not far, never far again (claims only grow)
-            claim_far = atomicAdd(head, 1u);
-          }
-          s_pend = !far;
+          const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
+          s_claim = c;
+          far = c + window < s_far;
+          if (far) claim_far = atomicAdd(head, 1u);
         }
         __syncthreads();
-        if (!s_pend) drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free
+        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free: s_item was built
       }
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
         cp_async_wait_all();  // no copy may land after the block has left
         return;
       }
-      __syncthreads();  // run_task's barriers: everyone read s_pend before thread 0 writes it below
-      if (!lazy && s_pend) {
-        if (threadIdx.x == 0) s_claim = claim_far - head_base;  // far stays false
-        __syncthreads();
-        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
-      }
+      __syncthreads();
       if (lazy) {
         if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
         __syncthreads();
