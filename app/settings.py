@@ -25,7 +25,7 @@ from typing import Any
 
 MODES = ("ask", "auto-edit", "full-auto")
 THEMES = ("dark", "light")
-DECODES = ("auto", "torch", "graph", "megakernel")
+DECODES = ("auto", "torch", "graph", "megakernel", "hybrid")  # = backend.runtime.DECODE_BACKENDS
 
 # config.toml key / settings field -> environment variable.
 ENV_VARS: dict[str, str] = {

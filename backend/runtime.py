@@ -18,7 +18,7 @@ from mkcode.backend.model.config import ModelConfig
 from mkcode.backend.model.reference import ReferenceModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DECODE_BACKENDS = ("auto", "torch", "graph", "megakernel")
+DECODE_BACKENDS = ("auto", "torch", "graph", "megakernel", "hybrid")
 
 
 @dataclass
@@ -80,48 +80,52 @@ def kv_budget_bytes(opts: RuntimeOptions, device: torch.device) -> int:
     return int((opts.kv_memory_gb or 1.0) * (1 << 30))
 
 
+def _load_gpu_backend(candidate: str, model: ReferenceModel) -> object:
+    if candidate == "graph":
+        from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
+
+        return GraphDecodeBackend(model)
+    from mkcode.backend.megakernel.backend import MegakernelBackend
+
+    return MegakernelBackend(model.cfg, model.w)
+
+
 def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str, str]:
     """(backend, its name, a one-line reason).
 
-    `auto` picks the graph backend, then the megakernel, then torch: on the H200 the megakernel is
-    faster at BS=1 (-5.7 %) but 1.22x slower at BS=8 (docs/PERF.md, session 13), so the graph
-    backend stays the default until the megakernel wins at both. `--decode megakernel` asks for the
-    megakernel explicitly."""
+    `auto` on a GPU loads the graph backend and the megakernel and, when both load, runs them as one
+    hybrid backend: the megakernel for batches below `MEGAKERNEL_BELOW_ROWS` rows (where it is the
+    faster one: docs/PERF.md, session 14), the graph backend from there (the megakernel is still
+    slower at BS 8). Either alone when the other does not load (the reason says why), torch when
+    neither does. `graph`, `megakernel` and `hybrid` ask for exactly that and fail with the reason."""
+    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, HybridDecodeBackend
+
     if name not in DECODE_BACKENDS:
         raise ValueError(f"unknown decode backend {name!r}; choose one of {list(DECODE_BACKENDS)}")
     dev = model.device
     if dev.type != "cuda":
-        if name in ("graph", "megakernel"):
+        if name != "torch" and name != "auto":
             raise RuntimeError(f"decode backend {name!r} needs a CUDA GPU (device is {dev})")
         return TorchDecodeBackend(model), "torch", "no GPU: torch reference backend"
+    if name == "torch":
+        return TorchDecodeBackend(model), "torch", "torch reference backend (asked for)"
+    wanted = {"auto": ("graph", "megakernel"), "hybrid": ("graph", "megakernel")}.get(name, (name,))
+    loaded: dict[str, object] = {}
     reasons: list[str] = []
-    order = {
-        "auto": ("graph", "megakernel"),
-        "graph": ("graph",),
-        "megakernel": ("megakernel",),
-        "torch": (),
-    }[name]
-    for candidate in order:
+    for candidate in wanted:
         try:
-            if candidate == "graph":
-                from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
-
-                return (
-                    GraphDecodeBackend(model),
-                    "graph",
-                    "; ".join([*reasons, "graph backend (CUDA graphs)"]),
-                )
-            from mkcode.backend.megakernel.backend import MegakernelBackend
-
-            return (
-                MegakernelBackend(model.cfg, model.w),
-                "megakernel",
-                "; ".join([*reasons, "megakernel loaded"]),
-            )
-        except Exception as e:  # any load failure falls back, with its reason
+            loaded[candidate] = _load_gpu_backend(candidate, model)
+        except Exception as e:  # any load failure: fatal when asked for, else a reason to report
             if name != "auto":
                 raise RuntimeError(f"{candidate} backend unavailable: {e}") from e
             reasons.append(f"{candidate} unavailable ({e})")
+    if "graph" in loaded and "megakernel" in loaded:
+        hybrid = HybridDecodeBackend(loaded["megakernel"], loaded["graph"], MEGAKERNEL_BELOW_ROWS)
+        return hybrid, "hybrid", f"hybrid: {hybrid.describe()} (CUDA graphs)"
+    if "graph" in loaded:
+        return loaded["graph"], "graph", "; ".join([*reasons, "graph backend (CUDA graphs)"])
+    if "megakernel" in loaded:
+        return loaded["megakernel"], "megakernel", "; ".join([*reasons, "megakernel loaded"])
     return TorchDecodeBackend(model), "torch", "; ".join([*reasons, "torch reference backend"])
 
 

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mkcode.app.settings import DECODES
+
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 REQUEST_KEYS = {"id", "prompt", "prompt_ids", "messages", "tools", "stop", "ignore_eos", *SAMPLING_FLAGS}
 
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dtype", default=None, choices=["float32", "bfloat16"], help="default: bf16 on GPU, fp32 on CPU"
     )
-    p.add_argument("--decode", default="auto", choices=["auto", "torch", "graph", "megakernel"])
+    p.add_argument("--decode", default="auto", choices=list(DECODES))
     p.add_argument("--json", action="store_true", help="print JSON instead of streaming text")
     p.set_defaults(func=run)
 

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mkcode.app.settings import DECODES
+
 DEFAULT_PORT = 8080
 DEFAULT_OUTPUT_TOKENS = 16384
 _PARSER: argparse.ArgumentParser | None = None  # the serve sub-parser: re-launch forwards its flags
@@ -47,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
-    p.add_argument("--decode", default="auto", choices=["auto", "torch", "graph", "megakernel"])
+    p.add_argument("--decode", default="auto", choices=list(DECODES))
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument(
         "--tensor-parallel",

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device-tool call: build the extension, run the GPU tests, benchmark, (optionally) sanitize.
 # Usage (from the repo root, on the GPU machine):
-#   bash backend/megakernel/gpu_run.sh [tests|bench|decode|san]...
+#   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san]...  (decode: DECODE_BATCHES, default 1,8)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
@@ -54,12 +54,14 @@ tree_rounds() {
 }
 for stage in "${stages[@]}"; do
   case $stage in
+    runtime)  # the product path (checkpoint -> runtime -> engine) on each decode backend, hybrid included
+      timeout ${T_RT:-300} python3 -m pytest tests/backend/test_runtime_gpu.py -m gpu -q -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/runtime.log" | grep -E "^\[|passed|failed|Error" | tail -30 ;;
     tests)
       timeout ${T_TESTS:-160} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     bench)
       timeout ${T_BENCH:-130} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches ${BATCHES:-1 8} --context 8192 --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
     decode)  # the engine's bench harness: graph vs megakernel, one run
-      timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch 1,8 --ctx 8192 \
+      timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx 8192 \
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
     ab)  # the engine harness on ab_base/ and this tree, the same cap for both
       T_DECODE=${T_DECODE:-100} tree_rounds decode "B=[18] " ab ab_base . ;;

@@ -27,7 +27,7 @@ def small_ckpt(tmp_path_factory):
     return synth_checkpoint("small", tmp_path_factory.mktemp("ckpt") / "small", seed=0)
 
 
-def _run(ckpt, decode: str) -> tuple[list[list[int]], float, str]:
+def _run(ckpt, decode: str, prompts=PROMPTS, lengths=None) -> tuple[list[list[int]], float, str]:
     from mkcode.backend.engine.request import GenerationRequest
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
     from mkcode.backend.sampling import SamplingParams
@@ -38,16 +38,22 @@ def _run(ckpt, decode: str) -> tuple[list[list[int]], float, str]:
     try:
         eng = rt.engine
         t0 = time.perf_counter()
+        lengths = lengths or [N_NEW] * len(prompts)
         streams = [
-            eng.submit(GenerationRequest(p, SamplingParams(max_tokens=N_NEW, temperature=0, ignore_eos=True)))
-            for p in PROMPTS
+            eng.submit(GenerationRequest(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)))
+            for p, n in zip(prompts, lengths, strict=True)
         ]
         eng.run_until_idle()
         results = [s.result(0) for s in streams]
         dt = time.perf_counter() - t0
-        assert all(r.finish_reason == "length" and len(r.token_ids) == N_NEW for r in results), [
-            r.error for r in results
-        ]
+        assert all(
+            r.finish_reason == "length" and len(r.token_ids) == n
+            for r, n in zip(results, lengths, strict=True)
+        ), [r.error for r in results]
+        if decode in ("auto", "hybrid"):  # both backends ran steps: the batch shrank past the split
+            steps = eng.backend.steps
+            print(f"[{decode}] steps per backend {steps}")
+            assert all(v > 0 for v in steps.values()), steps
         eng.check_accounting()
         print(
             f"\n[{decode}] backend={rt.decode_backend} ({rt.decode_note}); {dt:.2f}s; decode {eng.metrics().decode_tokens_per_s:.0f} tok/s"
@@ -77,6 +83,26 @@ def test_backend_matches_torch_through_engine(small_ckpt, torch_tokens, decode):
     first = [
         next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), N_NEW) for a, b in zip(torch_tokens, tokens)
     ]
+    print(f"[{decode}] greedy agreement with torch {agree:.1%}; first divergence per request {first}")
+    assert all(f >= 4 for f in first), first
+    assert agree >= 0.6
+
+
+# six requests that finish one after another: the batch shrinks from 6 rows past the hybrid's split
+# (4) to 1, so steps of the same sequences run on the graph backend, then on the megakernel
+SHRINKING = [[7 + (i * 29 + j) % 800 for i in range(n)] for j, n in enumerate((5, 60, 200, 9, 333, 41))]
+SHRINK_LENGTHS = [6, 10, 14, 20, 26, 32]
+
+
+@pytest.mark.parametrize("decode", ["auto", "hybrid"])
+def test_hybrid_hands_steps_between_backends_through_engine(small_ckpt, decode):
+    """`auto` (both backends load on an H200) and `hybrid`: the megakernel below 4 rows, the graph
+    backend from there, over one KV pool; the tokens agree with torch's as each backend's do."""
+    ref, _, _ = _run(small_ckpt, "torch", SHRINKING, SHRINK_LENGTHS)
+    tokens, _dt, used = _run(small_ckpt, decode, SHRINKING, SHRINK_LENGTHS)
+    assert used == "hybrid"
+    first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(ref, tokens)]
+    agree = _agreement(ref, tokens)
     print(f"[{decode}] greedy agreement with torch {agree:.1%}; first divergence per request {first}")
     assert all(f >= 4 for f in first), first
     assert agree >= 0.6

@@ -347,7 +347,7 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
     for _, _, kw in parsed:
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
-    assert "plan" in script and "bench decode --backend graph,megakernel --batch 1,8 --ctx 8192" in script
+    assert "plan" in script and "bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx 8192" in script
 
 
 def test_moe_tiles_widen_with_the_batch():

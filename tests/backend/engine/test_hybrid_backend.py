@@ -1,0 +1,112 @@
+"""HybridDecodeBackend (each step to the faster backend for its batch size) and how
+`choose_decode_backend` assembles it: CPU tests with stand-in backends (the GPU path is
+tests/backend/test_runtime_gpu.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mkcode.backend import runtime
+from mkcode.backend.engine.decode_backend import DecodeBatch
+from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, HybridDecodeBackend
+
+
+class _Fake:
+    def __init__(self, name: str, max_batch: int):
+        self.name, self.max_batch = name, max_batch
+        self.rows: list[int] = []
+
+    def decode(self, batch: DecodeBatch) -> torch.Tensor:
+        self.rows.append(batch.size)
+        return torch.full((batch.size, 3), float(len(self.name)))
+
+
+def _batch(rows: int) -> DecodeBatch:
+    return DecodeBatch(
+        torch.zeros(rows, dtype=torch.long),
+        torch.zeros(rows, dtype=torch.long),
+        torch.zeros(1, rows, 1, dtype=torch.int32),
+        torch.zeros(1),
+    )
+
+
+def test_each_step_goes_to_the_backend_for_its_batch_size():
+    small, large = _Fake("megakernel", 8), _Fake("graph", 32)
+    h = HybridDecodeBackend(small, large, split=4)
+    for rows in (1, 3, 4, 8, 2, 32):
+        out = h.decode(_batch(rows))
+        assert out.shape == (rows, 3)
+    assert small.rows == [1, 3, 2] and large.rows == [4, 8, 32]
+    assert h.steps == {"megakernel": 3, "graph": 3}
+    assert h.max_batch == 32  # batches from the split on go to the large-batch backend
+    assert h.describe() == "megakernel below 4 rows, graph from 4"
+
+
+def test_a_split_the_small_backend_cannot_cover_is_refused():
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), split=10)
+    with pytest.raises(ValueError, match="at least one batch size"):
+        HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), split=1)
+
+
+def _gpu_model():
+    return SimpleNamespace(device=torch.device("cuda"), cfg=None, w=None)
+
+
+def _loader(fail: set[str]):
+    def load(candidate: str, model) -> _Fake:
+        if candidate in fail:
+            raise RuntimeError(f"no {candidate} here")
+        return _Fake(candidate, 8 if candidate == "megakernel" else 32)
+
+    return load
+
+
+def test_auto_runs_both_as_one_hybrid_when_both_load(monkeypatch):
+    monkeypatch.setattr(runtime, "_load_gpu_backend", _loader(set()))
+    backend, name, note = runtime.choose_decode_backend("auto", _gpu_model())
+    assert name == "hybrid" and isinstance(backend, HybridDecodeBackend)
+    assert backend.split == MEGAKERNEL_BELOW_ROWS
+    assert backend.small.name == "megakernel" and backend.large.name == "graph"
+    assert f"megakernel below {MEGAKERNEL_BELOW_ROWS} rows" in note
+
+
+@pytest.mark.parametrize(("missing", "left"), [("megakernel", "graph"), ("graph", "megakernel")])
+def test_auto_falls_back_to_the_one_that_loads_and_says_why(monkeypatch, missing, left):
+    monkeypatch.setattr(runtime, "_load_gpu_backend", _loader({missing}))
+    backend, name, note = runtime.choose_decode_backend("auto", _gpu_model())
+    assert name == left and backend.name == left
+    assert f"{missing} unavailable (no {missing} here)" in note
+
+
+def test_auto_without_either_gpu_backend_is_torch(monkeypatch):
+    monkeypatch.setattr(runtime, "_load_gpu_backend", _loader({"graph", "megakernel"}))
+    model = SimpleNamespace(device=torch.device("cuda"), cfg=None, w=None)
+    monkeypatch.setattr(runtime, "TorchDecodeBackend", lambda m: _Fake("torch", 256))
+    _, name, note = runtime.choose_decode_backend("auto", model)
+    assert name == "torch" and "graph unavailable" in note and "megakernel unavailable" in note
+
+
+@pytest.mark.parametrize("asked", ["hybrid", "megakernel", "graph"])
+def test_an_explicit_backend_that_does_not_load_is_an_error(monkeypatch, asked):
+    monkeypatch.setattr(
+        runtime, "_load_gpu_backend", _loader({"megakernel" if asked != "graph" else "graph"})
+    )
+    with pytest.raises(RuntimeError, match="backend unavailable"):
+        runtime.choose_decode_backend(asked, _gpu_model())
+
+
+def test_gpu_backends_are_refused_on_the_cpu():
+    cpu = SimpleNamespace(device=torch.device("cpu"))
+    for asked in ("hybrid", "graph", "megakernel"):
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            runtime.choose_decode_backend(asked, cpu)
+
+
+def test_the_cli_offers_exactly_the_runtime_backends():
+    from mkcode.app.settings import DECODES
+
+    assert DECODES == runtime.DECODE_BACKENDS
