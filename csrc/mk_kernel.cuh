@@ -1603,6 +1603,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_rows[8];
   __shared__ int s_flag;
   __shared__ uint32_t s_claim;  // a DRAIN's next claim (queue index)
+  __shared__ int s_pend;        // 1: that claim is still in flight (thread 0's claim_far), see below
   __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
@@ -1655,9 +1656,11 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     if (pre_h) {
       if (threadIdx.x == 0) {
         // A drain that ran attention items first finds ROUTE long done: one acquire look at
-        // route[l] (which covers the norm too: ROUTE's chain acquired it), and the first claim is
-        // in flight while h stages (session 14: norm wait, staging, route wait and claim in turn
-        // made ~8.5 us between a BS 8 SM's last attention item and its first up tile).
+        // route[l] (which covers the norm too: ROUTE's chain acquired it) replaces the norm's and
+        // the route's waits, and the first claim is made before h stages (session 14: norm wait,
+        // staging, route wait and claim in turn made ~8.5 us between a BS 8 SM's last attention
+        // item and its first up tile; ptxas spills early_c at once, so the claim's round trip is
+        // paid here rather than overlapping the staging). Measured neutral.
         early = wait_counter(p, s_desc[MK_F_WAIT0 + 2], s_desc[MK_F_WAIT0 + 3], s_desc[MK_F_ID], false);
         if (early) early_c = atomicAdd((unsigned int*)p.counters + p.dyn_base + s_desc[MK_F_A1] * (p.num_experts + 1), 1u);
         s_flag = early || wait_counter(p, s_desc[MK_F_WAIT0], s_desc[MK_F_WAIT0 + 1], s_desc[MK_F_ID]);
@@ -1735,25 +1738,36 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       const bool lazy = (p.claim_policy == MK_CLAIM_LAZY && ahead_n >= s_far) ||
                         (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
       if (!lazy) {
-        // The next item's claim, before this one runs, so that its words arrive meanwhile. Not
-        // later (session 14, `deferred`): thread 0 cannot hold an atomic's result across run_task,
-        // ptxas spills it to local memory at once and the spill store waits for the atomic (SASS:
-        // ATOMG then STL of its register), so a claim "in flight" across an item costs its round
-        // trip where it is issued; reading it after the item only exposed the fetch too.
         if (threadIdx.x == 0) {
-          const uint32_t c = (far ? claim_far : atomicAdd(head, 1u)) - head_base;  // the next item
-          s_claim = c;
-          far = c + window < s_far;
-          if (far) claim_far = atomicAdd(head, 1u);
+          if (far) {  // the next item's claim has been in flight since the last item
+            const uint32_t c = claim_far - head_base;
+            s_claim = c;
+            far = c + window < s_far;
+            if (far) claim_far = atomicAdd(head, 1u);
+            s_pend = 0;
+          } else {  // claim the next item now, read its index after this one ran. (Session 14: this
+            // does not hide the atomic's round trip as meant: ptxas spills claim_far to local memory
+            // right after the atomic, and the spill store waits for it (SASS: ATOMG, then STL of its
+            // register); the far claim above likewise. Kept: measured neutral against the claim
+            // read here, and with it ptxas gives op_add_norm the registers to issue its 13 partial
+            // loads before its first add (without it 2; test_sass_issue checks the object).)
+            claim_far = atomicAdd(head, 1u);
+            s_pend = 1;
+          }
         }
         __syncthreads();
-        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free: s_item was built
+        if (!s_pend) drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free
       }
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
         cp_async_wait_all();  // no copy may land after the block has left
         return;
       }
-      __syncthreads();
+      __syncthreads();  // run_task's barriers: everyone read s_pend before thread 0 writes it below
+      if (!lazy && s_pend) {
+        if (threadIdx.x == 0) s_claim = claim_far - head_base;  // far stays false
+        __syncthreads();
+        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
+      }
       if (lazy) {
         if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
         __syncthreads();

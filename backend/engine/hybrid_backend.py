@@ -15,9 +15,11 @@ import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 
-# The megakernel takes the steps of fewer rows than this when `auto` finds both backends (measured:
-# docs/PERF.md, session 14, "hybrid"): it was faster at BS 1-3 and slower at BS 4 and 8.
-MEGAKERNEL_BELOW_ROWS = 4
+# The megakernel takes the steps of fewer rows than this when `auto` finds both backends. Measured
+# on the H200 at 8K (2026-11-30, session 14, one `mkcode bench decode` run, docs/PERF.md): megakernel
+# vs graph BS 1 3.063 vs 3.219 ms, BS 2 4.191 vs 3.948, BS 3 5.692 vs 5.090, BS 4 7.135 vs 5.702,
+# BS 8 9.788 vs 8.179: the megakernel only at BS 1.
+MEGAKERNEL_BELOW_ROWS = 2
 
 
 class HybridDecodeBackend:

@@ -339,6 +339,14 @@ SMALL_ATTN_IDLE_FIRST = 1
 CTRL_SMS_PER_ROW = 1
 WIDE_ATTN_WITH_QKV = 1
 
+# From WIDE_MOE_FROM_BATCH rows each expert's last WIDE_UP_SMALL[0] * WIDE_UP_SMALL[1] columns go in
+# small up tiles queued after every expert's wide ones (Tiling.moe_up_small / moe_up_small_tiles), where
+# the config leaves whole wide tiles (release: 768 = 256 + 4 x 128). Measured on the H200 at 8K
+# (2026-11-30, session 14, gpu_check, same call against one size): BS 4 6.807 / 6.841 vs 7.293 /
+# 7.166 ms; BS 8 over five calls -1.2, -0.7, -2.4, -0.5, -0.3 % (9.717 / 9.844 vs 9.801 / 9.812 in
+# the last). 64-column small tiles, 2 x 128 and 192 + 2 x 96 were slower at BS 8.
+WIDE_UP_SMALL = (128, 4)
+
 
 # Below WIDE_MOE_FROM_BATCH rows: fused MoE items (Tiling.moe_fused: up tile + down slice, no down
 # wave), at least SMALL_CTRL_SMS control SMs and the MoE layers' combines on them (combine_ctrl).
@@ -368,13 +376,20 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused
     MoE items (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
-    from there on the widest of WIDE_MOE_SCALES, eager claims and the attention drains on the QKV
-    SMs (`base`'s tiles where no scale fits); one control SM per row at every size."""
+    from there on the widest of WIDE_MOE_SCALES, eager claims, the attention drains on the QKV
+    SMs (`base`'s tiles where no scale fits) and WIDE_UP_SMALL small up tiles where the config takes
+    them; one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        return replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
+        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
+        two = replace(t, moe_up_small=WIDE_UP_SMALL[0], moe_up_small_tiles=WIDE_UP_SMALL[1])
+        try:
+            two.validate(cfg)
+        except TilingError:  # the config leaves no whole wide tile: one size
+            return t
+        return two
     t = replace(
         t,
         claim_policy=SMALL_CLAIM_POLICY,

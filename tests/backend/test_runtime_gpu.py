@@ -88,16 +88,17 @@ def test_backend_matches_torch_through_engine(small_ckpt, torch_tokens, decode):
     assert agree >= 0.6
 
 
-# six requests that finish one after another: the batch shrinks from 6 rows past the hybrid's split
-# (4) to 1, so steps of the same sequences run on the graph backend, then on the megakernel
+# six requests that finish one after another: the batch shrinks from 6 rows to 1 (below the hybrid's
+# split, MEGAKERNEL_BELOW_ROWS), so steps of the same sequences run on the graph backend, then on the
+# megakernel
 SHRINKING = [[7 + (i * 29 + j) % 800 for i in range(n)] for j, n in enumerate((5, 60, 200, 9, 333, 41))]
 SHRINK_LENGTHS = [6, 10, 14, 20, 26, 32]
 
 
 @pytest.mark.parametrize("decode", ["auto", "hybrid"])
 def test_hybrid_hands_steps_between_backends_through_engine(small_ckpt, decode):
-    """`auto` (both backends load on an H200) and `hybrid`: the megakernel below 4 rows, the graph
-    backend from there, over one KV pool; the tokens agree with torch's as each backend's do."""
+    """`auto` (both backends load on an H200) and `hybrid`: the megakernel for the small batches, the
+    graph backend for the others, over one KV pool; the tokens agree with torch's as each backend's do."""
     ref, _, _ = _run(small_ckpt, "torch", SHRINKING, SHRINK_LENGTHS)
     tokens, _dt, used = _run(small_ckpt, decode, SHRINKING, SHRINK_LENGTHS)
     assert used == "hybrid"

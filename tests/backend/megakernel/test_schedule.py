@@ -347,7 +347,10 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
     for _, _, kw in parsed:
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
-    assert "plan" in script and "bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx 8192" in script
+    assert (
+        "plan" in script
+        and "bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx 8192" in script
+    )
 
 
 def test_moe_tiles_widen_with_the_batch():
@@ -357,7 +360,12 @@ def test_moe_tiles_widen_with_the_batch():
     are lazy below WIDE_MOE_FROM_BATCH and eager from there on, whatever the tiles."""
     from dataclasses import replace
 
-    from mkcode.backend.megakernel.tiling import SMALL_MAX_SPLITS, WIDE_MOE_FROM_BATCH, tiling_for_batch
+    from mkcode.backend.megakernel.tiling import (
+        SMALL_MAX_SPLITS,
+        WIDE_MOE_FROM_BATCH,
+        WIDE_UP_SMALL,
+        tiling_for_batch,
+    )
 
     def placement(t, b, wide=False):  # the control SMs (one per row), where the attention drains go
         if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs,
@@ -400,11 +408,23 @@ def test_moe_tiles_widen_with_the_batch():
     )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (8 * base.moe_up_cols, 4 * base.moe_down_rows)
+    assert (wide.moe_up_small, wide.moe_up_small_tiles) == WIDE_UP_SMALL  # 768 = 256 + 4 x 128
     wide = placement(wide, 8, wide=True)
-    assert replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows) == base
+    assert (
+        replace(
+            wide,
+            moe_up_cols=base.moe_up_cols,
+            moe_down_rows=base.moe_down_rows,
+            moe_up_small=0,
+            moe_up_small_tiles=0,
+        )
+        == base
+    )
     # 256 / 128-column up tiles do not divide 192, 64 do
     mid = north_mini_code_config(4, intermediate_size=192)
-    assert tiling_for_batch(mid, default_tiling(mid), 8).moe_up_cols == 2 * default_tiling(mid).moe_up_cols
+    t = tiling_for_batch(mid, default_tiling(mid), 8)
+    assert t.moe_up_cols == 2 * default_tiling(mid).moe_up_cols
+    assert t.moe_up_small == 0  # 4 x 128 columns do not fit in 192: one tile size
     narrow = north_mini_code_config(4, hidden_size=768)  # 512-row down tiles do not divide 768, 256 do
     t = tiling_for_batch(narrow, default_tiling(narrow), 8)
     assert (t.moe_up_cols, t.moe_down_rows) == (
