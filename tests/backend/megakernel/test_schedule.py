@@ -217,6 +217,24 @@ def test_timeline_summary_of_synthetic_records():
     assert ch[0]["ends_us"] == {"QKV": 9.0 - 0.8}  # MOE_UP is not a chain op; ends after signals
 
 
+def test_stream_profile_shares_an_op_total_by_gemv_time():
+    """op_totals: MoE up tiles of two sizes share the layer's up bytes by their GEMV time (a 4-us
+    and a 2-us tile of one op: 2/3 and 1/3 of 3 MB), instead of each counting op_bytes' wide tile."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 2, "cpu")
+    # GEMV 1-5 us and 1-3 us (stamps in ns; 0 means "no GEMV mark", so the layer starts at 1 us)
+    tl[0, 0] = torch.tensor([abi.MK_OP_MOE_UP | (5 << 8) | (1 << 16), 1000, 1000, 1000, 5000, 5100, 5200])
+    tl[1, 0] = torch.tensor([abi.MK_OP_MOE_UP | (5 << 8) | (1 << 16), 1000, 1000, 1000, 3000, 3100, 3200])
+    recs = timeline.records(tl)
+    prof = timeline.stream_profile(recs, 5, {"MOE_UP": 9e9}, 0.0, bin_us=2.0, op_totals={"MOE_UP": 3e6})
+    moved = [p["tb_s"] * 2e-6 * 1e12 for p in prof]
+    assert abs(sum(moved) - 3e6) < 1.0  # the total, not 2 x op_bytes
+    assert abs(moved[0] - 2e6) < 1.0 and abs(moved[1] - 1e6) < 1.0  # 0-2 us: 1 MB each; 2-4 us: 1 MB
+
+
 def test_stream_profile_spreads_bytes_over_gemv_and_attention_intervals():
     import torch
 
