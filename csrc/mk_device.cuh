@@ -164,14 +164,6 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task, bool spi
 // began (activations staged) and ended. Reset by run_task; see MK_TL_WORDS.
 __shared__ unsigned long long tl_marks[2];
 
-// A DRAIN's claim of its next item, made inside the running item's GEMV (session 14): the drain
-// sets s_claim_head to its queue head's address (0: no claim wanted) and gemv_mma's thread 0 makes
-// the atomic before its row groups and stores the result (s_claim_got) after them, so the round
-// trip overlaps the weight stream instead of preceding the item (a result held across run_task is
-// spilled at once, and the spill store waits for the atomic: see the drain loop).
-__shared__ unsigned long long s_claim_head;
-__shared__ uint32_t s_claim_got;
-
 // A copy of the launch's Params in shared memory, for the out-of-line ops. An out-of-line function
 // reads `const Params& p` through a generic pointer: to the kernel parameter, that is a memory load
 // the compiler repeats inside loops (it cannot prove the stores there leave it alone), and the
@@ -397,10 +389,6 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   if (!staged) stage_act(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
-  // the drain's next claim, if it asked for one (s_claim_head): in flight during the row groups
-  uint32_t claimed = 0;
-  const unsigned long long claim_at = threadIdx.x == 0 ? s_claim_head : 0ull;
-  if (claim_at) claimed = atomicAdd(reinterpret_cast<unsigned int*>(claim_at), 1u);
   const bf16* xa = act_s + gid * lds + t * 8;
   const uint64_t pol = l2_policy(g.keep);
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
@@ -408,10 +396,6 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
     gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, red_s + (grp * wpg + kw) * 128, pol);
-  }
-  if (claim_at) {
-    s_claim_got = claimed;
-    s_claim_head = 0ull;  // one claim per request (an item may run more than one GEMV)
   }
   __syncthreads();
   for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {

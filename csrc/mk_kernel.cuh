@@ -1614,7 +1614,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   if (threadIdx.x == 0) {
     s_tl_n = 0;
     s_h_staged = -1;
-    s_claim_head = 0ull;
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
   if (threadIdx.x < sizeof(Params) / 4)
@@ -1746,12 +1745,13 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
             far = c + window < s_far;
             if (far) claim_far = atomicAdd(head, 1u);
             s_pend = 0;
-          } else {  // the next item's claim is made inside this item's GEMV (s_claim_head, read in
-            // gemv_mma), or after it for an item without one. Session 14: an atomic issued here and
-            // read after the item did not overlap it (ptxas spills the result at once and the spill
-            // store waits for the atomic: SASS ATOMG, then STL of its register); the far claim above
-            // still pays its round trip that way.
-            s_claim_head = reinterpret_cast<unsigned long long>(head);
+          } else {  // claim the next item now, read its index after this one ran. (Session 14: this
+            // does not hide the atomic's round trip as meant: ptxas spills claim_far to local memory
+            // right after the atomic, and the spill store waits for it (SASS: ATOMG, then STL of its
+            // register); the far claim above likewise. Kept: measured neutral against the claim
+            // read here, and with it ptxas gives op_add_norm the registers to issue its 13 partial
+            // loads before its first add (without it 2; test_sass_issue checks the object).)
+            claim_far = atomicAdd(head, 1u);
             s_pend = 1;
           }
         }
@@ -1764,13 +1764,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       }
       __syncthreads();  // run_task's barriers: everyone read s_pend before thread 0 writes it below
       if (!lazy && s_pend) {
-        if (threadIdx.x == 0) {
-          if (s_claim_head) {  // the item ran no GEMV (attention, combine): claim now
-            s_claim_got = atomicAdd(head, 1u);
-            s_claim_head = 0ull;
-          }
-          s_claim = s_claim_got - head_base;  // far stays false
-        }
+        if (threadIdx.x == 0) s_claim = claim_far - head_base;  // far stays false
         __syncthreads();
         drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
       }
