@@ -16,6 +16,7 @@
 //
 //   gemv<U> (`stream_probe gemv`) the megakernel GEMV's own addressing, from HBM and from L2, and
 //            gemv_lines: addressings whose every warp load covers whole 128-byte lines
+//   `stream_probe hint`: the GEMV addressing with and without the megakernel's L2 hints
 //   `stream_probe loaded`: one block's rate by in-flight strategy while other blocks load HBM
 //   `stream_probe stripe`: a fused MoE item's down slice (a column stripe of a row-major matrix)
 //            against the same bytes stored contiguously
@@ -42,6 +43,22 @@ __device__ __forceinline__ uint4 ldw(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
+}
+
+// The megakernel's weight load since session 13 (ld_weight16): evict_first L2 policy and the
+// L2::128B prefetch-size hint (an L2 miss fetches the whole 128-byte line).
+__device__ __forceinline__ uint4 ldw_hint(const void* p, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+  return r;
+}
+
+template <bool HINT>
+__device__ __forceinline__ uint4 ldw_as(const void* p, uint64_t pol) {
+  if constexpr (HINT) return ldw_hint(p, pol);
+  return ldw(p);
 }
 
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
@@ -171,9 +188,11 @@ __global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per
 // mma phase). Against ldg<U> (contiguous 512 B per warp load) it says what the GEMV's addressing
 // costs; against HBM it says whether a GEMV from L2 is faster.
 // KB: the group's warps take contiguous K blocks instead (the megakernel's GEMV since session 9).
-template <int U, bool KB = false>
+template <int U, bool KB = false, bool HINT = false>
 __global__ void __launch_bounds__(NT, 1)
     gemv_stream(const uint16_t* src, size_t per_block, int R, int K, int reps, uint32_t* out) {
+  uint64_t pol = 0;
+  if (HINT) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int ngroups = R / 16, wpg = 16 / (ngroups < 16 ? ngroups : 16), gslots = 16 / wpg;
   const int kw = warp % wpg, stride = KB ? 32 : wpg * 32;
@@ -191,8 +210,8 @@ __global__ void __launch_bounds__(NT, 1)
           uint4 wa[U], wb[U];
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            wa[u] = ldw(ra + kk + u * stride);
-            wb[u] = ldw(rb + kk + u * stride);
+            wa[u] = ldw_as<HINT>(ra + kk + u * stride, pol);
+            wb[u] = ldw_as<HINT>(rb + kk + u * stride, pol);
           }
 #pragma unroll
           for (int u = 0; u < U; ++u) acc += fold(wa[u]) ^ fold(wb[u]);
@@ -502,6 +521,31 @@ static int loaded_probe(int sms, char* buf, uint32_t* out) {
   return 0;
 }
 
+// `stream_probe hint`: the GEMV addressing (contiguous K blocks) with and without the megakernel's
+// L2 hints (ld_weight16: evict_first, L2::128B), on the MoE tiles' shapes since session 14 (512 x
+// 2048 up tiles, 256 x 2048 small up tiles, 512 x 768 down tiles), next to contiguous ldg<8>: whether
+// the GEMV's pattern still streams below the contiguous rate once L2 fetches whole lines.
+static int hint_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
+  const int block_counts[] = {sms, sms / 2, 16};
+  const uint16_t* s2 = reinterpret_cast<const uint16_t*>(buf);
+  const uint4* s16 = reinterpret_cast<const uint4*>(buf);
+  printf("hint probe: GB/s = bytes streamed / kernel time (median of 5)\n");
+  for (int bc : block_counts) {
+    auto run = [&](const char* name, size_t bytes, auto launch) { return report(name, bc, bytes, a, b, launch); };
+    const size_t hbm = (size_t)24 << 20;  // per block: 132 x 24 MB, far beyond L2
+    if (run("ldg U=8", hbm * bc, [&] { ldg_stream<8><<<bc, NT>>>(s16, hbm, out); })) return 1;
+    const int shapes[][2] = {{512, 2048}, {256, 2048}, {512, 768}};
+    for (const auto& sh : shapes) {
+      char n[64];
+      snprintf(n, sizeof n, "gemv %dx%d", sh[0], sh[1]);
+      if (run(n, hbm * bc, [&] { gemv_stream<8, true, false><<<bc, NT>>>(s2, hbm, sh[0], sh[1], 1, out); })) return 1;
+      snprintf(n, sizeof n, "gemv %dx%d L2::128B", sh[0], sh[1]);
+      if (run(n, hbm * bc, [&] { gemv_stream<8, true, true><<<bc, NT>>>(s2, hbm, sh[0], sh[1], 1, out); })) return 1;
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -515,6 +559,7 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   if (argc > 1 && argv[1][0] == 'g') return gemv_probe(sms, buf, out, a, b);  // `stream_probe gemv`
+  if (argc > 1 && argv[1][0] == 'h') return hint_probe(sms, buf, out, a, b);  // `stream_probe hint`
   if (argc > 1 && argv[1][0] == 'l') return loaded_probe(sms, buf, out);       // `stream_probe loaded`
   if (argc > 1 && argv[1][0] == 's') return stripe_probe(sms, buf, out, a, b);  // `stream_probe stripe`
   const int block_counts[] = {sms, sms / 2, 16, 1};
