@@ -80,14 +80,18 @@ def kv_budget_bytes(opts: RuntimeOptions, device: torch.device) -> int:
     return int((opts.kv_memory_gb or 1.0) * (1 << 30))
 
 
-def _load_gpu_backend(candidate: str, model: ReferenceModel) -> object:
+def _load_gpu_backend(candidate: str, model: ReferenceModel, build: bool) -> object:
+    """`build`: the megakernel may compile its extension now (nvcc, about a minute) when it is not
+    built yet; `auto` passes False, so a first start is not held up by a build nobody asked for
+    (the reason then says to run `mkcode kernels build`)."""
     if candidate == "graph":
         from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
 
         return GraphDecodeBackend(model)
+    from mkcode.backend.megakernel import native
     from mkcode.backend.megakernel.backend import MegakernelBackend
 
-    return MegakernelBackend(model.cfg, model.w)
+    return MegakernelBackend(model.cfg, model.w, native_module=native.load(build_if_missing=build))
 
 
 def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str, str]:
@@ -96,8 +100,10 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
     `auto` on a GPU loads the graph backend and the megakernel and, when both load, runs them as one
     hybrid backend: the megakernel for batches below `MEGAKERNEL_BELOW_ROWS` rows (where it is the
     faster one: docs/PERF.md, session 14), the graph backend from there (the megakernel is still
-    slower at BS 8). Either alone when the other does not load (the reason says why), torch when
-    neither does. `graph`, `megakernel` and `hybrid` ask for exactly that and fail with the reason."""
+    slower at BS 8). `auto` uses the megakernel's extension only when it is built (`mkcode kernels
+    build`). Either alone when the other does not load (the reason says why), torch when neither
+    does. `graph`, `megakernel` and `hybrid` ask for exactly that (building the extension if
+    needed) and fail with the reason."""
     from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, HybridDecodeBackend
 
     if name not in DECODE_BACKENDS:
@@ -114,7 +120,7 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
     reasons: list[str] = []
     for candidate in wanted:
         try:
-            loaded[candidate] = _load_gpu_backend(candidate, model)
+            loaded[candidate] = _load_gpu_backend(candidate, model, build=name != "auto")
         except Exception as e:  # any load failure: fatal when asked for, else a reason to report
             if name != "auto":
                 raise RuntimeError(f"{candidate} backend unavailable: {e}") from e

@@ -56,8 +56,10 @@ def _gpu_model():
     return SimpleNamespace(device=torch.device("cuda"), cfg=None, w=None)
 
 
-def _loader(fail: set[str]):
-    def load(candidate: str, model) -> _Fake:
+def _loader(fail: set[str], builds: list | None = None):
+    def load(candidate: str, model, build: bool) -> _Fake:
+        if builds is not None:
+            builds.append((candidate, build))
         if candidate in fail:
             raise RuntimeError(f"no {candidate} here")
         return _Fake(candidate, 8 if candidate == "megakernel" else 32)
@@ -66,12 +68,22 @@ def _loader(fail: set[str]):
 
 
 def test_auto_runs_both_as_one_hybrid_when_both_load(monkeypatch):
-    monkeypatch.setattr(runtime, "_load_gpu_backend", _loader(set()))
+    builds: list = []
+    monkeypatch.setattr(runtime, "_load_gpu_backend", _loader(set(), builds))
     backend, name, note = runtime.choose_decode_backend("auto", _gpu_model())
     assert name == "hybrid" and isinstance(backend, HybridDecodeBackend)
     assert backend.split == MEGAKERNEL_BELOW_ROWS
     assert backend.small.name == "megakernel" and backend.large.name == "graph"
     assert f"megakernel below {MEGAKERNEL_BELOW_ROWS} rows" in note
+    assert builds == [("graph", False), ("megakernel", False)]  # auto never starts an nvcc build
+
+
+@pytest.mark.parametrize("asked", ["hybrid", "megakernel"])
+def test_an_explicit_choice_may_build_the_extension(monkeypatch, asked):
+    builds: list = []
+    monkeypatch.setattr(runtime, "_load_gpu_backend", _loader(set(), builds))
+    _, name, _ = runtime.choose_decode_backend(asked, _gpu_model())
+    assert name == asked and ("megakernel", True) in builds
 
 
 @pytest.mark.parametrize(("missing", "left"), [("megakernel", "graph"), ("graph", "megakernel")])
