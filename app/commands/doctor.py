@@ -1,7 +1,8 @@
 """`mkcode doctor`: what this machine can run, and why not.
 
 Reports the GPU and driver (nvidia-smi), torch and its CUDA, the megakernel toolchain, whether the
-extension is built, and whether it loads and sees the GPU. Exit code 0 when the megakernel can run.
+extension is built, whether it loads and sees the GPU, and what `--decode auto` will run. Exit code 0
+when the megakernel can run.
 """
 
 from __future__ import annotations
@@ -76,16 +77,36 @@ def run(args: argparse.Namespace) -> int:
             _line("build", False, str(e).splitlines()[0])
     _line("extension build", art is not None, str(art) if art else "not built (mkcode kernels build)")
     healthy &= art is not None
+    loads = False
     if art is not None:
         from mkcode.backend.megakernel import native
 
         try:
             mod = native.load(build_if_missing=False)
             info = mod.device_info()
-            ok = info.get("device_count", 0) > 0 and info.get("cc", 0) >= 90
-            _line("extension load", ok, f"ABI {mod.ABI_VERSION}; {info}")
-            healthy &= ok
+            loads = info.get("device_count", 0) > 0 and info.get("cc", 0) >= 90
+            _line("extension load", loads, f"ABI {mod.ABI_VERSION}; {info}")
+            healthy &= loads
         except native.NativeUnavailable as e:
             _line("extension load", False, str(e))
             healthy = False
+    _line("decode auto", None, _auto_decode_plan(cuda, loads))
     return 0 if healthy else 1
+
+
+def _auto_decode_plan(cuda: bool, megakernel_loads: bool) -> str:
+    """What `--decode auto` will run on this machine (backend.runtime.choose_decode_backend), as far
+    as the checks above tell: the graph backend also needs triton, which is checked here too."""
+    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS
+    from mkcode.backend.gpu.triton_support import HAVE_TRITON
+
+    if not cuda:
+        return "torch reference backend (no CUDA GPU)"
+    if megakernel_loads and HAVE_TRITON:
+        n = MEGAKERNEL_BELOW_ROWS
+        return f"hybrid: the megakernel below {n} rows, the graph backend from {n}"
+    if HAVE_TRITON:
+        return "graph backend (the megakernel extension is not built or does not load)"
+    if megakernel_loads:
+        return "megakernel (triton is missing: no graph backend; pip install -e '.[gpu]')"
+    return "torch reference backend (neither the graph backend nor the megakernel is available)"

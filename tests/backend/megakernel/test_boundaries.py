@@ -69,4 +69,20 @@ def test_kernels_info_and_doctor_run_without_a_gpu(capsys):
     assert main(["kernels", "info"]) in (0, 1)
     assert "nvcc:" in capsys.readouterr().out
     assert main(["doctor"]) in (0, 1)
-    assert "extension build" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "extension build" in out
+    assert "decode auto" in out and "torch reference backend (no CUDA GPU)" in out  # CI has no GPU
+
+
+def test_doctor_names_what_decode_auto_runs():
+    from mkcode.app.commands.doctor import _auto_decode_plan
+    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS as N
+    from mkcode.backend.gpu.triton_support import HAVE_TRITON
+
+    assert _auto_decode_plan(False, False).startswith("torch")
+    if HAVE_TRITON:  # the test extra installs no triton on the CPU machine; the GPU image has it
+        assert _auto_decode_plan(True, True).startswith(f"hybrid: the megakernel below {N} rows")
+        assert _auto_decode_plan(True, False).startswith("graph backend")
+    else:
+        assert _auto_decode_plan(True, True).startswith("megakernel (triton is missing")
+        assert _auto_decode_plan(True, False).startswith("torch reference backend (neither")
