@@ -41,6 +41,12 @@ def prometheus_text(state: ServerState) -> str:
     lines.append("# HELP mkcode_engine_kv_usage share of KV pages in use")
     lines.append("# TYPE mkcode_engine_kv_usage gauge")
     lines.append(f"mkcode_engine_kv_usage {m.kv_usage:g}")
+    steps = getattr(getattr(state.engine, "backend", None), "steps", None)
+    if isinstance(steps, dict):  # a hybrid decode backend: the steps each of its backends ran
+        lines.append("# HELP mkcode_engine_decode_steps_total decode steps, by the backend that ran them")
+        lines.append("# TYPE mkcode_engine_decode_steps_total counter")
+        for backend, count in sorted(steps.items()):
+            lines.append(f'mkcode_engine_decode_steps_total{{backend="{backend}"}} {count}')
     lines.append("# HELP mkcode_http_requests_total HTTP requests answered, by path and status")
     lines.append("# TYPE mkcode_http_requests_total counter")
     for (path, status), count in sorted(state.requests_total.items()):

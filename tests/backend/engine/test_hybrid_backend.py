@@ -122,3 +122,21 @@ def test_the_cli_offers_exactly_the_runtime_backends():
     from mkcode.app.settings import DECODES
 
     assert DECODES == runtime.DECODE_BACKENDS
+
+
+def test_metrics_count_the_steps_each_backend_ran():
+    """/metrics: with a hybrid decode backend, decode steps by the backend that ran them."""
+    from mkcode.backend.engine.engine import EngineMetrics
+    from mkcode.backend.server.metrics import prometheus_text
+
+    h = HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), split=2)
+    for rows in (1, 1, 3):
+        h.decode(_batch(rows))
+    engine = SimpleNamespace(backend=h, metrics=lambda: EngineMetrics())
+    text = prometheus_text(SimpleNamespace(engine=engine, requests_total={}))
+    assert 'mkcode_engine_decode_steps_total{backend="megakernel"} 2' in text
+    assert 'mkcode_engine_decode_steps_total{backend="graph"} 1' in text
+    plain = prometheus_text(
+        SimpleNamespace(engine=SimpleNamespace(metrics=lambda: EngineMetrics()), requests_total={})
+    )
+    assert "decode_steps_total" not in plain  # a single backend: nothing to split
