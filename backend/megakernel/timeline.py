@@ -309,3 +309,104 @@ def stream_profile(
         {"t_us": i * bin_us, "tb_s": traffic[i] / (bin_us * 1e-6) / 1e12, "blocks": dict(busy[i])}
         for i in range(nbins)
     ]
+
+
+def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]:
+    """What the blocks do over one layer (records as `records` returns them), from the end of the
+    previous layer's last ADD_NORM to the end of this layer's, in bins of bin_us: per bin, blocks
+    (block-time / bin) streaming per opcode (a GEMV interval; an ATTN item's run), in fixed costs
+    (`fixed`: staging, epilogue, signal, the run of other ops), waiting per opcode (a task's
+    dependency wait), and `idle` (the rest: between tasks, a drain's own wait, nothing to do).
+    Session 14's view of the BS 8 dips: which op the idle SMs wait on, and when. Empty when the
+    layer or the previous one has no ADD_NORM record."""
+    rows = recs.tolist()
+    ends = defaultdict(int)
+    for r in rows:
+        if (r[1] & 0xFF) == abi.MK_OP_ADD_NORM:
+            ly = (r[1] >> 8) & 0xFF
+            ends[ly] = max(ends[ly], r[7])
+    if layer not in ends or layer - 1 not in ends:
+        return []
+    t0, t1 = ends[layer - 1], ends[layer]
+    nbins = max(1, math.ceil((t1 - t0) / 1e3 / bin_us))
+    bins: list[dict[str, float]] = [defaultdict(float) for _ in range(nbins)]
+
+    def add(key: str, a: int, b: int) -> None:
+        lo_us, hi_us = (max(a, t0) - t0) / 1e3, (min(b, t1) - t0) / 1e3
+        for i in range(int(lo_us // bin_us), min(nbins, int(hi_us // bin_us) + 1)):
+            lo, hi = max(lo_us, i * bin_us), min(hi_us, (i + 1) * bin_us)
+            if hi > lo:
+                bins[i][key] += (hi - lo) / bin_us
+
+    for _, w0, ts, tr, g0, g1, te, tsg in rows:
+        op = abi.OPNAMES.get(w0 & 0xFF, "?")
+        if op == "DRAIN" or tsg <= t0 or ts >= t1:
+            continue
+        add("wait:" + op, ts, tr)
+        if g0 and g1:
+            add("fixed", tr, g0)
+            add("stream:" + op, g0, g1)
+            add("fixed", g1, tsg)
+        elif op == "ATTN":
+            add("stream:" + op, tr, te)
+            add("fixed", te, tsg)
+        else:
+            add("fixed", tr, tsg)
+    n_blocks = int(recs[:, 0].max()) + 1 if len(rows) else 0
+    out = []
+    for i, b in enumerate(bins):
+        stream = {k[7:]: v for k, v in b.items() if k.startswith("stream:")}
+        wait = {k[5:]: v for k, v in b.items() if k.startswith("wait:")}
+        busy = sum(b.values())
+        out.append(
+            {
+                "t_us": i * bin_us,
+                "stream": stream,
+                "fixed": b.get("fixed", 0.0),
+                "wait": wait,
+                "idle": max(0.0, n_blocks - busy),
+            }
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mkcode.backend.megakernel.timeline timeline_bs8.pt [--layer 25]`: a saved step's
+    chain ends, one layer's SM states by bin (sm_states) and the largest gaps, on any machine."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("path", help="timeline_bs{B}.pt as gpu_check bench saves it (records)")
+    p.add_argument("--layer", type=int, default=25)
+    p.add_argument("--bin", type=float, default=8.0, help="bin width, us")
+    args = p.parse_args(argv)
+    recs = torch.load(args.path)
+    if recs.dim() == 3:  # a raw [n_sms, cap, words] timeline
+        recs = records(recs)
+    ch = chain_ends(recs)
+    if ch:
+        mean = sum(c["layer_us"] for c in ch) / len(ch)
+        print(f"{len(ch)} layers, mean {mean:.1f} us from add+norm to add+norm")
+    states = sm_states(recs, args.layer, args.bin)
+    if not states:
+        print(f"layer {args.layer}: no add+norm records around it")
+        return 1
+    print(
+        f"layer {args.layer}, per {args.bin:g} us: blocks streaming (by op), in fixed costs, waiting (by op), idle"
+    )
+    for s in states:
+        st = " ".join(f"{k}:{v:.0f}" for k, v in sorted(s["stream"].items()) if v >= 0.5)
+        wt = " ".join(f"{k}:{v:.0f}" for k, v in sorted(s["wait"].items()) if v >= 0.5)
+        total = sum(s["stream"].values())
+        print(
+            f"{s['t_us']:7.1f}  stream {total:5.1f} [{st}]  fixed {s['fixed']:5.1f}  wait [{wt}]  idle {s['idle']:5.1f}"
+        )
+    for g in gaps(recs)[:6]:
+        print(
+            f"gap {g['prev']} -> {g['next']}: n={g['count']} median {g['median_us']:.2f} us, total {g['total_us'] / 1e3:.2f} SM-ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -217,6 +217,41 @@ def test_timeline_summary_of_synthetic_records():
     assert ch[0]["ends_us"] == {"QKV": 9.0 - 0.8}  # MOE_UP is not a chain op; ends after signals
 
 
+def test_sm_states_of_a_layer(tmp_path, capsys):
+    """timeline.sm_states: per bin of a layer (previous add+norm end to its own), the blocks that
+    stream (a GEMV interval, an ATTN run), sit in fixed costs, wait (by the waiting op) or idle; and
+    the module's CLI prints it from a saved step."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(3, 3, "cpu")
+    # layer 4's add+norm ends at 1 us, layer 5's at 9 us: the layer spans 8 us (two 4-us bins)
+    tl[2, 0] = torch.tensor([abi.MK_OP_ADD_NORM | (4 << 8), 500, 500, 0, 0, 900, 1000])
+    tl[2, 1] = torch.tensor([abi.MK_OP_ADD_NORM | (5 << 8), 1000, 8000, 0, 0, 8800, 9000])
+    # block 0: a QKV tile waits 1-2 us, stages 2-3, streams 3-7, epilogue + signal 7-8
+    tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (5 << 8), 1000, 2000, 3000, 7000, 7500, 8000])
+    # block 1: an attention item runs 5-9 us (ready at 5, op end 8.5, signalled 9)
+    tl[1, 0] = torch.tensor([abi.MK_OP_ATTN | (5 << 8) | (1 << 16), 5000, 5000, 0, 0, 8500, 9000])
+    recs = timeline.records(tl)
+    st = timeline.sm_states(recs, 5, bin_us=4.0)
+    assert [s["t_us"] for s in st] == [0.0, 4.0]
+    # bin 0 (1-5 us): QKV waits 1/4, fixed 1/4, streams 2/4; the add+norm waits (1-5: 4/4)
+    assert st[0]["stream"] == {"QKV": 0.5} and st[0]["fixed"] == 0.25
+    assert st[0]["wait"] == {"QKV": 0.25, "ADD_NORM": 1.0}
+    assert abs(st[0]["idle"] - (3 - 2.0)) < 1e-9  # block 1 idle all bin
+    # bin 1 (5-9 us): QKV streams 2/4 then 1/4 fixed; ATTN streams 3.5/4 and 0.5/4 fixed
+    assert st[1]["stream"] == {"QKV": 0.5, "ATTN": 0.875}
+    assert abs(st[1]["fixed"] - (0.25 + 0.125 + 0.25)) < 1e-9  # + the add+norm's run 8-9
+    assert timeline.sm_states(recs, 4) == []  # no layer-3 add+norm to start from
+    path = tmp_path / "timeline_bs1.pt"
+    torch.save(recs, path)
+    assert timeline.main([str(path), "--layer", "5", "--bin", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "layer 5, per 4 us" in out and "[ATTN:1 QKV:0]" in out  # 0.875 and 0.5 blocks, rounded
+    assert timeline.main([str(path), "--layer", "4"]) == 1
+
+
 def test_stream_profile_shares_an_op_total_by_gemv_time():
     """op_totals: MoE up tiles of two sizes share the layer's up bytes by their GEMV time (a 4-us
     and a 2-us tile of one op: 2/3 and 1/3 of 3 MB), instead of each counting op_bytes' wide tile."""
