@@ -104,13 +104,13 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
     build`). Either alone when the other does not load (the reason says why), torch when neither
     does. `graph`, `megakernel` and `hybrid` ask for exactly that (building the extension if
     needed) and fail with the reason."""
-    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, HybridDecodeBackend
+    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, HybridDecodeBackend, auto_choice
 
     if name not in DECODE_BACKENDS:
         raise ValueError(f"unknown decode backend {name!r}; choose one of {list(DECODE_BACKENDS)}")
     dev = model.device
     if dev.type != "cuda":
-        if name != "torch" and name != "auto":
+        if name not in ("torch", "auto"):
             raise RuntimeError(f"decode backend {name!r} needs a CUDA GPU (device is {dev})")
         return TorchDecodeBackend(model), "torch", "no GPU: torch reference backend"
     if name == "torch":
@@ -125,12 +125,13 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
             if name != "auto":
                 raise RuntimeError(f"{candidate} backend unavailable: {e}") from e
             reasons.append(f"{candidate} unavailable ({e})")
-    if "graph" in loaded and "megakernel" in loaded:
+    choice = auto_choice("graph" in loaded, "megakernel" in loaded)
+    if choice == "hybrid":
         hybrid = HybridDecodeBackend(loaded["megakernel"], loaded["graph"], MEGAKERNEL_BELOW_ROWS)
         return hybrid, "hybrid", f"hybrid: {hybrid.describe()} (CUDA graphs)"
-    if "graph" in loaded:
+    if choice == "graph":
         return loaded["graph"], "graph", "; ".join([*reasons, "graph backend (CUDA graphs)"])
-    if "megakernel" in loaded:
+    if choice == "megakernel":
         return loaded["megakernel"], "megakernel", "; ".join([*reasons, "megakernel loaded"])
     return TorchDecodeBackend(model), "torch", "; ".join([*reasons, "torch reference backend"])
 

@@ -1556,7 +1556,7 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
     item[w] = raw[w];
     return true;
   }
-  const int up = p.moe_up_tiles, down = p.moe_down_tiles;
+  const int up = p.moe_up_tiles;
   const int m = q.tile(idx);
   const bool is_up = m < q.n_up;
   const int e = raw[0], ntok = raw[1];

@@ -97,16 +97,15 @@ def run(args: argparse.Namespace) -> int:
 def _auto_decode_plan(cuda: bool, megakernel_loads: bool) -> str:
     """What `--decode auto` will run on this machine (backend.runtime.choose_decode_backend), as far
     as the checks above tell: the graph backend also needs triton, which is checked here too."""
-    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS
+    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, auto_choice
     from mkcode.backend.gpu.triton_support import HAVE_TRITON
 
     if not cuda:
         return "torch reference backend (no CUDA GPU)"
-    if megakernel_loads and HAVE_TRITON:
-        n = MEGAKERNEL_BELOW_ROWS
-        return f"hybrid: the megakernel below {n} rows, the graph backend from {n}"
-    if HAVE_TRITON:
-        return "graph backend (the megakernel extension is not built or does not load)"
-    if megakernel_loads:
-        return "megakernel (triton is missing: no graph backend; pip install -e '.[gpu]')"
-    return "torch reference backend (neither the graph backend nor the megakernel is available)"
+    n = MEGAKERNEL_BELOW_ROWS
+    return {
+        "hybrid": f"hybrid: the megakernel below {n} rows, the graph backend from {n}",
+        "graph": "graph backend (the megakernel extension is not built or does not load)",
+        "megakernel": "megakernel (triton is missing: no graph backend; pip install -e '.[gpu]')",
+        "torch": "torch reference backend (neither the graph backend nor the megakernel is available)",
+    }[auto_choice(HAVE_TRITON, megakernel_loads)]

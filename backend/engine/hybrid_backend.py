@@ -22,6 +22,15 @@ from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 MEGAKERNEL_BELOW_ROWS = 2
 
 
+def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
+    """The backend `--decode auto` runs on a GPU given which of the two load: "hybrid" with both,
+    else the one that loads, else "torch" (backend.runtime.choose_decode_backend; `mkcode doctor`
+    predicts it with the same rule)."""
+    if graph_loads and megakernel_loads:
+        return "hybrid"
+    return "graph" if graph_loads else "megakernel" if megakernel_loads else "torch"
+
+
 class HybridDecodeBackend:
     name = "hybrid"
 

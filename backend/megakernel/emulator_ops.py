@@ -69,7 +69,7 @@ def moe_item(
     item: int,
     mlp_counter: int,
     up_tiles: int,
-    up_tile: Callable[[int, int], tuple[int, int, int]] | int,
+    up_tile: Callable[[int, int], tuple[int, int, int]],
     down_tiles: int,
     down_rows: int,
     expert_counter,
@@ -77,20 +77,16 @@ def moe_item(
 ) -> list[int] | None:
     """Expand MoE queue item `item` of a layer into a full descriptor (as the kernel's drain does):
     items [0, n*up_tiles) are up tiles, then the down tiles (expert-major). None past the end.
-    `up_tile(n, m)` gives up tile m's (active expert index, first column, columns) (Tiling.moe_up_tile;
-    an int: every tile that many columns, expert-major). `fused` (down_tiles = 0): the up items are
-    MOE_FUSED and signal the MLP counter directly."""
+    `up_tile(n, m)` gives up tile m's (active expert index, first column, columns) with n active
+    experts (Tiling.moe_up_tile). `fused` (down_tiles = 0): the up items are MOE_FUSED and signal
+    the MLP counter directly."""
     from mkcode.backend.megakernel.schedule import make_desc
 
     n_act = len(table)
     if item >= n_act * (up_tiles + down_tiles):
         return None
     if item < n_act * up_tiles:
-        if callable(up_tile):
-            a, c0, cols = up_tile(n_act, item)
-        else:
-            a, t = divmod(item, up_tiles)
-            c0, cols = t * up_tile, up_tile
+        a, c0, cols = up_tile(n_act, item)
         e, slots = table[a]
         args = (e, c0, cols)
         if fused:

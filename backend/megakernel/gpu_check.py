@@ -282,7 +282,7 @@ def layer_profile(
     kv_tokens = min(context + 1, window) if window else context + 1
     attn_bytes = B * kv_tokens * cfg.num_key_value_heads * cfg.head_dim * 2 * ebytes
     totals = {}
-    if getattr(tiling, "moe_up_small", 0):  # two up-tile sizes: the layer's up bytes by GEMV time
+    if tiling.moe_up_small:  # two up-tile sizes: the layer's up bytes by GEMV time
         w0 = recs[:, 1]
         n_up = int((((w0 >> 8) & 0xFF) == layer).logical_and((w0 & 0xFF) == abi.MK_OP_MOE_UP).sum())
         n_act = n_up // tiling.moe_tiles(cfg)[0]

@@ -76,17 +76,17 @@ class Tiling:
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
+    # 1: no combine tasks; the attention split of a (row, kv head) that signals last (its counter's
+    # atomic add returns the step's last value) merges the splits on its own SM at once. Queued
+    # combines were claimed ahead by SMs starting 45-us up tiles at BS 8, and the O-proj items
+    # claimed after them waited ~30 us on ~40 SMs per layer (session 14, timeline)
+    combine_inline: int = 0
     # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
     # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
     # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
     # tiles (256 columns, ~45 us) fall in 1.2 waves: the last ~40 were claimed ~100 us into a ~188-us
     # layer by SMs that had finished their first one and ended ~45 us later, their experts' down tiles
     # after them (session 14, timeline). The small tiles claimed last end within a few us of each other.
-    # 1: no combine tasks; the attention split of a (row, kv head) that signals last (its counter's
-    # atomic add returns the step's last value) merges the splits on its own SM at once. Queued
-    # combines were claimed ahead by SMs starting 45-us up tiles at BS 8, and the O-proj items
-    # claimed after them waited ~30 us on ~40 SMs per layer (session 14, timeline)
-    combine_inline: int = 0
     moe_up_small: int = 0
     moe_up_small_tiles: int = 0
 

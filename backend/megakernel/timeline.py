@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from itertools import pairwise
 
 import torch
@@ -194,17 +195,32 @@ CHAIN_OPS = (
 )
 
 
+def _last_ends(rows: list[list[int]], ops) -> dict[int, dict[str, int]]:
+    """Per layer, per opcode name in `ops`: the last end of its records (after their signals)."""
+    ends: dict[int, dict[str, int]] = defaultdict(dict)
+    for row in rows:
+        op = abi.OPNAMES.get(row[1] & 0xFF, "?")
+        if op in ops:
+            layer = (row[1] >> 8) & 0xFF
+            ends[layer][op] = max(ends[layer].get(op, 0), row[7])
+    return ends
+
+
+def _bin_overlaps(a: float, b: float, bin_us: float, nbins: int) -> Iterator[tuple[int, float]]:
+    """(bin, us of [a, b) inside it) for each of the first nbins bins that [a, b) overlaps (times
+    in us from bin 0's start, a >= 0)."""
+    for i in range(int(a // bin_us), min(nbins, int(b // bin_us) + 1)):
+        lo, hi = max(a, i * bin_us), min(b, (i + 1) * bin_us)
+        if hi > lo:
+            yield i, hi - lo
+
+
 def chain_ends(recs: torch.Tensor) -> list[dict]:
     """Per layer after the first: when each op of CHAIN_OPS last ended (after its signals), in us
     from the end of the previous layer's last ADD_NORM; `layer_us` is the layer's own ADD_NORM end.
     Which chain ends last (O-proj or the MoE items) is the one a change must shorten (session 13, BS
     1: 43 of 48 layers ended on the MoE items, by ~5 us; BS 8: all of them, by ~33 us)."""
-    ends: dict[int, dict[str, int]] = defaultdict(dict)
-    for row in recs.tolist():
-        op = abi.OPNAMES.get(row[1] & 0xFF, "?")
-        if op in CHAIN_OPS:
-            layer = (row[1] >> 8) & 0xFF
-            ends[layer][op] = max(ends[layer].get(op, 0), row[7])
+    ends = _last_ends(recs.tolist(), CHAIN_OPS)
     out = []
     for layer in sorted(ends):
         prev = ends.get(layer - 1, {}).get("ADD_NORM")
@@ -279,13 +295,9 @@ def stream_profile(
 
     def spread(t0: int, t1: int, nbytes: float, op: str) -> None:
         a, b = (t0 - base) / 1e3, (t1 - base) / 1e3
-        if b <= a:
-            return
-        for i in range(int(a / bin_us), min(nbins, int(b / bin_us) + 1)):
-            lo, hi = max(a, i * bin_us), min(b, (i + 1) * bin_us)
-            if hi > lo:
-                traffic[i] += nbytes * (hi - lo) / (b - a)
-                busy[i][op] += (hi - lo) / bin_us
+        for i, us in _bin_overlaps(a, b, bin_us, nbins):
+            traffic[i] += nbytes * us / (b - a)
+            busy[i][op] += us / bin_us
 
     op_totals = op_totals or {}
     gemv_ns: dict[str, int] = defaultdict(int)  # per op of op_totals: its records' GEMV time
@@ -320,23 +332,16 @@ def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]
     Session 14's view of the BS 8 dips: which op the idle SMs wait on, and when. Empty when the
     layer or the previous one has no ADD_NORM record."""
     rows = recs.tolist()
-    ends = defaultdict(int)
-    for r in rows:
-        if (r[1] & 0xFF) == abi.MK_OP_ADD_NORM:
-            ly = (r[1] >> 8) & 0xFF
-            ends[ly] = max(ends[ly], r[7])
-    if layer not in ends or layer - 1 not in ends:
+    ends = _last_ends(rows, ("ADD_NORM",))
+    if "ADD_NORM" not in ends.get(layer, {}) or "ADD_NORM" not in ends.get(layer - 1, {}):
         return []
-    t0, t1 = ends[layer - 1], ends[layer]
+    t0, t1 = ends[layer - 1]["ADD_NORM"], ends[layer]["ADD_NORM"]
     nbins = max(1, math.ceil((t1 - t0) / 1e3 / bin_us))
     bins: list[dict[str, float]] = [defaultdict(float) for _ in range(nbins)]
 
     def add(key: str, a: int, b: int) -> None:
-        lo_us, hi_us = (max(a, t0) - t0) / 1e3, (min(b, t1) - t0) / 1e3
-        for i in range(int(lo_us // bin_us), min(nbins, int(hi_us // bin_us) + 1)):
-            lo, hi = max(lo_us, i * bin_us), min(hi_us, (i + 1) * bin_us)
-            if hi > lo:
-                bins[i][key] += (hi - lo) / bin_us
+        for i, us in _bin_overlaps((max(a, t0) - t0) / 1e3, (min(b, t1) - t0) / 1e3, bin_us, nbins):
+            bins[i][key] += us / bin_us
 
     for _, w0, ts, tr, g0, g1, te, tsg in rows:
         op = abi.OPNAMES.get(w0 & 0xFF, "?")

@@ -6,6 +6,7 @@ watchdog."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from mkcode.backend.megakernel.testing import (
     reference_step,
     written_kv,
 )
+from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 
@@ -35,6 +37,8 @@ if not torch.cuda.is_available():
 from mkcode.backend.megakernel.backend import MegakernelBackend, MegakernelError  # noqa: E402
 
 CFG = reduced_config()
+# ragged BS 8 contexts crossing page boundaries (the engine's wide tiling from 4 rows)
+BS8_CONTEXTS = [5, 300, 255, 256, 1, 64, 65, 700]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +116,16 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
         items = range(16, 16 + 2 * 4) if op == abi.MK_OP_MOE_DOWN else range(0, 2 * 8)
         return [
             moe_item(
-                table, 2, i, 0, 8, 32, 0 if fused else 4, 128, lambda ly, e: expert_counter(CFG, ly, e), fused
+                table,
+                2,
+                i,
+                0,
+                8,
+                partial(Tiling(moe_up_cols=32).moe_up_tile, CFG),  # 256 / 32 = 8 tiles per expert
+                0 if fused else 4,
+                128,
+                lambda ly, e: expert_counter(CFG, ly, e),
+                fused,
             )
             for i in items
         ]
@@ -371,7 +384,7 @@ def test_step_matches_reference_fused_moe(small_fused, contexts, use_mma, tiles)
         be.use_mma = 1
 
 
-@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_consecutive_steps_fused_moe(small, contexts):
     """Fused MoE items at the engine's per-batch tiles, three steps in a row: each step's ROUTE must
     zero the sums the previous step left (and the mlp counters' totals must hold)."""
@@ -397,6 +410,13 @@ def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
             b.positions = b.positions + 1
 
 
+def _engine_tiling(contexts: list[int], **over):
+    """The engine's tiling for this batch size (tiling_for_batch) with `over` on top."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    return replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), **over)
+
+
 def test_consecutive_steps_reduced(small):
     """Steps in a row on one counter bank (bases advance, counters never reset) stay exact."""
     w, be = small
@@ -404,17 +424,13 @@ def test_consecutive_steps_reduced(small):
 
 
 @pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
-@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_claim_policies_reduced(small, contexts, policy, window):
     """Every claim policy at BS 1 and 8 (the engine uses lazy at small and eager at large batches):
     three steps in a row on one backend, so a claim count that broke a queue head's per-step total
     would stall the next step."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
     w, _ = small
-    t = replace(
-        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), claim_policy=policy, claim_window=window
-    )
+    t = _engine_tiling(contexts, claim_policy=policy, claim_window=window)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=11, steps=3)
 
 
@@ -443,17 +459,15 @@ def test_claim_policies_reduced(small, contexts, policy, window):
         "idle-early-ctrl4-combine",
     ],
 )
-@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine, idle):
     """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there),
     Tiling.attn_with_qkv (attention drains on the QKV / router SMs), Tiling.attn_idle_first (on the
     SMs holding neither first), Tiling.ctrl_sms (ROUTE and ADD_NORM alone on the last SMs) and
     Tiling.combine_ctrl (a MoE layer's combines there too, static and warm): three steps in a row."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
     w, _ = small
-    t = replace(
-        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
+    t = _engine_tiling(
+        contexts,
         norm_early=early,
         attn_with_qkv=with_qkv,
         attn_idle_first=idle,
@@ -469,28 +483,20 @@ def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine,
 def test_attention_tail_place_reduced(small, tail_last, tail_downs):
     """Tiling.moe_tail_last / moe_tail_downs at BS 8 (separate up and down tiles): a MoE layer's
     combines and O-proj items after all, some or more than all of its down tiles; three steps."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
     w, _ = small
-    contexts = [5, 300, 255, 256, 1, 64, 65, 700]
-    t = replace(
-        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
-        moe_tail_last=tail_last,
-        moe_tail_downs=tail_downs,
-    )
+    contexts = BS8_CONTEXTS
+    t = _engine_tiling(contexts, moe_tail_last=tail_last, moe_tail_downs=tail_downs)
     assert not t.moe_fused
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=29, steps=3)
 
 
-@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256, 1, 64, 65, 700]], ids=["bs1", "bs8"])
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_combine_by_the_last_split_reduced(small, contexts):
     """Tiling.combine_inline on each batch size's tiling: no combine tasks, the attention split that
     completes its (row, kv head) merges the splits (atom.acq_rel: exactly one split sees the last
     value); three steps, so the counters' bases move between steps."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
     w, _ = small
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), combine_inline=1, combine_ctrl=0)
+    t = _engine_tiling(contexts, combine_inline=1, combine_ctrl=0)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=37, steps=3)
 
 
@@ -498,16 +504,9 @@ def test_combine_by_the_last_split_reduced(small, contexts):
 def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
     """Tiling.moe_up_small at BS 8 (separate up and down tiles): each expert's last columns in small
     up tiles after every expert's wide ones, the down tiles waiting for all of them; three steps."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
     w, _ = small
-    contexts = [5, 300, 255, 256, 1, 64, 65, 700]
-    t = replace(
-        tiling_for_batch(CFG, default_tiling(CFG), len(contexts)),
-        moe_up_cols=wide,
-        moe_up_small=small_cols,
-        moe_up_small_tiles=n_small,
-    )
+    contexts = BS8_CONTEXTS
+    t = _engine_tiling(contexts, moe_up_cols=wide, moe_up_small=small_cols, moe_up_small_tiles=n_small)
     assert not t.moe_fused and t.moe_up_layout(CFG)[1] == n_small
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=31, steps=3)
 
