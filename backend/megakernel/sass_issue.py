@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from mkcode.backend.megakernel.code_size import CodeSizeError, require_cuobjdump, run_cuobjdump
-from mkcode.backend.megakernel.sass_loops import _INS, parse_functions
+from mkcode.backend.megakernel.code_size import CodeSizeError
+from mkcode.backend.megakernel.sass_loops import _INS, object_sass
 
 
 def _opcode(text: str) -> str:
@@ -41,9 +41,8 @@ def _function_ops(sass_text: str, functions: list[tuple[int, int, str]], functio
 
 
 def _on_object(obj: Path, cuobjdump: str | None) -> tuple[str, list[tuple[int, int, str]]]:
-    """A compiled kernel object's SASS and its device functions' address spans."""
-    tool = require_cuobjdump(cuobjdump)
-    return run_cuobjdump(tool, "-sass", obj), parse_functions(run_cuobjdump(tool, "-elf", obj))
+    """A compiled kernel object's default step kernel: its SASS and its device functions' spans."""
+    return object_sass(obj, cuobjdump)
 
 
 def loads_before_first(

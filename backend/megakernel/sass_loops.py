@@ -51,14 +51,46 @@ _INS = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRA = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
 
 
-def parse_functions(elf_text: str) -> list[tuple[int, int, str]]:
+def parse_functions(elf_text: str, kernel: str | None = None) -> list[tuple[int, int, str]]:
     """(start, end, short name) of every non-entry FUNC symbol of `cuobjdump -elf` output (the
-    entry spans the whole section; code outside every other symbol is the entry's own)."""
+    entry spans the whole section; code outside every other symbol is the entry's own). kernel: only
+    that entry's functions (each kernel of an object has its own copies, `$entry$function`, in its
+    own section at overlapping addresses)."""
     return sorted(
         (start, start + size, short_name(sym))
         for start, size, binding, sym in symtab_functions(elf_text)
-        if binding != "GLOBAL"
+        if binding != "GLOBAL" and (kernel is None or sym.startswith(f"${kernel}$"))
     )
+
+
+def default_kernel(elf_text: str) -> str:
+    """The object's default step kernel: the entry `mk_step_kernel<false>` (the head variant,
+    MK_MODE_HEAD, is the other instantiation), or its only entry."""
+    entries = [sym for _, _, binding, sym in symtab_functions(elf_text) if binding == "GLOBAL"]
+    if len(entries) == 1:
+        return entries[0]
+    for sym in entries:
+        if "mk_step_kernelILb0E" in sym:
+            return sym
+    raise CodeSizeError(f"no default step kernel among the object's entries {entries}")
+
+
+def kernel_sass(sass_text: str, kernel: str) -> str:
+    """The part of `cuobjdump -sass` output that lists `kernel` (one `Function : NAME` block)."""
+    blocks = re.split(r"^\s*Function : (\S+)\s*$", sass_text, flags=re.M)
+    for name, body in zip(blocks[1::2], blocks[2::2], strict=True):
+        if name == kernel:
+            return body
+    raise CodeSizeError(f"no SASS listing of {kernel} in the object")
+
+
+def object_sass(obj: Path, cuobjdump: str | None = None) -> tuple[str, list[tuple[int, int, str]]]:
+    """The default step kernel's SASS and its device functions' address spans, from a compiled
+    kernel object."""
+    tool = require_cuobjdump(cuobjdump)
+    elf = run_cuobjdump(tool, "-elf", obj)
+    kernel = default_kernel(elf)
+    return kernel_sass(run_cuobjdump(tool, "-sass", obj), kernel), parse_functions(elf, kernel)
 
 
 def parse_loops(sass_text: str, functions: list[tuple[int, int, str]] | None = None) -> list[Loop]:
@@ -106,10 +138,9 @@ def parse_loops(sass_text: str, functions: list[tuple[int, int, str]] | None = N
 
 def mma_loops(obj: Path, cuobjdump: str | None = None) -> list[Loop]:
     """The loops holding HMMA in the compiled kernel object, named by device function."""
-    tool = require_cuobjdump(cuobjdump)
-    loops = parse_loops(run_cuobjdump(tool, "-sass", obj), parse_functions(run_cuobjdump(tool, "-elf", obj)))
+    loops = parse_loops(*object_sass(obj, cuobjdump))
     if not loops:
-        raise CodeSizeError(f"no loop with HMMA in {obj} (is nvdisasm next to {tool}?)")
+        raise CodeSizeError(f"no loop with HMMA in {obj} (is nvdisasm next to cuobjdump?)")
     return loops
 
 

@@ -80,3 +80,33 @@ def test_compiled_gemv_loops_do_not_spill():
     assert any(lp.weight_stream for lp in loops)
     assert sass_loops.weight_stream_problems(loops) == []
     assert main(["kernels", "loops"]) == 0
+
+
+# two instantiations of the step kernel (the default and the head variant, MK_MODE_HEAD): each has its
+# own copies of the device functions, in its own section, at overlapping addresses
+ELF2 = """
+  0x11          0x100            0x100  FUNC          LOCAL   DEFAULT    -      0x1b  $_ZN2mk14mk_step_kernelILb0EEEvNS_6ParamsEi$_ZN2mk8gemv_mmaERKNS_6ParamsE
+  0x12          0x180            0x100  FUNC          LOCAL   DEFAULT    -      0x1c  $_ZN2mk14mk_step_kernelILb1EEEvNS_6ParamsEi$_ZN2mk8gemv_mmaERKNS_6ParamsE
+  0x24                0          0x400  FUNC          GLOBAL  DEFAULT    ENTRY  0x1b  _ZN2mk14mk_step_kernelILb1EEEvNS_6ParamsEi
+  0x25                0          0x400  FUNC          GLOBAL  DEFAULT    ENTRY  0x1c  _ZN2mk14mk_step_kernelILb0EEEvNS_6ParamsEi
+"""
+
+
+def test_the_default_kernel_is_picked_among_two_instantiations():
+    k0 = "_ZN2mk14mk_step_kernelILb0EEEvNS_6ParamsEi"
+    assert sass_loops.default_kernel(ELF2) == k0
+    assert sass_loops.parse_functions(ELF2, k0) == [(0x100, 0x200, "gemv_mma")]
+    assert len(sass_loops.parse_functions(ELF2)) == 2
+    text = (
+        "\n\tFunction : _ZN2mk14mk_step_kernelILb1EEEvNS_6ParamsEi\n"
+        + _sass([(0x100, "HMMA.16816.F32.BF16 R1, R2, R3, R1")])
+        + f"\n\tFunction : {k0}\n"
+        + _sass([(0x100, "LDG.E.128.CONSTANT R8, desc[UR4][R2.64]")])
+        + "\n"
+    )
+    own = sass_loops.kernel_sass(text, k0)
+    assert "LDG.E.128" in own and "HMMA" not in own
+    with pytest.raises(sass_loops.CodeSizeError, match="no SASS listing"):
+        sass_loops.kernel_sass(text, "_ZN2mk5other")
+    with pytest.raises(sass_loops.CodeSizeError, match="no default step kernel"):
+        sass_loops.default_kernel(ELF2.replace("ILb0E", "ILb2E"))
