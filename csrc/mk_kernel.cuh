@@ -961,6 +961,12 @@ struct SampleSrc {
 };
 
 constexpr int SAMPLE_CAP = 2048;  // compacted candidates kept in shared memory
+// The noise g = -log(-log(u)) of gumbel_noise lies in [-2.812, 16.636] (u in [2^-24, 1 - 2^-24]), so
+// the max token scores at least -2.812 and a token with (l - m) / T below -19.448 scores less than
+// that whatever its noise: the Gumbel pass skips the noise (two logs and a hash) for tokens below
+// GUMBEL_FLOOR (a margin under -19.448). The draw is the same; temperature sampling over a 262k
+// vocabulary spent ~0.2 ms per step computing noise for every token.
+constexpr float GUMBEL_FLOOR = -20.f;
 constexpr int SELECT_BATCH = 8;   // logits per lane in flight in select_key's passes
 constexpr unsigned FULL = 0xffffffffu;
 
@@ -1083,6 +1089,167 @@ __device__ float block_max(float v, float* scratch) {
   return r;
 }
 
+// (l - m) / scale: the one expression every pass of sample_candidates bins and compares (so that a
+// token's membership in a range is decided the same way in each pass)
+__device__ __forceinline__ float scaled_logit(float l, float m, float scale) {
+  return __fdiv_rn(__fsub_rn(l, m), scale);
+}
+
+constexpr int CAND_BINS = 8;    // bins per pass of sample_candidates
+constexpr int CAND_ROUNDS = 4;  // its binning passes at most (the range shrinks 8x per pass)
+constexpr int CAND_BATCH = 4;   // its logits per thread in flight
+constexpr float CAND_COUNT_RANGE = 64.f;  // top-k: the logits within this much of the max are binned
+
+// A short list of candidates for SAMPLE_ROW (session 15; the radix passes over the 262k-entry row
+// made top-p cost ~1.6 ms and top-k ~1.2 ms per step at BS 1): the tokens with s >= some edge,
+// s = (l - m) / scale, at most SAMPLE_CAP of them (cidx / cval), that hold
+// - with k = 0 (plain top-p, scale T): the top-p set. No token with s < -R, R = ln(V / (1 - top_p)),
+//   is in it: all of them weigh at most V e^-R = 1 - top_p, while Z >= 1 (the max token). *Z_out =
+//   sum(e^s) over the row;
+// - with k > 0 (top-k, scale 1): the top-k set (ties kept), when it lies within CAND_COUNT_RANGE of
+//   the max.
+// The list is an upper set of the keys holding the set, so select_key over it finds the same key
+// as over the row, and the Gumbel draw over it the same token. Each pass bins [lo, hi] (first
+// [-R, 0]) into CAND_BINS ranges by weight and count (per-warp shared-memory bins, then thread 0),
+// walks them from the top until the weight reaches top_p * Z (with a 1e-4 margin for the sums'
+// rounding) or the count k, and either the tokens down to that bin fit the list (edge: the bin's
+// lower end) or the next pass bins that one bin. A last pass compacts s >= edge; the list is used
+// only when it fits and holds the set (its weight reaches top_p * Z with a 1e-5 margin, or it holds
+// k tokens). Returns its length, or -1 (then the caller runs over the row). Inlined into
+// op_sample_row: as a call of its own it changed the step kernel's code (ptxas fits each call's
+// convention to its callee; greedy steps ~1 % slower in one call). hist: >= NWARPS * 2 * CAND_BINS
+// floats; misc: NWARPS.
+__device__ __forceinline__ int sample_candidates(const float* lg, int V, float m, float T, float top_p, int k,
+                                                 const float* tile_best, int n_tiles, float* Z_out, int* cidx,
+                                                 float* cval, int* sh, float* hist, float* tot, float* misc) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool mass = k <= 0;
+  const float scale = mass ? T : 1.f;
+  float* st = reinterpret_cast<float*>(sh);  // thread 0's state for all: [2] lo, [3] hi, [4] edge
+  float lo = -CAND_COUNT_RANGE, hi = 0.f, above_m = 0.f, Z = 0.f;
+  int above_c = 0, state = 0;  // 0: next pass, 1: edge found, -1: no list fits
+  if (mass) {
+    // the row's Z first: every token weighs at most 1 (the max token), so a top-p set holds at least
+    // top_p * Z tokens, and when that is more than the list holds, no list fits (a flat row: the
+    // passes over the row then run as before, with this Z, at no extra cost)
+    float z = 0.f;
+    for (int base = threadIdx.x; base < V; base += NT * CAND_BATCH) {
+      float lv[CAND_BATCH];
+#pragma unroll
+      for (int e = 0; e < CAND_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
+#pragma unroll
+      for (int e = 0; e < CAND_BATCH; ++e)
+        if (base + e * NT < V) z += expf(scaled_logit(lv[e], m, scale));
+    }
+    Z = block_sum(z, misc);
+    *Z_out = Z;
+    if (!(top_p * Z <= (float)SAMPLE_CAP)) return -1;
+    lo = -logf((float)V / (1.f - top_p));
+  } else if (n_tiles >= k && n_tiles <= SAMPLE_CAP) {
+    // the k-th largest of the LM-head tiles' maxima is a logit at most the row's k-th largest, so
+    // the top-k set lies at or above it: the first pass bins only that range (on a flat row the
+    // whole of [-64, 0] went through the shared-memory atomics)
+    for (int t = threadIdx.x; t < n_tiles; t += NT) cval[t] = ld_cg(tile_best + (size_t)t * 8);
+    __syncthreads();
+    const uint32_t kt = select_key(SampleSrc{nullptr, cidx, cval, n_tiles}, 0u, false, m, T, (float)k, hist, tot, sh);
+    const uint32_t bits = kt & 0x80000000u ? kt & 0x7fffffffu : ~kt;  // fkey's inverse
+    lo = fmaxf(lo, scaled_logit(__uint_as_float(bits), m, scale));
+  }
+  for (int round = 0; round < CAND_ROUNDS && state == 0; ++round) {
+    const float w = (hi - lo) / CAND_BINS;
+    float* wm = hist + warp * 2 * CAND_BINS;  // this warp's bins: weights, then counts
+    int* wc = reinterpret_cast<int*>(wm + CAND_BINS);
+    if (lane < CAND_BINS) wm[lane] = 0.f, wc[lane] = 0;
+    __syncwarp();
+    for (int base = threadIdx.x; base < V; base += NT * CAND_BATCH) {  // loads in flight together
+      float lv[CAND_BATCH];
+#pragma unroll
+      for (int e = 0; e < CAND_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
+#pragma unroll
+      for (int e = 0; e < CAND_BATCH; ++e) {
+        if (base + e * NT >= V) continue;
+        const float sl = scaled_logit(lv[e], m, scale);
+        const bool in = sl >= lo && (round == 0 ? sl <= hi : sl < hi);
+        if (in) {
+          const float wt = mass ? expf(sl) : 0.f;
+          const int q = min(CAND_BINS - 1, max(0, (int)((hi - sl) / w)));
+          if (mass) atomicAdd(wm + q, wt);
+          atomicAdd(wc + q, 1);
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // walk the bins from the top (sums over the warps)
+      const float target = top_p * Z * (1.f + 1e-4f);
+      float cum = above_m, mk = 0.f;
+      int cnt = above_c, ck = 0, kb = -1;
+      for (int j = 0; j < CAND_BINS && kb < 0; ++j) {
+        mk = 0.f, ck = 0;
+        for (int v = 0; v < NWARPS; ++v) {
+          mk += hist[v * 2 * CAND_BINS + j];
+          ck += reinterpret_cast<const int*>(hist)[v * 2 * CAND_BINS + CAND_BINS + j];
+        }
+        cum += mk;
+        cnt += ck;
+        if (mass ? cum >= target : cnt >= k) kb = j;
+      }
+      if (kb < 0) {
+        state = -1;  // the range does not reach the target (rounding)
+      } else if (cnt <= SAMPLE_CAP) {
+        state = 1;
+        st[4] = kb == CAND_BINS - 1 ? lo : hi - (kb + 1) * w;
+      } else if (cnt - ck > SAMPLE_CAP) {
+        state = -1;  // the tokens above the bin alone overflow the list
+      } else {  // bin kb again, finer; the bins above it join `above`
+        above_m = cum - mk;
+        above_c = cnt - ck;
+        const float top = hi - kb * w;
+        lo = kb == CAND_BINS - 1 ? lo : hi - (kb + 1) * w;
+        hi = top;
+        st[2] = lo;
+        st[3] = hi;
+      }
+      sh[0] = state;
+    }
+    __syncthreads();
+    state = sh[0];
+    lo = st[2];
+    hi = st[3];
+    __syncthreads();  // everyone read the state before thread 0 writes it again
+  }
+  if (state != 1) return -1;
+  const float edge = st[4];
+  if (threadIdx.x == 0) sh[1] = 0;
+  __syncthreads();
+  float zc = 0.f;
+  for (int base = threadIdx.x; base < V; base += NT * CAND_BATCH) {
+    float lv[CAND_BATCH];
+#pragma unroll
+    for (int e = 0; e < CAND_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
+#pragma unroll
+    for (int e = 0; e < CAND_BATCH; ++e) {
+      const int i = base + e * NT;
+      if (i < V) {
+        const float sl = scaled_logit(lv[e], m, scale);
+        if (sl >= edge) {
+          if (mass) zc += expf(sl);
+          const int at = atomicAdd(sh + 1, 1);
+          if (at < SAMPLE_CAP) {
+            cidx[at] = i;
+            cval[at] = lv[e];
+          }
+        }
+      }
+    }
+  }
+  const float Zc = block_sum(zc, misc);  // its barriers publish sh[1]
+  const int n = sh[1];
+  __syncthreads();
+  // a list whose weight only just reaches top_p * Z could miss it in select_key's own sums
+  const bool holds = mass ? Zc >= top_p * Z * (1.f + 1e-5f) : n >= k;
+  return n <= SAMPLE_CAP && holds ? n : -1;
+}
+
 __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& s) {
   const int b = d[MK_F_A0], V = p.vocab;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1127,8 +1294,22 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
   const float m = block_max(mx, misc);
   SampleSrc src{lg, nullptr, nullptr, V};
   uint32_t thr = 0;
-  if (top_k > 0 && top_k < V) {
+  // A short candidate list first (sample_candidates): the top-p set without a top-k cut, else the
+  // top-k set; every pass below then runs over it instead of the row when it fits.
+  const bool use_k = top_k > 0 && top_k < V;
+  const bool plain_p = top_p < 1.f && !use_k;
+  float z_row = 0.f;  // plain top-p: the row's Z (also when no list fits)
+  bool listed = false;
+  if (plain_p || (use_k && top_k <= SAMPLE_CAP)) {
+    const int n = sample_candidates(lg, V, m, T, top_p, use_k ? top_k : 0, (const float*)p.lm_best + b, p.n_lm_tiles,
+                                    &z_row, cidx, cval, sh, hist, tot, misc);
+    listed = n >= 0;
+    if (listed) src = SampleSrc{lg, cidx, cval, n};
+  }
+  if (use_k) {
     thr = select_key(src, 0u, false, m, T, (float)top_k, hist, tot, sh);
+  }
+  if (use_k && !listed) {
     // compact the kept set into smem when it fits (ties can make it larger than k)
     if (threadIdx.x == 0) sh[0] = 0;
     __syncthreads();
@@ -1155,19 +1336,21 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
   }
   if (top_p < 1.f) {
     float z = 0.f;  // each thread's elements in the same order as one at a time
-    for (int base = threadIdx.x; base < src.n; base += NT * SELECT_BATCH) {
-      float lv[SELECT_BATCH];
+    if (!plain_p) {  // after a top-k cut: the kept set's Z
+      for (int base = threadIdx.x; base < src.n; base += NT * SELECT_BATCH) {
+        float lv[SELECT_BATCH];
 #pragma unroll
-      for (int e = 0; e < SELECT_BATCH; ++e) {
-        int idx;
-        lv[e] = 0.f;
-        if (base + e * NT < src.n) src.at(base + e * NT, idx, lv[e]);
+        for (int e = 0; e < SELECT_BATCH; ++e) {
+          int idx;
+          lv[e] = 0.f;
+          if (base + e * NT < src.n) src.at(base + e * NT, idx, lv[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < SELECT_BATCH; ++e)
+          if (base + e * NT < src.n && fkey(lv[e]) >= thr) z += expf((lv[e] - m) / T);
       }
-#pragma unroll
-      for (int e = 0; e < SELECT_BATCH; ++e)
-        if (base + e * NT < src.n && fkey(lv[e]) >= thr) z += expf((lv[e] - m) / T);
     }
-    const float Z = block_sum(z, misc);
+    const float Z = plain_p ? z_row : block_sum(z, misc);
     const uint32_t pth = select_key(src, thr, true, m, T, top_p * Z, hist, tot, sh);
     thr = pth > thr ? pth : thr;
   }
@@ -1187,8 +1370,10 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
     }
 #pragma unroll
     for (int e = 0; e < SELECT_BATCH; ++e) {
-      if (base + e * NT < src.n && fkey(lv[e]) >= thr) {
-        const float v = (lv[e] - m) / T + gumbel_noise(rk, (uint32_t)iv[e]);
+      const float sl = (lv[e] - m) / T;
+      // GUMBEL_FLOOR: a token this far below the max cannot win, so its noise is not computed
+      if (base + e * NT < src.n && fkey(lv[e]) >= thr && sl >= GUMBEL_FLOOR) {
+        const float v = sl + gumbel_noise(rk, (uint32_t)iv[e]);
         if (v > best || (v == best && iv[e] < bi)) {
           best = v;
           bi = iv[e];

@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from mkcode.backend.bench.accounting import step_bytes as account_step_bytes
@@ -340,9 +341,73 @@ def sampling_cost(cfg, w, cases, batches) -> dict:
                 + f" (top-k/top-p costs {(row['topk_topp'] - row['greedy']) * 1e6:.0f} us)",
                 flush=True,
             )
+        out["sample_row_1"] = sample_row_cost(be, cases[1].batch)
     except Exception as e:  # a sampling failure must not lose the timings above
         out["error"] = f"{type(e).__name__}: {e}"
         print("sampling cost failed:", out["error"], flush=True)
+    return out
+
+
+def _lm_like_logits(V: int, peaked: bool, seed: int) -> torch.Tensor:
+    """One row of synthetic logits: a N(0, 2.5) bulk and, when `peaked`, 24 tokens at N(14, 2) (a
+    language model's next-token distribution has a few logits far above the rest; the random-weight
+    model's are one flat bulk, where top-p keeps most of the vocabulary)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    row = torch.randn(V, device="cuda", generator=g) * 2.5
+    if peaked:
+        top = torch.randperm(V, device="cuda", generator=g)[:24]
+        row[top] = 14.0 + 2.0 * torch.randn(24, device="cuda", generator=g)
+    return row
+
+
+def sample_row_cost(be, batch) -> dict:
+    """SAMPLE_ROW alone on one row of the release vocabulary (`run_tasks`, one block): wall time per
+    launch, median of 15, minus the greedy launch's (the same host path), per sampling setting on
+    peaked and flat synthetic logits (_lm_like_logits)."""
+    from mkcode.backend.megakernel.sampling import SamplingParams
+    from mkcode.backend.megakernel.schedule import make_desc
+
+    d = make_desc(abi.MK_OP_SAMPLE_ROW, 0, (0,))
+    for i in range(abi.MK_MAX_WAITS):
+        d[abi.MK_F_WAIT0 + 2 * i] = abi.MK_NO_COUNTER
+    d[abi.MK_F_NSIG] = 0
+    d[abi.MK_F_SIG0] = d[abi.MK_F_SIG0 + 1] = abi.MK_NO_COUNTER
+    descs = np.array([d], dtype=np.int32)
+    V, rows = be.cfg.vocab_size, be.tiling.lm_rows
+    settings = (
+        ("greedy", SamplingParams(0.0)),
+        ("temperature", SamplingParams(0.8, seed=1, step=2)),
+        ("topp", SamplingParams(0.8, 0, 0.95, seed=1, step=2)),
+        ("topk_topp", SamplingParams(0.8, 50, 0.95, seed=1, step=2)),
+        ("topk", SamplingParams(0.8, 50, seed=1, step=2)),
+    )
+    out: dict[str, float] = {}
+    for shape in ("peaked", "flat"):
+        row = _lm_like_logits(V, shape == "peaked", seed=7)
+        be.ws["logits"][0] = row
+        n_tiles = -(-V // rows)  # what run_tasks gives the kernel (V is a multiple of lm_rows here)
+        best, arg = row[: n_tiles * rows].view(n_tiles, rows).max(-1)
+        be.ws["lm_best"][:, 0] = best
+        be.ws["lm_arg"][:, 0] = (arg + torch.arange(n_tiles, device="cuda") * rows).int()
+        base = None
+        for name, sp in settings:
+            be.run_tasks(descs, batch, n_sms=1, sampling=[sp])
+            ts = []
+            for _ in range(15):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                be.run_tasks(descs, batch, n_sms=1, sampling=[sp])
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t)
+            med = statistics.median(ts)
+            if base is None:
+                base = med
+            out[f"{shape}_{name}_us"] = (med - base) * 1e6
+    print(
+        "SAMPLE_ROW alone, one row of the vocabulary, us over greedy: "
+        + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in out.items() if not k.endswith("greedy_us")),
+        flush=True,
+    )
     return out
 
 

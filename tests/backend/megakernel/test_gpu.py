@@ -647,6 +647,47 @@ def test_sample_row_matches_the_emulator(small):
     assert bad <= 1, f"{bad} of {total} draws differ from the emulator's"
 
 
+# rows whose candidate list (sample_candidates: the top-p set without a top-k cut, else the top-k
+# set) fits the shared-memory list, rows whose does not (a flat row's top-p set, a top-k set larger
+# than the list), a list found after finer passes (a flat row's top-64), and a temperature-only row
+# (the Gumbel floor); the logits' scale per row is CANDIDATE_SCALES'
+CANDIDATE_CASES = [
+    SamplingParams(temperature=0.3, top_p=0.9),
+    SamplingParams(temperature=0.5, top_p=0.95),
+    SamplingParams(temperature=0.4, top_k=10, top_p=0.9),
+    SamplingParams(temperature=0.7, top_k=40),
+    SamplingParams(temperature=1.5, top_p=0.99),  # flat: the top-p set is most of the row
+    SamplingParams(temperature=0.2),
+    SamplingParams(temperature=0.8, top_k=3000),  # more than the list holds: the row passes
+    SamplingParams(temperature=1.0, top_k=64, top_p=0.95),  # flat: finer passes find the top 64
+]
+CANDIDATE_SCALES = [4.0, 3.0, 4.0, 4.0, 0.5, 3.0, 2.0, 0.5]
+
+
+def test_sample_row_candidates_match_the_emulator(small):
+    """SAMPLE_ROW's candidate list (sample_candidates) and the Gumbel floor (no noise for tokens that
+    cannot win) change no draw: rows that take the list and rows that run over the whole row,
+    against the reference sampler (a rare 1-ulp tie of log allowed, as above)."""
+    _w, be = small
+    case = make_case(CFG, [40] * 8, device="cuda", dtype=torch.bfloat16, seed=1)
+    descs = np.array([_strip(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,))) for b in range(8)], dtype=np.int32)
+    total = bad = 0
+    for rep in range(6):
+        g = torch.Generator(device="cuda").manual_seed(500 + rep)
+        scale = torch.tensor(CANDIDATE_SCALES, device="cuda").unsqueeze(1)
+        be.ws["logits"][:8] = torch.randn(8, CFG.vocab_size, device="cuda", generator=g) * scale
+        _fill_logits_from(be, 8)
+        logits = be.ws["logits"][:8].cpu().numpy()
+        params = [replace(CANDIDATE_CASES[b], seed=3000 * rep + b, step=rep) for b in range(8)]
+        be.run_tasks(descs, case.batch, n_sms=8, sampling=params)
+        got = be.ws["tokens_out"][:8].tolist()
+        for b in range(8):
+            total += 1
+            bad += got[b] != int(sample_row(logits[b], params[b])[0])
+            assert sampling.kept_mask(logits[b], params[b])[got[b]]
+    assert bad <= 1, f"{bad} of {total} draws differ from the emulator's"
+
+
 def _fill_logits_from(be, B):
     rows, lg = be.tiling.lm_rows, be.ws["logits"][:B]
     for t in range(be.ws["lm_best"].shape[0]):
