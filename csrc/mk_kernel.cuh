@@ -1097,7 +1097,11 @@ __device__ __forceinline__ float scaled_logit(float l, float m, float scale) {
 
 constexpr int CAND_BINS = 8;    // bins per pass of sample_candidates
 constexpr int CAND_ROUNDS = 4;  // its binning passes at most (the range shrinks 8x per pass)
-constexpr int CAND_BATCH = 4;   // its logits per thread in flight
+// its logits per thread in flight. A pass over the row is a chain of L2 round trips (~8 KB per SM in
+// flight, ~0.05-0.1 ms per pass over 262k logits); 16-byte loads would take fewer, but their registers
+// reached the step kernel's code through op_sample_row (ptxas fits each call's convention to its
+// callee), and the greedy step is what every request pays
+constexpr int CAND_BATCH = 4;
 constexpr float CAND_COUNT_RANGE = 64.f;  // top-k: the logits within this much of the max are binned
 
 // A short list of candidates for SAMPLE_ROW (session 15; the radix passes over the 262k-entry row
@@ -1145,13 +1149,23 @@ __device__ __forceinline__ int sample_candidates(const float* lg, int V, float m
     *Z_out = Z;
     if (!(top_p * Z <= (float)SAMPLE_CAP)) return -1;
     lo = -logf((float)V / (1.f - top_p));
-  } else if (n_tiles >= k && n_tiles <= SAMPLE_CAP) {
-    // the k-th largest of the LM-head tiles' maxima is a logit at most the row's k-th largest, so
-    // the top-k set lies at or above it: the first pass bins only that range (on a flat row the
-    // whole of [-64, 0] went through the shared-memory atomics)
+  }
+  if (n_tiles <= SAMPLE_CAP && (mass || n_tiles >= k)) {
+    // The LM-head tiles' maxima are logits of the row: the largest key at which their own weight
+    // reaches top_p * Z (their k-th largest, for top-k) is a key at or below the row's threshold, so
+    // the set lies at or above it, and the first pass bins only that range. When their whole weight
+    // stays below top_p * Z, the set takes many tokens that are no tile's maximum: the row passes
+    // (a flat row: binning most of the vocabulary through the shared-memory atomics first cost
+    // ~0.35 ms more than the row passes alone, session 15).
     for (int t = threadIdx.x; t < n_tiles; t += NT) cval[t] = ld_cg(tile_best + (size_t)t * 8);
     __syncthreads();
-    const uint32_t kt = select_key(SampleSrc{nullptr, cidx, cval, n_tiles}, 0u, false, m, T, (float)k, hist, tot, sh);
+    const SampleSrc tiles{nullptr, cidx, cval, n_tiles};
+    if (mass) {
+      float zt = 0.f;
+      for (int t = threadIdx.x; t < n_tiles; t += NT) zt += expf(scaled_logit(cval[t], m, scale));
+      if (!(block_sum(zt, misc) >= top_p * Z * (1.f + 1e-4f))) return -1;
+    }
+    const uint32_t kt = select_key(tiles, 0u, mass, m, T, mass ? top_p * Z : (float)k, hist, tot, sh);
     const uint32_t bits = kt & 0x80000000u ? kt & 0x7fffffffu : ~kt;  // fkey's inverse
     lo = fmaxf(lo, scaled_logit(__uint_as_float(bits), m, scale));
   }

@@ -361,9 +361,11 @@ def _lm_like_logits(V: int, peaked: bool, seed: int) -> torch.Tensor:
 
 
 def sample_row_cost(be, batch) -> dict:
-    """SAMPLE_ROW alone on one row of the release vocabulary (`run_tasks`, one block): wall time per
-    launch, median of 15, minus the greedy launch's (the same host path), per sampling setting on
-    peaked and flat synthetic logits (_lm_like_logits)."""
+    """SAMPLE_ROW alone on one row of the release vocabulary (`run_tasks`, one block), timed on the
+    device by the timeline (the task's run, from the end of its wait to its end: the host path of
+    `run_tasks` varies by ~0.1 ms between launches), median of 7, per sampling setting on peaked and
+    flat synthetic logits (_lm_like_logits)."""
+    from mkcode.backend.megakernel import timeline
     from mkcode.backend.megakernel.sampling import SamplingParams
     from mkcode.backend.megakernel.schedule import make_desc
 
@@ -382,30 +384,31 @@ def sample_row_cost(be, batch) -> dict:
         ("topk", SamplingParams(0.8, 50, seed=1, step=2)),
     )
     out: dict[str, float] = {}
-    for shape in ("peaked", "flat"):
-        row = _lm_like_logits(V, shape == "peaked", seed=7)
-        be.ws["logits"][0] = row
-        n_tiles = -(-V // rows)  # what run_tasks gives the kernel (V is a multiple of lm_rows here)
-        best, arg = row[: n_tiles * rows].view(n_tiles, rows).max(-1)
-        be.ws["lm_best"][:, 0] = best
-        be.ws["lm_arg"][:, 0] = (arg + torch.arange(n_tiles, device="cuda") * rows).int()
-        base = None
-        for name, sp in settings:
-            be.run_tasks(descs, batch, n_sms=1, sampling=[sp])
-            ts = []
-            for _ in range(15):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                be.run_tasks(descs, batch, n_sms=1, sampling=[sp])
-                torch.cuda.synchronize()
-                ts.append(time.perf_counter() - t)
-            med = statistics.median(ts)
-            if base is None:
-                base = med
-            out[f"{shape}_{name}_us"] = (med - base) * 1e6
+    saved = be.timeline
+    be.timeline = timeline.allocate(1, 16, "cuda")
+    try:
+        for shape in ("peaked", "flat"):
+            row = _lm_like_logits(V, shape == "peaked", seed=7)
+            be.ws["logits"][0] = row
+            n_tiles = -(-V // rows)  # what run_tasks gives the kernel (V is a multiple of lm_rows here)
+            best, arg = row[: n_tiles * rows].view(n_tiles, rows).max(-1)
+            be.ws["lm_best"][:, 0] = best
+            be.ws["lm_arg"][:, 0] = (arg + torch.arange(n_tiles, device="cuda") * rows).int()
+            for name, sp in settings:
+                runs = []
+                for _ in range(7):
+                    be.timeline.zero_()
+                    be.run_tasks(descs, batch, n_sms=1, sampling=[sp])
+                    torch.cuda.synchronize()
+                    rec = timeline.records(be.timeline)
+                    sel = rec[(rec[:, 1] & 0xFF) == abi.MK_OP_SAMPLE_ROW]
+                    runs.append(float(sel[0, 6] - sel[0, 3]) / 1e3)  # op end - end of wait, us
+                out[f"{shape}_{name}_us"] = statistics.median(runs)
+    finally:
+        be.timeline = saved
     print(
-        "SAMPLE_ROW alone, one row of the vocabulary, us over greedy: "
-        + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in out.items() if not k.endswith("greedy_us")),
+        "SAMPLE_ROW alone, one row of the vocabulary, device us: "
+        + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in out.items()),
         flush=True,
     )
     return out
