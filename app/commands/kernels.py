@@ -4,6 +4,7 @@
     mkcode kernels info
     mkcode kernels sizes
     mkcode kernels loops
+    mkcode kernels own-code OTHER.o
 
 Builds are cached under ~/.cache/mkcode/kernels (or $MKCODE_KERNEL_CACHE) by a hash of the CUDA
 sources, flags, nvcc and Python versions. `--compile-only` compiles to an object file (no GPU
@@ -48,6 +49,13 @@ def register(subparsers: Any) -> None:
         "(compiles it if needed; no GPU)",
     )
     lo.set_defaults(func=run_loops)
+    oc = sub.add_parser(
+        "own-code",
+        help="compare the step kernel's own code (outside its device functions) with another object's, "
+        "e.g. main's from backend/megakernel/ab_tree.sh (compiles this one if needed; no GPU)",
+    )
+    oc.add_argument("other", type=Path, help="the other kernel object (mk_kernel.o)")
+    oc.set_defaults(func=run_own_code)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -119,6 +127,27 @@ def run_loops(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"mkcode kernels loops: {p}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def run_own_code(args: argparse.Namespace) -> int:
+    """A change to an out-of-line op can change the step kernel's dispatch code (ptxas fits each call's
+    convention to its callee), and with it every task's timing: the count of opcodes that differ."""
+    from mkcode.backend.megakernel.code_size import CodeSizeError
+    from mkcode.backend.megakernel.sass_loops import object_sass, opcode_changes, own_opcodes
+
+    got = _inspect_object("own-code", lambda obj: own_opcodes(*object_sass(obj)))
+    if got is None:
+        return 1
+    obj, mine = got
+    try:
+        other = own_opcodes(*object_sass(args.other))
+    except (CodeSizeError, OSError) as e:
+        print(f"mkcode kernels own-code: {e}", file=sys.stderr)
+        return 1
+    changed = opcode_changes(other, mine)
+    print(f"{args.other}: {len(other)} instructions of the step kernel's own code")
+    print(f"{obj}: {len(mine)}; {changed} differ")
+    return 0
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -155,3 +155,28 @@ def weight_stream_problems(loops: list[Loop]) -> list[str]:
         for lp in streams
         if lp.local
     ]
+
+
+def own_opcodes(sass_text: str, functions: list[tuple[int, int, str]]) -> list[str]:
+    """The opcodes, in address order, of the step kernel's own code: its instructions outside every
+    device function's span (the dispatch loop and the ops inlined into it). A change to an
+    out-of-line op can still change this code: ptxas fits each call's convention to its callee
+    (session 15: the sampler's registers reached it through op_sample_row)."""
+    out = []
+    for line in sass_text.splitlines():
+        m = _INS.match(line)
+        if m and not any(lo <= int(m.group(1), 16) < hi for lo, hi, _ in functions):
+            parts = m.group(2).split()
+            out.append(parts[1] if parts[0].startswith("@") else parts[0])
+    return out
+
+
+def opcode_changes(a: list[str], b: list[str]) -> int:
+    """How many opcodes of b differ from a (inserted, deleted or replaced; difflib's matching)."""
+    import difflib
+
+    changed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            changed += max(i2 - i1, j2 - j1)
+    return changed

@@ -82,6 +82,23 @@ def test_compiled_gemv_loops_do_not_spill():
     assert main(["kernels", "loops"]) == 0
 
 
+@pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc, pybind11 and Python headers")
+@pytest.mark.skipif(
+    find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
+)
+def test_own_code_of_the_compiled_kernel(capsys, tmp_path):
+    """`mkcode kernels own-code OTHER.o` on the object CI compiles: against itself nothing differs;
+    a missing object is a clear error."""
+    from mkcode.app.cli import main
+    from mkcode.backend.megakernel.build import build
+
+    obj = build(compile_only=True).path
+    assert main(["kernels", "own-code", str(obj)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("; 0 differ")
+    assert main(["kernels", "own-code", str(tmp_path / "none.o")]) == 1
+    assert "mkcode kernels own-code" in capsys.readouterr().err
+
+
 # two instantiations of the step kernel (the default and the head variant, MK_MODE_HEAD): each has its
 # own copies of the device functions, in its own section, at overlapping addresses
 ELF2 = """
@@ -110,3 +127,20 @@ def test_the_default_kernel_is_picked_among_two_instantiations():
         sass_loops.kernel_sass(text, "_ZN2mk5other")
     with pytest.raises(sass_loops.CodeSizeError, match="no default step kernel"):
         sass_loops.default_kernel(ELF2.replace("ILb0E", "ILb2E"))
+
+
+def test_own_opcodes_skip_the_device_functions_and_changes_are_counted():
+    text = _sass(
+        [
+            (0x000, "IADD3 R1, R1, 0x1, RZ"),  # the kernel's own code
+            (0x010, "@P0 BRA 0x40"),
+            (0x100, "HMMA.16816.F32.BF16 R20, R8, R12, R20"),  # gemv_mma (0x100-0x200): skipped
+            (0x3F0, "EXIT"),
+        ]
+    )
+    funcs = sass_loops.parse_functions(ELF)
+    own = sass_loops.own_opcodes(text, funcs)
+    assert own == ["IADD3", "BRA", "EXIT"]
+    assert sass_loops.opcode_changes(own, own) == 0
+    assert sass_loops.opcode_changes(own, ["IADD3", "STL", "BRA", "EXIT"]) == 1
+    assert sass_loops.opcode_changes(own, ["IADD3", "MOV", "EXIT"]) == 1
