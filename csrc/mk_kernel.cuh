@@ -1106,6 +1106,20 @@ constexpr int CAND_ROUNDS = 4;  // its binning passes at most (the range shrinks
 constexpr int CAND_BATCH = 4;
 constexpr float CAND_COUNT_RANGE = 64.f;  // top-k: the logits within this much of the max are binned
 
+// f(i, l) for every token i of a logits row lg[V], N loads per thread in flight (each thread's
+// tokens in the same order every pass). Inlined, with f's work, into its caller.
+template <int N, class F>
+__device__ __forceinline__ void row_pass(const float* lg, int V, F f) {
+  for (int base = threadIdx.x; base < V; base += NT * N) {
+    float lv[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      if (base + e * NT < V) f(base + e * NT, lv[e]);
+  }
+}
+
 // A short list of candidates for SAMPLE_ROW (session 15; the radix passes over the 262k-entry row
 // made top-p cost ~1.6 ms and top-k ~1.2 ms per step at BS 1): the tokens with s >= some edge,
 // s = (l - m) / scale, at most SAMPLE_CAP of them (cidx / cval), that hold
@@ -1139,14 +1153,7 @@ __device__ __forceinline__ int sample_candidates(const float* lg, int V, float m
     // top_p * Z tokens, and when that is more than the list holds, no list fits (a flat row: the
     // passes over the row then run as before, with this Z, at no extra cost)
     float z = 0.f;
-    for (int base = threadIdx.x; base < V; base += NT * CAND_BATCH) {
-      float lv[CAND_BATCH];
-#pragma unroll
-      for (int e = 0; e < CAND_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
-#pragma unroll
-      for (int e = 0; e < CAND_BATCH; ++e)
-        if (base + e * NT < V) z += expf(scaled_logit(lv[e], m, scale));
-    }
+    row_pass<CAND_BATCH>(lg, V, [&](int, float l) { z += expf(scaled_logit(l, m, scale)); });
     Z = block_sum(z, misc);
     *Z_out = Z;
     if (!(top_p * Z <= (float)SAMPLE_CAP)) return -1;
@@ -1177,23 +1184,14 @@ __device__ __forceinline__ int sample_candidates(const float* lg, int V, float m
     int* wc = reinterpret_cast<int*>(wm + CAND_BINS);
     if (lane < CAND_BINS) wm[lane] = 0.f, wc[lane] = 0;
     __syncwarp();
-    for (int base = threadIdx.x; base < V; base += NT * CAND_BATCH) {  // loads in flight together
-      float lv[CAND_BATCH];
-#pragma unroll
-      for (int e = 0; e < CAND_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
-#pragma unroll
-      for (int e = 0; e < CAND_BATCH; ++e) {
-        if (base + e * NT >= V) continue;
-        const float sl = scaled_logit(lv[e], m, scale);
-        const bool in = sl >= lo && (round == 0 ? sl <= hi : sl < hi);
-        if (in) {
-          const float wt = mass ? expf(sl) : 0.f;
-          const int q = min(CAND_BINS - 1, max(0, (int)((hi - sl) / w)));
-          if (mass) atomicAdd(wm + q, wt);
-          atomicAdd(wc + q, 1);
-        }
+    row_pass<CAND_BATCH>(lg, V, [&](int, float l) {
+      const float sl = scaled_logit(l, m, scale);
+      if (sl >= lo && (round == 0 ? sl <= hi : sl < hi)) {
+        const int q = min(CAND_BINS - 1, max(0, (int)((hi - sl) / w)));
+        if (mass) atomicAdd(wm + q, expf(sl));
+        atomicAdd(wc + q, 1);
       }
-    }
+    });
     __syncthreads();
     if (threadIdx.x == 0) {  // walk the bins from the top (sums over the warps)
       const float target = top_p * Z * (1.f + 1e-4f);
@@ -1238,26 +1236,17 @@ __device__ __forceinline__ int sample_candidates(const float* lg, int V, float m
   if (threadIdx.x == 0) sh[1] = 0;
   __syncthreads();
   float zc = 0.f;
-  for (int base = threadIdx.x; base < V; base += NT * CAND_BATCH) {
-    float lv[CAND_BATCH];
-#pragma unroll
-    for (int e = 0; e < CAND_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
-#pragma unroll
-    for (int e = 0; e < CAND_BATCH; ++e) {
-      const int i = base + e * NT;
-      if (i < V) {
-        const float sl = scaled_logit(lv[e], m, scale);
-        if (sl >= edge) {
-          if (mass) zc += expf(sl);
-          const int at = atomicAdd(sh + 1, 1);
-          if (at < SAMPLE_CAP) {
-            cidx[at] = i;
-            cval[at] = lv[e];
-          }
-        }
+  row_pass<CAND_BATCH>(lg, V, [&](int i, float l) {
+    const float sl = scaled_logit(l, m, scale);
+    if (sl >= edge) {
+      if (mass) zc += expf(sl);
+      const int at = atomicAdd(sh + 1, 1);
+      if (at < SAMPLE_CAP) {
+        cidx[at] = i;
+        cval[at] = l;
       }
     }
-  }
+  });
   const float Zc = block_sum(zc, misc);  // its barriers publish sh[1]
   const int n = sh[1];
   __syncthreads();
@@ -1329,22 +1318,15 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
     // compact the kept set into smem when it fits (ties can make it larger than k)
     if (threadIdx.x == 0) sh[0] = 0;
     __syncthreads();
-    for (int base = threadIdx.x; base < V; base += NT * SELECT_BATCH) {  // loads in flight together
-      float lv[SELECT_BATCH];
-#pragma unroll
-      for (int e = 0; e < SELECT_BATCH; ++e) lv[e] = base + e * NT < V ? ld_cg(lg + base + e * NT) : 0.f;
-#pragma unroll
-      for (int e = 0; e < SELECT_BATCH; ++e) {
-        const int i = base + e * NT;
-        if (i < V && fkey(lv[e]) >= thr) {
-          const int at = atomicAdd(sh, 1);
-          if (at < SAMPLE_CAP) {
-            cidx[at] = i;
-            cval[at] = lv[e];
-          }
+    row_pass<SELECT_BATCH>(lg, V, [&](int i, float l) {
+      if (fkey(l) >= thr) {
+        const int at = atomicAdd(sh, 1);
+        if (at < SAMPLE_CAP) {
+          cidx[at] = i;
+          cval[at] = l;
         }
       }
-    }
+    });
     __syncthreads();
     const int n = sh[0];
     __syncthreads();

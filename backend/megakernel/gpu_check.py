@@ -29,10 +29,12 @@ from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.testing import (
     Fp32Weights,
     clone_batch,
+    fill_lm_tiles,
     kernel_routing,
     make_case,
     reduced_config,
     reference_step,
+    standalone_desc,
 )
 from mkcode.backend.megakernel.tiling import (
     SWITCH_FIELDS,
@@ -369,13 +371,8 @@ def sample_row_cost(be, batch) -> dict:
     from mkcode.backend.megakernel.sampling import SamplingParams
     from mkcode.backend.megakernel.schedule import make_desc
 
-    d = make_desc(abi.MK_OP_SAMPLE_ROW, 0, (0,))
-    for i in range(abi.MK_MAX_WAITS):
-        d[abi.MK_F_WAIT0 + 2 * i] = abi.MK_NO_COUNTER
-    d[abi.MK_F_NSIG] = 0
-    d[abi.MK_F_SIG0] = d[abi.MK_F_SIG0 + 1] = abi.MK_NO_COUNTER
-    descs = np.array([d], dtype=np.int32)
-    V, rows = be.cfg.vocab_size, be.tiling.lm_rows
+    descs = np.array([standalone_desc(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (0,)))], dtype=np.int32)
+    V = be.cfg.vocab_size
     settings = (
         ("greedy", SamplingParams(0.0)),
         ("temperature", SamplingParams(0.8, seed=1, step=2)),
@@ -390,10 +387,7 @@ def sample_row_cost(be, batch) -> dict:
         for shape in ("peaked", "flat"):
             row = _lm_like_logits(V, shape == "peaked", seed=7)
             be.ws["logits"][0] = row
-            n_tiles = -(-V // rows)  # what run_tasks gives the kernel (V is a multiple of lm_rows here)
-            best, arg = row[: n_tiles * rows].view(n_tiles, rows).max(-1)
-            be.ws["lm_best"][:, 0] = best
-            be.ws["lm_arg"][:, 0] = (arg + torch.arange(n_tiles, device="cuda") * rows).int()
+            fill_lm_tiles(be, 1)
             for name, sp in settings:
                 runs = []
                 for _ in range(7):

@@ -18,13 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mkcode.backend.megakernel.code_size import CodeSizeError
-from mkcode.backend.megakernel.sass_loops import _INS, object_sass
-
-
-def _opcode(text: str) -> str:
-    """The opcode of one SASS instruction (a guard predicate such as `@!P0` skipped)."""
-    parts = text.split()
-    return parts[1] if parts[0].startswith("@") else parts[0]
+from mkcode.backend.megakernel.sass_loops import _INS, object_sass, opcode
 
 
 def _function_ops(sass_text: str, functions: list[tuple[int, int, str]], function: str) -> Iterator[str]:
@@ -37,12 +31,7 @@ def _function_ops(sass_text: str, functions: list[tuple[int, int, str]], functio
     for line in sass_text.splitlines():
         m = _INS.match(line)
         if m and lo <= int(m.group(1), 16) < hi:
-            yield _opcode(m.group(2))
-
-
-def _on_object(obj: Path, cuobjdump: str | None) -> tuple[str, list[tuple[int, int, str]]]:
-    """A compiled kernel object's default step kernel: its SASS and its device functions' spans."""
-    return object_sass(obj, cuobjdump)
+            yield opcode(m.group(2))
 
 
 def loads_before_first(
@@ -66,7 +55,7 @@ def object_loads_before_first(
     obj: Path, function: str, load: str, use: str, cuobjdump: str | None = None
 ) -> int:
     """loads_before_first on a compiled kernel object."""
-    return loads_before_first(*_on_object(obj, cuobjdump), function, load, use)
+    return loads_before_first(*object_sass(obj, cuobjdump), function, load, use)
 
 
 def opcodes_in(sass_text: str, functions: list[tuple[int, int, str]], function: str) -> dict[str, int]:
@@ -77,4 +66,4 @@ def opcodes_in(sass_text: str, functions: list[tuple[int, int, str]], function: 
 
 def object_opcodes_in(obj: Path, function: str, cuobjdump: str | None = None) -> dict[str, int]:
     """opcodes_in on a compiled kernel object."""
-    return opcodes_in(*_on_object(obj, cuobjdump), function)
+    return opcodes_in(*object_sass(obj, cuobjdump), function)

@@ -64,8 +64,9 @@ def parse_functions(elf_text: str, kernel: str | None = None) -> list[tuple[int,
 
 
 def default_kernel(elf_text: str) -> str:
-    """The object's default step kernel: the entry `mk_step_kernel<false>` (the head variant,
-    MK_MODE_HEAD, is the other instantiation), or its only entry."""
+    """The object's step kernel: its only entry, or, when the step kernel is instantiated more than
+    once (`template <bool>`: a variant measured against the default, as session 15's removed head
+    variant was), `mk_step_kernel<false>`."""
     entries = [sym for _, _, binding, sym in symtab_functions(elf_text) if binding == "GLOBAL"]
     if len(entries) == 1:
         return entries[0]
@@ -157,6 +158,12 @@ def weight_stream_problems(loops: list[Loop]) -> list[str]:
     ]
 
 
+def opcode(text: str) -> str:
+    """The opcode of one SASS instruction (a guard predicate such as `@!P0` skipped)."""
+    parts = text.split()
+    return parts[1] if parts[0].startswith("@") else parts[0]
+
+
 def own_opcodes(sass_text: str, functions: list[tuple[int, int, str]]) -> list[str]:
     """The opcodes, in address order, of the step kernel's own code: its instructions outside every
     device function's span (the dispatch loop and the ops inlined into it). A change to an
@@ -166,8 +173,7 @@ def own_opcodes(sass_text: str, functions: list[tuple[int, int, str]]) -> list[s
     for line in sass_text.splitlines():
         m = _INS.match(line)
         if m and not any(lo <= int(m.group(1), 16) < hi for lo, hi, _ in functions):
-            parts = m.group(2).split()
-            out.append(parts[1] if parts[0].startswith("@") else parts[0])
+            out.append(opcode(m.group(2)))
     return out
 
 

@@ -235,3 +235,26 @@ def written_kv(cfg: ModelConfig, batch: DecodeBatch) -> torch.Tensor:
         pages = batch.block_tables[layer, rows, pos // PAGE_SIZE].long()
         out.append(batch.kv_pool[pages, :, :, pos % PAGE_SIZE])  # [B, 2, Hkv, d]
     return torch.stack(out)
+
+
+def standalone_desc(d: list[int]) -> list[int]:
+    """A descriptor with no waits and no signals (in place; returned): one op run on its own by
+    `MegakernelBackend.run_tasks`, in per-op tests and `gpu_check`'s SAMPLE_ROW timing."""
+    for i in range(abi.MK_MAX_WAITS):
+        d[abi.MK_F_WAIT0 + 2 * i] = abi.MK_NO_COUNTER
+    d[abi.MK_F_NSIG] = 0
+    d[abi.MK_F_SIG0] = d[abi.MK_F_SIG0 + 1] = abi.MK_NO_COUNTER
+    return d
+
+
+def fill_lm_tiles(be, batch_size: int) -> None:
+    """What the LM-head tiles write next to the logits, from the logits in `be.ws`: each tile's
+    maximum and (vocabulary) argmax per row, the first one on ties (SAMPLE_ROW reads them)."""
+    rows, V = be.tiling.lm_rows, be.cfg.vocab_size
+    n = -(-V // rows)
+    lg = torch.nn.functional.pad(be.ws["logits"][:batch_size], (0, n * rows - V), value=-float("inf"))
+    best, arg = lg.view(batch_size, n, rows).max(-1)
+    be.ws["lm_best"][:n, :batch_size] = best.t()
+    be.ws["lm_arg"][:n, :batch_size] = (
+        (arg + torch.arange(n, device=arg.device).unsqueeze(0) * rows).int().t()
+    )

@@ -20,10 +20,12 @@ from mkcode.backend.megakernel.testing import (
     CLAIM_CASES,
     Fp32Weights,
     clone_batch,
+    fill_lm_tiles,
     kernel_routing,
     make_case,
     reduced_config,
     reference_step,
+    standalone_desc,
     written_kv,
 )
 from mkcode.backend.megakernel.tiling import Tiling
@@ -140,14 +142,6 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
     raise AssertionError(op)
 
 
-def _strip(d: list[int]) -> list[int]:
-    for i in range(abi.MK_MAX_WAITS):
-        d[abi.MK_F_WAIT0 + 2 * i] = abi.MK_NO_COUNTER
-    d[abi.MK_F_NSIG] = 0
-    d[abi.MK_F_SIG0] = d[abi.MK_F_SIG0 + 1] = abi.MK_NO_COUNTER
-    return d
-
-
 @pytest.mark.parametrize("op", sorted(OUTPUTS), ids=lambda o: abi.OPNAMES[o])
 @pytest.mark.parametrize("B", [1, 5, 8])
 def test_op_matches_semantics(small, op, B):
@@ -171,7 +165,7 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
         prepare(ws)
     for name in OUTPUTS[op]:
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
-    descs = [_strip(d) for d in _op_descs(op, B, seed)]
+    descs = [standalone_desc(d) for d in _op_descs(op, B, seed)]
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
     # ref_bufs' copy is the reference workspace's: it changes (only the fused item's check needs it)
     acc_before = ws["moe_acc"].clone() if op == abi.MK_OP_MOE_FUSED else None
@@ -608,18 +602,27 @@ SAMPLE_CASES = [
 ]
 
 
-def _fill_logits(be, B, seed):
-    """Random logits in the workspace with consistent per-tile maxima/argmaxima (what LM_HEAD writes)."""
+def _fill_logits(be, B, seed, scale=3.0):
+    """Random logits (N(0, 1) times `scale`, a number or one per row) in the workspace with consistent
+    per-tile maxima/argmaxima (what LM_HEAD writes); returns them as numpy."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    V, rows = CFG.vocab_size, be.tiling.lm_rows
-    lg = torch.randn(B, V, device="cuda", generator=g) * 3
-    be.ws["logits"][:B] = lg
-    n = be.ws["lm_best"].shape[0]
-    for t in range(n):
-        best, arg = lg[:, t * rows : (t + 1) * rows].max(-1)
-        be.ws["lm_best"][t, :B] = best
-        be.ws["lm_arg"][t, :B] = (arg + t * rows).int()
-    return lg.cpu().numpy()
+    s = torch.as_tensor(scale, dtype=torch.float32, device="cuda").reshape(-1, 1)
+    be.ws["logits"][:B] = torch.randn(B, CFG.vocab_size, device="cuda", generator=g) * s
+    fill_lm_tiles(be, B)
+    return be.ws["logits"][:B].cpu().numpy()
+
+
+def _draws_vs_reference(be, batch, logits, params) -> tuple[list[int], int]:
+    """SAMPLE_ROW for 8 rows (one block each) with `params`: the tokens drawn, and how many differ
+    from the reference sampler's; every draw must lie in the reference's kept set."""
+    descs = np.array(
+        [standalone_desc(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,))) for b in range(8)], dtype=np.int32
+    )
+    be.run_tasks(descs, batch, n_sms=8, sampling=params)
+    got = be.ws["tokens_out"][:8].tolist()
+    for b in range(8):
+        assert sampling.kept_mask(logits[b], params[b])[got[b]] or params[b].greedy
+    return got, sum(got[b] != int(sample_row(logits[b], params[b])[0]) for b in range(8))
 
 
 def test_sample_row_matches_the_emulator(small):
@@ -627,23 +630,17 @@ def test_sample_row_matches_the_emulator(small):
     rare 1-ulp tie of log between CUDA and numpy), and do not depend on the row's batch slot."""
     _w, be = small
     case = make_case(CFG, [40] * 8, device="cuda", dtype=torch.bfloat16, seed=1)
-    descs = np.array([_strip(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,))) for b in range(8)], dtype=np.int32)
     total = bad = 0
     for rep in range(6):
         logits = _fill_logits(be, 8, 100 + rep)
         params = [replace(SAMPLE_CASES[b], seed=1000 * rep + b, step=rep) for b in range(8)]
-        be.run_tasks(descs, case.batch, n_sms=8, sampling=params)
-        got = be.ws["tokens_out"][:8].tolist()
-        for b in range(8):
-            want = int(sample_row(logits[b], params[b])[0])
-            total += 1
-            bad += got[b] != want
-            assert sampling.kept_mask(logits[b], params[b])[got[b]] or params[b].greedy
+        got, n_bad = _draws_vs_reference(be, case.batch, logits, params)
+        total, bad = total + 8, bad + n_bad
         # batch independence: the same rows dealt in reverse slots draw the same tokens
         be.ws["logits"][:8] = torch.from_numpy(logits[::-1].copy()).cuda()
-        _fill_logits_from(be, 8)
-        be.run_tasks(descs, case.batch, n_sms=8, sampling=params[::-1])
-        assert be.ws["tokens_out"][:8].tolist()[::-1] == got
+        fill_lm_tiles(be, 8)
+        rev, _ = _draws_vs_reference(be, case.batch, logits[::-1], params[::-1])
+        assert rev[::-1] == got
     assert bad <= 1, f"{bad} of {total} draws differ from the emulator's"
 
 
@@ -670,30 +667,13 @@ def test_sample_row_candidates_match_the_emulator(small):
     against the reference sampler (a rare 1-ulp tie of log allowed, as above)."""
     _w, be = small
     case = make_case(CFG, [40] * 8, device="cuda", dtype=torch.bfloat16, seed=1)
-    descs = np.array([_strip(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,))) for b in range(8)], dtype=np.int32)
     total = bad = 0
     for rep in range(6):
-        g = torch.Generator(device="cuda").manual_seed(500 + rep)
-        scale = torch.tensor(CANDIDATE_SCALES, device="cuda").unsqueeze(1)
-        be.ws["logits"][:8] = torch.randn(8, CFG.vocab_size, device="cuda", generator=g) * scale
-        _fill_logits_from(be, 8)
-        logits = be.ws["logits"][:8].cpu().numpy()
+        logits = _fill_logits(be, 8, 500 + rep, scale=CANDIDATE_SCALES)
         params = [replace(CANDIDATE_CASES[b], seed=3000 * rep + b, step=rep) for b in range(8)]
-        be.run_tasks(descs, case.batch, n_sms=8, sampling=params)
-        got = be.ws["tokens_out"][:8].tolist()
-        for b in range(8):
-            total += 1
-            bad += got[b] != int(sample_row(logits[b], params[b])[0])
-            assert sampling.kept_mask(logits[b], params[b])[got[b]]
+        _, n_bad = _draws_vs_reference(be, case.batch, logits, params)
+        total, bad = total + 8, bad + n_bad
     assert bad <= 1, f"{bad} of {total} draws differ from the emulator's"
-
-
-def _fill_logits_from(be, B):
-    rows, lg = be.tiling.lm_rows, be.ws["logits"][:B]
-    for t in range(be.ws["lm_best"].shape[0]):
-        best, arg = lg[:, t * rows : (t + 1) * rows].max(-1)
-        be.ws["lm_best"][t, :B] = best
-        be.ws["lm_arg"][t, :B] = (arg + t * rows).int()
 
 
 def test_backend_sample_whole_step(small):

@@ -99,8 +99,9 @@ def test_own_code_of_the_compiled_kernel(capsys, tmp_path):
     assert "mkcode kernels own-code" in capsys.readouterr().err
 
 
-# two instantiations of the step kernel (the default and the head variant, MK_MODE_HEAD): each has its
-# own copies of the device functions, in its own section, at overlapping addresses
+# two instantiations of the step kernel (`template <bool>`: the default and a variant under
+# measurement): each has its own copies of the device functions, in its own section, at overlapping
+# addresses
 ELF2 = """
   0x11          0x100            0x100  FUNC          LOCAL   DEFAULT    -      0x1b  $_ZN2mk14mk_step_kernelILb0EEEvNS_6ParamsEi$_ZN2mk8gemv_mmaERKNS_6ParamsE
   0x12          0x180            0x100  FUNC          LOCAL   DEFAULT    -      0x1c  $_ZN2mk14mk_step_kernelILb1EEEvNS_6ParamsEi$_ZN2mk8gemv_mmaERKNS_6ParamsE
