@@ -185,58 +185,82 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
     attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
 }
 
-// ---- the d = 128 default (MK_MODE_ATTN_SMEM_K off): every warp an independent flash-decoding worker --
+// ---- the d = 128 default (MK_MODE_ATTN_SMEM_K off): K straight into registers, V through shared memory --
 //
-// Session 16. The block-wide rounds before (K in registers, V through shared-memory slots, the
-// warps of a pair exchanging row maxima and P halves over four block barriers per round) spent
-// ~2.4-2.7 us per round of two pages at BS 1 and BS 8 alike (~25 GB/s per SM): the round was
-// bound by its ~500 instructions per warp and the barriers, not by the memory. Here each warp takes
-// 8-key chunks of the item's keys (chunk c: page c / 8, keys (c % 8) * 8 .. + 8 of it; warp w takes
-// chunks w, w + NWARPS, ...), keeps its own online-softmax state and O^T in registers, and loads its
-// chunk's K and V straight into registers one chunk ahead (V once the chunk's PV is done). No barrier until the warps' states merge.
-//   QK: S = Q K^T with m16n8k16 (A = Q, rows = the kv head's G <= 8 query heads, 8 contiguous dims
-//       of Q and of K row gid as the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, as before).
-//   PV: O^T += V^T P^T with m16n8k8 over the chunk's 8 keys: B = P^T is this thread's own QK
-//       accumulator (head gid, keys 2t, 2t+1), so nothing crosses warps; A = V^T (rows = dims): the
-//       thread loads keys 2t and 2t+1 at dims gid * DPT .. + DPT (contiguous) and pairs them with a
-//       byte permute: tile i's row gid is dim gid * DPT + 2i, row gid + 8 is dim gid * DPT + 2i + 1.
+// The one-round ring above keeps 64 KB of K/V in flight and then computes: ~4.5 us per round of two
+// pages at BS 8 (items of 36 us, ~14 GB/s per SM against ~35 for the GEMVs). Here each warp loads
+// its key group's K fragments from global memory straight into registers (the QK B fragment is 16
+// contiguous bytes per thread, as in the shared-memory path), and only V goes through shared memory,
+// in slots for two rounds (4 pages x 17 KB, less than the K+V round): round r's V is issued two
+// iterations before its PV, and K one round ahead (K(0) before the Q setup). Iteration r: issue
+// K(r+1) -> PV(r-1) -> free V(r-1)'s slots for V(r+1) -> QK(r) on the K(r) issued an iteration ago ->
+// softmax(r); the last PV after the loop. (K issued in its own iteration left one memory latency
+// exposed per round: 35.7 -> 31.9 us per BS 8 item with K one round ahead, session 12.)
+constexpr int KREG_VSLOTS = 2 * ATTN_PPR;  // V page slots: two rounds
+
 __host__ __device__ inline bool attn_kreg(const Params& p) {
   return !(p.prefetch_mode & MK_MODE_ATTN_SMEM_K) && p.head_dim == 128;
 }
 
-__device__ __forceinline__ void mma16808(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b0));
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// Before the wait: L2 prefetches of the first two pages' K and V of this kv head (the warps' first
-// chunks), which earlier steps wrote. A hint only: the loads after the wait read L2 either way.
-// (The unused Smem keeps the call the old prologue's: the step kernel's code around it unchanged.)
+// Issue the V half of page j into V slot j % KREG_VSLOTS (nothing past the item's pages; no commit).
 template <int HD>
-__device__ __noinline__ void warp_attn_prologue_t(const Params& p, const int* d, Smem&) {
-  if (threadIdx.x >= 4) return;
+__device__ __forceinline__ void kreg_issue_v(const View& V, int l, int b, int kvh, const AttnSpan& sp, int j,
+                                             unsigned char* slots, bool before_wait) {
+  using SH = AttnShape<HD>;
+  if (j >= sp.np) return;
+  constexpr int CH = HD / 8;
+  const long long pg = sp.pa + j;
+  const int phys = V.page(l, b, (int)(pg * 64));
+  bf16* Vs = reinterpret_cast<bf16*>(slots) + (size_t)(j % KREG_VSLOTS) * 64 * SH::VLD;
+  const bf16* Vg = V.kv(phys, 1, kvh, 0);
+#pragma unroll 1
+  for (int i = threadIdx.x; i < 64 * CH; i += NT) {
+    const int key = i / CH, ch = i % CH;
+    const long long kp = pg * 64 + key;
+    const bool ok = kp >= sp.a && kp < sp.e;
+    if (before_wait && ok && kp == sp.pos) continue;
+    cp_async16(Vs + key * SH::VLD + ch * 8, Vg + key * HD + ch * 8, ok);
+  }
+}
+
+// One round's V pages as one cp.async group (committed even when empty: uniform group counts).
+template <int HD>
+__device__ __forceinline__ void kreg_issue_v_round(const View& V, int l, int b, int kvh, const AttnSpan& sp, int r,
+                                                unsigned char* slots, bool before_wait) {
+#pragma unroll 1
+  for (int i = 0; i < ATTN_PPR; ++i) kreg_issue_v<HD>(V, l, b, kvh, sp, ATTN_PPR * r + i, slots, before_wait);
+  cp_async_commit();
+}
+
+template <int HD>
+__device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem& s) {
   View V(p);
   const AttnSpan sp = attn_span(p, V, d);
-  const int j = threadIdx.x >> 1, which = threadIdx.x & 1;
-  if (j >= sp.np) return;
-  const int phys = V.page(d[MK_F_LAYER], d[MK_F_A0], (int)((sp.pa + j) * 64));
-  prefetch_l2(V.kv(phys, which, d[MK_F_A1], 0), 64 * HD * 2);
+  if (sp.np == 0) return;
+  kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 0, s.raw, true);
+  kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 1, s.raw, true);
 }
 
+// The math is the shared-memory path's (Q as the A operand, rows >= G zero; K as B: 16 contiguous
+// bytes per thread and row = the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, here straight
+// from global memory; PV with V from ldmatrix.trans). The two warps of a key group split its 16 keys
+// (warp `half` loads keys half * 8 .. + 8: 16 registers of K in flight per thread, no key loaded
+// twice), share the row maxima through shared memory (a block barrier), and hand each other their
+// half of P for the PV (read after the next iteration's block barrier). Q's fragments live in
+// shared memory, loaded per mma. Round r's PV runs in iteration r + 1, while K(r + 2) is in flight.
+// Its output setup, Q fragments and merge are spelled out here rather than taken from AttnOut and
+// q_fragment (which attn_mma_t uses): with them ptxas allocated this function's round loops
+// differently (mkcode kernels loops, 2026-11-30: 9 local-memory accesses instead of 1 with the
+// helpers out of line, +80 instructions with them inlined), and this is the measured default path.
+// Share them once a GPU A/B shows the loops unharmed.
 template <int HD>
-__device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s) {
-  constexpr int NC = HD / 32;   // QK: 16-byte K pieces per thread (two k16 steps each)
-  constexpr int DPT = HD / 8;   // PV: dims per thread
-  constexpr int VQ = DPT / 8;   // 16-byte V pieces per key and thread
-  constexpr int NTL = DPT / 2;  // m16 tiles of O^T per warp
-  constexpr int OLD = HD + 2;   // merge rows (padded against bank conflicts of the tile stores)
-  static_assert(NWARPS * 8 * OLD * 4 + 2 * NWARPS * 8 * 4 <= AttnShape<HD>::SMEM, "the merge must fit");
-  static_assert(NC * 2 * 32 * 16 <= AttnShape<HD>::SMEM, "Q's fragments must fit");
+__device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
+  using SH = AttnShape<HD>;
+  constexpr int NC = HD / 32;
+  constexpr int V_BYTES = KREG_VSLOTS * 64 * SH::VLD * 2;
+  constexpr int Q_BYTES = NC * 32 * 16;
+  constexpr int X_BYTES = NWARPS * 8 * 4 + NWARPS * 32 * 4;  // row maxima, P halves
+  static_assert(V_BYTES + Q_BYTES + X_BYTES <= SH::SMEM, "V slots, Q and the exchange must fit");
   View V(p);
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
   const int G = p.num_heads / p.num_kv_heads;
@@ -249,143 +273,189 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     return;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const int nchunks = sp.np * 8;
-  // Chunk c's keys are pa * 64 + 8c .. + 8 (pages are consecutive in the item), i.e. keys ka + 8c ..
-  // relative to the first visible key a; visible ones are those in [0, ne). Per-item constants keep
-  // the per-chunk address math to one block-table load and one wide multiply.
-  const int ka = (int)(sp.pa * 64 - sp.a), ne = (int)(sp.e - sp.a);
-  const int* bt = (const int*)p.block_tables + ((size_t)l * p.batch + b) * p.max_pages + sp.pa;
-  const int page_elems = 2 * p.num_kv_heads * 64 * HD;
-  const bf16* kbase = (const bf16*)p.kv_pool + (size_t)kvh * 64 * HD + gid * HD + t * 8;
-  const bf16* vbase = (const bf16*)p.kv_pool + ((size_t)p.num_kv_heads + kvh) * 64 * HD + 2 * t * HD + gid * DPT;
-  // chunk c's K (key gid, dims c2 * 32 + t * 8 ..) and V (keys 2t, 2t + 1, dims gid * DPT ..); keys
-  // outside [a, e) load as zeros (an unwritten slot's garbage must not reach P V). The block table
-  // is read through the read-only path (the host wrote it before the step): an L1 hit after the
-  // item's first chunk.
-  auto chunk_off = [&](int c) {
-    return (size_t)__ldg(bt + (c >> 3)) * (unsigned)page_elems + (size_t)((c & 7) * 8 * HD);
+  const int kg = warp >> 1, half = warp & 1, mate = warp ^ 1;
+  constexpr int CH = HD / 8;
+  // This warp's 8 keys of its group in page jr (keys (kg & 3) * 16 + half * 8 + gid), all dims: the
+  // QK's B fragments. K of round r + 1 is issued at the top of round r, so two rounds of K are in
+  // flight per thread (one round was a full memory latency exposed per round: ~4.5 us per round of
+  // two pages at BS 8). Round 0's K is issued first of all, before the Q setup.
+  auto k_row = [&](int jr) {
+    const long long pg = sp.pa + (jr < sp.np ? jr : sp.np - 1);
+    return V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + half * 8 + gid) + t * 8;
   };
-  auto load_k = [&](int c, uint4 (&kx)[NC]) {
-    const bool ok = c < nchunks && (unsigned)(ka + 8 * c + gid) < (unsigned)ne;
-    const bf16* Kr = kbase + chunk_off(c < nchunks ? c : 0);
+  uint4 kx[NC];
+  {
+    const int j0 = kg >> 2;
+    const bf16* Kg = k_row(j0);
 #pragma unroll
-    for (int c2 = 0; c2 < NC; ++c2) kx[c2] = ld_cg16_if(Kr + c2 * 32, ok);
-  };
-  auto load_v = [&](int c, uint4 (&vx)[2 * VQ]) {
-    const int r0 = ka + 8 * c + 2 * t;
-    const bool ok0 = c < nchunks && (unsigned)r0 < (unsigned)ne;
-    const bool ok1 = c < nchunks && (unsigned)(r0 + 1) < (unsigned)ne;
-    const bf16* Vr = vbase + chunk_off(c < nchunks ? c : 0);
-#pragma unroll
-    for (int q = 0; q < VQ; ++q) {
-      vx[q] = ld_cg16_if(Vr + q * 8, ok0);
-      vx[VQ + q] = ld_cg16_if(Vr + HD + q * 8, ok1);
+    for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_if(Kg + c * 32, j0 < sp.np);
+  }
+  bf16* vslots = reinterpret_cast<bf16*>(s.raw);
+  const uint4* qs = reinterpret_cast<const uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]
+  float* xmax = reinterpret_cast<float*>(s.raw + V_BYTES + Q_BYTES);  // [NWARPS][8 heads]
+  uint32_t* xp = reinterpret_cast<uint32_t*>(xmax + NWARPS * 8);      // [NWARPS][32 lanes]
+  // the current token's V row (written by this step's QKV) into its slot, if the prologue skipped it
+  if (sp.pos >= sp.a && sp.pos < sp.e) {
+    const int j = (int)(sp.pos / 64 - sp.pa);
+    if (j < KREG_VSLOTS && threadIdx.x < CH) {
+      const int key = (int)(sp.pos % 64);
+      const int phys = V.page(l, b, (int)sp.pos);
+      const uint4 v = ld_cg16(V.kv(phys, 1, kvh, key) + threadIdx.x * 8);
+      *reinterpret_cast<uint4*>(vslots + (size_t)j * 64 * SH::VLD + key * SH::VLD + threadIdx.x * 8) = v;
     }
-  };
-  uint4 kc[NC], vc[2 * VQ];
-  load_k(warp, kc);  // before the Q setup: their latency overlaps it
-  load_v(warp, vc);
-  // Q of head gid as the QK's A operand rows (rows >= G zero), pre-scaled into log2 units, by warp 0:
-  // each mma's four A registers as one 16-byte word {a0, a1 = 0, a2, a3 = 0} (rows gid + 8 are no
-  // head), so the loop feeds the HMMA straight from one LDS.128 (with {x, 0, y, 0} built in the loop,
-  // ~6 register moves per HMMA)
-  uint4* qs = reinterpret_cast<uint4*>(shared(s.raw));  // [NC][2][32 lanes]
+  }
+  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16 (rows >= G zero), by warp 0
   if (warp == 0) {
     const float scale = p.attn_scale * 1.4426950408889634f;
     const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
+    uint4* qw = reinterpret_cast<uint4*>(s.raw + V_BYTES);
 #pragma unroll
-    for (int c2 = 0; c2 < NC; ++c2) {
+    for (int c = 0; c < NC; ++c) {
       float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
       if (gid < G) {
-        x0 = ld_cg4(qsrc + c2 * 32);
-        x1 = ld_cg4(qsrc + c2 * 32 + 4);
+        x0 = ld_cg4(qsrc + c * 32);
+        x1 = ld_cg4(qsrc + c * 32 + 4);
       }
-      qs[(2 * c2) * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), 0u, pack_bf16(x0.z * scale, x0.w * scale), 0u);
-      qs[(2 * c2 + 1) * 32 + lane] = make_uint4(pack_bf16(x1.x * scale, x1.y * scale), 0u, pack_bf16(x1.z * scale, x1.w * scale), 0u);
+      qw[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
+                                     pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
     }
   }
   __syncthreads();
-  float o[NTL][4];
+  // O^T = V^T P^T per warp half: A = V^T from ldmatrix.trans, B = P^T (the P halves as they come
+  // out of the QK: head gid, keys 2t.. / 2t + 8..), C = dims tile * 16 + gid (+ 8) x heads 2t, 2t + 1:
+  // 16 accumulator registers, none of them a dead head row
+  constexpr int NTM = HD / 32;  // m16 tiles of dims in this warp's half
+  float o[NTM][4];
 #pragma unroll
-  for (int i = 0; i < NTL; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m = -INFINITY, lsum = 0.f;  // of head gid over this thread's keys (the 4 t lanes sum at the end)
-  for (int c = warp; c < nchunks; c += NWARPS) {
+  for (int n = 0; n < NTM; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m = -INFINITY, lsum = 0.f;  // of head gid; lsum: this warp's keys only (the pair's sum at the end)
+  bool live = false;                 // the previous round had a visible key (uniform over the pair)
+  int j_prev = 0;
+  const int rounds = (sp.np + ATTN_PPR - 1) / ATTN_PPR;
+  auto pv = [&](int jp) {
+    // P of keys 0-7 of the group from warp half 0, keys 8-15 from half 1 (written before a barrier)
+    const uint32_t mine = xp[warp * 32 + lane], theirs = xp[mate * 32 + lane];
+    const uint32_t pa0 = half ? theirs : mine, pa2 = half ? mine : theirs;
+    const bf16* Vs = vslots + (size_t)(jp % KREG_VSLOTS) * 64 * SH::VLD + (kg & 3) * 16 * SH::VLD;
+    // lanes 0-7: keys 0-7 / dims +0; 8-15: keys 0-7 / +8; 16-23: keys 8-15 / +0; 24-31: keys 8-15 / +8
+    const bf16* vrow = Vs + ((lane & 7) + ((lane >> 4) & 1) * 8) * SH::VLD + half * (HD / 2) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int n = 0; n < NTM; ++n) {
+      uint32_t a0, a1, a2, a3;
+      ldsm_x4_trans(a0, a1, a2, a3, vrow + n * 16);
+      mma16816(o[n], a0, a1, a2, a3, pa0, pa2);
+    }
+  };
+  for (int r = 0; r < rounds; ++r) {
+    const int j = ATTN_PPR * r + (kg >> 2);
+    // 1. K(r + 1) (predicated: none past the item's pages; K(r) is in kx since the last round)
     uint4 kn[NC];
-    load_k(c + NWARPS, kn);  // the next chunk's K flies while this one computes
+    {
+      const int jn = j + ATTN_PPR;
+      const bf16* Kg = k_row(jn);
+#pragma unroll
+      for (int c = 0; c < NC; ++c) kn[c] = ld_cg16_if(Kg + c * 32, jn < sp.np);
+    }
+    // 2. the previous round's PV while K(r) lands
+    if (r > 0) {
+      cp_async_wait<1>();  // V(r - 1) has landed (V(r) may still be in flight); the P halves are written
+      __syncthreads();
+      if (live) pv(j_prev);
+      __syncthreads();  // V(r - 1)'s slots and the P halves are free
+    }
+    // 3. S = Q K^T for this warp's 8 keys (c0, c1: head gid, keys 2t, 2t + 1)
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (j < sp.np) {
 #pragma unroll
-    for (int c2 = 0; c2 < NC; ++c2) {
-      const uint4 qa = qs[(2 * c2) * 32 + lane], qb = qs[(2 * c2 + 1) * 32 + lane];
-      mma16816(sc, qa.x, qa.y, qa.z, qa.w, kc[c2].x, kc[c2].y);
-      mma16816(sc, qb.x, qb.y, qb.z, qb.w, kc[c2].z, kc[c2].w);
+      for (int c = 0; c < NC; ++c) {
+        const uint4 qa = qs[c * 32 + lane];
+        mma16816(sc, qa.x, 0u, qa.y, 0u, kx[c].x, kx[c].y);
+        mma16816(sc, qa.z, 0u, qa.w, 0u, kx[c].z, kx[c].w);
+      }
     }
-    const int r0 = ka + 8 * c + 2 * t;
-    if ((unsigned)r0 >= (unsigned)ne) sc[0] = -INFINITY;  // also drops unwritten slots' garbage
-    if ((unsigned)(r0 + 1) >= (unsigned)ne) sc[1] = -INFINITY;
-    float mx = fmaxf(sc[0], sc[1]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    // uniform over the warp: every head sees the same keys, so all are -inf or none is
-    if (m_new != -INFINITY) {
-      const float corr = exp2f(m - m_new);
-      const float p0 = exp2f(sc[0] - m_new), p1 = exp2f(sc[1] - m_new);
-      lsum = lsum * corr + (p0 + p1);
-      m = m_new;
-      // O^T's columns are heads 2t, 2t + 1: their factors from the lanes of those head rows. Once
-      // the maxima have settled (most chunks after the first few) no head's changes: skip the 32
-      // multiplies.
-      if (__any_sync(0xffffffffu, corr != 1.f)) {
-        const float f0 = __shfl_sync(0xffffffffu, corr, 8 * t), f1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+    // V(r + 1) into V(r - 1)'s slots (not while K is in flight: its address math would push the K
+    // registers to local memory); it has the whole next iteration to land
+    if (r > 0) kreg_issue_v_round<HD>(V, l, b, kvh, sp, r + 1, s.raw, false);
+    // 4. online softmax over the pair's 16 keys (the row maxima through shared memory, exchanged
+    // over a block barrier: with a named barrier of the pair (bar.sync id, 64) compute-sanitizer's
+    // racecheck reported hazards all over the next tasks, which a block barrier does not)
+    live = false;
+    float mx = -INFINITY;
+    if (j < sp.np) {
+      const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + half * 8 + 2 * t;
+      if (k0 < sp.a || k0 >= sp.e) sc[0] = -INFINITY;  // also drops unwritten slots' garbage
+      if (k0 + 1 < sp.a || k0 + 1 >= sp.e) sc[1] = -INFINITY;
+      mx = fmaxf(sc[0], sc[1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (t == 0) xmax[warp * 8 + gid] = mx;
+    }
+    __syncthreads();
+    if (j < sp.np) {
+      mx = fmaxf(mx, xmax[mate * 8 + gid]);
+      const float m_new = fmaxf(m, mx);
+      uint32_t pown = 0u;
+      if (m_new != -INFINITY) {  // the same for both warps of the pair (every head sees the same keys)
+        const float corr = exp2f(m - m_new);
+        const float p0 = exp2f(sc[0] - m_new), p1 = exp2f(sc[1] - m_new);
+        lsum = lsum * corr + (p0 + p1);
+        m = m_new;
+        // O^T's columns are heads 2t, 2t + 1: their factors from the lanes of those head rows
+        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
 #pragma unroll
-        for (int i = 0; i < NTL; ++i) {
-          o[i][0] *= f0;
-          o[i][1] *= f1;
-          o[i][2] *= f0;
-          o[i][3] *= f1;
+        for (int n = 0; n < NTM; ++n) {
+          o[n][0] *= c0;
+          o[n][1] *= c1;
+          o[n][2] *= c0;
+          o[n][3] *= c1;
         }
+        pown = pack_bf16(p0, p1);
+        live = true;
       }
-      const uint32_t pb = pack_bf16(p0, p1);
-#pragma unroll
-      for (int i = 0; i < NTL; ++i) {
-        const uint32_t w0 = word_of(vc[i / 4], i % 4), w1 = word_of(vc[VQ + i / 4], i % 4);
-        mma16808(o[i], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), pb);
-      }
+      xp[warp * 32 + lane] = pown;
     }
-    load_v(c + NWARPS, vc);  // this chunk's V is used: the next one's into its registers
+    j_prev = j;
 #pragma unroll
-    for (int c2 = 0; c2 < NC; ++c2) kc[c2] = kn[c2];
+    for (int c = 0; c < NC; ++c) kx[c] = kn[c];
   }
+  // the last round's PV (its V is the second most recent group: the newest is V(rounds), empty,
+  // or V(1) when there is one round)
+  cp_async_wait<1>();
+  __syncthreads();
+  if (live) pv(j_prev);
+  cp_async_wait_all();
   lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
   lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-  __syncthreads();  // every warp is past its loop (and Q's reads): the merge scratch may overwrite Q
-  float* Os = reinterpret_cast<float*>(shared(s.raw));  // [NWARPS][8 heads][OLD]
-  float* Ms = Os + NWARPS * 8 * OLD;                     // [NWARPS][8]
+  __syncthreads();  // the V slots become the merge scratch (the pair's lsum goes through it too)
+  float* Ms = reinterpret_cast<float*>(s.raw);
   float* Ls = Ms + NWARPS * 8;
+  float* Os = Ls + NWARPS * 8;  // [NWARPS][8][HD/2]
   if (t == 0) {
     Ms[warp * 8 + gid] = m;
     Ls[warp * 8 + gid] = lsum;
   }
 #pragma unroll
-  for (int i = 0; i < NTL; ++i) {
-    float* h0 = Os + (warp * 8 + 2 * t) * OLD + gid * DPT + 2 * i;  // head 2t; head 2t + 1 one row on
-    h0[0] = o[i][0];
-    h0[OLD] = o[i][1];
-    h0[1] = o[i][2];
-    h0[OLD + 1] = o[i][3];
+  for (int n = 0; n < NTM; ++n) {
+    float* h0 = Os + (warp * 8 + 2 * t) * (HD / 2) + n * 16 + gid;  // head 2t; head 2t + 1 one row on
+    h0[0] = o[n][0];
+    h0[HD / 2] = o[n][1];
+    h0[8] = o[n][2];
+    h0[HD / 2 + 8] = o[n][3];
   }
   __syncthreads();
+  // each warp's O covers its group's 16 keys, its lsum only its own 8: the pair's sum is the group's
   for (int i = threadIdx.x; i < G * HD; i += NT) {
-    const int hq = i / HD, dim = i % HD;
+    const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < NWARPS; ++w) M = fmaxf(M, Ms[w * 8 + hq]);
+    for (int k = 0; k < NWARPS / 2; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
     float num = 0.f, den = 0.f;
 #pragma unroll
-    for (int w = 0; w < NWARPS; ++w) {
-      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key (M is finite: np > 0)
-      den += Ls[w * 8 + hq] * f;
-      num += Os[(w * 8 + hq) * OLD + dim] * f;
+    for (int k = 0; k < NWARPS / 2; ++k) {
+      const int w = 2 * k + h;
+      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a group that saw no key
+      den += (Ls[w * 8 + hq] + Ls[(w ^ 1) * 8 + hq]) * f;
+      num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
     }
     o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
     if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
@@ -396,7 +466,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
   if (!attn_fast(p)) return;
   if (attn_kreg(p)) {
-    warp_attn_prologue_t<128>(p, d, s);
+    kreg_prologue_t<128>(p, d, s);
     return;
   }
   switch (p.head_dim) {
@@ -530,7 +600,7 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
 // The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
   if (attn_kreg(p)) {
-    attn_warp_t<128>(p, d, s);
+    attn_kreg_t<128>(p, d, s);
     return;
   }
   switch (p.head_dim) {

@@ -67,8 +67,8 @@ __device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterp
 // ld_cg16 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
 // branch, so a run of them keeps every load in flight (op_add_norm: guarded by `if`, each load sat
 // in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth). volatile
-// with a memory clobber: issued where it is written, not sunk to its first use (attn_warp_t's K and V
-// of the next chunk are issued before the current chunk's QK and PV).
+// with a memory clobber: issued where it is written, not sunk to its first use (attn_kreg_t's K of
+// the next round is issued before the current round's PV).
 __device__ __forceinline__ uint4 ld_cg16_if(const void* p, bool pred) {
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
   asm volatile(
