@@ -98,9 +98,10 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
     """(backend, its name, a one-line reason).
 
     `auto` on a GPU loads the graph backend and the megakernel and, when both load, runs them as one
-    hybrid backend: the megakernel for batches below `MEGAKERNEL_BELOW_ROWS` rows (where it is the
-    faster one: docs/PERF.md, session 14), the graph backend from there (the megakernel is still
-    slower at BS 8). `auto` uses the megakernel's extension only when it is built (`mkcode kernels
+    hybrid backend: the megakernel for batches below `MEGAKERNEL_BELOW_ROWS` rows whose longest row
+    is at position `MEGAKERNEL_FROM_POSITION` or later (where it is the faster one: docs/PERF.md,
+    sessions 14 and 16), the graph backend for the other steps (the megakernel is still slower at
+    BS 8, and at BS 1 below ~1K tokens of context). `auto` uses the megakernel's extension only when it is built (`mkcode kernels
     build`). Either alone when the other does not load (the reason says why), torch when neither
     does. `graph`, `megakernel` and `hybrid` ask for exactly that (building the extension if
     needed) and fail with the reason."""

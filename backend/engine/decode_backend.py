@@ -21,16 +21,30 @@ class DecodeBatch:
     the cache); block_tables [L, B, P] int32: pages per layer (NO_PAGE where released or unused); the
     pages that hold `positions` are allocated by the engine before the step. kv_pool: the pool tensor
     `[num_pages, 2, Hkv, PAGE_SIZE, d]`. The backend writes each token's K/V at its position.
+    host_positions: the same positions on the host when the caller has them (the engine does); a
+    backend that needs them there (the megakernel's schedule, the hybrid's choice) reads them here
+    instead of copying the device tensor back, which waits for all queued GPU work.
     """
 
     token_ids: torch.Tensor
     positions: torch.Tensor
     block_tables: torch.Tensor
     kv_pool: torch.Tensor
+    host_positions: tuple[int, ...] | None = None
 
     @property
     def size(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def positions_on_host(self) -> list[int]:
+        """The positions as Python ints: `host_positions` when given, else read from the device."""
+        if self.host_positions is not None:
+            if len(self.host_positions) != self.size:
+                raise ValueError(
+                    f"host_positions has {len(self.host_positions)} entries for {self.size} rows"
+                )
+            return list(self.host_positions)
+        return [int(p) for p in self.positions.tolist()]
 
 
 class DecodeBackend(Protocol):

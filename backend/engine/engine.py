@@ -373,11 +373,13 @@ class Engine:
         for b, s in enumerate(seqs):
             tables[:, b, : s.kv.num_blocks] = s.kv.array
         dev = self.device
+        positions = tuple(len(s.tokens) - 1 for s in seqs)
         return DecodeBatch(
             token_ids=torch.tensor([s.tokens[-1] for s in seqs], device=dev),
-            positions=torch.tensor([len(s.tokens) - 1 for s in seqs], device=dev),
+            positions=torch.tensor(positions, device=dev),
             block_tables=torch.from_numpy(tables).to(dev),
             kv_pool=self.pool.tensor,
+            host_positions=positions,
         )
 
     def _after_compute(self, seq: _Seq) -> None:

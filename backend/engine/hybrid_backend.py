@@ -1,12 +1,14 @@
-"""A decode backend that hands each step to the faster of two backends for its batch size.
+"""A decode backend that hands each step to the faster of two backends for its batch and context.
 
-On the H200 at 8K context the megakernel is faster than the graph backend for the smallest batches
-and slower from a few rows on (docs/PERF.md: session 14 measured BS 1-4 and 8 in one harness run).
+On the H200 the megakernel is faster than the graph backend for the smallest batches from ~1K
+tokens of context on, and slower from a few rows on or below that context (docs/PERF.md: session 14
+measured BS 1-4 and 8 at 8K in one harness run, session 16 BS 1 from 256 to 8K tokens).
 `--decode auto` therefore runs both over the same weights and paged KV pool when both load: the
-megakernel below `split` rows, the graph backend from there. Both implement `DecodeBackend` and
-read and write the same pool layout, so the steps of one sequence may alternate between them as the
-batch grows and shrinks (each step writes its token's K/V at its position; nothing else carries
-over between steps).
+megakernel for batches below `split` rows whose longest row sits at position `from_position` or
+later, the graph backend for every other step. Both implement `DecodeBackend` and read and write
+the same pool layout, so the steps of one sequence may alternate between them as the batch grows and
+shrinks or the context grows (each step writes its token's K/V at its position; nothing else
+carries over between steps).
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 # vs graph BS 1 3.063 vs 3.219 ms, BS 2 4.191 vs 3.948, BS 3 5.692 vs 5.090, BS 4 7.135 vs 5.702,
 # BS 8 9.788 vs 8.179: the megakernel only at BS 1.
 MEGAKERNEL_BELOW_ROWS = 2
+# ... and only once the longest row's position reaches this. Measured on the H200 at BS 1
+# (2026-11-30, session 16, `mkcode bench decode --batch 1 --ctx ...`, docs/PERF.md): graph vs
+# megakernel at position 256 2.714 vs 2.952 ms, 512 2.740 vs 2.982, 768 2.848 vs 2.992, 1024 3.047 vs
+# 3.008, 2048 3.107 vs 2.965, 8192 3.227 vs 3.031. The megakernel's step hardly grows with the context
+# (its attention runs beside the MoE items); the graph backend's does.
+MEGAKERNEL_FROM_POSITION = 1024
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
@@ -34,7 +42,13 @@ def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
 class HybridDecodeBackend:
     name = "hybrid"
 
-    def __init__(self, small: DecodeBackend, large: DecodeBackend, split: int = MEGAKERNEL_BELOW_ROWS):
+    def __init__(
+        self,
+        small: DecodeBackend,
+        large: DecodeBackend,
+        split: int = MEGAKERNEL_BELOW_ROWS,
+        from_position: int = MEGAKERNEL_FROM_POSITION,
+    ):
         if split < 2:
             raise ValueError(f"split {split}: the small-batch backend must take at least one batch size")
         if split - 1 > small.max_batch:
@@ -42,17 +56,27 @@ class HybridDecodeBackend:
                 f"split {split}: {small.name} runs at most {small.max_batch} rows, so it cannot take "
                 f"every batch below {split}"
             )
-        self.small, self.large, self.split = small, large, split
+        if from_position < 0:
+            raise ValueError(f"from_position {from_position} must be >= 0")
+        self.small, self.large, self.split, self.from_position = small, large, split, from_position
         self.max_batch = large.max_batch  # batches from `split` rows on go to `large`
         self.steps = {small.name: 0, large.name: 0}  # steps each backend ran (diagnostics)
 
-    def backend_for(self, rows: int) -> DecodeBackend:
-        return self.small if rows < self.split else self.large
+    def backend_for(self, rows: int, longest_position: int) -> DecodeBackend:
+        """`small` for batches below `split` rows whose longest row is at `from_position` or later."""
+        if rows < self.split and longest_position >= self.from_position:
+            return self.small
+        return self.large
 
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
-        backend = self.backend_for(batch.size)
+        rows = batch.size
+        # the positions are only needed where the row count leaves the choice open (the engine
+        # passes them on the host; otherwise this reads the device tensor back)
+        longest = max(batch.positions_on_host()) if rows < self.split and self.from_position > 0 else 0
+        backend = self.backend_for(rows, longest)
         self.steps[backend.name] += 1
         return backend.decode(batch)
 
     def describe(self) -> str:
-        return f"{self.small.name} below {self.split} rows, {self.large.name} from {self.split}"
+        at = f" from position {self.from_position}" if self.from_position else ""
+        return f"{self.small.name} below {self.split} rows{at}, {self.large.name} otherwise"

@@ -357,9 +357,13 @@ class MegakernelBackend:
     ) -> _Prepared:
         """Enqueue one step on the current stream (no sync, no error check): for timing loops."""
         if prep is None:
-            prep = self._prepare(
-                positions if positions is not None else self._host_positions(batch.positions)
-            )
+            if positions is None:
+                positions = (
+                    batch.positions_on_host()  # the caller's copy: no read back from the device
+                    if batch.host_positions is not None
+                    else self._host_positions(batch.positions)
+                )
+            prep = self._prepare(positions)
         self.bank.prepare(prep.sched)
         self._upload_bases()
         ptrs, ints, floats = self._params(prep, batch)

@@ -51,6 +51,9 @@ def _run(ckpt, decode: str, prompts=PROMPTS, lengths=None) -> tuple[list[list[in
             for r, n in zip(results, lengths, strict=True)
         ), [r.error for r in results]
         if decode in ("auto", "hybrid"):  # both backends ran steps: the batch shrank past the split
+            from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_FROM_POSITION
+
+            assert MEGAKERNEL_FROM_POSITION == 1024, "SHRINKING's last request is sized for 1024"
             steps = eng.backend.steps
             print(f"[{decode}] steps per backend {steps}")
             assert all(v > 0 for v in steps.values()), steps
@@ -90,9 +93,10 @@ def test_backend_matches_torch_through_engine(small_ckpt, torch_tokens, decode):
 
 # six requests that finish one after another: the batch shrinks from 6 rows to 1 (below the hybrid's
 # split, MEGAKERNEL_BELOW_ROWS), so steps of the same sequences run on the graph backend, then on the
-# megakernel
-SHRINKING = [[7 + (i * 29 + j) % 800 for i in range(n)] for j, n in enumerate((5, 60, 200, 9, 333, 41))]
-SHRINK_LENGTHS = [6, 10, 14, 20, 26, 32]
+# megakernel. The last one runs alone from position 1016 on: below the hybrid's
+# MEGAKERNEL_FROM_POSITION (1024) on the graph backend, from there on the megakernel.
+SHRINKING = [[7 + (i * 29 + j) % 800 for i in range(n)] for j, n in enumerate((5, 60, 200, 9, 333, 990))]
+SHRINK_LENGTHS = [6, 10, 14, 20, 26, 40]
 
 
 @pytest.mark.parametrize("decode", ["auto", "hybrid"])
