@@ -98,6 +98,7 @@ def _auto_decode_plan(cuda: bool, megakernel_loads: bool) -> str:
     """What `--decode auto` will run on this machine (backend.runtime.choose_decode_backend), as far
     as the checks above tell: the graph backend also needs triton, which is checked here too."""
     from mkcode.backend.engine.hybrid_backend import (
+        MEGAKERNEL_BELOW_POSITION,
         MEGAKERNEL_BELOW_ROWS,
         MEGAKERNEL_FROM_POSITION,
         auto_choice,
@@ -106,9 +107,9 @@ def _auto_decode_plan(cuda: bool, megakernel_loads: bool) -> str:
 
     if not cuda:
         return "torch reference backend (no CUDA GPU)"
-    n, pos = MEGAKERNEL_BELOW_ROWS, MEGAKERNEL_FROM_POSITION
+    n, lo, hi = MEGAKERNEL_BELOW_ROWS, MEGAKERNEL_FROM_POSITION, MEGAKERNEL_BELOW_POSITION
     return {
-        "hybrid": f"hybrid: the megakernel below {n} rows from position {pos}, the graph backend otherwise",
+        "hybrid": f"hybrid: the megakernel below {n} rows at positions {lo}-{hi - 1}, the graph backend otherwise",
         "graph": "graph backend (the megakernel extension is not built or does not load)",
         "megakernel": "megakernel (triton is missing: no graph backend; pip install -e '.[gpu]')",
         "torch": "torch reference backend (neither the graph backend nor the megakernel is available)",

@@ -1,14 +1,14 @@
 """A decode backend that hands each step to the faster of two backends for its batch and context.
 
-On the H200 the megakernel is faster than the graph backend for the smallest batches from ~1K
-tokens of context on, and slower from a few rows on or below that context (docs/PERF.md: session 14
-measured BS 1-4 and 8 at 8K in one harness run, session 16 BS 1 from 256 to 8K tokens).
-`--decode auto` therefore runs both over the same weights and paged KV pool when both load: the
-megakernel for batches below `split` rows whose longest row sits at position `from_position` or
-later, the graph backend for every other step. Both implement `DecodeBackend` and read and write
-the same pool layout, so the steps of one sequence may alternate between them as the batch grows and
-shrinks or the context grows (each step writes its token's K/V at its position; nothing else
-carries over between steps).
+On the H200 the megakernel is faster than the graph backend for a single sequence between ~1K and
+~20K tokens of context, and slower below and above that, and from two rows on (docs/PERF.md:
+session 14 measured BS 1-4 and 8 at 8K in one harness run, session 16 BS 1 from 256 to 64K tokens
+and BS 2-8 at 16K and 32K). `--decode auto` therefore runs both over the same weights and paged KV
+pool when both load: the megakernel for batches below `split` rows whose longest row sits at a
+position in [`from_position`, `below_position`), the graph backend for every other step. Both
+implement `DecodeBackend` and read and write the same pool layout, so the steps of one sequence may
+alternate between them as the batch grows and shrinks or the context grows (each step writes its
+token's K/V at its position; nothing else carries over between steps).
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ MEGAKERNEL_BELOW_ROWS = 2
 # 3.008, 2048 3.107 vs 2.965, 8192 3.227 vs 3.031. The megakernel's step hardly grows with the context
 # (its attention runs beside the MoE items); the graph backend's does.
 MEGAKERNEL_FROM_POSITION = 1024
+# ... and below this one: from ~20K tokens on its attention items (10 splits per kv head at BS 1,
+# ~25 GB/s per SM each) outlast the layer's MoE items and the graph backend is faster again. Measured
+# (same session and command): graph vs megakernel at 16384 3.312 vs 3.185 ms, 20480 3.338 vs 3.319,
+# 24576 3.364 vs 3.407, 28672 3.390 vs 3.509, 32768 3.418 vs 3.597, 65536 3.613 vs 4.373.
+MEGAKERNEL_BELOW_POSITION = 20480
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
@@ -48,6 +53,7 @@ class HybridDecodeBackend:
         large: DecodeBackend,
         split: int = MEGAKERNEL_BELOW_ROWS,
         from_position: int = MEGAKERNEL_FROM_POSITION,
+        below_position: int | None = MEGAKERNEL_BELOW_POSITION,
     ):
         if split < 2:
             raise ValueError(f"split {split}: the small-batch backend must take at least one batch size")
@@ -58,13 +64,18 @@ class HybridDecodeBackend:
             )
         if from_position < 0:
             raise ValueError(f"from_position {from_position} must be >= 0")
-        self.small, self.large, self.split, self.from_position = small, large, split, from_position
+        if below_position is not None and below_position <= from_position:
+            raise ValueError(f"below_position {below_position} must be above from_position {from_position}")
+        self.small, self.large, self.split = small, large, split
+        self.from_position, self.below_position = from_position, below_position
         self.max_batch = large.max_batch  # batches from `split` rows on go to `large`
         self.steps = {small.name: 0, large.name: 0}  # steps each backend ran (diagnostics)
 
     def backend_for(self, rows: int, longest_position: int) -> DecodeBackend:
-        """`small` for batches below `split` rows whose longest row is at `from_position` or later."""
-        if rows < self.split and longest_position >= self.from_position:
+        """`small` for batches below `split` rows whose longest row's position is in
+        [from_position, below_position); `large` for every other step."""
+        below = self.below_position is None or longest_position < self.below_position
+        if rows < self.split and longest_position >= self.from_position and below:
             return self.small
         return self.large
 
@@ -72,11 +83,13 @@ class HybridDecodeBackend:
         rows = batch.size
         # the positions are only needed where the row count leaves the choice open (the engine
         # passes them on the host; otherwise this reads the device tensor back)
-        longest = max(batch.positions_on_host()) if rows < self.split and self.from_position > 0 else 0
+        window = self.from_position > 0 or self.below_position is not None
+        longest = max(batch.positions_on_host()) if rows < self.split and window else 0
         backend = self.backend_for(rows, longest)
         self.steps[backend.name] += 1
         return backend.decode(batch)
 
     def describe(self) -> str:
-        at = f" from position {self.from_position}" if self.from_position else ""
+        lo, hi = self.from_position, self.below_position
+        at = f" at positions {lo}-{hi - 1}" if hi is not None else f" from position {lo}" if lo else ""
         return f"{self.small.name} below {self.split} rows{at}, {self.large.name} otherwise"

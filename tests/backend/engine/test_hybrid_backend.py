@@ -12,6 +12,7 @@ import torch
 from mkcode.backend import runtime
 from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.engine.hybrid_backend import (
+    MEGAKERNEL_BELOW_POSITION,
     MEGAKERNEL_BELOW_ROWS,
     MEGAKERNEL_FROM_POSITION,
     HybridDecodeBackend,
@@ -48,34 +49,42 @@ def test_each_step_goes_to_the_backend_for_its_batch_size():
     assert small.rows == [1, 3, 2] and large.rows == [4, 8, 32]
     assert h.steps == {"megakernel": 3, "graph": 3}
     assert h.max_batch == 32  # batches from the split on go to the large-batch backend
-    assert (
-        h.describe() == f"megakernel below 4 rows from position {MEGAKERNEL_FROM_POSITION}, graph otherwise"
-    )
+    lo, hi = MEGAKERNEL_FROM_POSITION, MEGAKERNEL_BELOW_POSITION
+    assert h.describe() == f"megakernel below 4 rows at positions {lo}-{hi - 1}, graph otherwise"
 
 
 @pytest.mark.parametrize("host", [True, False], ids=["host-positions", "device-positions"])
-def test_short_contexts_go_to_the_large_batch_backend(host):
-    """Below `from_position` (the longest row's position) the graph backend is the faster one at
-    BS 1 too (session 16): such steps go to `large` whatever their row count; the positions come
-    from the batch's host copy or, without one, from the device tensor."""
+def test_short_and_long_contexts_go_to_the_large_batch_backend(host):
+    """Outside [from_position, below_position) (the longest row's position) the graph backend is the
+    faster one at BS 1 too (session 16): such steps go to `large` whatever their row count; the
+    positions come from the batch's host copy or, without one, from the device tensor."""
     small, large = _Fake("megakernel", 8), _Fake("graph", 32)
-    h = HybridDecodeBackend(small, large, split=2, from_position=1024)
-    for rows, pos in ((1, 100), (1, 1023), (1, 1024), (1, 9000), (2, 9000), (1, 0)):
+    h = HybridDecodeBackend(small, large, split=2, from_position=1024, below_position=20480)
+    for rows, pos in ((1, 100), (1, 1023), (1, 1024), (1, 9000), (2, 9000), (1, 0), (1, 20479), (1, 20480)):
         h.decode(_batch(rows, pos, host))
-    assert small.rows == [1, 1] and large.rows == [1, 1, 2, 1]
+    assert small.rows == [1, 1, 1] and large.rows == [1, 1, 2, 1, 1]
+    assert h.describe() == "megakernel below 2 rows at positions 1024-20479, graph otherwise"
     # a batch whose longest row is not its first: the longest decides
     h.decode(
         DecodeBatch(
             torch.zeros(1, dtype=torch.long), torch.tensor([2000]), torch.zeros(1, 1, 1), torch.zeros(1)
         )
     )
-    assert small.rows == [1, 1, 1]
-    plain = HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), split=2, from_position=0)
+    assert small.rows == [1, 1, 1, 1]
+    plain = HybridDecodeBackend(
+        _Fake("megakernel", 8), _Fake("graph", 32), split=2, from_position=0, below_position=None
+    )
     plain.decode(_batch(1, 0))
-    assert plain.small.rows == [1] and plain.describe() == "megakernel below 2 rows, graph otherwise"
+    plain.decode(_batch(1, 10**6))
+    assert plain.small.rows == [1, 1] and plain.describe() == "megakernel below 2 rows, graph otherwise"
+    opened = HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), split=2, below_position=None)
+    assert (
+        opened.describe()
+        == f"megakernel below 2 rows from position {MEGAKERNEL_FROM_POSITION}, graph otherwise"
+    )
 
 
-def test_host_positions_must_match_the_rows():
+def test_bad_host_positions_and_windows_are_refused():
     bad = DecodeBatch(
         torch.zeros(2, dtype=torch.long),
         torch.zeros(2, dtype=torch.long),
@@ -87,6 +96,10 @@ def test_host_positions_must_match_the_rows():
         HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), split=4).decode(bad)
     with pytest.raises(ValueError, match="from_position"):
         HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32), from_position=-1)
+    with pytest.raises(ValueError, match="below_position 512 must be above from_position 1024"):
+        HybridDecodeBackend(
+            _Fake("megakernel", 8), _Fake("graph", 32), from_position=1024, below_position=512
+        )
 
 
 def test_a_split_the_small_backend_cannot_cover_is_refused():
@@ -117,6 +130,7 @@ def test_auto_runs_both_as_one_hybrid_when_both_load(monkeypatch):
     backend, name, note = runtime.choose_decode_backend("auto", _gpu_model())
     assert name == "hybrid" and isinstance(backend, HybridDecodeBackend)
     assert backend.split == MEGAKERNEL_BELOW_ROWS and backend.from_position == MEGAKERNEL_FROM_POSITION
+    assert backend.below_position == MEGAKERNEL_BELOW_POSITION
     assert backend.small.name == "megakernel" and backend.large.name == "graph"
     assert f"megakernel below {MEGAKERNEL_BELOW_ROWS} rows" in note
     assert builds == [("graph", False), ("megakernel", False)]  # auto never starts an nvcc build
