@@ -1,4 +1,4 @@
-"""HybridDecodeBackend (each step to the faster backend for its batch size) and how
+"""HybridDecodeBackend (each step to the faster backend for its batch size and context) and how
 `choose_decode_backend` assembles it: CPU tests with stand-in backends (the GPU path is
 tests/backend/test_runtime_gpu.py)."""
 
