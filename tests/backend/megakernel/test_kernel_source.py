@@ -41,14 +41,16 @@ def test_kernels_compile_with_nvcc():
 
 @pytest.mark.compile
 @pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc")
-def test_stream_probe_compiles(tmp_path):
-    """The stand-alone HBM streaming probe (csrc/probes) stays buildable for sm_90a."""
+@pytest.mark.parametrize("probe", ["stream_probe", "moe_probe"])
+def test_probes_compile(tmp_path, probe):
+    """The stand-alone probes (csrc/probes: HBM streaming strategies, the MoE phase's schedules)
+    stay buildable for sm_90a."""
     import subprocess
 
     from mkcode.backend.megakernel.build import ARCH_FLAGS, find_nvcc
 
-    src = abi.CSRC / "probes" / "stream_probe.cu"
-    out = tmp_path / "stream_probe.o"
+    src = abi.CSRC / "probes" / f"{probe}.cu"
+    out = tmp_path / f"{probe}.o"
     proc = subprocess.run(
         [find_nvcc(), *ARCH_FLAGS, "-O3", "-std=c++17", str(src), "-c", "-o", str(out)],
         capture_output=True,

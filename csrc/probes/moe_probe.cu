@@ -1,0 +1,233 @@
+// moe_probe.cu: what a BS 8 MoE phase costs under two schedules, with the megakernel's weight-load
+// pattern and nothing else. A stand-alone measurement for the "static MoE partition" of
+// docs/MEGAKERNEL.md ("What is left", session 16), not part of the megakernel.
+//
+// One launch = one layer's MoE phase at the release geometry (hidden 2048, expert intermediate 768,
+// 128 experts of which 51 are active, BS 8's mean) over one resident 512-thread block per SM:
+//   up work    per active expert, gate_up[e] rows: 96 groups of 16 rows (8 gate + 8 up columns,
+//              as the megakernel pairs them), K = 2048
+//   down work  per active expert, down[e]: 128 groups of 16 hidden rows, K = 768; a down group may
+//              start only once all 96 up groups of its expert are done (a per-expert counter)
+// A warp streams a group's rows with the megakernel's GEMV loads (16 B of rows gid and gid + 8 per
+// lane and k-step, U = 8 k-steps in flight, evict_first + L2::128B, ld.global.nc.L1::no_allocate)
+// and folds them (the GEMV is memory bound; its mma is left out). Two schedules:
+//   static   every block takes one contiguous, equal share of the 51 x 96 up groups (crossing at
+//            most a few experts), signals its experts' counters, then one equal share of the down
+//            groups, waiting per expert: no claims, every block ends a phase with the others
+//   dynamic  the megakernel's BS 8 queue: per expert a 32-group up item (256 + 256 columns) and
+//            four 16-group items (128 + 128 columns each), every expert's wide item first, then the
+//            small ones, then four 32-group down items per expert (512 rows); one atomic claim per
+//            item; a warp streams whole groups (wpg 1, as gemv_mma for these tiles)
+// `fixed_us` adds a per-item (dynamic) or per-range (static) fixed cost after each unit of work, as
+// the megakernel's staging, epilogue and signal add ~2-5 us per queue item (timeline, session 14).
+// Output: us per layer (median of 15 launches), the phase's HBM rate, per schedule and fixed cost.
+// Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
+//   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+constexpr int NT = 512, NWARPS = NT / 32, U = 8;
+constexpr int H = 2048, I = 768, E = 128, ACTIVE = 51;
+constexpr int UP_GROUPS = I / 8;     // 96 groups of 8 gate + 8 up rows per expert
+constexpr int DOWN_GROUPS = H / 16;  // 128 groups of 16 hidden rows per expert
+constexpr int WIDE = 32, SMALL = 16, SMALLS = 4, DOWN_ITEM = 32;  // dynamic items, in groups
+// the static schedule's warps split each group's K in SPLIT blocks (wpg in gemv_mma), so that a
+// block's ~37 up groups spread over its 16 warps within one task (~8 % imbalance, not ~30 %)
+constexpr int SPLIT = 2;
+static_assert(WIDE + SMALLS * SMALL == UP_GROUPS && DOWN_ITEM * 4 == DOWN_GROUPS, "item shapes");
+
+__device__ __forceinline__ uint4 ldw(const void* p, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+  return r;
+}
+__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+// One warp streams one group's k-steps [k0, k1) (in units of 32 elements): rows ra (lane gid) and
+// rb, U k-steps per batch; the tail batch loads clamped k-steps, as gemv_group does.
+__device__ __forceinline__ uint32_t stream_group(const uint16_t* ra, const uint16_t* rb, int k0, int k1, uint64_t pol) {
+  uint32_t acc = 0;
+  for (int s0 = k0; s0 < k1; s0 += U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = min(s0 + u, k1 - 1) * 32;
+      wa[u] = ldw(ra + k, pol);
+      wb[u] = ldw(rb + k, pol);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc += fold(wa[u]) ^ fold(wb[u]);
+  }
+  return acc;
+}
+
+struct Layer {
+  const uint16_t* gate_up;  // [E][2I][H]
+  const uint16_t* down;     // [E][H][I]
+  const int* experts;       // [ACTIVE] active expert ids
+  unsigned* done;           // [ACTIVE] up groups done per active expert (zeroed before the launch)
+  unsigned* head;           // dynamic queue head (zeroed before the launch)
+  uint32_t* out;
+};
+
+// Up group g of active expert a, K block kb of nk: gate rows 8g .. 8g + 7 (lanes gid) and up rows
+// I + 8g .. (gid + 8).
+__device__ __forceinline__ uint32_t up_group(const Layer& L, int a, int g, int kb, int nk, int lane, uint64_t pol) {
+  const int gid = lane >> 2, t = lane & 3, steps = H / 32;
+  const uint16_t* W = L.gate_up + (size_t)L.experts[a] * 2 * I * H;
+  return stream_group(W + (size_t)(8 * g + gid) * H + t * 8, W + (size_t)(I + 8 * g + gid) * H + t * 8,
+                      kb * steps / nk, (kb + 1) * steps / nk, pol);
+}
+// Down group g of active expert a, K block kb of nk: hidden rows 16g + gid and 16g + gid + 8.
+__device__ __forceinline__ uint32_t down_group(const Layer& L, int a, int g, int kb, int nk, int lane, uint64_t pol) {
+  const int gid = lane >> 2, t = lane & 3, steps = I / 32;
+  const uint16_t* W = L.down + (size_t)L.experts[a] * H * I;
+  return stream_group(W + (size_t)(16 * g + gid) * I + t * 8, W + (size_t)(16 * g + gid + 8) * I + t * 8,
+                      kb * steps / nk, (kb + 1) * steps / nk, pol);
+}
+
+__device__ __forceinline__ void wait_expert(const Layer& L, int a) {
+  if (threadIdx.x == 0) {
+    unsigned v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
+    } while (v < (unsigned)UP_GROUPS);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void fixed_cost(int fixed_ns) {
+  if (fixed_ns > 0) __nanosleep(fixed_ns);
+  __syncthreads();
+}
+
+// Static: block b takes up groups [b * n / nb, (b + 1) * n / nb) of the ACTIVE x UP_GROUPS list,
+// signals each expert it touched by its group count, then the same for the down groups.
+__global__ void __launch_bounds__(NT, 1) static_moe(Layer L, int fixed_ns) {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nb = gridDim.x, b = blockIdx.x;
+  uint32_t acc = 0;
+  const int nu = ACTIVE * UP_GROUPS, u0 = (int)((long)b * nu / nb), u1 = (int)((long)(b + 1) * nu / nb);
+  for (int j = u0 * SPLIT + warp; j < u1 * SPLIT; j += NWARPS) {  // warp tasks: (group, K block)
+    const int i = j / SPLIT;
+    acc += up_group(L, i / UP_GROUPS, i % UP_GROUPS, j % SPLIT, SPLIT, lane, pol);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)  // the experts of this range, each by its groups here
+    for (int a = u0 / UP_GROUPS; a <= (u1 - 1) / UP_GROUPS && u1 > u0; ++a) {
+      const int lo = max(u0, a * UP_GROUPS), hi = min(u1, (a + 1) * UP_GROUPS);
+      asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(hi - lo) : "memory");
+    }
+  fixed_cost(fixed_ns);
+  const int nd = ACTIVE * DOWN_GROUPS, d0 = (int)((long)b * nd / nb), d1 = (int)((long)(b + 1) * nd / nb);
+  for (int a = d0 / DOWN_GROUPS; a <= (d1 - 1) / DOWN_GROUPS && d1 > d0; ++a) {
+    wait_expert(L, a);
+    const int lo = max(d0, a * DOWN_GROUPS), hi = min(d1, (a + 1) * DOWN_GROUPS);
+    for (int j = lo * SPLIT + warp; j < hi * SPLIT; j += NWARPS)
+      acc += down_group(L, a, j / SPLIT - a * DOWN_GROUPS, j % SPLIT, SPLIT, lane, pol);
+  }
+  fixed_cost(fixed_ns);
+  if (acc == 0x12345678u) L.out[b] = acc;
+}
+
+// Dynamic: the megakernel's BS 8 MoE queue order (wide up items, small up items, down items), one
+// claim per item by thread 0, items spread over the block's warps by group.
+__global__ void __launch_bounds__(NT, 1) dynamic_moe(Layer L, int fixed_ns) {
+  __shared__ int s_item;
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_wide = ACTIVE, n_small = ACTIVE * SMALLS, n_down = ACTIVE * 4;
+  uint32_t acc = 0;
+  while (true) {
+    if (threadIdx.x == 0) s_item = (int)atomicAdd(L.head, 1u);
+    __syncthreads();
+    const int it = s_item;
+    __syncthreads();
+    if (it >= n_wide + n_small + n_down) break;
+    if (it < n_wide + n_small) {  // an up item: (expert, first group, groups)
+      const bool wide = it < n_wide;
+      const int a = wide ? it : (it - n_wide) / SMALLS;
+      const int g0 = wide ? 0 : WIDE + ((it - n_wide) % SMALLS) * SMALL, ng = wide ? WIDE : SMALL;
+      for (int g = warp; g < ng; g += NWARPS) acc += up_group(L, a, g0 + g, 0, 1, lane, pol);
+      __syncthreads();
+      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(ng) : "memory");
+    } else {  // a down item: (expert, quarter)
+      const int d = it - n_wide - n_small, a = d / 4, g0 = (d % 4) * DOWN_ITEM;
+      wait_expert(L, a);
+      for (int g = warp; g < DOWN_ITEM; g += NWARPS) acc += down_group(L, a, g0 + g, 0, 1, lane, pol);
+    }
+    fixed_cost(fixed_ns);
+  }
+  if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int copies = 2;  // two layers' experts (2.4 GB), alternated: nothing of a layer is in L2
+  const size_t gu = (size_t)E * 2 * I * H, dn = (size_t)E * H * I;
+  uint16_t *gate_up = nullptr, *down = nullptr;
+  CK(cudaMalloc(&gate_up, copies * gu * 2));
+  CK(cudaMalloc(&down, copies * dn * 2));
+  CK(cudaMemset(gate_up, 1, copies * gu * 2));
+  CK(cudaMemset(down, 1, copies * dn * 2));
+  int* experts = nullptr;
+  unsigned* counters = nullptr;
+  uint32_t* out = nullptr;
+  CK(cudaMalloc(&experts, copies * ACTIVE * sizeof(int)));
+  CK(cudaMalloc(&counters, (ACTIVE + 1) * sizeof(unsigned)));
+  CK(cudaMalloc(&out, 4096 * sizeof(uint32_t)));
+  std::vector<int> ids(copies * ACTIVE);
+  for (int c = 0; c < copies; ++c)  // 51 distinct experts spread over the 128 (gcd(5, 128) = 1)
+    for (int k = 0; k < ACTIVE; ++k) ids[c * ACTIVE + k] = (k * 5 + 3 + 17 * c) % E;
+  CK(cudaMemcpy(experts, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+  cudaEvent_t ev0, ev1;
+  CK(cudaEventCreate(&ev0));
+  CK(cudaEventCreate(&ev1));
+  const double bytes = (double)ACTIVE * (2.0 * I * H + (double)H * I) * 2.0;
+  printf("moe probe: %d blocks, %d of %d experts, %.1f MB per layer; us per layer = median of 15\n", sms, ACTIVE, E,
+         bytes / 1e6);
+  for (int fixed_us : {0, 2, 4}) {
+    for (int sched = 0; sched < 2; ++sched) {
+      std::vector<float> ms;
+      for (int rep = 0; rep < 17; ++rep) {
+        const int c = rep % copies;
+        Layer L{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out};
+        CK(cudaMemset(counters, 0, (ACTIVE + 1) * sizeof(unsigned)));
+        CK(cudaEventRecord(ev0));
+        if (sched == 0)
+          static_moe<<<sms, NT>>>(L, fixed_us * 1000);
+        else
+          dynamic_moe<<<sms, NT>>>(L, fixed_us * 1000);
+        CK(cudaEventRecord(ev1));
+        CK(cudaEventSynchronize(ev1));
+        CK(cudaGetLastError());
+        float t = 0.f;
+        CK(cudaEventElapsedTime(&t, ev0, ev1));
+        if (rep >= 2) ms.push_back(t);  // two warm-up launches
+      }
+      std::sort(ms.begin(), ms.end());
+      const double us = ms[ms.size() / 2] * 1e3;
+      printf("%-8s fixed %d us per %s: %7.1f us per layer, %5.2f TB/s\n", sched == 0 ? "static" : "dynamic",
+             fixed_us, sched == 0 ? "range" : "item ", us, bytes / (us * 1e-6) / 1e12);
+    }
+  }
+  return 0;
+}
