@@ -91,5 +91,9 @@ class HybridDecodeBackend:
 
     def describe(self) -> str:
         lo, hi = self.from_position, self.below_position
-        at = f" at positions {lo}-{hi - 1}" if hi is not None else f" from position {lo}" if lo else ""
+        at = ""
+        if hi is not None:
+            at = f" at positions {lo}-{hi - 1}"
+        elif lo:
+            at = f" from position {lo}"
         return f"{self.small.name} below {self.split} rows{at}, {self.large.name} otherwise"

@@ -23,21 +23,10 @@
 // Output: us per layer (median of 15 launches), the phase's HBM rate, per schedule and fixed cost.
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
+#include "probe_util.cuh"
 
 constexpr int NT = 512, NWARPS = NT / 32, U = 8;
 constexpr int H = 2048, I = 768, E = 128, ACTIVE = 51;
@@ -49,15 +38,6 @@ constexpr int WIDE = 32, SMALL = 16, SMALLS = 4, DOWN_ITEM = 32;  // dynamic ite
 constexpr int SPLIT = 2;
 static_assert(WIDE + SMALLS * SMALL == UP_GROUPS && DOWN_ITEM * 4 == DOWN_GROUPS, "item shapes");
 
-__device__ __forceinline__ uint4 ldw(const void* p, uint64_t pol) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(pol));
-  return r;
-}
-__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
 // One warp streams one group's k-steps [k0, k1) (in units of 32 elements): rows ra (lane gid) and
 // rb, U k-steps per batch; the tail batch loads clamped k-steps, as gemv_group does.
 __device__ __forceinline__ uint32_t stream_group(const uint16_t* ra, const uint16_t* rb, int k0, int k1, uint64_t pol) {
@@ -67,8 +47,8 @@ __device__ __forceinline__ uint32_t stream_group(const uint16_t* ra, const uint1
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = min(s0 + u, k1 - 1) * 32;
-      wa[u] = ldw(ra + k, pol);
-      wb[u] = ldw(rb + k, pol);
+      wa[u] = ldw_hint(ra + k, pol);
+      wb[u] = ldw_hint(rb + k, pol);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) acc += fold(wa[u]) ^ fold(wb[u]);

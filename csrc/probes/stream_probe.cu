@@ -22,18 +22,7 @@
 //            against the same bytes stored contiguously
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe [gemv]
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
+#include "probe_util.cuh"
 
 constexpr int NT = 512;
 
@@ -45,23 +34,11 @@ __device__ __forceinline__ uint4 ldw(const void* p) {
   return r;
 }
 
-// The megakernel's weight load since session 13 (ld_weight16): evict_first L2 policy and the
-// L2::128B prefetch-size hint (an L2 miss fetches the whole 128-byte line).
-__device__ __forceinline__ uint4 ldw_hint(const void* p, uint64_t pol) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(pol));
-  return r;
-}
-
 template <bool HINT>
 __device__ __forceinline__ uint4 ldw_as(const void* p, uint64_t pol) {
   if constexpr (HINT) return ldw_hint(p, pol);
   return ldw(p);
 }
-
-__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
 // The block streams n 16-byte words from p in batches of U loads per thread; returns the fold.
 template <int U>

@@ -51,9 +51,6 @@ def _run(ckpt, decode: str, prompts=PROMPTS, lengths=None) -> tuple[list[list[in
             for r, n in zip(results, lengths, strict=True)
         ), [r.error for r in results]
         if decode in ("auto", "hybrid"):  # both backends ran steps: the batch shrank past the split
-            from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_FROM_POSITION
-
-            assert MEGAKERNEL_FROM_POSITION == 1024, "SHRINKING's last request is sized for 1024"
             steps = eng.backend.steps
             print(f"[{decode}] steps per backend {steps}")
             assert all(v > 0 for v in steps.values()), steps
@@ -103,6 +100,9 @@ SHRINK_LENGTHS = [6, 10, 14, 20, 26, 40]
 def test_hybrid_hands_steps_between_backends_through_engine(small_ckpt, decode):
     """`auto` (both backends load on an H200) and `hybrid`: the megakernel for the small batches, the
     graph backend for the others, over one KV pool; the tokens agree with torch's as each backend's do."""
+    from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_FROM_POSITION
+
+    assert MEGAKERNEL_FROM_POSITION == 1024, "SHRINKING's last request is sized for 1024"
     ref, _, _ = _run(small_ckpt, "torch", SHRINKING, SHRINK_LENGTHS)
     tokens, _dt, used = _run(small_ckpt, decode, SHRINKING, SHRINK_LENGTHS)
     assert used == "hybrid"
