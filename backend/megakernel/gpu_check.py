@@ -343,7 +343,7 @@ def sampling_cost(cfg, w, cases, batches) -> dict:
                 + f" (top-k/top-p costs {(row['topk_topp'] - row['greedy']) * 1e6:.0f} us)",
                 flush=True,
             )
-        out["sample_row_1"] = sample_row_cost(be, cases[1].batch)
+        out["sample_row_1"] = sample_row_cost(be, cases[min(cases)].batch)  # row 0 of the smallest batch
     except Exception as e:  # a sampling failure must not lose the timings above
         out["error"] = f"{type(e).__name__}: {e}"
         print("sampling cost failed:", out["error"], flush=True)

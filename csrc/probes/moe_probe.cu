@@ -20,7 +20,15 @@
 //            item; a warp streams whole groups (wpg 1, as gemv_mma for these tiles)
 // `fixed_us` adds a per-item (dynamic) or per-range (static) fixed cost after each unit of work, as
 // the megakernel's staging, epilogue and signal add ~2-5 us per queue item (timeline, session 14).
+//   warp     (warp_moe) every warp claims one 16-row group at a time, no block barrier: an up
+//            group signals its expert itself, a down group's lane 0 waits for its expert; the
+//            act_mode variants also read the down group's activations from L2 (fp32 or bf16), as
+//            a per-warp down item without staged activations would
 // Output: us per layer (median of 15 launches), the phase's HBM rate, per schedule and fixed cost.
+// Measured (H200, 2026-11-30, session 17, call 2): static 120.1 / 123.0 / 123.3 us with 0 / 4 / 8 us
+// per range, dynamic 117.8 / 122.3 / 123.6 per item, warp 129.6-131.3, warp + fp32 activations
+// ~140, + bf16 ~133: the schedule is not what the megakernel's BS 8 MoE phase (~150 us) loses, and
+// per-warp claims are slower (one head counter for ~11K claims per layer, 8 KB in flight per warp).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe
 #include <algorithm>
@@ -158,6 +166,86 @@ __global__ void __launch_bounds__(NT, 1) dynamic_moe(Layer L, int fixed_ns) {
   if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
 }
 
+// Per-warp: every warp claims one 16-row group at a time (lane 0, one atomic, the next claim in flight
+// while the group streams): up groups (expert-major), then down groups. An up group signals its
+// expert (red.release after __syncwarp); a down group's lane 0 waits (acquire) for its expert's 96
+// up groups. No block barrier anywhere: one warp's fixed cost (fixed_ns, a nanosleep of that warp)
+// leaves the block's other 15 warps streaming. act_mode: a down group also reads its expert's
+// activations from L2 as the megakernel would without staging them (0: none, 1: fp32, 32 B per
+// lane and k-step, 2: bf16, 16 B).
+template <int ACT>
+__device__ __forceinline__ uint32_t stream_down_act(const uint16_t* ra, const uint16_t* rb, const void* act, int steps,
+                                                    uint64_t pol) {
+  uint32_t acc = 0;
+  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  for (int s0 = 0; s0 < steps; s0 += U) {
+    uint4 wa[U], wb[U], x0[U], x1[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = min(s0 + u, steps - 1) * 32;
+      wa[u] = ldw_hint(ra + k, pol);
+      wb[u] = ldw_hint(rb + k, pol);
+      if (ACT == 1) {
+        const float* xp = (const float*)act + (size_t)gid * I + k + t * 8;
+        x0[u] = __ldcg((const uint4*)xp);
+        x1[u] = __ldcg((const uint4*)xp + 1);
+      } else if (ACT == 2) {
+        x0[u] = __ldcg((const uint4*)((const uint16_t*)act + (size_t)gid * I + k + t * 8));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      acc += fold(wa[u]) ^ fold(wb[u]);
+      if (ACT >= 1) acc += fold(x0[u]);
+      if (ACT == 1) acc += fold(x1[u]);
+    }
+  }
+  return acc;
+}
+
+template <int ACT>
+__global__ void __launch_bounds__(NT, 1) warp_moe(Layer L, int fixed_ns, const void* act) {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int n_up = ACTIVE * UP_GROUPS, n_all = n_up + ACTIVE * DOWN_GROUPS;
+  uint32_t acc = 0;
+  int cur = 0, nxt = 0;
+  if (lane == 0) {
+    cur = (int)atomicAdd(L.head, 1u);
+    nxt = (int)atomicAdd(L.head, 1u);
+  }
+  cur = __shfl_sync(0xffffffffu, cur, 0);
+  while (cur < n_all) {
+    if (cur < n_up) {
+      const int a = cur / UP_GROUPS;
+      acc += up_group(L, a, cur % UP_GROUPS, 0, 1, lane, pol);
+      __syncwarp();
+      if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(1) : "memory");
+    } else {
+      const int d = cur - n_up, a = d / DOWN_GROUPS, g = d % DOWN_GROUPS;
+      if (lane == 0) {
+        unsigned v;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
+        } while (v < (unsigned)UP_GROUPS);
+      }
+      __syncwarp();
+      const uint16_t* W = L.down + (size_t)L.experts[a] * H * I;
+      const void* x = ACT == 1 ? (const void*)((const float*)act + (size_t)a * 8 * I)
+                               : (const void*)((const uint16_t*)act + (size_t)a * 8 * I);
+      acc += stream_down_act<ACT>(W + (size_t)(16 * g + gid) * I + t * 8, W + (size_t)(16 * g + gid + 8) * I + t * 8,
+                                  x, I / 32, pol);
+    }
+    if (fixed_ns > 0) __nanosleep(fixed_ns);
+    int fresh = 0;
+    if (lane == 0) fresh = (int)atomicAdd(L.head, 1u);
+    cur = __shfl_sync(0xffffffffu, nxt, 0);
+    nxt = fresh;
+  }
+  if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
+}
+
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -174,6 +262,9 @@ int main() {
   CK(cudaMalloc(&experts, copies * ACTIVE * sizeof(int)));
   CK(cudaMalloc(&counters, (ACTIVE + 1) * sizeof(unsigned)));
   CK(cudaMalloc(&out, 4096 * sizeof(uint32_t)));
+  void* act = nullptr;  // [ACTIVE][8][I] activations (fp32; the bf16 mode reads the first half)
+  CK(cudaMalloc(&act, (size_t)ACTIVE * 8 * I * sizeof(float)));
+  CK(cudaMemset(act, 1, (size_t)ACTIVE * 8 * I * sizeof(float)));
   std::vector<int> ids(copies * ACTIVE);
   for (int c = 0; c < copies; ++c)  // 51 distinct experts spread over the 128 (gcd(5, 128) = 1)
     for (int k = 0; k < ACTIVE; ++k) ids[c * ACTIVE + k] = (k * 5 + 3 + 17 * c) % E;
@@ -184,18 +275,28 @@ int main() {
   const double bytes = (double)ACTIVE * (2.0 * I * H + (double)H * I) * 2.0;
   printf("moe probe: %d blocks, %d of %d experts, %.1f MB per layer; us per layer = median of 15\n", sms, ACTIVE, E,
          bytes / 1e6);
-  for (int fixed_us : {0, 2, 4}) {
-    for (int sched = 0; sched < 2; ++sched) {
+  // schedules: 0 static, 1 dynamic (block items), 2-4 per-warp groups (activations: none, fp32, bf16);
+  // fixed cost per range / item (0-2) or per warp group (2-4, in 0.25 us steps of `fixed`)
+  const char* names[] = {"static", "dynamic", "warp", "warp+f32", "warp+b16"};
+  for (int fixed_us : {0, 4, 8}) {
+    for (int sched = 0; sched < 5; ++sched) {
       std::vector<float> ms;
       for (int rep = 0; rep < 17; ++rep) {
         const int c = rep % copies;
         Layer L{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out};
         CK(cudaMemset(counters, 0, (ACTIVE + 1) * sizeof(unsigned)));
         CK(cudaEventRecord(ev0));
+        const int warp_ns = fixed_us * 250;  // a warp group is ~1/20 of a block item's bytes
         if (sched == 0)
           static_moe<<<sms, NT>>>(L, fixed_us * 1000);
-        else
+        else if (sched == 1)
           dynamic_moe<<<sms, NT>>>(L, fixed_us * 1000);
+        else if (sched == 2)
+          warp_moe<0><<<sms, NT>>>(L, warp_ns, act);
+        else if (sched == 3)
+          warp_moe<1><<<sms, NT>>>(L, warp_ns, act);
+        else
+          warp_moe<2><<<sms, NT>>>(L, warp_ns, act);
         CK(cudaEventRecord(ev1));
         CK(cudaEventSynchronize(ev1));
         CK(cudaGetLastError());
@@ -205,8 +306,9 @@ int main() {
       }
       std::sort(ms.begin(), ms.end());
       const double us = ms[ms.size() / 2] * 1e3;
-      printf("%-8s fixed %d us per %s: %7.1f us per layer, %5.2f TB/s\n", sched == 0 ? "static" : "dynamic",
-             fixed_us, sched == 0 ? "range" : "item ", us, bytes / (us * 1e-6) / 1e12);
+      printf("%-9s fixed %5.2f us per %s: %7.1f us per layer, %5.2f TB/s\n", names[sched],
+             sched < 2 ? (double)fixed_us : fixed_us * 0.25, sched == 0 ? "range" : sched == 1 ? "item " : "group",
+             us, bytes / (us * 1e-6) / 1e12);
     }
   }
   return 0;
