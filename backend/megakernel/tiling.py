@@ -34,6 +34,13 @@ class Tiling:
     moe_down_rows: int = 128
     lm_rows: int = 128  # vocab rows per LM-head task (512 KB tiles; the configuration measured fastest)
     max_splits: int = 32  # attention splits per (row, kv head) at most
+    # split_tokens > 0: a layer whose rows see more than max_splits * split_tokens tokens may take
+    # ceil(visible tokens / split_tokens) splits, up to split_cap (the workspace's split stride: the
+    # engine's base tiling's max_splits). A BS 1 tiling caps its splits low (SMALL_MAX_SPLITS: fewer,
+    # longer attention items leave SMs to the MoE items), which at long contexts left the attention
+    # items of the full layers outlasting the layer (SMALL_SPLIT_TOKENS).
+    split_tokens: int = 0
+    split_cap: int = 0
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
     moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
     # the attention tail after this many of the layer's down tiles (0: right after the up tiles). At
@@ -110,6 +117,11 @@ class Tiling:
         )
         need(H % self.o_rows == 0, "o_rows must divide hidden_size")
         need(self.max_splits >= 1, "max_splits must be >= 1")
+        need(self.split_tokens >= 0, "split_tokens must be >= 0 (0: max_splits caps the splits)")
+        need(
+            not self.split_tokens or self.split_cap >= self.max_splits,
+            "split_cap (the workspace's split stride) must be >= max_splits when split_tokens is set",
+        )
         need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
         need(0 <= self.moe_tail_downs < abi.MK_TAIL_ALL_DOWNS, "moe_tail_downs must be >= 0")
         need(
@@ -327,6 +339,13 @@ WIDE_CLAIM_POLICY = abi.MK_CLAIM_EAGER
 # 4.379 and 5.946 / 5.941: no loss.
 SMALL_MAX_SPLITS = 10
 SMALL_ATTN_IDLE_FIRST = 1
+# ... but at long contexts one split per SMALL_SPLIT_TOKENS visible tokens (up to the base tiling's
+# max_splits, the workspace's stride): with 10 splits a full layer's attention items at 32K / 64K
+# (~0.8 / 1.7 MB each at ~25-35 GB/s per SM) outlasted the layer. Measured on the H200 at BS 1
+# (2026-11-30, session 17, gpu_check, one call, splits 10 / 16 / 24 / 32): 16K 3.222 and 3.359 /
+# 3.293 / 3.596 / 3.621 ms (this rule: 10); 32K 3.646 and 3.774 / **3.526** / 3.833 / 3.803 (16);
+# 64K 4.541 and 4.550 / 4.093 / **4.016** / 4.057 (32).
+SMALL_SPLIT_TOKENS = 2048
 
 
 # Control SMs (Tiling.ctrl_sms): one per batch row, so each add+norm row has its own SM (and ROUTE
@@ -372,7 +391,8 @@ SMALL_O_ROWS = 128
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
-    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits with
+    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
+    per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to `base`'s max_splits) with
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused
     MoE items (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
@@ -394,6 +414,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
         t,
         claim_policy=SMALL_CLAIM_POLICY,
         max_splits=min(t.max_splits, SMALL_MAX_SPLITS),
+        split_tokens=SMALL_SPLIT_TOKENS,
+        split_cap=t.max_splits,
         attn_idle_first=SMALL_ATTN_IDLE_FIRST,
     )
     fused = replace(
@@ -442,5 +464,13 @@ def attention_splits(
         pages = visible_pages(pb, cfg.sliding_window if sliding else None)
         total = pages * len(positions) * cfg.num_key_value_heads
         grain = max(2, math.ceil(total / max(n_sms, 1)))
-        out[sliding] = [max(1, min(tiling.max_splits, math.ceil(pages / grain)))] * len(positions)
+        out[sliding] = [max(1, min(split_cap(tiling, pages), math.ceil(pages / grain)))] * len(positions)
     return out
+
+
+def split_cap(tiling: Tiling, pages: int) -> int:
+    """The most splits per (row, kv head) for a layer whose rows see `pages` KV pages: max_splits,
+    raised at long contexts by Tiling.split_tokens (up to split_cap)."""
+    if not tiling.split_tokens:
+        return tiling.max_splits
+    return max(tiling.max_splits, min(tiling.split_cap, math.ceil(pages * PAGE_SIZE / tiling.split_tokens)))

@@ -505,6 +505,19 @@ def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=31, steps=3)
 
 
+def test_long_context_split_cap_reduced(small):
+    """Tiling.split_tokens at BS 1 (scaled down: one split per 64 visible tokens): the full layers'
+    splits rise above max_splits, up to split_cap; three steps against the routed reference."""
+    from mkcode.backend.megakernel.tiling import attention_splits
+
+    w, _ = small
+    contexts = [1500]
+    t = _engine_tiling(contexts, split_tokens=64)
+    splits = attention_splits(CFG, contexts, t, 132)
+    assert splits[False][0] > t.max_splits, splits
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=47, steps=3)
+
+
 def test_asynchronous_decode_steps_in_place(small):
     """asynchronous=True (the bench harness's mode): steps enqueued back to back on one batch whose
     tensors are updated in place (positions += 1 bumps the version counter, so the host re-reads

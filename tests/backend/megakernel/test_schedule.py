@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -163,6 +164,34 @@ def test_two_up_tile_sizes_cover_each_expert_once_wide_tiles_first():
     ]:
         with pytest.raises(TilingError, match=what):
             Tiling(moe_up_cols=256, **bad).validate(CFG)
+
+
+def test_long_contexts_raise_the_small_batch_split_cap():
+    """tiling_for_batch below WIDE_MOE_FROM_BATCH: SMALL_MAX_SPLITS splits at most up to
+    SMALL_MAX_SPLITS * SMALL_SPLIT_TOKENS visible tokens, then one per SMALL_SPLIT_TOKENS, never
+    more than the base tiling's max_splits (the workspace's stride); sliding layers (4096 visible
+    tokens at most) keep the small cap; bad values are refused."""
+    from mkcode.backend.megakernel.tiling import (
+        SMALL_MAX_SPLITS,
+        SMALL_SPLIT_TOKENS,
+        split_cap,
+        tiling_for_batch,
+    )
+
+    base = default_tiling(CFG)
+    t = tiling_for_batch(CFG, base, 1)
+    page_tokens = 64
+    assert split_cap(t, 8192 // page_tokens) == SMALL_MAX_SPLITS
+    assert split_cap(t, 32768 // page_tokens) == 32768 // SMALL_SPLIT_TOKENS == 16
+    assert split_cap(t, 65536 // page_tokens) == split_cap(t, 10**6) == base.max_splits == 32
+    for ctx, full in [(8192, SMALL_MAX_SPLITS), (32768, 16), (65536, 32), (200_000, 32)]:
+        s = attention_splits(CFG, [ctx - 1], t, 132)
+        assert s[False] == [full] and s[True][0] <= SMALL_MAX_SPLITS, ctx
+    assert split_cap(base, 10**6) == base.max_splits  # split_tokens 0: the plain cap
+    with pytest.raises(TilingError, match="split_cap"):
+        replace(t, split_cap=4).validate(CFG)
+    with pytest.raises(TilingError, match="split_tokens"):
+        replace(t, split_tokens=-1).validate(CFG)
 
 
 def test_timeline_summary_of_synthetic_records():
@@ -415,6 +444,7 @@ def test_moe_tiles_widen_with_the_batch():
 
     from mkcode.backend.megakernel.tiling import (
         SMALL_MAX_SPLITS,
+        SMALL_SPLIT_TOKENS,
         WIDE_MOE_FROM_BATCH,
         WIDE_UP_SMALL,
         tiling_for_batch,
@@ -441,6 +471,7 @@ def test_moe_tiles_widen_with_the_batch():
         assert (small.moe_up_cols, small.moe_down_rows) == (128, 256)  # release geometry: 768 / 128 = 6 tiles
         assert small.claim_policy == lazy and small.moe_fused == 1
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
+        assert (small.split_tokens, small.split_cap) == (SMALL_SPLIT_TOKENS, base.max_splits)
         assert (
             replace(
                 placement(small, b),
@@ -448,6 +479,8 @@ def test_moe_tiles_widen_with_the_batch():
                 moe_down_rows=base.moe_down_rows,
                 claim_policy=eager,
                 max_splits=base.max_splits,
+                split_tokens=0,
+                split_cap=0,
             )
             == base
         )
@@ -457,7 +490,11 @@ def test_moe_tiles_widen_with_the_batch():
     # 128, 64, 48 columns do not divide 160: the base
     other = north_mini_code_config(4, intermediate_size=160)
     assert placement(tiling_for_batch(other, default_tiling(other), 1), 1) == replace(
-        default_tiling(other), claim_policy=lazy, max_splits=SMALL_MAX_SPLITS
+        default_tiling(other),
+        claim_policy=lazy,
+        max_splits=SMALL_MAX_SPLITS,
+        split_tokens=SMALL_SPLIT_TOKENS,
+        split_cap=default_tiling(other).max_splits,
     )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (8 * base.moe_up_cols, 4 * base.moe_down_rows)
