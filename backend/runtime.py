@@ -100,8 +100,9 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
     `auto` on a GPU loads the graph backend and the megakernel and, when both load, runs them as one
     hybrid backend: the megakernel for batches below `MEGAKERNEL_BELOW_ROWS` rows whose longest row
     is at a position in [`MEGAKERNEL_FROM_POSITION`, `MEGAKERNEL_BELOW_POSITION`) (where it is the
-    faster one: docs/PERF.md, sessions 14 and 16), the graph backend for the other steps (the
-    megakernel is still slower at BS 8, and at BS 1 below ~1K and above ~20K tokens). `auto` uses
+    faster one: docs/PERF.md, sessions 14, 16 and 17), the graph backend for the other steps (the
+    megakernel is still slower at BS 8, and at BS 1 below ~1K tokens; from 32K on the two are level,
+    then the graph backend leads). `auto` uses
     the megakernel's extension only when it is built (`mkcode kernels build`). Either alone when
     the other does not load (the reason says why), torch when neither does. `graph`, `megakernel`
     and `hybrid` ask for exactly that (building the extension if needed) and fail with the reason."""

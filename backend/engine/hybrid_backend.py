@@ -28,11 +28,16 @@ MEGAKERNEL_BELOW_ROWS = 2
 # 3.008, 2048 3.107 vs 2.965, 8192 3.227 vs 3.031. The megakernel's step hardly grows with the context
 # (its attention runs beside the MoE items); the graph backend's does.
 MEGAKERNEL_FROM_POSITION = 1024
-# ... and below this one: from ~20K tokens on its attention items (10 splits per kv head at BS 1,
-# ~25 GB/s per SM each) outlast the layer's MoE items and the graph backend is faster again. Measured
-# (same session and command): graph vs megakernel at 16384 3.312 vs 3.185 ms, 20480 3.338 vs 3.319,
-# 24576 3.364 vs 3.407, 28672 3.390 vs 3.509, 32768 3.418 vs 3.597, 65536 3.613 vs 4.373.
-MEGAKERNEL_BELOW_POSITION = 20480
+# ... and below this one. Session 16 (10 attention splits per kv head at BS 1): from ~20K tokens on
+# the attention items (~25 GB/s per SM each) outlasted the layer's MoE items and the graph backend was
+# faster again (graph vs megakernel at 20480 3.338 vs 3.319 ms, 24576 3.364 vs 3.407, 32768 3.418 vs
+# 3.597, 65536 3.613 vs 4.373). Since session 17 the split cap rises with the context
+# (Tiling.split_tokens: 16 splits in the 32K bucket, 32 from 32K on). Measured on the H200
+# (2026-11-30, session 17, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`,
+# docs/PERF.md): graph vs megakernel at 16384 3.312 vs 3.136 ms, 24576 3.363 vs 3.291, 32768 3.416 vs
+# 3.404, 40960 3.463 vs 3.474, 49152 3.518 vs 3.531, 57344 3.565 vs 3.615, 65536 3.616 vs 3.667:
+# the megakernel below the 64K bucket (32 splits), where the two are level and then the graph leads.
+MEGAKERNEL_BELOW_POSITION = 32768
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
