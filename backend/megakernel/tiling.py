@@ -378,6 +378,10 @@ WIDE_UP_SMALL = (128, 4)
 #   from WIDE_MOE_FROM_BATCH on. The combines on the control SMs run warm (5.3 vs 7.1 us as queue
 #   items) but the step did not change: kept for the shorter attention chain.
 SMALL_MOE_FUSED = 1
+# ... below this many rows: BS 3 (22.7 experts per layer) runs separate up and down tiles with the
+# small batches' other settings. Measured on the H200 at 8K (2026-11-30, session 17, gpu_check, one
+# call): BS 3 fused 5.921 / 5.868 ms, unfused 5.542; BS 2 fused 4.296 / 4.275, unfused 4.306.
+SMALL_FUSED_BELOW = 3
 SMALL_CTRL_SMS = 4
 SMALL_COMBINE_CTRL = 1
 # LM-head tiles of 256 vocab rows below WIDE_MOE_FROM_BATCH rows (half the tiles: half their fixed
@@ -393,8 +397,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
     per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to `base`'s max_splits) with
-    the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused
-    MoE items (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
+    the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
+    SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
     from there on the widest of WIDE_MOE_SCALES, eager claims, the attention drains on the QKV
     SMs (`base`'s tiles where no scale fits) and WIDE_UP_SMALL small up tiles where the config takes
@@ -418,19 +422,19 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
         split_cap=t.max_splits,
         attn_idle_first=SMALL_ATTN_IDLE_FIRST,
     )
-    fused = replace(
+    tuned = replace(
         t,
-        moe_fused=SMALL_MOE_FUSED,
+        moe_fused=SMALL_MOE_FUSED if batch < SMALL_FUSED_BELOW else 0,
         ctrl_sms=min(abi.MK_MAX_TOKENS, max(t.ctrl_sms, SMALL_CTRL_SMS)),
         combine_ctrl=SMALL_COMBINE_CTRL,
         lm_rows=SMALL_LM_ROWS if cfg.vocab_size % SMALL_LM_ROWS == 0 else t.lm_rows,
         o_rows=SMALL_O_ROWS if cfg.hidden_size % SMALL_O_ROWS == 0 else t.o_rows,
     )
     try:
-        fused.validate(cfg)
+        tuned.validate(cfg)
     except TilingError:  # e.g. a column count the fused down slice does not take
         return t
-    return fused
+    return tuned
 
 
 def visible_pages(position: int, window: int | None) -> int:

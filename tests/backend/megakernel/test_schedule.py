@@ -443,6 +443,7 @@ def test_moe_tiles_widen_with_the_batch():
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import (
+        SMALL_FUSED_BELOW,
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_TOKENS,
         WIDE_MOE_FROM_BATCH,
@@ -451,9 +452,9 @@ def test_moe_tiles_widen_with_the_batch():
     )
 
     def placement(t, b, wide=False):  # the control SMs (one per row), where the attention drains go
-        if t.moe_fused:  # small batches: fused MoE items, the combines on at least 4 control SMs,
-            # 256-row LM-head tiles
-            assert not wide and t.ctrl_sms == max(b, 4) and t.combine_ctrl == 1
+        if t.combine_ctrl:  # small batches: fused MoE items below SMALL_FUSED_BELOW rows, the
+            # combines on at least 4 control SMs, 256-row LM-head tiles
+            assert not wide and t.ctrl_sms == max(b, 4) and t.moe_fused == int(b < SMALL_FUSED_BELOW)
             assert (t.lm_rows, t.o_rows) == (256, 128)  # 256-row LM-head, 128-row O-proj tiles
             d = default_tiling(cfg)
             t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=d.lm_rows, o_rows=d.o_rows)
@@ -469,7 +470,7 @@ def test_moe_tiles_widen_with_the_batch():
     for b in (1, WIDE_MOE_FROM_BATCH - 1):
         small = tiling_for_batch(cfg, base, b)
         assert (small.moe_up_cols, small.moe_down_rows) == (128, 256)  # release geometry: 768 / 128 = 6 tiles
-        assert small.claim_policy == lazy and small.moe_fused == 1
+        assert small.claim_policy == lazy and small.moe_fused == int(b < SMALL_FUSED_BELOW)
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
         assert (small.split_tokens, small.split_cap) == (SMALL_SPLIT_TOKENS, base.max_splits)
         assert (
