@@ -375,6 +375,27 @@ def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]
     return out
 
 
+def sm_tasks(recs: torch.Tensor, layer: int, lo_us: float, hi_us: float) -> dict[int, list[dict]]:
+    """Each block's tasks (DRAIN records left out) that overlap [lo_us, hi_us] of one layer, times
+    in us from the end of the previous layer's last ADD_NORM (as sm_states): per task its op, layer,
+    start, end of its dependency wait, end. The per-SM view that showed session 17's O-proj items
+    waiting on combines that busy SMs had claimed ahead. Empty without the previous layer's
+    ADD_NORM record."""
+    rows = recs.tolist()
+    ends = _last_ends(rows, ("ADD_NORM",))
+    if "ADD_NORM" not in ends.get(layer - 1, {}):
+        return {}
+    t0 = ends[layer - 1]["ADD_NORM"]
+    out: dict[int, list[dict]] = defaultdict(list)
+    for blk, w0, ts, tr, _g0, _g1, _te, tsg in sorted(rows, key=lambda r: (r[0], r[2])):
+        op = abi.OPNAMES.get(w0 & 0xFF, "?")
+        start, ready, end = ((t - t0) / 1e3 for t in (ts, tr, tsg))
+        if op == "DRAIN" or end < lo_us or start > hi_us:
+            continue
+        out[blk].append({"op": op, "layer": (w0 >> 8) & 0xFF, "start": start, "ready": ready, "end": end})
+    return dict(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mkcode.backend.megakernel.timeline timeline_bs8.pt [--layer 25]`: a saved step's
     chain ends, one layer's SM states by bin (sm_states) and the largest gaps, on any machine."""
@@ -384,10 +405,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path", help="timeline_bs{B}.pt as gpu_check bench saves it (records)")
     p.add_argument("--layer", type=int, default=25)
     p.add_argument("--bin", type=float, default=8.0, help="bin width, us")
+    p.add_argument(
+        "--sms",
+        nargs=3,
+        type=float,
+        metavar=("FROM_US", "TO_US", "EVERY"),
+        help="instead: every EVERY-th block's tasks between FROM_US and TO_US of the layer, as "
+        "OP<layer>[start|wait end-end] (sm_tasks)",
+    )
     args = p.parse_args(argv)
     recs = torch.load(args.path)
     if recs.dim() == 3:  # a raw [n_sms, cap, words] timeline
         recs = records(recs)
+    if args.sms:
+        lo, hi, every = args.sms
+        tasks = sm_tasks(recs, args.layer, lo, hi)
+        if not tasks:
+            print(f"layer {args.layer}: no add+norm record before it")
+            return 1
+        for blk in sorted(tasks)[:: max(1, int(every))]:
+            print(
+                blk,
+                " ".join(
+                    f"{t['op']}{t['layer']}[{t['start']:.0f}|{t['ready']:.0f}-{t['end']:.0f}]"
+                    for t in tasks[blk]
+                ),
+            )
+        return 0
     ch = chain_ends(recs)
     if ch:
         mean = sum(c["layer_us"] for c in ch) / len(ch)

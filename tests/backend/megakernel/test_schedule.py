@@ -279,6 +279,17 @@ def test_sm_states_of_a_layer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "layer 5, per 4 us" in out and "[ATTN:1 QKV:0]" in out  # 0.875 and 0.5 blocks, rounded
     assert timeline.main([str(path), "--layer", "4"]) == 1
+    # sm_tasks: each block's tasks over a window of the layer, from the previous add+norm's end (1 us)
+    tasks = timeline.sm_tasks(recs, 5, 0.0, 3.0)
+    assert sorted(tasks) == [0, 2]  # block 1's attention item starts at 4 us (after the window)
+    assert tasks[0] == [{"op": "QKV", "layer": 5, "start": 0.0, "ready": 1.0, "end": 7.0}]
+    assert [t["op"] for t in tasks[2]] == ["ADD_NORM", "ADD_NORM"]  # layer 4's ends at 0 us
+    assert list(timeline.sm_tasks(recs, 5, 5.0, 9.0)) == [0, 1, 2]
+    assert timeline.sm_tasks(recs, 4, 0.0, 9.0) == {}
+    capsys.readouterr()
+    assert timeline.main([str(path), "--layer", "5", "--sms", "0", "9", "1"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0] == "0 QKV5[0|1-7]" and listing[1] == "1 ATTN5[4|4-8]"
 
 
 def test_stream_profile_shares_an_op_total_by_gemv_time():
