@@ -171,6 +171,7 @@ def test_long_contexts_raise_the_small_batch_split_cap():
     SMALL_MAX_SPLITS * SMALL_SPLIT_TOKENS visible tokens, then one per SMALL_SPLIT_TOKENS, never
     more than the base tiling's max_splits (the workspace's stride); sliding layers (4096 visible
     tokens at most) keep the small cap; bad values are refused."""
+    from mkcode.backend.kv.layout import PAGE_SIZE as page_tokens
     from mkcode.backend.megakernel.tiling import (
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_TOKENS,
@@ -180,7 +181,6 @@ def test_long_contexts_raise_the_small_batch_split_cap():
 
     base = default_tiling(CFG)
     t = tiling_for_batch(CFG, base, 1)
-    page_tokens = 64
     assert split_cap(t, 8192 // page_tokens) == SMALL_MAX_SPLITS
     assert split_cap(t, 32768 // page_tokens) == 32768 // SMALL_SPLIT_TOKENS == 16
     assert split_cap(t, 65536 // page_tokens) == split_cap(t, 10**6) == base.max_splits == 32
