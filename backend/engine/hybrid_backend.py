@@ -32,12 +32,12 @@ MEGAKERNEL_FROM_POSITION = 1024
 # the attention items (~25 GB/s per SM each) outlasted the layer's MoE items and the graph backend was
 # faster again (graph vs megakernel at 20480 3.338 vs 3.319 ms, 24576 3.364 vs 3.407, 32768 3.418 vs
 # 3.597, 65536 3.613 vs 4.373). Since session 17 the split cap rises with the context
-# (Tiling.split_tokens: 16 splits in the 32K bucket, 32 from 32K on). Measured on the H200
+# (Tiling.split_tokens: 16 splits in the 32K bucket, 24 from there). Measured on the H200
 # (2026-11-30, session 17, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`,
-# docs/PERF.md): graph vs megakernel at 16384 3.312 vs 3.136 ms, 24576 3.363 vs 3.291, 32768 3.416 vs
-# 3.404, 40960 3.463 vs 3.474, 49152 3.518 vs 3.531, 57344 3.565 vs 3.615, 65536 3.616 vs 3.667:
-# the megakernel below the 64K bucket (32 splits), where the two are level and then the graph leads.
-MEGAKERNEL_BELOW_POSITION = 32768
+# docs/PERF.md): graph vs megakernel at 16384 3.312 vs 3.136 ms, 24576 3.363 vs 3.291 (call 9),
+# 32768 3.414 vs 3.346, 40960 3.470 vs 3.432, 49152 3.514 vs 3.474, 57344 3.559 vs 3.528, 65536
+# 3.615 vs 3.583, 98304 3.832 vs 3.913 (call 14): the megakernel below 64K.
+MEGAKERNEL_BELOW_POSITION = 65536
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:

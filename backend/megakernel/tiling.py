@@ -346,6 +346,11 @@ SMALL_ATTN_IDLE_FIRST = 1
 # 3.293 / 3.596 / 3.621 ms (this rule: 10); 32K 3.646 and 3.774 / **3.526** / 3.833 / 3.803 (16);
 # 64K 4.541 and 4.550 / 4.093 / **4.016** / 4.057 (32).
 SMALL_SPLIT_TOKENS = 2048
+# ... and at most this many (within the base tiling's max_splits). Harness at BS 1 (session 17, calls
+# 9 and 14, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`, graph in brackets):
+# cap 32: 32768 3.404 (3.416), 40960 3.474 (3.463), 49152 3.531 (3.518), 65536 3.667 (3.616) ms;
+# cap 24: 3.346 (3.414), 3.432 (3.470), 3.474 (3.514), 3.583 (3.615); 98304 3.913 (3.832).
+SMALL_SPLIT_CAP = 24
 
 
 # Control SMs (Tiling.ctrl_sms): one per batch row, so each add+norm row has its own SM (and ROUTE
@@ -396,7 +401,8 @@ SMALL_O_ROWS = 128
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
-    per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to `base`'s max_splits) with
+    per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP and `base`'s
+    max_splits) with
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
@@ -419,7 +425,7 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
         claim_policy=SMALL_CLAIM_POLICY,
         max_splits=min(t.max_splits, SMALL_MAX_SPLITS),
         split_tokens=SMALL_SPLIT_TOKENS,
-        split_cap=t.max_splits,
+        split_cap=min(t.max_splits, SMALL_SPLIT_CAP),
         attn_idle_first=SMALL_ATTN_IDLE_FIRST,
     )
     tuned = replace(

@@ -169,11 +169,12 @@ def test_two_up_tile_sizes_cover_each_expert_once_wide_tiles_first():
 def test_long_contexts_raise_the_small_batch_split_cap():
     """tiling_for_batch below WIDE_MOE_FROM_BATCH: SMALL_MAX_SPLITS splits at most up to
     SMALL_MAX_SPLITS * SMALL_SPLIT_TOKENS visible tokens, then one per SMALL_SPLIT_TOKENS, never
-    more than the base tiling's max_splits (the workspace's stride); sliding layers (4096 visible
-    tokens at most) keep the small cap; bad values are refused."""
+    more than SMALL_SPLIT_CAP nor the base tiling's max_splits (the workspace's stride); sliding
+    layers (4096 visible tokens at most) keep the small cap; bad values are refused."""
     from mkcode.backend.kv.layout import PAGE_SIZE as page_tokens
     from mkcode.backend.megakernel.tiling import (
         SMALL_MAX_SPLITS,
+        SMALL_SPLIT_CAP,
         SMALL_SPLIT_TOKENS,
         split_cap,
         tiling_for_batch,
@@ -181,12 +182,15 @@ def test_long_contexts_raise_the_small_batch_split_cap():
 
     base = default_tiling(CFG)
     t = tiling_for_batch(CFG, base, 1)
+    assert SMALL_MAX_SPLITS < 16 < SMALL_SPLIT_CAP == 24 < base.max_splits == 32
     assert split_cap(t, 8192 // page_tokens) == SMALL_MAX_SPLITS
     assert split_cap(t, 32768 // page_tokens) == 32768 // SMALL_SPLIT_TOKENS == 16
-    assert split_cap(t, 65536 // page_tokens) == split_cap(t, 10**6) == base.max_splits == 32
-    for ctx, full in [(8192, SMALL_MAX_SPLITS), (32768, 16), (65536, 32), (200_000, 32)]:
+    assert split_cap(t, 65536 // page_tokens) == split_cap(t, 10**6) == SMALL_SPLIT_CAP
+    for ctx, full in [(8192, SMALL_MAX_SPLITS), (32768, 16), (65536, 24), (200_000, 24)]:
         s = attention_splits(CFG, [ctx - 1], t, 132)
         assert s[False] == [full] and s[True][0] <= SMALL_MAX_SPLITS, ctx
+    narrow = tiling_for_batch(CFG, replace(base, max_splits=20), 1)  # a base stride below the cap
+    assert split_cap(narrow, 10**6) == 20
     assert split_cap(base, 10**6) == base.max_splits  # split_tokens 0: the plain cap
     with pytest.raises(TilingError, match="split_cap"):
         replace(t, split_cap=4).validate(CFG)
@@ -456,6 +460,7 @@ def test_moe_tiles_widen_with_the_batch():
     from mkcode.backend.megakernel.tiling import (
         SMALL_FUSED_BELOW,
         SMALL_MAX_SPLITS,
+        SMALL_SPLIT_CAP,
         SMALL_SPLIT_TOKENS,
         WIDE_MOE_FROM_BATCH,
         WIDE_UP_SMALL,
@@ -483,7 +488,10 @@ def test_moe_tiles_widen_with_the_batch():
         assert (small.moe_up_cols, small.moe_down_rows) == (128, 256)  # release geometry: 768 / 128 = 6 tiles
         assert small.claim_policy == lazy and small.moe_fused == int(b < SMALL_FUSED_BELOW)
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
-        assert (small.split_tokens, small.split_cap) == (SMALL_SPLIT_TOKENS, base.max_splits)
+        assert (small.split_tokens, small.split_cap) == (
+            SMALL_SPLIT_TOKENS,
+            min(base.max_splits, SMALL_SPLIT_CAP),
+        )
         assert (
             replace(
                 placement(small, b),
@@ -506,7 +514,7 @@ def test_moe_tiles_widen_with_the_batch():
         claim_policy=lazy,
         max_splits=SMALL_MAX_SPLITS,
         split_tokens=SMALL_SPLIT_TOKENS,
-        split_cap=default_tiling(other).max_splits,
+        split_cap=min(default_tiling(other).max_splits, SMALL_SPLIT_CAP),
     )
     wide = tiling_for_batch(cfg, base, 8)
     assert (wide.moe_up_cols, wide.moe_down_rows) == (8 * base.moe_up_cols, 4 * base.moe_down_rows)
