@@ -1,9 +1,9 @@
 """A decode backend that hands each step to the faster of two backends for its batch and context.
 
 On the H200 the megakernel is faster than the graph backend for a single sequence between ~1K and
-~20K tokens of context, and slower below and above that, and from two rows on (docs/PERF.md:
-session 14 measured BS 1-4 and 8 at 8K in one harness run, session 16 BS 1 from 256 to 64K tokens
-and BS 2-8 at 16K and 32K). `--decode auto` therefore runs both over the same weights and paged KV
+~64K tokens of context, and slower below and above that, and from two rows on (docs/PERF.md:
+session 14 measured BS 1-4 and 8 at 8K in one harness run, sessions 16-17 BS 1 from 256 to 96K
+tokens and BS 2-8 at 16K and 32K). `--decode auto` therefore runs both over the same weights and paged KV
 pool when both load: the megakernel for batches below `split` rows whose longest row sits at a
 position in [`from_position`, `below_position`), the graph backend for every other step. Both
 implement `DecodeBackend` and read and write the same pool layout, so the steps of one sequence may

@@ -23,6 +23,7 @@ from mkcode.backend.megakernel.sampling import SamplingParams, pack
 from mkcode.backend.megakernel.schedule import Schedule, build_schedule
 from mkcode.backend.megakernel.tiling import (
     Tiling,
+    TilingError,
     attention_splits,
     default_tiling,
     split_bucket_position,
@@ -196,7 +197,12 @@ class MegakernelBackend:
         if key is not None and key in self._cache:
             return self._cache[key]
         tiling = self._tiling_for(B)
-        splits = attention_splits(self.cfg, positions, tiling, self.n_sms)  # its max_splits
+        splits = attention_splits(self.cfg, positions, tiling, self.n_sms)  # its split cap
+        stride = self.ws.tiling.most_splits()
+        if max(splits[False] + splits[True]) > stride:  # would write past o_part / lse_part
+            raise TilingError(
+                f"{max(splits[False] + splits[True])} attention splits at B={B}, the workspace holds {stride}"
+            )
         key = (B, tuple(splits[False]), tuple(splits[True]))
         self._split_keys[bucket] = key
         hit = self._cache.get(key)
@@ -305,7 +311,7 @@ class MegakernelBackend:
             "top_k": max(cfg.num_experts_per_tok, 1),
             "vocab": cfg.vocab_size,
             "max_pages": int(batch.block_tables.shape[2]),
-            "max_splits": ws.tiling.max_splits,  # the o_part / lse_part stride (a batch may use fewer)
+            "max_splits": ws.tiling.most_splits(),  # the o_part / lse_part stride (a batch may use fewer)
             "mlp_splits": t.mlp_splits,
             "n_lm_tiles": prep.sched.n_lm_tiles,
             "dyn_base": 0,

@@ -243,7 +243,8 @@ def standalone_desc(d: list[int]) -> list[int]:
     for i in range(abi.MK_MAX_WAITS):
         d[abi.MK_F_WAIT0 + 2 * i] = abi.MK_NO_COUNTER
     d[abi.MK_F_NSIG] = 0
-    d[abi.MK_F_SIG0] = d[abi.MK_F_SIG0 + 1] = abi.MK_NO_COUNTER
+    for i in range(abi.MK_MAX_SIGNALS):
+        d[abi.MK_F_SIG0 + i] = abi.MK_NO_COUNTER
     return d
 
 

@@ -35,10 +35,10 @@ class Tiling:
     lm_rows: int = 128  # vocab rows per LM-head task (512 KB tiles; the configuration measured fastest)
     max_splits: int = 32  # attention splits per (row, kv head) at most
     # split_tokens > 0: a layer whose rows see more than max_splits * split_tokens tokens may take
-    # ceil(visible tokens / split_tokens) splits, up to split_cap (the workspace's split stride: the
-    # engine's base tiling's max_splits). A BS 1 tiling caps its splits low (SMALL_MAX_SPLITS: fewer,
-    # longer attention items leave SMs to the MoE items), which at long contexts left the attention
-    # items of the full layers outlasting the layer (SMALL_SPLIT_TOKENS).
+    # ceil(visible tokens / split_tokens) splits, up to split_cap (most_splits: the workspace's split
+    # stride must hold it). A BS 1 tiling caps its splits low (SMALL_MAX_SPLITS: fewer, longer
+    # attention items leave SMs to the MoE items), which at long contexts left the attention items
+    # of the full layers outlasting the layer (SMALL_SPLIT_TOKENS).
     split_tokens: int = 0
     split_cap: int = 0
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
@@ -202,6 +202,11 @@ class Tiling:
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
             need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")
 
+    def most_splits(self) -> int:
+        """The most attention splits per (row, kv head) this tiling gives at any context: the split
+        stride of its workspace (o_part / lse_part) and of the kernel's max_splits."""
+        return max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
+
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
         (the kernel's moe_up_tiles / moe_down_tiles; the emulator and the schedule count the same)."""
@@ -339,14 +344,14 @@ WIDE_CLAIM_POLICY = abi.MK_CLAIM_EAGER
 # 4.379 and 5.946 / 5.941: no loss.
 SMALL_MAX_SPLITS = 10
 SMALL_ATTN_IDLE_FIRST = 1
-# ... but at long contexts one split per SMALL_SPLIT_TOKENS visible tokens (up to the base tiling's
-# max_splits, the workspace's stride): with 10 splits a full layer's attention items at 32K / 64K
-# (~0.8 / 1.7 MB each at ~25-35 GB/s per SM) outlasted the layer. Measured on the H200 at BS 1
-# (2026-11-30, session 17, gpu_check, one call, splits 10 / 16 / 24 / 32): 16K 3.222 and 3.359 /
-# 3.293 / 3.596 / 3.621 ms (this rule: 10); 32K 3.646 and 3.774 / **3.526** / 3.833 / 3.803 (16);
-# 64K 4.541 and 4.550 / 4.093 / **4.016** / 4.057 (32).
+# ... but at long contexts one split per SMALL_SPLIT_TOKENS visible tokens (up to SMALL_SPLIT_CAP):
+# with 10 splits a full layer's attention items at 32K / 64K (~0.8 / 1.7 MB each at ~25-35 GB/s per
+# SM) outlasted the layer. Measured on the H200 at BS 1 (2026-11-30, session 17, gpu_check, one call,
+# splits 10 / 16 / 24 / 32): 16K 3.222 and 3.359 / 3.293 / 3.596 / 3.621 ms (this rule: 10); 32K 3.646
+# and 3.774 / **3.526** / 3.833 / 3.803 (16); 64K 4.541 and 4.550 / 4.093 / **4.016** / 4.057 (24).
 SMALL_SPLIT_TOKENS = 2048
-# ... and at most this many (within the base tiling's max_splits). Harness at BS 1 (session 17, calls
+# ... and at most this many (and never more than the base tiling's max_splits, the workspace's
+# split stride, so the per-batch tilings fit the engine's one workspace). Harness at BS 1 (session 17, calls
 # 9 and 14, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`, graph in brackets):
 # cap 32: 32768 3.404 (3.416), 40960 3.474 (3.463), 49152 3.531 (3.518), 65536 3.667 (3.616) ms;
 # cap 24: 3.346 (3.414), 3.432 (3.470), 3.474 (3.514), 3.583 (3.615); 98304 3.913 (3.832).

@@ -40,7 +40,7 @@ INT_BUFFERS = ("expert_tab", "moe_info", "lm_arg", "tokens_out")
 
 def buffer_shapes(cfg: ModelConfig, tiling: Tiling) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     L, B, H = cfg.num_hidden_layers, abi.MK_MAX_TOKENS, cfg.hidden_size
-    Hq, Hkv, d, S = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, tiling.max_splits
+    Hq, Hkv, d, S = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, tiling.most_splits()
     E, K = max(cfg.num_experts, 1), max(cfg.num_experts_per_tok, 1)
     D, I = max(cfg.prefix_dense_intermediate_size, 1), max(cfg.intermediate_size, 1)
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)

@@ -1,4 +1,4 @@
-// moe_probe.cu: what a BS 8 MoE phase costs under two schedules, with the megakernel's weight-load
+// moe_probe.cu: what a BS 8 MoE phase costs under three schedules, with the megakernel's weight-load
 // pattern and nothing else. A stand-alone measurement for the "static MoE partition" of
 // docs/MEGAKERNEL.md ("What is left", session 16), not part of the megakernel.
 //
@@ -10,7 +10,7 @@
 //              start only once all 96 up groups of its expert are done (a per-expert counter)
 // A warp streams a group's rows with the megakernel's GEMV loads (16 B of rows gid and gid + 8 per
 // lane and k-step, U = 8 k-steps in flight, evict_first + L2::128B, ld.global.nc.L1::no_allocate)
-// and folds them (the GEMV is memory bound; its mma is left out). Two schedules:
+// and folds them (the GEMV is memory bound; its mma is left out). Three schedules:
 //   static   every block takes one contiguous, equal share of the 51 x 96 up groups (crossing at
 //            most a few experts), signals its experts' counters, then one equal share of the down
 //            groups, waiting per expert: no claims, every block ends a phase with the others
@@ -18,12 +18,13 @@
 //            four 16-group items (128 + 128 columns each), every expert's wide item first, then the
 //            small ones, then four 32-group down items per expert (512 rows); one atomic claim per
 //            item; a warp streams whole groups (wpg 1, as gemv_mma for these tiles)
-// `fixed_us` adds a per-item (dynamic) or per-range (static) fixed cost after each unit of work, as
-// the megakernel's staging, epilogue and signal add ~2-5 us per queue item (timeline, session 14).
 //   warp     (warp_moe) every warp claims one 16-row group at a time, no block barrier: an up
 //            group signals its expert itself, a down group's lane 0 waits for its expert; the
 //            act_mode variants also read the down group's activations from L2 (fp32 or bf16), as
 //            a per-warp down item without staged activations would
+// `fixed_us` adds a per-item (dynamic) or per-range (static) fixed cost after each unit of work, as
+// the megakernel's staging, epilogue and signal add ~2-5 us per queue item (timeline, session 14);
+// a quarter of it per group for the warp schedule (that warp alone pauses).
 // Output: us per layer (median of 15 launches), the phase's HBM rate, per schedule and fixed cost.
 // Measured (H200, 2026-11-30, session 17, call 2): static 120.1 / 123.0 / 123.3 us with 0 / 4 / 8 us
 // per range, dynamic 117.8 / 122.3 / 123.6 per item, warp 129.6-131.3, warp + fp32 activations
@@ -107,8 +108,7 @@ __device__ __forceinline__ void fixed_cost(int fixed_ns) {
 // Static: block b takes up groups [b * n / nb, (b + 1) * n / nb) of the ACTIVE x UP_GROUPS list,
 // signals each expert it touched by its group count, then the same for the down groups.
 __global__ void __launch_bounds__(NT, 1) static_moe(Layer L, int fixed_ns) {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = evict_first_policy();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nb = gridDim.x, b = blockIdx.x;
   uint32_t acc = 0;
   const int nu = ACTIVE * UP_GROUPS, u0 = (int)((long)b * nu / nb), u1 = (int)((long)(b + 1) * nu / nb);
@@ -138,8 +138,7 @@ __global__ void __launch_bounds__(NT, 1) static_moe(Layer L, int fixed_ns) {
 // claim per item by thread 0, items spread over the block's warps by group.
 __global__ void __launch_bounds__(NT, 1) dynamic_moe(Layer L, int fixed_ns) {
   __shared__ int s_item;
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = evict_first_policy();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n_wide = ACTIVE, n_small = ACTIVE * SMALLS, n_down = ACTIVE * 4;
   uint32_t acc = 0;
@@ -171,11 +170,12 @@ __global__ void __launch_bounds__(NT, 1) dynamic_moe(Layer L, int fixed_ns) {
 // expert (red.release after __syncwarp); a down group's lane 0 waits (acquire) for its expert's 96
 // up groups. No block barrier anywhere: one warp's fixed cost (fixed_ns, a nanosleep of that warp)
 // leaves the block's other 15 warps streaming. act_mode: a down group also reads its expert's
-// activations from L2 as the megakernel would without staging them (0: none, 1: fp32, 32 B per
-// lane and k-step, 2: bf16, 16 B).
+// activations from L2 as the megakernel would without staging them (0: none, down_group; 1: fp32,
+// 32 B per lane and k-step, 2: bf16, 16 B: stream_down_act, stream_group with those loads beside).
 template <int ACT>
 __device__ __forceinline__ uint32_t stream_down_act(const uint16_t* ra, const uint16_t* rb, const void* act, int steps,
                                                     uint64_t pol) {
+  static_assert(ACT == 1 || ACT == 2, "ACT 0 streams with down_group");
   uint32_t acc = 0;
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   for (int s0 = 0; s0 < steps; s0 += U) {
@@ -196,7 +196,7 @@ __device__ __forceinline__ uint32_t stream_down_act(const uint16_t* ra, const ui
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       acc += fold(wa[u]) ^ fold(wb[u]);
-      if (ACT >= 1) acc += fold(x0[u]);
+      acc += fold(x0[u]);
       if (ACT == 1) acc += fold(x1[u]);
     }
   }
@@ -205,8 +205,7 @@ __device__ __forceinline__ uint32_t stream_down_act(const uint16_t* ra, const ui
 
 template <int ACT>
 __global__ void __launch_bounds__(NT, 1) warp_moe(Layer L, int fixed_ns, const void* act) {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = evict_first_policy();
   const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int n_up = ACTIVE * UP_GROUPS, n_all = n_up + ACTIVE * DOWN_GROUPS;
   uint32_t acc = 0;
@@ -231,11 +230,15 @@ __global__ void __launch_bounds__(NT, 1) warp_moe(Layer L, int fixed_ns, const v
         } while (v < (unsigned)UP_GROUPS);
       }
       __syncwarp();
-      const uint16_t* W = L.down + (size_t)L.experts[a] * H * I;
-      const void* x = ACT == 1 ? (const void*)((const float*)act + (size_t)a * 8 * I)
-                               : (const void*)((const uint16_t*)act + (size_t)a * 8 * I);
-      acc += stream_down_act<ACT>(W + (size_t)(16 * g + gid) * I + t * 8, W + (size_t)(16 * g + gid + 8) * I + t * 8,
-                                  x, I / 32, pol);
+      if constexpr (ACT == 0) {
+        acc += down_group(L, a, g, 0, 1, lane, pol);
+      } else {
+        const uint16_t* W = L.down + (size_t)L.experts[a] * H * I;
+        const void* x = ACT == 1 ? (const void*)((const float*)act + (size_t)a * 8 * I)
+                                 : (const void*)((const uint16_t*)act + (size_t)a * 8 * I);
+        acc += stream_down_act<ACT>(W + (size_t)(16 * g + gid) * I + t * 8,
+                                    W + (size_t)(16 * g + gid + 8) * I + t * 8, x, I / 32, pol);
+      }
     }
     if (fixed_ns > 0) __nanosleep(fixed_ns);
     int fresh = 0;

@@ -24,5 +24,12 @@ __device__ __forceinline__ uint4 ldw_hint(const void* p, uint64_t pol) {
   return r;
 }
 
+// The L2 evict_first policy the megakernel's weight loads carry (l2_policy(false)).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
 // Folds loaded words into a checksum, so that no load is dead code.
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }

@@ -168,8 +168,7 @@ __global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per
 template <int U, bool KB = false, bool HINT = false>
 __global__ void __launch_bounds__(NT, 1)
     gemv_stream(const uint16_t* src, size_t per_block, int R, int K, int reps, uint32_t* out) {
-  uint64_t pol = 0;
-  if (HINT) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const uint64_t pol = HINT ? evict_first_policy() : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int ngroups = R / 16, wpg = 16 / (ngroups < 16 ? ngroups : 16), gslots = 16 / wpg;
   const int kw = warp % wpg, stride = KB ? 32 : wpg * 32;

@@ -288,6 +288,31 @@ def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):
     assert ints["max_splits"] == base == be.ws["o_part"].shape[3]
 
 
+def test_the_workspace_holds_a_tilings_long_context_splits(weights):
+    """A tiling whose split cap rises with the context (split_tokens) sizes its workspace and the
+    kernel's split stride by split_cap (Tiling.most_splits); a schedule whose splits would not fit
+    the workspace is refused before anything is written past o_part / lse_part."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.tiling import TilingError
+
+    fake = FakeNative(n_sms=132)
+    t = replace(TILING, split_tokens=64, split_cap=12)
+    assert t.most_splits() == 12 and TILING.most_splits() == TILING.max_splits == 4
+    be = MegakernelBackend(CFG, weights, tiling=t, timeout_s=0.3, native_module=fake)
+    assert be.ws["o_part"].shape[3] == be.ws["lse_part"].shape[3] == 12
+    case = make_case(CFG, [700], seed=2, dtype=torch.bfloat16)
+    prep = be._prepare(case.batch.positions.tolist())
+    assert max(prep.sched.splits[False]) > t.max_splits  # the long-context cap is in use
+    ints = dict(zip(abi.PARAM_INTS, be._params(prep, case.batch)[1], strict=True))
+    assert ints["max_splits"] == 12
+    be.ws.tiling = replace(t, split_tokens=0)  # a workspace sized for 4 splits: the same step is refused
+    be._cache.clear()
+    be._split_keys.clear()
+    with pytest.raises(TilingError, match="workspace holds 4"):
+        be._prepare(case.batch.positions.tolist())
+
+
 def test_asynchronous_decode_defers_the_watchdog_and_errors_to_wait_step(weights):
     """asynchronous=True: decode() returns once the step is enqueued (like the graph backend); the
     host watchdog and the kernel's error word are checked by wait_step(), which a second call makes
