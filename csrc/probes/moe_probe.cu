@@ -30,9 +30,23 @@
 // per range, dynamic 117.8 / 122.3 / 123.6 per item, warp 129.6-131.3, warp + fp32 activations
 // ~140, + bf16 ~133: the schedule is not what the megakernel's BS 8 MoE phase (~150 us) loses, and
 // per-warp claims are slower (one head counter for ~11K claims per layer, 8 KB in flight per warp).
+// `moe_probe blocks [copies]` (session 18, calls 4 and 6-8; TB/s of the phase, dynamic schedule, 80 KB
+// of shared memory reserved, runs varied by ~3 %): with 0 / 4 us of fixed cost per item, 132 blocks
+// 4.09-4.23 / 4.05-4.15, 110: 4.24 / 4.01, 90: 4.20-4.23 / 3.88-3.90, 70: 3.95-3.99 / 3.33-3.66,
+// 50: 3.57 / 2.99. The phase keeps its rate down to ~90 streaming SMs only without fixed costs;
+// the megakernel's items cost ~6-8 us each and its MoE phase shares the SMs with the attention.
+// 12 k-steps per warp batch (192 KB in flight) never helps (-1 to -3 %: the SM's rate is capped
+// elsewhere); 48 copies (58 GB, TLB-cold) stream as 2 copies do. Two 256-thread blocks per SM
+// (64 KB in flight each): full-size items 3.72 at 132 (their last wave is twice as long) but 4.10 /
+// 3.93 at 70; half-size items (twice as many) 4.27 / 4.16 at 132, 4.29 / 4.17 at 110, 4.24 / 4.02 at
+// 90, 4.17 / 3.88 at 70: the most robust schedule here, +3-6 % at 4 us of fixed cost; call 11 with
+// 8 us (the megakernel's items cost ~7-8 us): 3.93 vs 3.68 at 110 and 3.92 vs 3.67 at 90 (+7 %).
+// Warp-asynchronous items (async_moe, ring 2 / 4) do not beat the block items: 3.96-4.11 at 0 us,
+// 3.68-3.92 at 8 us (the item's last warp still stalls on its fixed cost while holding the slot).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe
+//   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe [blocks [copies]]
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "probe_util.cuh"
@@ -49,18 +63,20 @@ static_assert(WIDE + SMALLS * SMALL == UP_GROUPS && DOWN_ITEM * 4 == DOWN_GROUPS
 
 // One warp streams one group's k-steps [k0, k1) (in units of 32 elements): rows ra (lane gid) and
 // rb, U k-steps per batch; the tail batch loads clamped k-steps, as gemv_group does.
+// UU: k-steps in flight per warp batch (the megakernel's U = 8; `moe_probe blocks` also tries 12).
+template <int UU = U>
 __device__ __forceinline__ uint32_t stream_group(const uint16_t* ra, const uint16_t* rb, int k0, int k1, uint64_t pol) {
   uint32_t acc = 0;
-  for (int s0 = k0; s0 < k1; s0 += U) {
-    uint4 wa[U], wb[U];
+  for (int s0 = k0; s0 < k1; s0 += UU) {
+    uint4 wa[UU], wb[UU];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < UU; ++u) {
       const int k = min(s0 + u, k1 - 1) * 32;
       wa[u] = ldw_hint(ra + k, pol);
       wb[u] = ldw_hint(rb + k, pol);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) acc += fold(wa[u]) ^ fold(wb[u]);
+    for (int u = 0; u < UU; ++u) acc += fold(wa[u]) ^ fold(wb[u]);
   }
   return acc;
 }
@@ -76,17 +92,19 @@ struct Layer {
 
 // Up group g of active expert a, K block kb of nk: gate rows 8g .. 8g + 7 (lanes gid) and up rows
 // I + 8g .. (gid + 8).
+template <int UU = U>
 __device__ __forceinline__ uint32_t up_group(const Layer& L, int a, int g, int kb, int nk, int lane, uint64_t pol) {
   const int gid = lane >> 2, t = lane & 3, steps = H / 32;
   const uint16_t* W = L.gate_up + (size_t)L.experts[a] * 2 * I * H;
-  return stream_group(W + (size_t)(8 * g + gid) * H + t * 8, W + (size_t)(I + 8 * g + gid) * H + t * 8,
+  return stream_group<UU>(W + (size_t)(8 * g + gid) * H + t * 8, W + (size_t)(I + 8 * g + gid) * H + t * 8,
                       kb * steps / nk, (kb + 1) * steps / nk, pol);
 }
 // Down group g of active expert a, K block kb of nk: hidden rows 16g + gid and 16g + gid + 8.
+template <int UU = U>
 __device__ __forceinline__ uint32_t down_group(const Layer& L, int a, int g, int kb, int nk, int lane, uint64_t pol) {
   const int gid = lane >> 2, t = lane & 3, steps = I / 32;
   const uint16_t* W = L.down + (size_t)L.experts[a] * H * I;
-  return stream_group(W + (size_t)(16 * g + gid) * I + t * 8, W + (size_t)(16 * g + gid + 8) * I + t * 8,
+  return stream_group<UU>(W + (size_t)(16 * g + gid) * I + t * 8, W + (size_t)(16 * g + gid + 8) * I + t * 8,
                       kb * steps / nk, (kb + 1) * steps / nk, pol);
 }
 
@@ -136,11 +154,17 @@ __global__ void __launch_bounds__(NT, 1) static_moe(Layer L, int fixed_ns) {
 
 // Dynamic: the megakernel's BS 8 MoE queue order (wide up items, small up items, down items), one
 // claim per item by thread 0, items spread over the block's warps by group.
-__global__ void __launch_bounds__(NT, 1) dynamic_moe(Layer L, int fixed_ns) {
+// NTH: threads per block (512; `moe_probe blocks` also runs two 256-thread blocks per SM: one
+// block's fixed cost under the other's stream, 64 KB in flight each).
+// SP: every item split in SP (SP times the items, each 1 / SP of the groups: the half-block
+// pipelines' items, whose last wave otherwise takes twice as long).
+template <int UU = U, int NTH = NT, int SP = 1>
+__global__ void __launch_bounds__(NTH, NT / NTH) dynamic_moe(Layer L, int fixed_ns) {
+  constexpr int NWARPS = NTH / 32, WIDE_SP = WIDE / SP, SMALL_SP = SMALL / SP, DOWN_SP = DOWN_ITEM / SP;
   __shared__ int s_item;
   const uint64_t pol = evict_first_policy();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_wide = ACTIVE, n_small = ACTIVE * SMALLS, n_down = ACTIVE * 4;
+  const int n_wide = ACTIVE * SP, n_small = ACTIVE * SMALLS * SP, n_down = ACTIVE * 4 * SP;
   uint32_t acc = 0;
   while (true) {
     if (threadIdx.x == 0) s_item = (int)atomicAdd(L.head, 1u);
@@ -150,17 +174,91 @@ __global__ void __launch_bounds__(NT, 1) dynamic_moe(Layer L, int fixed_ns) {
     if (it >= n_wide + n_small + n_down) break;
     if (it < n_wide + n_small) {  // an up item: (expert, first group, groups)
       const bool wide = it < n_wide;
-      const int a = wide ? it : (it - n_wide) / SMALLS;
-      const int g0 = wide ? 0 : WIDE + ((it - n_wide) % SMALLS) * SMALL, ng = wide ? WIDE : SMALL;
-      for (int g = warp; g < ng; g += NWARPS) acc += up_group(L, a, g0 + g, 0, 1, lane, pol);
+      const int a = wide ? it / SP : (it - n_wide) / (SMALLS * SP);
+      const int g0 = wide ? (it % SP) * WIDE_SP : WIDE + ((it - n_wide) % (SMALLS * SP)) * SMALL_SP;
+      const int ng = wide ? WIDE_SP : SMALL_SP;
+      for (int g = warp; g < ng; g += NWARPS) acc += up_group<UU>(L, a, g0 + g, 0, 1, lane, pol);
       __syncthreads();
       if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(ng) : "memory");
     } else {  // a down item: (expert, quarter)
-      const int d = it - n_wide - n_small, a = d / 4, g0 = (d % 4) * DOWN_ITEM;
+      const int d = it - n_wide - n_small, a = d / (4 * SP), g0 = (d % (4 * SP)) * DOWN_SP;
       wait_expert(L, a);
-      for (int g = warp; g < DOWN_ITEM; g += NWARPS) acc += down_group(L, a, g0 + g, 0, 1, lane, pol);
+      for (int g = warp; g < DOWN_SP; g += NWARPS) acc += down_group<UU>(L, a, g0 + g, 0, 1, lane, pol);
     }
     fixed_cost(fixed_ns);
+  }
+  if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
+}
+
+// Warp-asynchronous block items (`moe_probe blocks`, "async"): the dynamic schedule's items and
+// claims, but no block barrier between items. The block walks one sequence of items; slot j % RING
+// of a shared-memory ring holds item j (claimed with one global atomic by the first warp to reach
+// it); each warp streams its groups of item j and moves on to item j + 1 (up to RING - 1 items ahead
+// of the slowest warp); the warp that finishes an item last signals it (up items) and pays the
+// item's fixed cost (a nanosleep of that warp: the epilogue), while the other warps stream on. A
+// down item's lane 0 of each warp waits for its expert. The question: does an SM keep streaming
+// through its item boundaries, as two half-block pipelines do, without halving anything?
+template <int RING>
+__global__ void __launch_bounds__(NT, 1) async_moe(Layer L, int fixed_ns) {
+  __shared__ int s_item[RING];  // the item of the slot's sequence number, -1: unclaimed, -2: claiming
+  __shared__ int s_seq[RING];   // the sequence number the slot serves
+  __shared__ int s_done[RING];  // warps finished with it
+  const uint64_t pol = evict_first_policy();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_wide = ACTIVE, n_small = ACTIVE * SMALLS, n_down = ACTIVE * 4, n_all = n_wide + n_small + n_down;
+  if (threadIdx.x < RING) {
+    s_item[threadIdx.x] = -1;
+    s_seq[threadIdx.x] = threadIdx.x;
+    s_done[threadIdx.x] = 0;
+  }
+  __syncthreads();
+  volatile int* v_item = s_item;
+  volatile int* v_seq = s_seq;
+  uint32_t acc = 0;
+  for (int j = 0;; ++j) {
+    const int slot = j % RING;
+    int it = 0;
+    if (lane == 0) {
+      while (v_seq[slot] != j) __nanosleep(20);  // the slot's previous item is done
+      if (atomicCAS(&s_item[slot], -1, -2) == -1) {
+        it = (int)atomicAdd(L.head, 1u);
+        v_item[slot] = it;
+      } else {
+        while ((it = v_item[slot]) < 0) __nanosleep(20);
+      }
+    }
+    it = __shfl_sync(0xffffffffu, it, 0);
+    if (it >= n_all) break;
+    int a, ng;
+    if (it < n_wide + n_small) {
+      const bool wide = it < n_wide;
+      a = wide ? it : (it - n_wide) / SMALLS;
+      const int g0 = wide ? 0 : WIDE + ((it - n_wide) % SMALLS) * SMALL;
+      ng = wide ? WIDE : SMALL;
+      for (int g = warp; g < ng; g += NWARPS) acc += up_group(L, a, g0 + g, 0, 1, lane, pol);
+    } else {
+      const int d = it - n_wide - n_small, g0 = (d % 4) * DOWN_ITEM;
+      a = d / 4;
+      ng = 0;
+      if (lane == 0) {
+        unsigned v;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
+        } while (v < (unsigned)UP_GROUPS);
+      }
+      __syncwarp();
+      for (int g = warp; g < DOWN_ITEM; g += NWARPS) acc += down_group(L, a, g0 + g, 0, 1, lane, pol);
+    }
+    __syncwarp();
+    if (lane == 0 && atomicAdd(&s_done[slot], 1) == NWARPS - 1) {  // the last warp of the item
+      if (ng) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(ng) : "memory");
+      if (fixed_ns > 0) __nanosleep(fixed_ns);
+      s_done[slot] = 0;
+      v_item[slot] = -1;
+      __threadfence_block();
+      v_seq[slot] = j + RING;  // the slot serves item j + RING now
+    }
+    __syncwarp();
   }
   if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
 }
@@ -249,10 +347,72 @@ __global__ void __launch_bounds__(NT, 1) warp_moe(Layer L, int fixed_ns, const v
   if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
 }
 
-int main() {
+// `moe_probe blocks`: the dynamic schedule on fewer blocks (the megakernel's MoE phase streams on
+// ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, session 18's timeline sums) and with 12
+// k-steps per warp batch (192 KB in flight per block instead of 128): how the phase's HBM rate
+// depends on the streaming SM count, and whether more bytes in flight per SM keep it up.
+static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* counters, double bytes) {
+  cudaEvent_t ev0, ev1;
+  CK(cudaEventCreate(&ev0));
+  CK(cudaEventCreate(&ev1));
+  // the megakernel's ~80 KB of dynamic shared memory (unused here): its share of the SM's L1 / shared
+  // memory leaves the loads in flight the same L1 room (~156 KB)
+  constexpr int SMEM = 80 * 1024;
+  CK(cudaFuncSetAttribute(dynamic_moe<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(dynamic_moe<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(dynamic_moe<8, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM / 2));
+  CK(cudaFuncSetAttribute(dynamic_moe<8, 256, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM / 2));
+  CK(cudaFuncSetAttribute(async_moe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(async_moe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  printf("blocks probe: dynamic schedule over %zu layer copies (%.1f GB), 80 KB shared memory reserved, us per "
+         "layer (median of 15) and TB/s, by blocks, U and fixed cost\n",
+         layers.size(), layers.size() * 1.2);
+  for (int blocks : {sms, 110, 90, 70, 50}) {
+    for (int uu : {8, 3, 4, 5}) {  // 3: two 256-thread blocks per SM, half-size items; 4 / 5: async, ring 2 / 4
+      for (int fixed_us : {0, 4, 8}) {
+        std::vector<float> ms;
+        for (int rep = 0; rep < 17; ++rep) {
+          const Layer& L = layers[rep % layers.size()];
+          CK(cudaMemset(counters, 0, (ACTIVE + 1) * sizeof(unsigned)));
+          CK(cudaEventRecord(ev0));
+          if (uu == 8)
+            dynamic_moe<8><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 12)
+            dynamic_moe<12><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 4)
+            async_moe<2><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 5)
+            async_moe<4><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 2)
+            dynamic_moe<8, 256><<<2 * blocks, 256, SMEM / 2>>>(L, fixed_us * 1000);
+          else
+            dynamic_moe<8, 256, 2><<<2 * blocks, 256, SMEM / 2>>>(L, fixed_us * 1000);
+          CK(cudaEventRecord(ev1));
+          CK(cudaEventSynchronize(ev1));
+          CK(cudaGetLastError());
+          float t = 0.f;
+          CK(cudaEventElapsedTime(&t, ev0, ev1));
+          if (rep >= 2) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double us = ms[ms.size() / 2] * 1e3;
+        printf("dynamic SMs %3d %-11s fixed %d us per item: %7.1f us per layer, %5.2f TB/s\n", blocks,
+               uu == 5 ? "async ring 4" : uu == 4 ? "async ring 2" : uu == 3 ? "2x256 half" : uu == 2 ? "2x256 U 8" : uu == 8 ? "512 U 8" : "512 U 12",
+               fixed_us, us,
+               bytes / (us * 1e-6) / 1e12);
+      }
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int copies = 2;  // two layers' experts (2.4 GB), alternated: nothing of a layer is in L2
+  // two layers' experts (2.4 GB), alternated: nothing of a layer is in L2. `moe_probe blocks N`: N
+  // copies (1.2 GB each) in turn, e.g. 48 (58 GB, the release checkpoint's span): every launch
+  // streams pages it has not touched for 47 launches, as the megakernel's step does (its TLB reach)
+  const int copies = argc > 2 && argv[1][0] == 'b' ? std::max(2, atoi(argv[2])) : 2;
   const size_t gu = (size_t)E * 2 * I * H, dn = (size_t)E * H * I;
   uint16_t *gate_up = nullptr, *down = nullptr;
   CK(cudaMalloc(&gate_up, copies * gu * 2));
@@ -276,6 +436,12 @@ int main() {
   CK(cudaEventCreate(&ev0));
   CK(cudaEventCreate(&ev1));
   const double bytes = (double)ACTIVE * (2.0 * I * H + (double)H * I) * 2.0;
+  if (argc > 1 && argv[1][0] == 'b') {  // `moe_probe blocks`
+    std::vector<Layer> layers;
+    for (int c = 0; c < copies; ++c)
+      layers.push_back(Layer{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out});
+    return blocks_probe(sms, layers, counters, bytes);
+  }
   printf("moe probe: %d blocks, %d of %d experts, %.1f MB per layer; us per layer = median of 15\n", sms, ACTIVE, E,
          bytes / 1e6);
   // schedules: 0 static, 1 dynamic (block items), 2-4 per-warp groups (activations: none, fp32, bf16);
@@ -293,7 +459,7 @@ int main() {
         if (sched == 0)
           static_moe<<<sms, NT>>>(L, fixed_us * 1000);
         else if (sched == 1)
-          dynamic_moe<<<sms, NT>>>(L, fixed_us * 1000);
+          dynamic_moe<><<<sms, NT>>>(L, fixed_us * 1000);
         else if (sched == 2)
           warp_moe<0><<<sms, NT>>>(L, warp_ns, act);
         else if (sched == 3)
