@@ -20,8 +20,11 @@
 //   `stream_probe loaded`: one block's rate by in-flight strategy while other blocks load HBM
 //   `stream_probe stripe`: a fused MoE item's down slice (a column stripe of a row-major matrix)
 //            against the same bytes stored contiguously
+//   `stream_probe acquire`: whether an acquire load's L1 invalidation reaches local memory
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/stream_probe.cu -o /tmp/stream_probe && /tmp/stream_probe [gemv]
+#include <algorithm>
+
 #include "probe_util.cuh"
 
 constexpr int NT = 512;
@@ -358,6 +361,65 @@ __global__ void __launch_bounds__(NT, 1)
 // `stream_probe stripe`: down slices of fused MoE items (H 2048, I 768: the release geometry) as
 // column stripes of row-major matrices and as contiguous tiles, with 48 blocks (BS 1's fused
 // items), all SMs and 16.
+// `stream_probe acquire`: does an acquire load (ld.acquire.gpu: LDG.STRONG.GPU + CCTL.IVALL in SASS)
+// drop the SM's L1 copy of local memory, the megakernel's spilled registers? One warp keeps a
+// 128-float array in local memory (dynamically indexed, so ptxas cannot keep it in registers) and,
+// per iteration, polls a flag (MODE 0: ld.relaxed.gpu, 1: ld.acquire.gpu, 2: no poll), then walks
+// a chain of 8 dependent loads through the array. Cycles per iteration: if the acquire's
+// invalidation reaches local memory, MODE 1 pays ~8 L2 round trips more than MODE 0.
+// Measured (H200, 2026-11-30, session 18, call 12): relaxed 822, acquire 994, no flag load 658
+// cycles: the acquire costs ~170 cycles more than a relaxed load and spilled registers stay in L1
+// (8 L2 round trips would be ~4000 cycles); an item's spill reloads after its wait are L1 hits.
+template <int MODE>
+__global__ void acquire_local(const unsigned* flag, float* out, int iters, long long* cycles) {
+  float loc[128];
+  for (int i = 0; i < 128; ++i) loc[i] = (float)((i * 37 + threadIdx.x) & 127);
+  int idx = threadIdx.x & 127;
+  float acc = 0.f;
+  __syncwarp();
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+    unsigned v = 0;
+    if (MODE == 0) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    if (MODE == 1) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    idx = (idx + (int)v) & 127;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float x = loc[idx];
+      acc += x;
+      idx = (int)x & 127;
+    }
+    loc[(idx + it) & 127] = acc * 0.f + (float)idx;  // keep the array live and written
+  }
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) *cycles = (t1 - t0) / iters;
+  if (acc == 12345.f) out[threadIdx.x] = acc;
+}
+
+static int acquire_probe(uint32_t* out) {
+  unsigned* flag = nullptr;
+  long long* cyc = nullptr;
+  CK(cudaMalloc(&flag, 4));
+  CK(cudaMemset(flag, 0, 4));
+  CK(cudaMalloc(&cyc, 8));
+  printf("acquire probe: cycles per iteration (a flag load, then 8 dependent local-memory loads), median of 5\n");
+  const char* names[] = {"ld.relaxed.gpu", "ld.acquire.gpu", "no flag load"};
+  for (int mode = 0; mode < 3; ++mode) {
+    long long v[5];
+    for (int r = 0; r < 5; ++r) {
+      if (mode == 0) acquire_local<0><<<1, 32>>>(flag, (float*)out, 2000, cyc);
+      if (mode == 1) acquire_local<1><<<1, 32>>>(flag, (float*)out, 2000, cyc);
+      if (mode == 2) acquire_local<2><<<1, 32>>>(flag, (float*)out, 2000, cyc);
+      CK(cudaDeviceSynchronize());
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(&v[r], cyc, 8, cudaMemcpyDeviceToHost));
+    }
+    std::sort(v, v + 5);
+    printf("%-16s %6lld cycles per iteration\n", names[mode], v[2]);
+  }
+  return 0;
+}
+
 static int stripe_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
   const int H = 2048, I = 768;
   const uint16_t* s2 = reinterpret_cast<const uint16_t*>(buf);
@@ -538,6 +600,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] == 'h') return hint_probe(sms, buf, out, a, b);  // `stream_probe hint`
   if (argc > 1 && argv[1][0] == 'l') return loaded_probe(sms, buf, out);       // `stream_probe loaded`
   if (argc > 1 && argv[1][0] == 's') return stripe_probe(sms, buf, out, a, b);  // `stream_probe stripe`
+  if (argc > 1 && argv[1][0] == 'a') return acquire_probe(out);                  // `stream_probe acquire`
   const int block_counts[] = {sms, sms / 2, 16, 1};
   printf("SMs %d; per-block chunk: min(4 GiB / blocks, 256 MiB); GB/s = bytes / kernel time (median of 5)\n", sms);
   for (int bc : block_counts) {
