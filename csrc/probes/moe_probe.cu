@@ -118,6 +118,17 @@ __device__ __forceinline__ void wait_expert(const Layer& L, int a) {
   __syncthreads();
 }
 
+// The warp's lane 0 waits (acquire) until expert a's up groups are all done; the warp follows.
+__device__ __forceinline__ void warp_wait_expert(const Layer& L, int a, int lane) {
+  if (lane == 0) {
+    unsigned v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
+    } while (v < (unsigned)UP_GROUPS);
+  }
+  __syncwarp();
+}
+
 __device__ __forceinline__ void fixed_cost(int fixed_ns) {
   if (fixed_ns > 0) __nanosleep(fixed_ns);
   __syncthreads();
@@ -240,13 +251,7 @@ __global__ void __launch_bounds__(NT, 1) async_moe(Layer L, int fixed_ns) {
       const int d = it - n_wide - n_small, g0 = (d % 4) * DOWN_ITEM;
       a = d / 4;
       ng = 0;
-      if (lane == 0) {
-        unsigned v;
-        do {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
-        } while (v < (unsigned)UP_GROUPS);
-      }
-      __syncwarp();
+      warp_wait_expert(L, a, lane);
       for (int g = warp; g < DOWN_ITEM; g += NWARPS) acc += down_group(L, a, g0 + g, 0, 1, lane, pol);
     }
     __syncwarp();
@@ -321,13 +326,7 @@ __global__ void __launch_bounds__(NT, 1) warp_moe(Layer L, int fixed_ns, const v
       if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(1) : "memory");
     } else {
       const int d = cur - n_up, a = d / DOWN_GROUPS, g = d % DOWN_GROUPS;
-      if (lane == 0) {
-        unsigned v;
-        do {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
-        } while (v < (unsigned)UP_GROUPS);
-      }
-      __syncwarp();
+      warp_wait_expert(L, a, lane);
       if constexpr (ACT == 0) {
         acc += down_group(L, a, g, 0, 1, lane, pol);
       } else {
