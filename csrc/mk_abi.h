@@ -6,14 +6,14 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 11
+#define MK_ABI_VERSION 12
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
 #define MK_MAX_WAITS 3    // counters a task waits on before running
 #define MK_MAX_SIGNALS 2  // counters a task increments after its writes are visible
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
-#define MK_MAX_TILE_ROWS 512  // weight rows of one GEMV task at most (gate+up count twice)
+#define MK_MAX_TILE_ROWS 1024  // weight rows of one GEMV task at most (gate+up count twice)
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.

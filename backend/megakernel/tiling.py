@@ -291,10 +291,16 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
 # staging, reduction, signal: ~5 us, measured by the timeline) is amortised over more bytes once
 # there are several waves of items. The crossover between BS 1 and 8 is not measured yet. Session 7
 # (2026-11-30, gpu_check, one call): BS 8 up tiles 8x (512 weight rows, 2 MB) 10.656 / 10.789 ms
-# against 4x 10.874 / 11.052.
+# against 4x 10.874 / 11.052. Session 18 (2026-11-30, gpu_check, two calls, with lazy claims, below):
+# up tiles 12x (384 columns, 768 weight rows, 3 MB: two per expert, MK_MAX_TILE_ROWS 1024) and 512-row
+# down tiles, against 8x up tiles with WIDE_UP_SMALL and eager claims: BS 8 at 8K 9.456 / 9.582 /
+# 9.482 ms vs 9.874 / 9.936 / 9.785, at position 256 8.174 vs 8.939; BS 4 at 8K 6.529 / 6.579 vs
+# 6.927 / 7.052, at 256 5.635 vs 6.148. Half the queue items, so half the ~7-8 us each pays
+# outside its GEMV (docs/MEGAKERNEL.md, session 18); 1024-row down tiles with them were slower (BS 8
+# 9.67 / 9.52 / 9.53, BS 4 6.84).
 WIDE_MOE_FROM_BATCH = 4
 # (up columns, down rows) factors, the first the config takes
-WIDE_MOE_SCALES = ((8, 4), (4, 4), (4, 2), (2, 2))
+WIDE_MOE_SCALES = ((12, 4), (8, 4), (4, 4), (4, 2), (2, 2))
 
 
 # Below WIDE_MOE_FROM_BATCH the MoE tiles are 2x (else 1.5x) the up columns and 2x the down rows
@@ -324,12 +330,14 @@ def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
     return base
 
 
-# Claims (MK_CLAIM_*): lazy below WIDE_MOE_FROM_BATCH rows, eager from there on. Measured on the
-# H200 at 8K in one call (2026-11-29, session 6, gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at
-# the queues' ends only, 4.74 eager; BS 8 11.87 / 11.89 lazy, 11.72 lazy at the ends, 11.55 eager
-# (BS 8 has several waves of up tiles, and an eager claim's latency hides behind the running item).
+# Claims (MK_CLAIM_*): lazy at every batch size. Measured on the H200 at 8K in one call (2026-11-29,
+# session 6, gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
+# BS 8 11.87 / 11.89 lazy, 11.72 lazy at the ends, 11.55 eager (BS 8 had several waves of up tiles,
+# and an eager claim's latency hid behind the running item). Session 18 (gpu_check, same call): with
+# the 384-column up tiles BS 8 lazy 9.532 / 9.522 ms, lazy at the end 9.838, eager (the 8x tiles)
+# 9.785; a 3-MB up tile claimed ahead holds its successor for ~40 us, while SMs that are free wait.
 SMALL_CLAIM_POLICY = abi.MK_CLAIM_LAZY
-WIDE_CLAIM_POLICY = abi.MK_CLAIM_EAGER
+WIDE_CLAIM_POLICY = abi.MK_CLAIM_LAZY
 
 # Attention splits per (row, kv head) at most below WIDE_MOE_FROM_BATCH rows (only BS 1 reaches the
 # default 32 at 8K): fewer, longer attention items leave more SMs to the MoE up tiles of the layer.
@@ -373,7 +381,9 @@ WIDE_ATTN_WITH_QKV = 1
 # the config leaves whole wide tiles (release: 768 = 256 + 4 x 128). Measured on the H200 at 8K
 # (2026-11-30, session 14, gpu_check, same call against one size): BS 4 6.807 / 6.841 vs 7.293 /
 # 7.166 ms; BS 8 over five calls -1.2, -0.7, -2.4, -0.5, -0.3 % (9.717 / 9.844 vs 9.801 / 9.812 in
-# the last). 64-column small tiles, 2 x 128 and 192 + 2 x 96 were slower at BS 8.
+# the last). 64-column small tiles, 2 x 128 and 192 + 2 x 96 were slower at BS 8. Since session 18
+# the release geometry takes 384-column up tiles (WIDE_MOE_SCALES), which leave no whole wide tile
+# beside 4 x 128 small ones: one size there; the small tiles serve configs that fall back to 8x.
 WIDE_UP_SMALL = (128, 4)
 
 
@@ -411,7 +421,7 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
-    from there on the widest of WIDE_MOE_SCALES, eager claims, the attention drains on the QKV
+    from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), the attention drains on the QKV
     SMs (`base`'s tiles where no scale fits) and WIDE_UP_SMALL small up tiles where the config takes
     them; one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH

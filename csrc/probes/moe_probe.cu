@@ -43,6 +43,11 @@
 // 8 us (the megakernel's items cost ~7-8 us): 3.93 vs 3.68 at 110 and 3.92 vs 3.67 at 90 (+7 %).
 // Warp-asynchronous items (async_moe, ring 2 / 4) do not beat the block items: 3.96-4.11 at 0 us,
 // 3.68-3.92 at 8 us (the item's last warp still stalls on its fixed cost while holding the slot).
+// Uniform items (uniform_moe, call 14) at 8 us per item, against the megakernel's items (3.87 /
+// 3.64 / 3.42 / 3.06 on 132 / 110 / 90 / 70 SMs): 2 + 2 items per expert (48 / 64 groups, tiles of
+// 768 / 1024 rows) 3.43 / 3.87 / 3.63 / 3.63 (the last wave costs 11 % on 132, the fewer fixed costs
+// win 6-19 % below); 3 + 4 (32 / 32) 3.64 / 3.64 / 3.64 / 3.23; 4 + 4 (24 / 32) 3.63 / 3.42 / 3.63
+// / 3.23. (This call's medians fell on ~8-us steps: compare within it.)
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe [blocks [copies]]
 #include <algorithm>
@@ -118,6 +123,15 @@ __device__ __forceinline__ void wait_expert(const Layer& L, int a) {
   __syncthreads();
 }
 
+// The block's next queue item: thread 0 claims it (one atomic), every thread reads it.
+__device__ __forceinline__ int block_claim(const Layer& L, int* s_item) {
+  if (threadIdx.x == 0) *s_item = (int)atomicAdd(L.head, 1u);
+  __syncthreads();
+  const int it = *s_item;
+  __syncthreads();
+  return it;
+}
+
 // The warp's lane 0 waits (acquire) until expert a's up groups are all done; the warp follows.
 __device__ __forceinline__ void warp_wait_expert(const Layer& L, int a, int lane) {
   if (lane == 0) {
@@ -178,10 +192,7 @@ __global__ void __launch_bounds__(NTH, NT / NTH) dynamic_moe(Layer L, int fixed_
   const int n_wide = ACTIVE * SP, n_small = ACTIVE * SMALLS * SP, n_down = ACTIVE * 4 * SP;
   uint32_t acc = 0;
   while (true) {
-    if (threadIdx.x == 0) s_item = (int)atomicAdd(L.head, 1u);
-    __syncthreads();
-    const int it = s_item;
-    __syncthreads();
+    const int it = block_claim(L, &s_item);
     if (it >= n_wide + n_small + n_down) break;
     if (it < n_wide + n_small) {  // an up item: (expert, first group, groups)
       const bool wide = it < n_wide;
@@ -195,6 +206,38 @@ __global__ void __launch_bounds__(NTH, NT / NTH) dynamic_moe(Layer L, int fixed_
       const int d = it - n_wide - n_small, a = d / (4 * SP), g0 = (d % (4 * SP)) * DOWN_SP;
       wait_expert(L, a);
       for (int g = warp; g < DOWN_SP; g += NWARPS) acc += down_group<UU>(L, a, g0 + g, 0, 1, lane, pol);
+    }
+    fixed_cost(fixed_ns);
+  }
+  if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
+}
+
+// Uniform items (`moe_probe blocks`, "uniform UPG/DNG"): every up item UPG groups (96 / UPG per
+// expert, expert-major), every down item DNG groups (128 / DNG per expert): how the item count
+// trades the per-item fixed cost against the last wave, e.g. 48 / 64 (2 + 2 items per expert, tiles
+// of 768 / 1024 weight rows: above the megakernel's 512-row tile limit) against the megakernel's
+// 1 wide + 4 small up items and 4 down items.
+template <int UPG, int DNG>
+__global__ void __launch_bounds__(NT, 1) uniform_moe(Layer L, int fixed_ns) {
+  static_assert(UP_GROUPS % UPG == 0 && DOWN_GROUPS % DNG == 0, "whole items");
+  constexpr int UPS = UP_GROUPS / UPG, DNS = DOWN_GROUPS / DNG;
+  __shared__ int s_item;
+  const uint64_t pol = evict_first_policy();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_up = ACTIVE * UPS, n_all = n_up + ACTIVE * DNS;
+  uint32_t acc = 0;
+  while (true) {
+    const int it = block_claim(L, &s_item);
+    if (it >= n_all) break;
+    if (it < n_up) {
+      const int a = it / UPS, g0 = (it % UPS) * UPG;
+      for (int g = warp; g < UPG; g += NWARPS) acc += up_group(L, a, g0 + g, 0, 1, lane, pol);
+      __syncthreads();
+      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + a), "r"(UPG) : "memory");
+    } else {
+      const int d = it - n_up, a = d / DNS, g0 = (d % DNS) * DNG;
+      wait_expert(L, a);
+      for (int g = warp; g < DNG; g += NWARPS) acc += down_group(L, a, g0 + g, 0, 1, lane, pol);
     }
     fixed_cost(fixed_ns);
   }
@@ -361,13 +404,18 @@ static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* cou
   CK(cudaFuncSetAttribute(dynamic_moe<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   CK(cudaFuncSetAttribute(dynamic_moe<8, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM / 2));
   CK(cudaFuncSetAttribute(dynamic_moe<8, 256, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM / 2));
+  CK(cudaFuncSetAttribute(uniform_moe<48, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(uniform_moe<32, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(uniform_moe<24, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   CK(cudaFuncSetAttribute(async_moe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   CK(cudaFuncSetAttribute(async_moe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   printf("blocks probe: dynamic schedule over %zu layer copies (%.1f GB), 80 KB shared memory reserved, us per "
          "layer (median of 15) and TB/s, by blocks, U and fixed cost\n",
          layers.size(), layers.size() * 1.2);
   for (int blocks : {sms, 110, 90, 70, 50}) {
-    for (int uu : {8, 3, 4, 5}) {  // 3: two 256-thread blocks per SM, half-size items; 4 / 5: async, ring 2 / 4
+    // 8: the megakernel's items; 3: two 256-thread blocks per SM, half-size items; 6 / 7 / 9: uniform
+    // items of 48 / 64, 32 / 32, 24 / 32 groups (4 / 5: warp-asynchronous, ring 2 / 4, session 18 call 11)
+    for (int uu : {8, 3, 6, 7, 9}) {
       for (int fixed_us : {0, 4, 8}) {
         std::vector<float> ms;
         for (int rep = 0; rep < 17; ++rep) {
@@ -378,6 +426,12 @@ static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* cou
             dynamic_moe<8><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
           else if (uu == 12)
             dynamic_moe<12><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 6)
+            uniform_moe<48, 64><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 7)
+            uniform_moe<32, 32><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
+          else if (uu == 9)
+            uniform_moe<24, 32><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
           else if (uu == 4)
             async_moe<2><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
           else if (uu == 5)
@@ -396,6 +450,7 @@ static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* cou
         std::sort(ms.begin(), ms.end());
         const double us = ms[ms.size() / 2] * 1e3;
         printf("dynamic SMs %3d %-11s fixed %d us per item: %7.1f us per layer, %5.2f TB/s\n", blocks,
+               uu == 6 ? "uniform 48/64" : uu == 7 ? "uniform 32/32" : uu == 9 ? "uniform 24/32" :
                uu == 5 ? "async ring 4" : uu == 4 ? "async ring 2" : uu == 3 ? "2x256 half" : uu == 2 ? "2x256 U 8" : uu == 8 ? "512 U 8" : "512 U 12",
                fixed_us, us,
                bytes / (us * 1e-6) / 1e12);

@@ -461,8 +461,10 @@ def test_release_geometry_engine_tilings(batch, fused):
     engine = tiling_for_batch(cfg, base, batch)
     assert engine.moe_fused == (batch < 4)  # fused items below WIDE_MOE_FROM_BATCH rows
     tiling = replace(engine, moe_fused=fused)  # and the other kind of items on the same tiling
-    if fused and engine.moe_up_small:  # fused items take one up-tile size (the BS 8 default has two)
+    if fused and engine.moe_up_small:  # fused items take one up-tile size
         tiling = replace(tiling, moe_up_small=0, moe_up_small_tiles=0)
+    if fused and tiling.moe_up_cols > 256:  # a fused item's down slice takes up to 256 columns
+        tiling = replace(tiling, moe_up_cols=256)
     contexts = [8192 + 977 * b for b in range(batch)]
     splits = attention_splits(cfg, contexts, tiling, 132)
     sched = build_schedule(cfg, batch, contexts, 132, tiling, splits)
@@ -494,7 +496,8 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # the tile variants the next GPU sweep times (gpu_run.sh VARIANTS): they must validate, build and
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
-    {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default (tiling_for_batch)
+    {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default before session 14
+    {"moe_up_cols": 384, "moe_down_rows": 512, "claim_policy": abi.MK_CLAIM_LAZY},  # since session 18
     {"max_splits": 8},
     {"qkv_rows": 128, "o_rows": 128},
     {"claim_policy": abi.MK_CLAIM_EAGER},  # gpu_run.sh's default VARIANTS time both claim policies

@@ -454,7 +454,7 @@ def test_moe_tiles_widen_with_the_batch():
     """From WIDE_MOE_FROM_BATCH rows the default tiling widens the MoE tiles (measured faster at BS 8,
     slower at BS 1): the widest scale the config takes; a config that takes none keeps the base.
     Below that, 2x (else 1.5x) up columns and 2x down rows where they divide (measured faster at BS 1). Claims
-    are lazy below WIDE_MOE_FROM_BATCH and eager from there on, whatever the tiles."""
+    are lazy at every size (session 18), whatever the tiles."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import (
@@ -517,19 +517,21 @@ def test_moe_tiles_widen_with_the_batch():
         split_cap=min(default_tiling(other).max_splits, SMALL_SPLIT_CAP),
     )
     wide = tiling_for_batch(cfg, base, 8)
-    assert (wide.moe_up_cols, wide.moe_down_rows) == (8 * base.moe_up_cols, 4 * base.moe_down_rows)
-    assert (wide.moe_up_small, wide.moe_up_small_tiles) == WIDE_UP_SMALL  # 768 = 256 + 4 x 128
+    # 384-column up tiles (768 weight rows: two per expert), 512-row down tiles, one up size (768 -
+    # 4 x 128 leaves no whole 384-column tile), lazy claims
+    assert (wide.moe_up_cols, wide.moe_down_rows) == (12 * base.moe_up_cols, 4 * base.moe_down_rows)
+    assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
+    assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0) and wide.claim_policy == lazy
     wide = placement(wide, 8, wide=True)
     assert (
-        replace(
-            wide,
-            moe_up_cols=base.moe_up_cols,
-            moe_down_rows=base.moe_down_rows,
-            moe_up_small=0,
-            moe_up_small_tiles=0,
-        )
+        replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows, claim_policy=eager)
         == base
     )
+    # where the 384-column tiles do not divide the intermediate size but 256 do: the two up sizes
+    eight = north_mini_code_config(4, intermediate_size=1024)
+    t = tiling_for_batch(eight, default_tiling(eight), 8)
+    assert t.moe_up_cols == 8 * default_tiling(eight).moe_up_cols
+    assert (t.moe_up_small, t.moe_up_small_tiles) == WIDE_UP_SMALL  # 1024 = 2 x 256 + 4 x 128
     # 256 / 128-column up tiles do not divide 192, 64 do
     mid = north_mini_code_config(4, intermediate_size=192)
     t = tiling_for_batch(mid, default_tiling(mid), 8)
@@ -542,7 +544,9 @@ def test_moe_tiles_widen_with_the_batch():
         2 * default_tiling(narrow).moe_down_rows,
     )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
-    assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == default_tiling(odd)
+    assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == replace(
+        default_tiling(odd), claim_policy=lazy
+    )
 
 
 def test_device_scripts_parse_and_offer_the_ab_stage():
