@@ -411,6 +411,11 @@ SMALL_LM_ROWS = 256
 # O-proj tiles of 128 rows below WIDE_MOE_FROM_BATCH rows (64 items of 256 KB instead of 128 of 128
 # KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
 SMALL_O_ROWS = 128
+# ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (session 18, gpu_check BS 8
+# at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combine_inline 9.400, 8 splits 9.510,
+# 64 attention drains 9.794), then 9.242 / 9.228 vs 9.427 / 9.415, at position 256 7.941 vs 8.077
+# (call 20). Session 17 (eager claims, 256-column tiles): -1 to -1.5 %.
+WIDE_O_ROWS = 128
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
@@ -421,7 +426,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
-    from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), the attention drains on the QKV
+    from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), WIDE_O_ROWS-row O-proj
+    tiles, the attention drains on the QKV
     SMs (`base`'s tiles where no scale fits) and WIDE_UP_SMALL small up tiles where the config takes
     them; one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH
@@ -429,6 +435,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
         t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
+        if cfg.hidden_size % WIDE_O_ROWS == 0:
+            t = replace(t, o_rows=WIDE_O_ROWS)
         two = replace(t, moe_up_small=WIDE_UP_SMALL[0], moe_up_small_tiles=WIDE_UP_SMALL[1])
         try:
             two.validate(cfg)

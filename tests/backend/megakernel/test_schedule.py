@@ -522,9 +522,16 @@ def test_moe_tiles_widen_with_the_batch():
     assert (wide.moe_up_cols, wide.moe_down_rows) == (12 * base.moe_up_cols, 4 * base.moe_down_rows)
     assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
     assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0) and wide.claim_policy == lazy
+    assert wide.o_rows == 128  # WIDE_O_ROWS
     wide = placement(wide, 8, wide=True)
     assert (
-        replace(wide, moe_up_cols=base.moe_up_cols, moe_down_rows=base.moe_down_rows, claim_policy=eager)
+        replace(
+            wide,
+            moe_up_cols=base.moe_up_cols,
+            moe_down_rows=base.moe_down_rows,
+            claim_policy=eager,
+            o_rows=base.o_rows,
+        )
         == base
     )
     # where the 384-column tiles do not divide the intermediate size but 256 do: the two up sizes
@@ -545,7 +552,7 @@ def test_moe_tiles_widen_with_the_batch():
     )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == replace(
-        default_tiling(odd), claim_policy=lazy
+        default_tiling(odd), claim_policy=lazy, o_rows=128
     )
 
 
