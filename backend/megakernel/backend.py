@@ -198,11 +198,9 @@ class MegakernelBackend:
             return self._cache[key]
         tiling = self._tiling_for(B)
         splits = attention_splits(self.cfg, positions, tiling, self.n_sms)  # its split cap
-        stride = self.ws.tiling.most_splits()
-        if max(splits[False] + splits[True]) > stride:  # would write past o_part / lse_part
-            raise TilingError(
-                f"{max(splits[False] + splits[True])} attention splits at B={B}, the workspace holds {stride}"
-            )
+        most, stride = max(splits[False] + splits[True]), self.ws.tiling.most_splits()
+        if most > stride:  # would write past o_part / lse_part
+            raise TilingError(f"{most} attention splits at B={B}, the workspace holds {stride}")
         key = (B, tuple(splits[False]), tuple(splits[True]))
         self._split_keys[bucket] = key
         hit = self._cache.get(key)

@@ -389,71 +389,94 @@ __global__ void __launch_bounds__(NT, 1) warp_moe(Layer L, int fixed_ns, const v
   if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
 }
 
+// The median over 15 launches (after two warm-ups) of one layer's phase, cycling through `layers`
+// (each launch on a copy the previous ones did not touch), in us; -1 on a CUDA error (printed).
+template <class Launch>
+static double time_layer(const std::vector<Layer>& layers, unsigned* counters, cudaEvent_t ev0, cudaEvent_t ev1,
+                         Launch launch) {
+  std::vector<float> ms;
+  for (int rep = 0; rep < 17; ++rep) {
+    const Layer& L = layers[rep % layers.size()];
+    if (cudaMemset(counters, 0, (ACTIVE + 1) * sizeof(unsigned)) != cudaSuccess) return -1;
+    cudaEventRecord(ev0);
+    launch(L);
+    cudaEventRecord(ev1);
+    cudaError_t e = cudaEventSynchronize(ev1);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      fprintf(stderr, "moe probe launch: %s\n", cudaGetErrorString(e));
+      return -1;
+    }
+    float t = 0.f;
+    cudaEventElapsedTime(&t, ev0, ev1);
+    if (rep >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
+}
+
+// One `moe_probe blocks` schedule: how to launch it on `sms` SMs with `ns` of fixed cost per item.
+struct BlocksSchedule {
+  const char* name;
+  void (*launch)(int sms, const Layer& L, int ns);
+};
+
+// the megakernel's ~80 KB of dynamic shared memory (unused here): its share of the SM's L1 / shared
+// memory leaves the loads in flight the same L1 room (~156 KB); two blocks per SM take half each
+constexpr int PROBE_SMEM = 80 * 1024;
+template <int UU>
+static void launch_dynamic(int sms, const Layer& L, int ns) {
+  dynamic_moe<UU><<<sms, NT, PROBE_SMEM>>>(L, ns);
+}
+template <int SP>
+static void launch_two_blocks(int sms, const Layer& L, int ns) {
+  dynamic_moe<8, 256, SP><<<2 * sms, 256, PROBE_SMEM / 2>>>(L, ns);
+}
+template <int UPG, int DNG>
+static void launch_uniform(int sms, const Layer& L, int ns) {
+  uniform_moe<UPG, DNG><<<sms, NT, PROBE_SMEM>>>(L, ns);
+}
+template <int R>
+static void launch_async(int sms, const Layer& L, int ns) {
+  async_moe<R><<<sms, NT, PROBE_SMEM>>>(L, ns);
+}
+
 // `moe_probe blocks`: the dynamic schedule on fewer blocks (the megakernel's MoE phase streams on
-// ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, session 18's timeline sums) and with 12
-// k-steps per warp batch (192 KB in flight per block instead of 128): how the phase's HBM rate
-// depends on the streaming SM count, and whether more bytes in flight per SM keep it up.
+// ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, session 18's timeline sums), with 12
+// k-steps per warp batch (192 KB in flight per block instead of 128), as two 256-thread blocks per
+// SM (full- and half-size items), with uniform items and warp-asynchronous items: how the phase's
+// HBM rate depends on the streaming SM count and the per-item fixed cost.
 static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* counters, double bytes) {
   cudaEvent_t ev0, ev1;
   CK(cudaEventCreate(&ev0));
   CK(cudaEventCreate(&ev1));
-  // the megakernel's ~80 KB of dynamic shared memory (unused here): its share of the SM's L1 / shared
-  // memory leaves the loads in flight the same L1 room (~156 KB)
-  constexpr int SMEM = 80 * 1024;
-  CK(cudaFuncSetAttribute(dynamic_moe<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(dynamic_moe<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(dynamic_moe<8, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM / 2));
-  CK(cudaFuncSetAttribute(dynamic_moe<8, 256, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM / 2));
-  CK(cudaFuncSetAttribute(uniform_moe<48, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(uniform_moe<32, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(uniform_moe<24, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(async_moe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(async_moe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(dynamic_moe<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(dynamic_moe<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(dynamic_moe<8, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM / 2));
+  CK(cudaFuncSetAttribute(dynamic_moe<8, 256, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM / 2));
+  CK(cudaFuncSetAttribute(uniform_moe<48, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(uniform_moe<32, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(uniform_moe<24, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(async_moe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(async_moe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  const BlocksSchedule schedules[] = {
+      {"512 U 8", launch_dynamic<8>},          {"512 U 12", launch_dynamic<12>},
+      {"2x256 U 8", launch_two_blocks<1>},     {"2x256 half", launch_two_blocks<2>},
+      {"uniform 48/64", launch_uniform<48, 64>}, {"uniform 32/32", launch_uniform<32, 32>},
+      {"uniform 24/32", launch_uniform<24, 32>}, {"async ring 2", launch_async<2>},
+      {"async ring 4", launch_async<4>},
+  };
   printf("blocks probe: dynamic schedule over %zu layer copies (%.1f GB), 80 KB shared memory reserved, us per "
-         "layer (median of 15) and TB/s, by blocks, U and fixed cost\n",
+         "layer (median of 15) and TB/s, by blocks, schedule and fixed cost\n",
          layers.size(), layers.size() * 1.2);
   for (int blocks : {sms, 110, 90, 70, 50}) {
-    // 8: the megakernel's items; 3: two 256-thread blocks per SM, half-size items; 6 / 7 / 9: uniform
-    // items of 48 / 64, 32 / 32, 24 / 32 groups (4 / 5: warp-asynchronous, ring 2 / 4, session 18 call 11)
-    for (int uu : {8, 3, 6, 7, 9}) {
+    for (const BlocksSchedule& sc : schedules) {
       for (int fixed_us : {0, 4, 8}) {
-        std::vector<float> ms;
-        for (int rep = 0; rep < 17; ++rep) {
-          const Layer& L = layers[rep % layers.size()];
-          CK(cudaMemset(counters, 0, (ACTIVE + 1) * sizeof(unsigned)));
-          CK(cudaEventRecord(ev0));
-          if (uu == 8)
-            dynamic_moe<8><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 12)
-            dynamic_moe<12><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 6)
-            uniform_moe<48, 64><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 7)
-            uniform_moe<32, 32><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 9)
-            uniform_moe<24, 32><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 4)
-            async_moe<2><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 5)
-            async_moe<4><<<blocks, NT, SMEM>>>(L, fixed_us * 1000);
-          else if (uu == 2)
-            dynamic_moe<8, 256><<<2 * blocks, 256, SMEM / 2>>>(L, fixed_us * 1000);
-          else
-            dynamic_moe<8, 256, 2><<<2 * blocks, 256, SMEM / 2>>>(L, fixed_us * 1000);
-          CK(cudaEventRecord(ev1));
-          CK(cudaEventSynchronize(ev1));
-          CK(cudaGetLastError());
-          float t = 0.f;
-          CK(cudaEventElapsedTime(&t, ev0, ev1));
-          if (rep >= 2) ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double us = ms[ms.size() / 2] * 1e3;
-        printf("dynamic SMs %3d %-11s fixed %d us per item: %7.1f us per layer, %5.2f TB/s\n", blocks,
-               uu == 6 ? "uniform 48/64" : uu == 7 ? "uniform 32/32" : uu == 9 ? "uniform 24/32" :
-               uu == 5 ? "async ring 4" : uu == 4 ? "async ring 2" : uu == 3 ? "2x256 half" : uu == 2 ? "2x256 U 8" : uu == 8 ? "512 U 8" : "512 U 12",
-               fixed_us, us,
-               bytes / (us * 1e-6) / 1e12);
+        const double us = time_layer(layers, counters, ev0, ev1,
+                                     [&](const Layer& L) { sc.launch(blocks, L, fixed_us * 1000); });
+        if (us < 0) return 1;
+        printf("dynamic SMs %3d %-13s fixed %d us per item: %7.1f us per layer, %5.2f TB/s\n", blocks, sc.name,
+               fixed_us, us, bytes / (us * 1e-6) / 1e12);
       }
     }
   }
@@ -486,16 +509,14 @@ int main(int argc, char** argv) {
   for (int c = 0; c < copies; ++c)  // 51 distinct experts spread over the 128 (gcd(5, 128) = 1)
     for (int k = 0; k < ACTIVE; ++k) ids[c * ACTIVE + k] = (k * 5 + 3 + 17 * c) % E;
   CK(cudaMemcpy(experts, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+  const double bytes = (double)ACTIVE * (2.0 * I * H + (double)H * I) * 2.0;
+  std::vector<Layer> layers;
+  for (int c = 0; c < copies; ++c)
+    layers.push_back(Layer{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out});
+  if (argc > 1 && argv[1][0] == 'b') return blocks_probe(sms, layers, counters, bytes);  // `moe_probe blocks`
   cudaEvent_t ev0, ev1;
   CK(cudaEventCreate(&ev0));
   CK(cudaEventCreate(&ev1));
-  const double bytes = (double)ACTIVE * (2.0 * I * H + (double)H * I) * 2.0;
-  if (argc > 1 && argv[1][0] == 'b') {  // `moe_probe blocks`
-    std::vector<Layer> layers;
-    for (int c = 0; c < copies; ++c)
-      layers.push_back(Layer{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out});
-    return blocks_probe(sms, layers, counters, bytes);
-  }
   printf("moe probe: %d blocks, %d of %d experts, %.1f MB per layer; us per layer = median of 15\n", sms, ACTIVE, E,
          bytes / 1e6);
   // schedules: 0 static, 1 dynamic (block items), 2-4 per-warp groups (activations: none, fp32, bf16);
@@ -503,32 +524,20 @@ int main(int argc, char** argv) {
   const char* names[] = {"static", "dynamic", "warp", "warp+f32", "warp+b16"};
   for (int fixed_us : {0, 4, 8}) {
     for (int sched = 0; sched < 5; ++sched) {
-      std::vector<float> ms;
-      for (int rep = 0; rep < 17; ++rep) {
-        const int c = rep % copies;
-        Layer L{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out};
-        CK(cudaMemset(counters, 0, (ACTIVE + 1) * sizeof(unsigned)));
-        CK(cudaEventRecord(ev0));
-        const int warp_ns = fixed_us * 250;  // a warp group is ~1/20 of a block item's bytes
+      const int ns = fixed_us * 1000, warp_ns = fixed_us * 250;  // a warp group is ~1/20 of an item
+      const double us = time_layer(layers, counters, ev0, ev1, [&](const Layer& L) {
         if (sched == 0)
-          static_moe<<<sms, NT>>>(L, fixed_us * 1000);
+          static_moe<<<sms, NT>>>(L, ns);
         else if (sched == 1)
-          dynamic_moe<><<<sms, NT>>>(L, fixed_us * 1000);
+          dynamic_moe<><<<sms, NT>>>(L, ns);
         else if (sched == 2)
           warp_moe<0><<<sms, NT>>>(L, warp_ns, act);
         else if (sched == 3)
           warp_moe<1><<<sms, NT>>>(L, warp_ns, act);
         else
           warp_moe<2><<<sms, NT>>>(L, warp_ns, act);
-        CK(cudaEventRecord(ev1));
-        CK(cudaEventSynchronize(ev1));
-        CK(cudaGetLastError());
-        float t = 0.f;
-        CK(cudaEventElapsedTime(&t, ev0, ev1));
-        if (rep >= 2) ms.push_back(t);  // two warm-up launches
-      }
-      std::sort(ms.begin(), ms.end());
-      const double us = ms[ms.size() / 2] * 1e3;
+      });
+      if (us < 0) return 1;
       printf("%-9s fixed %5.2f us per %s: %7.1f us per layer, %5.2f TB/s\n", names[sched],
              sched < 2 ? (double)fixed_us : fixed_us * 0.25, sched == 0 ? "range" : sched == 1 ? "item " : "group",
              us, bytes / (us * 1e-6) / 1e12);
