@@ -20,7 +20,10 @@ constexpr int NWARPS = NT / 32;
 constexpr int MAXROWS = MK_MAX_TILE_ROWS;  // rows of one GEMV tile at most (tiling.py checks it)
 constexpr int OUT_FLOATS = MAXROWS * 8;    // the GEMV result / one hidden row / ROUTE's scratch
 // GEMV reduction scratch: one 16x8 block per (row group, K-split warp)
-constexpr int RED_FLOATS = (NWARPS > MAXROWS / 16 ? NWARPS : MAXROWS / 16) * 128;
+// the K-split partial sums of gemv_mma: only tiles of fewer 16-row groups than warps split K (wpg >
+// 1, at most NWARPS group-and-split slots); a tile of NWARPS groups or more writes each group's sums
+// straight into out_s (the same layout)
+constexpr int RED_FLOATS = NWARPS * 128;
 constexpr int ACT_PAD = 32;           // bf16 padding per staged activation row (bank spread)
 
 typedef __nv_bfloat16 bf16;
@@ -391,20 +394,25 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
   const uint64_t pol = l2_policy(g.keep);
+  // one warp per group (wpg 1): its sums are the result, in out_s's layout (group grp's 16 rows x 8
+  // tokens at grp * 128); else each (group, K block) into red_s, summed below
+  float* const part = wpg == 1 ? out_s : red_s;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
-    gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, red_s + (grp * wpg + kw) * 128, pol);
+    gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
-    const int r = i / 8, n = i % 8, grp = r / 16;
-    float s = 0.f;
-    for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
-    out_s[i] = s;
+  if (wpg > 1) {
+    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
+      const int r = i / 8, n = i % 8, grp = r / 16;
+      float s = 0.f;
+      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
+      out_s[i] = s;
+    }
+    __syncthreads();
   }
-  __syncthreads();
 }
 
 // Plain FMA fallback with the same contract (use_mma = 0): a warp per row, lanes stride K.
