@@ -372,9 +372,28 @@ SMALL_SPLIT_CAP = 24
 # gpu_check, same call): BS 1 ctrl_sms=1 3.586 / 3.651 ms vs 3.810 / 3.712, 3.697 / 3.716 vs 3.790 /
 # 3.811, 3.619 / 3.585 vs 3.671 / 3.718 (three calls); BS 8 ctrl_sms=8 with attn_with_qkv 10.555 /
 # 10.701 vs 10.996 / 11.058 and 10.561 / 10.571 vs 10.852 / 10.899 (ctrl_sms=8 alone 10.604 / 10.806;
-# ctrl_sms=4: 11.15).
+# ctrl_sms=4: 11.15). Session 19 (2026-12-01, gpu_check, same call): from 4 rows the attention
+# drains are on every work SM again (below), with at most WIDE_MAX_SPLITS splits.
 CTRL_SMS_PER_ROW = 1
-WIDE_ATTN_WITH_QKV = 1
+WIDE_ATTN_WITH_QKV = 0
+
+# From WIDE_MOE_FROM_BATCH rows at most WIDE_MAX_SPLITS attention splits per (row, kv head) up to
+# WIDE_SPLIT_TOKENS visible tokens per split (more at long contexts, up to `base`'s max_splits:
+# Tiling.split_tokens), attention drains on every work SM first (WIDE_ATTN_WITH_QKV = 0), and from
+# WIDE_BIG_DOWN_FROM_BATCH rows down tiles WIDE_BIG_DOWN_SCALE x as tall as those (1024 rows at the
+# release geometry, where the config takes them): the layer runs as phases, as the graph backend's does (docs/perf/
+# session19-graph-profile-bs8.json): the attention on every SM in less than a wave of items (96 at
+# BS 8: the SMs without one start the up tiles at once), the up tiles, then one wave of down tiles
+# (103 at BS 8). Measured on the H200 at 8K (2026-12-01, session 19, gpu_check, same call, against
+# the session-18 engine tiling 9.176 / 9.094 ms at BS 8, 6.332 / 6.328 at BS 4): BS 8 all three
+# 8.924 / 8.828 (with 100 attention drains 8.836), 2 splits 9.039, 3 splits with 512-row downs 9.039,
+# 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits alone 6.093, with 1024-row downs
+# 6.421 / 6.249 (29 experts: 58 down items). The attention alone streams ~1.9 TB/s (the graph
+# backend's kernel ~2.6), the next thing to speed up in this layer.
+WIDE_MAX_SPLITS = 3
+WIDE_SPLIT_TOKENS = 4096
+WIDE_BIG_DOWN_FROM_BATCH = 8
+WIDE_BIG_DOWN_SCALE = 2
 
 # From WIDE_MOE_FROM_BATCH rows each expert's last WIDE_UP_SMALL[0] * WIDE_UP_SMALL[1] columns go in
 # small up tiles queued after every expert's wide ones (Tiling.moe_up_small / moe_up_small_tiles), where
@@ -427,14 +446,29 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
     from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), WIDE_O_ROWS-row O-proj
-    tiles, the attention drains on the QKV
-    SMs (`base`'s tiles where no scale fits) and WIDE_UP_SMALL small up tiles where the config takes
-    them; one control SM per row at every size."""
+    tiles, at most WIDE_MAX_SPLITS attention splits (more at long contexts: WIDE_SPLIT_TOKENS) with
+    the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
+    WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
+    tiles where the config takes them; one control SM per row at every size."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV)
+        t = replace(
+            t,
+            claim_policy=WIDE_CLAIM_POLICY,
+            attn_with_qkv=WIDE_ATTN_WITH_QKV,
+            max_splits=min(t.max_splits, WIDE_MAX_SPLITS),
+            split_tokens=WIDE_SPLIT_TOKENS,
+            split_cap=max(t.max_splits, t.split_cap),
+        )
+        if batch >= WIDE_BIG_DOWN_FROM_BATCH:
+            big = replace(t, moe_down_rows=t.moe_down_rows * WIDE_BIG_DOWN_SCALE)
+            try:
+                big.validate(cfg)
+                t = big
+            except TilingError:  # the config takes no such tile: the scaled one stays
+                pass
         if cfg.hidden_size % WIDE_O_ROWS == 0:
             t = replace(t, o_rows=WIDE_O_ROWS)
         two = replace(t, moe_up_small=WIDE_UP_SMALL[0], moe_up_small_tiles=WIDE_UP_SMALL[1])

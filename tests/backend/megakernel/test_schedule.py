@@ -462,7 +462,10 @@ def test_moe_tiles_widen_with_the_batch():
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_CAP,
         SMALL_SPLIT_TOKENS,
+        WIDE_BIG_DOWN_FROM_BATCH,
+        WIDE_MAX_SPLITS,
         WIDE_MOE_FROM_BATCH,
+        WIDE_SPLIT_TOKENS,
         WIDE_UP_SMALL,
         tiling_for_batch,
     )
@@ -474,9 +477,13 @@ def test_moe_tiles_widen_with_the_batch():
             assert (t.lm_rows, t.o_rows) == (256, 128)  # 256-row LM-head, 128-row O-proj tiles
             d = default_tiling(cfg)
             t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=d.lm_rows, o_rows=d.o_rows)
-        # small batches: the attention drains on idle SMs first; wide: on the QKV / router SMs
-        assert t.ctrl_sms == b and t.attn_with_qkv == int(wide) and t.combine_ctrl == 0
+        # small batches: the attention drains on idle SMs first; wide: on every work SM, at most
+        # WIDE_MAX_SPLITS splits (more at long contexts: one per WIDE_SPLIT_TOKENS tokens)
+        assert t.ctrl_sms == b and t.attn_with_qkv == 0 and t.combine_ctrl == 0
         assert t.attn_idle_first == int(not wide)
+        if wide:  # split_cap keeps the base's max_splits (the cap at long contexts)
+            assert t.split_tokens == WIDE_SPLIT_TOKENS and t.max_splits == min(t.split_cap, WIDE_MAX_SPLITS)
+            t = replace(t, max_splits=t.split_cap, split_tokens=0, split_cap=0)
         return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0)
 
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
@@ -517,9 +524,16 @@ def test_moe_tiles_widen_with_the_batch():
         split_cap=min(default_tiling(other).max_splits, SMALL_SPLIT_CAP),
     )
     wide = tiling_for_batch(cfg, base, 8)
-    # 384-column up tiles (768 weight rows: two per expert), 512-row down tiles, one up size (768 -
-    # 4 x 128 leaves no whole 384-column tile), lazy claims
-    assert (wide.moe_up_cols, wide.moe_down_rows) == (12 * base.moe_up_cols, 4 * base.moe_down_rows)
+    # 384-column up tiles (768 weight rows: two per expert), 1024-row down tiles from
+    # WIDE_BIG_DOWN_FROM_BATCH rows (512 below), one up size (768 - 4 x 128 leaves no whole
+    # 384-column tile), lazy claims
+    assert WIDE_BIG_DOWN_FROM_BATCH == 8
+    assert (wide.moe_up_cols, wide.moe_down_rows) == (12 * base.moe_up_cols, 8 * base.moe_down_rows)
+    four = tiling_for_batch(cfg, base, 4)
+    assert (four.moe_up_cols, four.moe_down_rows) == (12 * base.moe_up_cols, 4 * base.moe_down_rows)
+    assert placement(four, 4, wide=True) == replace(
+        placement(wide, 8, wide=True), moe_down_rows=four.moe_down_rows
+    )
     assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
     assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0) and wide.claim_policy == lazy
     assert wide.o_rows == 128  # WIDE_O_ROWS
@@ -552,7 +566,10 @@ def test_moe_tiles_widen_with_the_batch():
     )
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == replace(
-        default_tiling(odd), claim_policy=lazy, o_rows=128
+        default_tiling(odd),
+        claim_policy=lazy,
+        o_rows=128,
+        moe_down_rows=2 * default_tiling(odd).moe_down_rows,
     )
 
 
