@@ -380,16 +380,16 @@ WIDE_ATTN_WITH_QKV = 0
 # From WIDE_MOE_FROM_BATCH rows at most WIDE_MAX_SPLITS attention splits per (row, kv head) up to
 # WIDE_SPLIT_TOKENS visible tokens per split (more at long contexts, up to `base`'s max_splits:
 # Tiling.split_tokens), attention drains on every work SM first (WIDE_ATTN_WITH_QKV = 0), and from
-# WIDE_BIG_DOWN_FROM_BATCH rows down tiles WIDE_BIG_DOWN_SCALE x as tall as those (1024 rows at the
-# release geometry, where the config takes them): the layer runs as phases, as the graph backend's does (docs/perf/
-# session19-graph-profile-bs8.json): the attention on every SM in less than a wave of items (96 at
-# BS 8: the SMs without one start the up tiles at once), the up tiles, then one wave of down tiles
-# (103 at BS 8). Measured on the H200 at 8K (2026-12-01, session 19, gpu_check, same call, against
-# the session-18 engine tiling 9.176 / 9.094 ms at BS 8, 6.332 / 6.328 at BS 4): BS 8 all three
-# 8.924 / 8.828 (with 100 attention drains 8.836), 2 splits 9.039, 3 splits with 512-row downs 9.039,
-# 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits alone 6.093, with 1024-row downs
-# 6.421 / 6.249 (29 experts: 58 down items). The attention alone streams ~1.9 TB/s (the graph
-# backend's kernel ~2.6), the next thing to speed up in this layer.
+# WIDE_BIG_DOWN_FROM_BATCH rows down tiles WIDE_BIG_DOWN_SCALE x as tall as the scaled ones (1024
+# rows at the release geometry, where the config takes them). The layer then runs as phases, as the
+# graph backend's does (docs/perf/session19-graph-profile-bs8.json): the attention on every SM in
+# less than a wave of items (96 at BS 8: the SMs without one start the up tiles at once), the up
+# tiles, then one wave of down tiles (103 at BS 8). Measured on the H200 at 8K (2026-12-01, session
+# 19, gpu_check, same call, against the session-18 engine tiling 9.176 / 9.094 ms at BS 8, 6.332 /
+# 6.328 at BS 4): BS 8 all three 8.924 / 8.828 (with 100 attention drains 8.836), 2 splits 9.046,
+# 3 splits with 512-row downs 9.039, 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits
+# alone 6.093, with 1024-row downs 6.421 / 6.249 (29 experts: 58 down items). The attention alone
+# streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer.
 WIDE_MAX_SPLITS = 3
 WIDE_SPLIT_TOKENS = 4096
 WIDE_BIG_DOWN_FROM_BATCH = 8
