@@ -389,7 +389,9 @@ WIDE_ATTN_WITH_QKV = 0
 # 6.328 at BS 4): BS 8 all three 8.924 / 8.828 (with 100 attention drains 8.836), 2 splits 9.046,
 # 3 splits with 512-row downs 9.039, 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits
 # alone 6.093, with 1024-row downs 6.421 / 6.249 (29 experts: 58 down items). The attention alone
-# streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer.
+# streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer. At
+# long contexts the phases lose: BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling (at 2K
+# 8.240 vs 8.342); `auto` runs the graph backend from 2 rows, `--decode megakernel` sees it.
 WIDE_MAX_SPLITS = 3
 WIDE_SPLIT_TOKENS = 4096
 WIDE_BIG_DOWN_FROM_BATCH = 8
