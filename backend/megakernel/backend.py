@@ -196,12 +196,14 @@ class MegakernelBackend:
         key = self._split_keys.get(bucket)
         if key is not None and key in self._cache:
             return self._cache[key]
-        tiling = self._tiling_for(B)
+        tiling = self._tiling_for(B, bucket[1])
         splits = attention_splits(self.cfg, positions, tiling, self.n_sms)  # its split cap
         most, stride = max(splits[False] + splits[True]), self.ws.tiling.most_splits()
         if most > stride:  # would write past o_part / lse_part
             raise TilingError(f"{most} attention splits at B={B}, the workspace holds {stride}")
-        key = (B, tuple(splits[False]), tuple(splits[True]))
+        # the tiling is part of the key: one batch size takes another tiling at long contexts
+        # (tiling_for_batch's position), which may plan the same splits
+        key = (B, tiling, tuple(splits[False]), tuple(splits[True]))
         self._split_keys[bucket] = key
         hit = self._cache.get(key)
         if hit is not None:
@@ -209,8 +211,9 @@ class MegakernelBackend:
         sched = build_schedule(self.cfg, B, positions, self.n_sms, tiling, splits)
         return self._upload(key, sched)
 
-    def _tiling_for(self, B: int) -> Tiling:
-        return tiling_for_batch(self.cfg, self.tiling, B) if self.auto_tiling else self.tiling
+    def _tiling_for(self, B: int, position: int | None = None) -> Tiling:
+        """The tiling of a B-row step whose split bucket is `position` (None: a short context)."""
+        return tiling_for_batch(self.cfg, self.tiling, B, position) if self.auto_tiling else self.tiling
 
     def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
         """Build and upload the schedules for these batch sizes at this context (all rows at it), so

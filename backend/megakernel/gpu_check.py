@@ -41,6 +41,7 @@ from mkcode.backend.megakernel.tiling import (
     Tiling,
     TilingError,
     default_tiling,
+    split_bucket_position,
     tiling_for_batch,
 )
 from mkcode.backend.model.config import ModelConfig, north_mini_code_config
@@ -99,11 +100,16 @@ def bench(args: argparse.Namespace) -> int:
     }
     best: dict[int, tuple[float, str]] = {}
 
+    def engine_tiling(B: int) -> Tiling:  # the engine's for this batch at this context (its split bucket)
+        return tiling_for_batch(
+            cfg, base_t, B, split_bucket_position(cases[B].batch.positions.tolist(), base_t)
+        )
+
     def run(vname: str, mode: int, mma: int, kw: dict[str, int]) -> None:
         # each batch size on the tiling the engine uses for it (tiling_for_batch), the variant's keys
         # on top: the figures are comparable with the engine harness (mkcode bench decode)
         for B in args.batches:
-            tiling = replace(tiling_for_batch(cfg, base_t, B), **kw)
+            tiling = replace(engine_tiling(B), **kw)
             be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma)
             contexts = [args.context] * B
             times = time_steps(be, cases[B].batch, args.reps)
@@ -178,7 +184,7 @@ def bench(args: argparse.Namespace) -> int:
     tl_kw = parse_variant(args.timeline_variant)[2] if args.timeline_variant else {}
     results["timeline"] = {}
     for B in args.batches:
-        tl_tiling = replace(tiling_for_batch(cfg, base_t, B), **tl_kw)
+        tl_tiling = replace(engine_tiling(B), **tl_kw)
         be = MegakernelBackend(cfg, w, tiling=tl_tiling, prefetch_mode=tl_mode, use_mma=fastest_mma)
         be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
         be.decode(cases[B].batch)

@@ -390,8 +390,12 @@ WIDE_ATTN_WITH_QKV = 0
 # 3 splits with 512-row downs 9.039, 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits
 # alone 6.093, with 1024-row downs 6.421 / 6.249 (29 experts: 58 down items). The attention alone
 # streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer. At
-# long contexts the phases lose: BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling (at 2K
-# 8.240 vs 8.342); `auto` runs the graph backend from 2 rows, `--decode megakernel` sees it.
+# long contexts the phases lose (the full layers' attention grows 4x from 8K to 32K and runs alone):
+# BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling (at 2K 8.240 vs 8.342; call 17), so from
+# a split bucket of WIDE_PHASED_BELOW_POSITION (contexts above 16K tokens) the wide tiling is session
+# 18's: attention drains on the QKV SMs, splits for one wave, the scaled down tiles. 16K itself and
+# 16K-32K are not measured.
+WIDE_PHASED_BELOW_POSITION = 16384
 WIDE_MAX_SPLITS = 3
 WIDE_SPLIT_TOKENS = 4096
 WIDE_BIG_DOWN_FROM_BATCH = 8
@@ -439,7 +443,7 @@ SMALL_O_ROWS = 128
 WIDE_O_ROWS = 128
 
 
-def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
+def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
     per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP and `base`'s
@@ -451,20 +455,23 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int) -> Tiling:
     tiles, at most WIDE_MAX_SPLITS attention splits (more at long contexts: WIDE_SPLIT_TOKENS) with
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
     WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
-    tiles where the config takes them; one control SM per row at every size."""
+    tiles where the config takes them; one control SM per row at every size. `position`: the step's
+    split bucket (split_bucket_position; None: a short context); from WIDE_PHASED_BELOW_POSITION the
+    wide tiling keeps the attention on the QKV SMs with splits for one wave and the scaled downs."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        t = replace(
-            t,
-            claim_policy=WIDE_CLAIM_POLICY,
-            attn_with_qkv=WIDE_ATTN_WITH_QKV,
-            max_splits=min(t.max_splits, WIDE_MAX_SPLITS),
-            split_tokens=WIDE_SPLIT_TOKENS,
-            split_cap=max(t.max_splits, t.split_cap),
-        )
-        if batch >= WIDE_BIG_DOWN_FROM_BATCH:
+        phased = position is None or position < WIDE_PHASED_BELOW_POSITION
+        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV if phased else 1)
+        if phased:
+            t = replace(
+                t,
+                max_splits=min(t.max_splits, WIDE_MAX_SPLITS),
+                split_tokens=WIDE_SPLIT_TOKENS,
+                split_cap=max(t.max_splits, t.split_cap),
+            )
+        if phased and batch >= WIDE_BIG_DOWN_FROM_BATCH:
             big = replace(t, moe_down_rows=t.moe_down_rows * WIDE_BIG_DOWN_SCALE)
             try:
                 big.validate(cfg)

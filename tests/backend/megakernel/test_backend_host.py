@@ -281,11 +281,37 @@ def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):
         CFG, [4000], seed=2, dtype=torch.bfloat16
     )  # 63 full-layer pages on 132 SMs: 32 splits uncapped
     prep = be._prepare(case.batch.positions.tolist())
-    (B, full, sliding) = next(iter(be._cache))
+    (B, _, full, sliding) = next(iter(be._cache))
     assert B == 1 and max(full) == SMALL_MAX_SPLITS and max(sliding) <= SMALL_MAX_SPLITS
     assert prep.sched.tiling.max_splits == SMALL_MAX_SPLITS
     ints = dict(zip(abi.PARAM_INTS, be._params(prep, case.batch)[1], strict=True))
     assert ints["max_splits"] == base == be.ws["o_part"].shape[3]
+
+
+def test_wide_batches_take_the_phased_tiling_below_the_long_context_bucket(weights):
+    """From WIDE_MOE_FROM_BATCH rows the engine's tiling depends on the split bucket: below
+    WIDE_PHASED_BELOW_POSITION the phased one (attention on every SM, at most WIDE_MAX_SPLITS
+    splits), from it session 18's (attention drains on the QKV SMs, splits for one wave); the two
+    schedules are cached apart even where they plan the same splits."""
+    from mkcode.backend.megakernel.tiling import (
+        WIDE_MAX_SPLITS,
+        WIDE_MOE_FROM_BATCH,
+        WIDE_PHASED_BELOW_POSITION,
+        tiling_for_batch,
+    )
+
+    fake = FakeNative(n_sms=132)
+    be = MegakernelBackend(CFG, weights, timeout_s=0.3, native_module=fake)  # auto tiling
+    B = WIDE_MOE_FROM_BATCH
+    short = be._prepare([100] * B).sched.tiling
+    long = be._prepare([WIDE_PHASED_BELOW_POSITION] * B).sched.tiling  # bucket 2 x the threshold - 1
+    assert (short.attn_with_qkv, short.max_splits) == (0, min(be.tiling.max_splits, WIDE_MAX_SPLITS))
+    assert (long.attn_with_qkv, long.max_splits, long.split_tokens) == (1, be.tiling.max_splits, 0)
+    assert long == tiling_for_batch(CFG, be.tiling, B, 2 * WIDE_PHASED_BELOW_POSITION - 1)
+    assert short == tiling_for_batch(CFG, be.tiling, B) == tiling_for_batch(CFG, be.tiling, B, 1023)
+    assert len(be._cache) == 2 and {k[1] for k in be._cache} == {short, long}
+    one = tiling_for_batch(CFG, be.tiling, 1, 1 << 20)  # below WIDE_MOE_FROM_BATCH: no context rule
+    assert one == tiling_for_batch(CFG, be.tiling, 1)
 
 
 def test_the_workspace_holds_a_tilings_long_context_splits(weights):
