@@ -19,10 +19,10 @@ constexpr int NT = 512;
 constexpr int NWARPS = NT / 32;
 constexpr int MAXROWS = MK_MAX_TILE_ROWS;  // rows of one GEMV tile at most (tiling.py checks it)
 constexpr int OUT_FLOATS = MAXROWS * 8;    // the GEMV result / one hidden row / ROUTE's scratch
-// GEMV reduction scratch: one 16x8 block per (row group, K-split warp)
-// the K-split partial sums of gemv_mma: only tiles of fewer 16-row groups than warps split K (wpg >
-// 1, at most NWARPS group-and-split slots); a tile of NWARPS groups or more writes each group's sums
-// straight into out_s (the same layout)
+// GEMV reduction scratch: one 16x8 block per (row group, K-split warp), for the K-split partial sums
+// of gemv_mma only: tiles of fewer 16-row groups than warps split K (wpg > 1, at most NWARPS
+// group-and-split slots); a tile of NWARPS groups or more writes each group's sums straight into
+// out_s (the same layout)
 constexpr int RED_FLOATS = NWARPS * 128;
 constexpr int ACT_PAD = 32;           // bf16 padding per staged activation row (bank spread)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -43,17 +43,14 @@ def per_kernel(recs: list[tuple[str, float, float]], steps: int) -> list[dict]:
 
 
 def layer_slice(recs: list[tuple[str, float, float]], steps: int, layers: int, layer: int) -> list[dict]:
-    """One step's kernels (the second recorded step) cut into `layers` equal runs of kernels after
-    the step's prologue, and run `layer` of them: per kernel its name, start offset from the run's
-    first kernel, duration and the gap since the previous kernel ended (any kernel of the step)."""
+    """One step's kernels (the second recorded step), cut at each launch of the first kernel that
+    runs exactly `layers` times per step (once per layer), and run `layer` of those cuts: per kernel
+    its name, start offset from the run's first kernel, duration and the gap since the previous
+    kernel ended (any kernel of the step). [] when no kernel runs `layers` times or past the last."""
     per = len(recs) // steps
     step = recs[per : 2 * per] if steps > 1 else recs[:per]
-    # the repeating unit: the most common kernel count between launches of the step's most frequent
-    # kernel name that occurs once per layer (the pattern's period)
-    counts: dict[str, int] = defaultdict(int)
-    for name, _, _ in step:
-        counts[name] += 1
-    marker = max((n for n, c in counts.items() if c == layers), key=lambda n: counts[n], default=None)
+    counts = Counter(name for name, _, _ in step)  # in order of first launch
+    marker = next((n for n, c in counts.items() if c == layers), None)
     if marker is None:
         return []
     starts = [i for i, (n, _, _) in enumerate(step) if n == marker]
@@ -74,27 +71,21 @@ def layer_slice(recs: list[tuple[str, float, float]], steps: int, layers: int, l
 def run(batch: int, ctx: int, steps: int, layer: int, out: Path | None) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from mkcode.backend.bench.synthetic import bench_model, kv_pages_needed, synthetic_kv
+    from mkcode.backend.bench.synthetic import bench_model, synthetic_kv
     from mkcode.backend.engine.decode_backend import DecodeBatch
     from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
-    from mkcode.backend.kv.layout import pool_shape
     from mkcode.backend.model.config import north_mini_code_config
 
     cfg = north_mini_code_config()
     dev = torch.device("cuda")
     model = bench_model(cfg, device=dev, routing="uniform", seed=0)
-    pages = kv_pages_needed(cfg, [ctx] * batch)
-    pool = torch.empty(
-        pool_shape(pages, cfg.num_key_value_heads, cfg.head_dim), device=dev, dtype=torch.bfloat16
-    )
-    pool.normal_(0.0, 0.01)
-    kv = synthetic_kv(cfg, [ctx] * batch, pool=pool, fill=False)
+    kv = synthetic_kv(cfg, [ctx] * batch, device=dev)  # its own pool, filled N(0, 0.01)
     gen = torch.Generator(device=dev).manual_seed(batch)
     b = DecodeBatch(
         token_ids=torch.randint(0, cfg.vocab_size, (batch,), device=dev, generator=gen),
         positions=kv.positions,
         block_tables=kv.block_tables,
-        kv_pool=pool,
+        kv_pool=kv.pool,
     )
     backend = GraphDecodeBackend(model, max_pages=ctx // 64 + 2)
     for _ in range(5):  # capture and warm up

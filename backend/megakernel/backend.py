@@ -159,7 +159,7 @@ class MegakernelBackend:
             flags.append(f | (abi.MK_LAYER_DENSE if cfg.is_dense(i) else 0))
         self.layer_flags = torch.tensor(flags, dtype=torch.int32, device=self.device)
         self.err = torch.zeros(abi.MK_ERR_WORDS, dtype=torch.int32, device=self.device)
-        self._cache: dict[tuple, _Prepared] = {}  # schedules by (B, split vectors), bounded
+        self._cache: dict[tuple, _Prepared] = {}  # schedules by (B, tiling, split vectors), bounded
         self._split_keys: dict[tuple[int, int], tuple] = {}  # (B, split bucket) -> its _cache key
         self._base_stage: list[torch.Tensor] | None = None  # pinned staging of the counter bases
         self._base_done: list = [None, None]

@@ -396,6 +396,7 @@ WIDE_ATTN_WITH_QKV = 0
 # 18's: attention drains on the QKV SMs, splits for one wave, the scaled down tiles. 16K itself and
 # 16K-32K are not measured.
 WIDE_PHASED_BELOW_POSITION = 16384
+WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, from WIDE_PHASED_BELOW_POSITION
 WIDE_MAX_SPLITS = 3
 WIDE_SPLIT_TOKENS = 4096
 WIDE_BIG_DOWN_FROM_BATCH = 8
@@ -462,30 +463,23 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        phased = position is None or position < WIDE_PHASED_BELOW_POSITION
-        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_ATTN_WITH_QKV if phased else 1)
-        if phased:
+        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
+        if position is None or position < WIDE_PHASED_BELOW_POSITION:  # the phased layer
             t = replace(
                 t,
+                attn_with_qkv=WIDE_ATTN_WITH_QKV,
                 max_splits=min(t.max_splits, WIDE_MAX_SPLITS),
                 split_tokens=WIDE_SPLIT_TOKENS,
                 split_cap=max(t.max_splits, t.split_cap),
             )
-        if phased and batch >= WIDE_BIG_DOWN_FROM_BATCH:
-            big = replace(t, moe_down_rows=t.moe_down_rows * WIDE_BIG_DOWN_SCALE)
-            try:
-                big.validate(cfg)
-                t = big
-            except TilingError:  # the config takes no such tile: the scaled one stays
-                pass
+            if batch >= WIDE_BIG_DOWN_FROM_BATCH:  # where the config takes such tiles
+                t = _if_valid(cfg, replace(t, moe_down_rows=t.moe_down_rows * WIDE_BIG_DOWN_SCALE), t)
         if cfg.hidden_size % WIDE_O_ROWS == 0:
             t = replace(t, o_rows=WIDE_O_ROWS)
-        two = replace(t, moe_up_small=WIDE_UP_SMALL[0], moe_up_small_tiles=WIDE_UP_SMALL[1])
-        try:
-            two.validate(cfg)
-        except TilingError:  # the config leaves no whole wide tile: one size
-            return t
-        return two
+        # two up-tile sizes where the config leaves whole wide tiles beside the small ones
+        return _if_valid(
+            cfg, replace(t, moe_up_small=WIDE_UP_SMALL[0], moe_up_small_tiles=WIDE_UP_SMALL[1]), t
+        )
     t = replace(
         t,
         claim_policy=SMALL_CLAIM_POLICY,
@@ -502,11 +496,16 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
         lm_rows=SMALL_LM_ROWS if cfg.vocab_size % SMALL_LM_ROWS == 0 else t.lm_rows,
         o_rows=SMALL_O_ROWS if cfg.hidden_size % SMALL_O_ROWS == 0 else t.o_rows,
     )
+    return _if_valid(cfg, tuned, t)  # not e.g. with a column count the fused down slice does not take
+
+
+def _if_valid(cfg: ModelConfig, candidate: Tiling, fallback: Tiling) -> Tiling:
+    """`candidate` if the config takes it (Tiling.validate), else `fallback`."""
     try:
-        tuned.validate(cfg)
-    except TilingError:  # e.g. a column count the fused down slice does not take
-        return t
-    return tuned
+        candidate.validate(cfg)
+    except TilingError:
+        return fallback
+    return candidate
 
 
 def visible_pages(position: int, window: int | None) -> int:
