@@ -95,7 +95,14 @@ def bench(args: argparse.Namespace) -> int:
     }
     base_t = default_tiling(cfg)
     cases = {
-        B: make_case(cfg, [args.context] * B, device="cuda", dtype=torch.bfloat16, seed=B)
+        B: make_case(
+            cfg,
+            [args.context] * B,
+            device="cuda",
+            dtype=torch.bfloat16,
+            seed=B,
+            scatter=not args.kv_contiguous,
+        )
         for B in args.batches
     }
     best: dict[int, tuple[float, str]] = {}
@@ -525,6 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--context", type=int, default=8192)
     b.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     b.add_argument("--reps", type=int, default=30)
+    b.add_argument(
+        "--kv-contiguous",
+        action="store_true",
+        help="each (layer, row)'s KV pages consecutive in the pool (as the engine harness's synthetic KV) "
+        "instead of scattered at random",
+    )
     b.add_argument(
         "--timeline-mode",
         type=int,

@@ -97,14 +97,16 @@ def make_case(
     seed: int = 0,
     spare_pages: int = 3,
     grow: int = 0,
+    scatter: bool = True,
 ) -> PagedCase:
     """A decode batch whose row b already holds contexts[b] tokens (random K/V history, never zeros),
-    pages scattered randomly over the pool, sliding layers' pages outside the window released."""
+    pages scattered randomly over the pool (`scatter`; else each (layer, row)'s pages consecutive in
+    the pool), sliding layers' pages outside the window released."""
     g = torch.Generator().manual_seed(seed)
     L, B = cfg.num_hidden_layers, len(contexts)
     P = max(pages_for(c + 1 + grow) for c in contexts)  # `grow`: room for later steps
     need = L * B * P + spare_pages
-    perm = torch.randperm(need, generator=g)
+    perm = torch.randperm(need, generator=g) if scatter else torch.arange(need)
     tables = torch.full((L, B, P), NO_PAGE, dtype=torch.int32)
     k = 0
     for layer in range(L):

@@ -390,13 +390,17 @@ WIDE_ATTN_WITH_QKV = 0
 # 3 splits with 512-row downs 9.039, 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits
 # alone 6.093, with 1024-row downs 6.421 / 6.249 (29 experts: 58 down items). The attention alone
 # streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer. At
-# long contexts the phases lose (the full layers' attention grows 4x from 8K to 32K and runs alone):
-# BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling (at 2K 8.240 vs 8.342; call 17), so from
-# a split bucket of WIDE_PHASED_BELOW_POSITION (contexts above 16K tokens) the wide tiling is session
-# 18's: attention drains on the QKV SMs, splits for one wave, the scaled down tiles. 16K itself and
-# 16K-32K are not measured.
-WIDE_PHASED_BELOW_POSITION = 16384
-WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, from WIDE_PHASED_BELOW_POSITION
+# long contexts the phases lose once the batch's attention is large (it runs alone): BS 8 at 32K
+# 12.874 vs 12.420 ms with session 18's tiling (at 2K 8.240 vs 8.342; session 19 call 17). So where
+# the rows times the split bucket exceed WIDE_PHASED_MAX_TOKENS the wide tiling is session 18's:
+# attention drains on the QKV SMs, splits for one wave, the scaled down tiles. Measured on the H200
+# (2026-12-01, session 20, gpu_check, phased vs session 18's, same call): BS 8 at 16K (131072 tokens)
+# 10.003 / 10.038 vs 10.155 ms; BS 4 at 32K 7.740 vs 8.111 / 7.931 (call 1), 7.808 / 7.904 vs 7.984 /
+# 8.090 (call 4); BS 6 at 32K (196608) 10.281 / 10.282 vs 10.478 / 10.463 (call 4); BS 8 at 32K
+# (262144) 12.705 (512-row downs) / 12.939 vs 12.176 / 12.161 (call 1). BS 7 at 32K and BS 4 beyond
+# 32K are not measured.
+WIDE_PHASED_MAX_TOKENS = 6 * 32768
+WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, above WIDE_PHASED_MAX_TOKENS
 WIDE_MAX_SPLITS = 3
 WIDE_SPLIT_TOKENS = 4096
 WIDE_BIG_DOWN_FROM_BATCH = 8
@@ -457,14 +461,15 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
     WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
     tiles where the config takes them; one control SM per row at every size. `position`: the step's
-    split bucket (split_bucket_position; None: a short context); from WIDE_PHASED_BELOW_POSITION the
-    wide tiling keeps the attention on the QKV SMs with splits for one wave and the scaled downs."""
+    split bucket (split_bucket_position; None: a short context); where batch x (position + 1) exceeds
+    WIDE_PHASED_MAX_TOKENS the wide tiling keeps the attention on the QKV SMs with splits for one
+    wave and the scaled downs."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
         t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
-        if position is None or position < WIDE_PHASED_BELOW_POSITION:  # the phased layer
+        if position is None or batch * (position + 1) <= WIDE_PHASED_MAX_TOKENS:  # the phased layer
             t = replace(
                 t,
                 attn_with_qkv=WIDE_ATTN_WITH_QKV,
