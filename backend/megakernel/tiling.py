@@ -390,19 +390,25 @@ WIDE_ATTN_WITH_QKV = 0
 # 3 splits with 512-row downs 9.039, 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits
 # alone 6.093, with 1024-row downs 6.421 / 6.249 (29 experts: 58 down items). The attention alone
 # streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer. At
-# long contexts the phases lose once the batch's attention is large (it runs alone): BS 8 at 32K
-# 12.874 vs 12.420 ms with session 18's tiling (at 2K 8.240 vs 8.342; session 19 call 17). So where
-# the rows times the split bucket exceed WIDE_PHASED_MAX_TOKENS the wide tiling is session 18's:
-# attention drains on the QKV SMs, splits for one wave, the scaled down tiles. Measured on the H200
-# (2026-12-01, session 20, gpu_check, phased vs session 18's, same call): BS 8 at 16K (131072 tokens)
-# 10.003 / 10.038 vs 10.155 ms; BS 4 at 32K 7.740 vs 8.111 / 7.931 (call 1), 7.808 / 7.904 vs 7.984 /
-# 8.090 (call 4); BS 6 at 32K (196608) 10.281 / 10.282 vs 10.478 / 10.463 (call 4); BS 8 at 32K
-# (262144) 12.705 (512-row downs) / 12.939 vs 12.176 / 12.161 (call 1). BS 7 at 32K and BS 4 beyond
+# long contexts the phases lose at 8 rows: BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling
+# (at 2K 8.240 vs 8.342; session 19 call 17). So from WIDE_LONG_FROM_BATCH rows and a split bucket
+# position of WIDE_PHASED_BELOW_POSITION (contexts of 16K tokens and more: a context C plans for the
+# power of two above C) the wide tiling is session 18's: attention drains on the QKV SMs, splits for
+# one wave, the scaled down tiles; below 8 rows the phased layer stays at every context. Measured on
+# the H200 (2026-12-01, session 20, gpu_check, phased vs session 18's tiling, same call; "ctx" is the
+# context, its bucket twice that): BS 8 ctx 16K 10.407 / 10.410 vs 10.003 / 10.038 / 10.155 ms, ctx
+# 32K 12.705 (512-row downs) / 12.939 vs 12.176 / 12.161 / 12.132 (call 1); BS 4 ctx 16K 6.377 vs
+# 6.788 / 7.006 / 6.998, ctx 32K 7.740 vs 8.111 / 8.064 / 7.931 (call 1) and 7.808 / 7.904 vs 7.984 /
+# 8.090 (call 4); BS 6 ctx 32K 10.281 / 10.282 vs 10.478 / 10.463 (call 4). BS 5 / 7 and BS 4 beyond
 # 32K are not measured.
-WIDE_PHASED_MAX_TOKENS = 6 * 32768
-WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, above WIDE_PHASED_MAX_TOKENS
+WIDE_PHASED_BELOW_POSITION = 16384
+WIDE_LONG_FROM_BATCH = 8
+WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, where the phased layer is not used
 WIDE_MAX_SPLITS = 3
-WIDE_SPLIT_TOKENS = 4096
+# 8192: an 8K context (split bucket 16K) takes 3 splits in the full layers as in the sliding ones
+# (with 4096 it took 4): gpu_check at 8K, same call, BS 8 8.909 / 8.812 vs 8.994 / 8.901 ms (call 11)
+# and 8.892 / 8.891 vs 8.981 / 8.989 (call 12); BS 4 6.079 / 5.950 vs 6.076 / 6.058 (call 11)
+WIDE_SPLIT_TOKENS = 8192
 WIDE_BIG_DOWN_FROM_BATCH = 8
 WIDE_BIG_DOWN_SCALE = 2
 
@@ -461,15 +467,18 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
     WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
     tiles where the config takes them; one control SM per row at every size. `position`: the step's
-    split bucket (split_bucket_position; None: a short context); where batch x (position + 1) exceeds
-    WIDE_PHASED_MAX_TOKENS the wide tiling keeps the attention on the QKV SMs with splits for one
-    wave and the scaled downs."""
+    split bucket (split_bucket_position; None: a short context); from WIDE_LONG_FROM_BATCH rows and
+    WIDE_PHASED_BELOW_POSITION on the wide tiling keeps the attention on the QKV SMs with splits for
+    one wave and the scaled downs."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
         t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
-        if position is None or batch * (position + 1) <= WIDE_PHASED_MAX_TOKENS:  # the phased layer
+        long = (
+            batch >= WIDE_LONG_FROM_BATCH and position is not None and position >= WIDE_PHASED_BELOW_POSITION
+        )
+        if not long:  # the phased layer
             t = replace(
                 t,
                 attn_with_qkv=WIDE_ATTN_WITH_QKV,

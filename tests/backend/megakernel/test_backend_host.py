@@ -289,34 +289,32 @@ def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):
 
 
 def test_wide_batches_take_the_phased_tiling_below_the_long_context_bucket(weights):
-    """From WIDE_MOE_FROM_BATCH rows the engine's tiling depends on the rows times the split bucket:
-    up to WIDE_PHASED_MAX_TOKENS the phased one (attention on every SM, at most WIDE_MAX_SPLITS
-    splits), above it session 18's (attention drains on the QKV SMs, splits for one wave); the two
-    schedules are cached apart even where they plan the same splits."""
+    """From WIDE_LONG_FROM_BATCH rows the engine's tiling depends on the split bucket: below
+    WIDE_PHASED_BELOW_POSITION the phased one (attention on every SM, at most WIDE_MAX_SPLITS
+    splits), from it session 18's (attention drains on the QKV SMs, splits for one wave); fewer rows
+    (from WIDE_MOE_FROM_BATCH) keep the phased one at every context. The two schedules are cached
+    apart even where they plan the same splits."""
     from mkcode.backend.megakernel.tiling import (
+        WIDE_LONG_FROM_BATCH,
         WIDE_MAX_SPLITS,
         WIDE_MOE_FROM_BATCH,
-        WIDE_PHASED_MAX_TOKENS,
-        split_bucket_position,
+        WIDE_PHASED_BELOW_POSITION,
         tiling_for_batch,
     )
 
     fake = FakeNative(n_sms=132)
     be = MegakernelBackend(CFG, weights, timeout_s=0.3, native_module=fake)  # auto tiling
-    B = WIDE_MOE_FROM_BATCH
-    edge = 1 << ((WIDE_PHASED_MAX_TOKENS // B).bit_length() - 1)  # the largest bucket still phased at B rows
+    B = WIDE_LONG_FROM_BATCH
     short = be._prepare([100] * B).sched.tiling
-    assert be._prepare([edge - 1] * B).sched.tiling == short  # bucket `edge`: B x edge tokens
-    long = be._prepare([edge] * B).sched.tiling  # bucket 2 x edge
-    assert split_bucket_position([edge] * B, be.tiling) == 2 * edge - 1
+    long = be._prepare([WIDE_PHASED_BELOW_POSITION] * B).sched.tiling  # bucket 2 x the threshold - 1
     assert (short.attn_with_qkv, short.max_splits) == (0, min(be.tiling.max_splits, WIDE_MAX_SPLITS))
     assert (long.attn_with_qkv, long.max_splits, long.split_tokens) == (1, be.tiling.max_splits, 0)
-    assert long == tiling_for_batch(CFG, be.tiling, B, 2 * edge - 1)
+    assert long == tiling_for_batch(CFG, be.tiling, B, 2 * WIDE_PHASED_BELOW_POSITION - 1)
     assert short == tiling_for_batch(CFG, be.tiling, B) == tiling_for_batch(CFG, be.tiling, B, 1023)
-    # the rule is on the batch's tokens: twice the rows at half the bucket are phased as well
-    assert tiling_for_batch(CFG, be.tiling, 2 * B, edge // 2 - 1).attn_with_qkv == 0
-    assert tiling_for_batch(CFG, be.tiling, 2 * B, edge - 1).attn_with_qkv == 1
-    assert len(be._cache) == 3 and {k[1] for k in be._cache} == {short, long}  # two buckets phased
+    assert short == tiling_for_batch(CFG, be.tiling, B, WIDE_PHASED_BELOW_POSITION - 1)
+    assert len(be._cache) == 2 and {k[1] for k in be._cache} == {short, long}
+    for rows in range(WIDE_MOE_FROM_BATCH, WIDE_LONG_FROM_BATCH):  # below 8 rows: phased at any context
+        assert tiling_for_batch(CFG, be.tiling, rows, 1 << 20).attn_with_qkv == 0
     one = tiling_for_batch(CFG, be.tiling, 1, 1 << 20)  # below WIDE_MOE_FROM_BATCH: no context rule
     assert one == tiling_for_batch(CFG, be.tiling, 1)
 
