@@ -392,16 +392,17 @@ WIDE_ATTN_WITH_QKV = 0
 # streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer. At
 # long contexts the phases lose at 8 rows: BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling
 # (at 2K 8.240 vs 8.342; session 19 call 17). So from WIDE_LONG_FROM_BATCH rows and a split bucket
-# position of WIDE_PHASED_BELOW_POSITION (contexts of 16K tokens and more: a context C plans for the
-# power of two above C) the wide tiling is session 18's: attention drains on the QKV SMs, splits for
-# one wave, the scaled down tiles; below 8 rows the phased layer stays at every context. Measured on
-# the H200 (2026-12-01, session 20, gpu_check, phased vs session 18's tiling, same call; "ctx" is the
-# context, its bucket twice that): BS 8 ctx 16K 10.407 / 10.410 vs 10.003 / 10.038 / 10.155 ms, ctx
-# 32K 12.705 (512-row downs) / 12.939 vs 12.176 / 12.161 / 12.132 (call 1); BS 4 ctx 16K 6.377 vs
-# 6.788 / 7.006 / 6.998, ctx 32K 7.740 vs 8.111 / 8.064 / 7.931 (call 1) and 7.808 / 7.904 vs 7.984 /
-# 8.090 (call 4); BS 6 ctx 32K 10.281 / 10.282 vs 10.478 / 10.463 (call 4). BS 5 / 7 and BS 4 beyond
-# 32K are not measured.
-WIDE_PHASED_BELOW_POSITION = 16384
+# position of WIDE_PHASED_BELOW_POSITION (contexts above 16K tokens: a context C plans for the power
+# of two above C) the wide tiling is session 18's: attention drains on the QKV SMs, splits for one
+# wave, the scaled down tiles; below 8 rows the phased layer stays at every context. Measured on the
+# H200 (2026-12-01, session 20, gpu_check, phased vs session 18's tiling, same call; "ctx" is the
+# context, its bucket twice that). With WIDE_SPLIT_TOKENS 8192: BS 8 ctx 16K 9.512 / 9.463 vs 9.894 /
+# 9.932 ms, ctx 32K 12.800 / 12.823 vs 12.100 / 12.016 (call 14); BS 4 ctx 32K 6.949 / 6.872 (call 13).
+# With 4096 (calls 1 and 4): BS 8 ctx 16K 10.407 / 10.410 vs 10.003 / 10.038 / 10.155, ctx 32K 12.705
+# / 12.939 vs 12.176 / 12.161 / 12.132; BS 4 ctx 16K 6.377 vs 6.788 / 7.006 / 6.998, ctx 32K 7.740 vs
+# 8.111 / 8.064 / 7.931 and 7.808 / 7.904 vs 7.984 / 8.090; BS 6 ctx 32K 10.281 / 10.282 vs 10.478 /
+# 10.463 (with 8192: 10.357, 4096 10.169 in call 14). BS 5 / 7 and BS 4 / 6 beyond 32K not measured.
+WIDE_PHASED_BELOW_POSITION = 32768
 WIDE_LONG_FROM_BATCH = 8
 WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, where the phased layer is not used
 WIDE_MAX_SPLITS = 3
