@@ -12,6 +12,7 @@ one layer (the critical path); `records` into a flat array (block, word 0, stamp
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import pairwise
@@ -396,6 +397,65 @@ def sm_tasks(recs: torch.Tensor, layer: int, lo_us: float, hi_us: float) -> dict
     return dict(out)
 
 
+def transitions(recs: torch.Tensor) -> list[dict]:
+    """Per (GEMV task's op, the op its block ran just before it), over the tasks with GEMV marks
+    (records as `records` returns them; DRAIN records left out): count and medians in us of the gap
+    (the previous task's end after its signals -> this task's start), pre (end of its dependency wait
+    -> GEMV start: staging) and post (GEMV end -> end after its signals: epilogue, signal); most
+    frequent first. Session 20: an item after one of its own op (code warm) pays about what one after
+    another op does, so a GEMV item's fixed costs are not cold code; an ATTN -> MOE_UP gap is the
+    attention SMs' switch to the MoE queue."""
+    by_block: dict[int, list[tuple[int, str, int, int, int, int]]] = defaultdict(list)
+    for blk, w0, ts, tr, g0, g1, _te, tsg in recs.tolist():
+        op = abi.OPNAMES.get(w0 & 0xFF, "?")
+        if op != "DRAIN":
+            by_block[blk].append((ts, op, tr, g0, g1, tsg))
+    acc: dict[tuple[str, str], list[tuple[float, float, float]]] = defaultdict(list)
+    for rows in by_block.values():
+        rows.sort()
+        for prev, (ts, op, tr, g0, g1, tsg) in pairwise(rows):
+            if g0 and g1:
+                acc[(op, prev[1])].append(((ts - prev[5]) / 1e3, (g0 - tr) / 1e3, (tsg - g1) / 1e3))
+    out = [
+        {
+            "op": op,
+            "after": after,
+            "count": len(v),
+            "gap_us": statistics.median(x[0] for x in v),
+            "pre_us": statistics.median(x[1] for x in v),
+            "post_us": statistics.median(x[2] for x in v),
+        }
+        for (op, after), v in acc.items()
+    ]
+    return sorted(out, key=lambda d: (-d["count"], d["op"], d["after"]))
+
+
+def attention_runs(recs: torch.Tensor, sliding: set[int]) -> dict[str, dict]:
+    """The ATTN items' run (end of the dependency wait -> end of the op) and wait (start -> end of the
+    wait), by layer kind: "full" and "sliding" (layers in `sliding`): count, median, p10 and p90 run,
+    median wait, in us (records as `records` returns them). Session 20: a sliding layer's item at 8K
+    (22 pages, 11 rounds) ran ~32-34 us at BS 8 and its BS 1 item (4 rounds) ~13 us: ~2.5-3 us per
+    round whether or not HBM was saturated, and no memory-side change moved it."""
+    runs: dict[str, list[tuple[float, float]]] = {"full": [], "sliding": []}
+    for _blk, w0, ts, tr, _g0, _g1, te, _tsg in recs.tolist():
+        if abi.OPNAMES.get(w0 & 0xFF) == "ATTN":
+            kind = "sliding" if (w0 >> 8) & 0xFF in sliding else "full"
+            runs[kind].append(((te - tr) / 1e3, (tr - ts) / 1e3))
+    out = {}
+    for kind, v in runs.items():
+        if not v:
+            continue
+        run = sorted(x[0] for x in v)
+        out[kind] = {
+            "count": len(v),
+            "run_median_us": statistics.median(run),
+            "run_p10_us": run[len(run) // 10],
+            "run_p90_us": run[(9 * len(run)) // 10],
+            "wait_median_us": statistics.median(x[1] for x in v),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mkcode.backend.megakernel.timeline timeline_bs8.pt [--layer 25]`: a saved step's
     chain ends, one layer's SM states by bin (sm_states) and the largest gaps, on any machine."""
@@ -413,10 +473,32 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: every EVERY-th block's tasks between FROM_US and TO_US of the layer, as "
         "OP<layer>[start|wait end-end] (sm_tasks)",
     )
+    p.add_argument(
+        "--items",
+        action="store_true",
+        help="instead: the GEMV tasks' fixed costs by the op before them (transitions) and the ATTN "
+        "items' run times by layer kind (the release config's sliding layers)",
+    )
     args = p.parse_args(argv)
     recs = torch.load(args.path)
     if recs.dim() == 3:  # a raw [n_sms, cap, words] timeline
         recs = records(recs)
+    if args.items:
+        from mkcode.backend.model.config import north_mini_code_config
+
+        cfg = north_mini_code_config()
+        print(f"{'op':12s} {'after':14s} {'n':>6s} {'gap':>6s} {'pre':>6s} {'post':>6s}  (median us)")
+        for d in transitions(recs):
+            print(
+                f"{d['op']:12s} {d['after']:14s} {d['count']:6d} {d['gap_us']:6.2f} {d['pre_us']:6.2f} {d['post_us']:6.2f}"
+            )
+        sliding = {i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i)}
+        for kind, a in attention_runs(recs, sliding).items():
+            print(
+                f"ATTN {kind}: {a['count']} items, run median {a['run_median_us']:.1f} us (p10 "
+                f"{a['run_p10_us']:.1f}, p90 {a['run_p90_us']:.1f}), wait median {a['wait_median_us']:.1f} us"
+            )
+        return 0
     if args.sms:
         lo, hi, every = args.sms
         tasks = sm_tasks(recs, args.layer, lo, hi)

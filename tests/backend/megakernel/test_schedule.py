@@ -588,3 +588,39 @@ def test_device_scripts_parse_and_offer_the_ab_stage():
     assert "\n    ab)" in script and "ab_base" in script
     root = here.parents[1]
     assert "/ab_*/" in (root / ".gitignore").read_text().split()  # ab_base/ and ab_tree.sh's other DIRs
+
+
+def test_item_transitions_and_attention_runs(tmp_path, capsys):
+    """timeline.transitions: per (GEMV task, the op its block ran before it) the median gap, staging
+    and epilogue; timeline.attention_runs: ATTN items' run and wait by layer kind; the CLI's --items
+    prints both from a saved step."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 4, "cpu")
+    # block 0: an attention item (layer 1), its drain, then two up items (GEMV marks)
+    tl[0, 0] = torch.tensor([abi.MK_OP_ATTN | (1 << 8), 1000, 3000, 0, 0, 30000, 31000])
+    tl[0, 1] = torch.tensor([abi.MK_OP_DRAIN | (1 << 8), 31500, 32000, 0, 0, 32000, 90000])
+    tl[0, 2] = torch.tensor([abi.MK_OP_MOE_UP | (1 << 8), 37000, 37500, 39500, 60000, 61000, 62000])
+    tl[0, 3] = torch.tensor([abi.MK_OP_MOE_UP | (1 << 8), 64000, 64000, 66000, 80000, 81000, 81500])
+    # block 1: an attention item of layer 0 (full), then a down item without GEMV marks (not counted)
+    tl[1, 0] = torch.tensor([abi.MK_OP_ATTN | (0 << 8), 100, 500, 0, 0, 40500, 41000])
+    tl[1, 1] = torch.tensor([abi.MK_OP_MOE_DOWN | (1 << 8), 42000, 43000, 0, 0, 50000, 51000])
+    recs = timeline.records(tl)
+    tr = timeline.transitions(recs)
+    assert [(d["op"], d["after"], d["count"]) for d in tr] == [("MOE_UP", "ATTN", 1), ("MOE_UP", "MOE_UP", 1)]
+    first, second = tr
+    assert (first["gap_us"], first["pre_us"], first["post_us"]) == (6.0, 2.0, 2.0)  # the drain does not count
+    assert (second["gap_us"], second["pre_us"], second["post_us"]) == (2.0, 2.0, 1.5)
+    runs = timeline.attention_runs(recs, sliding={1})
+    assert runs["sliding"]["count"] == 1 and runs["sliding"]["run_median_us"] == 27.0
+    assert runs["sliding"]["wait_median_us"] == 2.0
+    assert runs["full"]["run_median_us"] == 40.0 and runs["full"]["wait_median_us"] == 0.4
+    assert timeline.attention_runs(recs[:0], sliding={1}) == {}
+    path = tmp_path / "timeline_bs8.pt"
+    torch.save(recs, path)
+    assert timeline.main([str(path), "--items"]) == 0
+    out = capsys.readouterr().out
+    assert "MOE_UP       ATTN" in out and "ATTN full: 1 items, run median 40.0 us" in out
+    assert "ATTN sliding: 1 items" in out  # layer 1 of the release config is a sliding one
