@@ -624,3 +624,25 @@ def test_item_transitions_and_attention_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "MOE_UP       ATTN" in out and "ATTN full: 1 items, run median 40.0 us" in out
     assert "ATTN sliding: 1 items" in out  # layer 1 of the release config is a sliding one
+
+
+def test_paged_case_pages_scattered_or_consecutive():
+    """testing.make_case: pages scattered at random over the pool by default; with scatter=False each
+    (layer, row)'s visible pages are consecutive (gpu_check bench --kv-contiguous); the same pages
+    are mapped either way, each once."""
+    from mkcode.backend.kv.layout import NO_PAGE
+    from mkcode.backend.megakernel.testing import make_case
+
+    cfg = tiny_config()
+    contexts = [700, 130]
+    for scatter in (True, False):
+        t = make_case(cfg, contexts, seed=3, scatter=scatter).batch.block_tables
+        mapped = t[t != NO_PAGE].tolist()
+        assert len(mapped) == len(set(mapped))
+        runs = [
+            [p for p in t[layer, b].tolist() if p != NO_PAGE]
+            for layer in range(cfg.num_hidden_layers)
+            for b in range(len(contexts))
+        ]
+        consecutive = all(all(q == p + 1 for p, q in pairwise(r)) for r in runs)
+        assert consecutive == (not scatter)
