@@ -393,8 +393,9 @@ WIDE_ATTN_WITH_QKV = 0
 # long contexts the phases lose at 8 rows: BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling
 # (at 2K 8.240 vs 8.342; session 19 call 17). So from WIDE_LONG_FROM_BATCH rows and a split bucket
 # position of WIDE_PHASED_BELOW_POSITION (contexts of 32K tokens and more: a context of C tokens plans
-# for the power of two above C) the wide tiling is session 18's: attention drains on the QKV SMs, splits for one
-# wave, the scaled down tiles; below 8 rows the phased layer stays at every context. Measured on the
+# for the power of two above C) the wide tiling is session 18's: attention drains on the QKV SMs,
+# splits for one wave, the scaled down tiles; below 8 rows the phased layer stays at every context.
+# Measured on the
 # H200 (2026-12-01, session 20, gpu_check, phased vs session 18's tiling, same call; "ctx" is the
 # context, its bucket twice that). With WIDE_SPLIT_TOKENS 8192: BS 8 ctx 16K 9.512 / 9.463 vs 9.894 /
 # 9.932 ms, ctx 32K 12.800 / 12.823 vs 12.100 / 12.016 (call 14); BS 4 ctx 32K 6.949 / 6.872 (call 13).

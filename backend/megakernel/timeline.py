@@ -232,21 +232,31 @@ def chain_ends(recs: torch.Tensor) -> list[dict]:
     return out
 
 
+def _op(row: list[int]) -> str:
+    """The opcode name of a record row ([block, word 0, ...], as `records` returns them)."""
+    return abi.OPNAMES.get(row[1] & 0xFF, "?")
+
+
+def _successive_tasks(recs: torch.Tensor) -> Iterator[tuple[list[int], list[int]]]:
+    """(previous, next) record rows of the tasks each block ran one after the other, by start time
+    (DRAIN records left out, their items kept): what gaps and transitions compare."""
+    by_block: dict[int, list[list[int]]] = defaultdict(list)
+    for row in recs.tolist():
+        if _op(row) != "DRAIN":
+            by_block[row[0]].append(row)
+    for rows in by_block.values():
+        rows.sort(key=lambda r: (r[2], r[7]))
+        yield from pairwise(rows)
+
+
 def gaps(recs: torch.Tensor) -> list[dict]:
     """The time a block spends between two tasks it runs (DRAIN records left out, their items kept):
     per (previous opcode, next opcode), the count, total and median / 90th percentile gap in us,
     largest total first. A gap is the next task's start minus the previous one's end (after its
     signals): claims, descriptor builds and the drains' own waits fall there."""
-    by_block: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
-    for row in recs.tolist():
-        op = abi.OPNAMES.get(row[1] & 0xFF, "?")
-        if op != "DRAIN":
-            by_block[row[0]].append((row[2], row[7], op))
     pairs: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for rows in by_block.values():
-        rows.sort()
-        for (_, end, op0), (start, _, op1) in pairwise(rows):
-            pairs[(op0, op1)].append((start - end) / 1e3)
+    for prev, row in _successive_tasks(recs):
+        pairs[(_op(prev), _op(row))].append((row[2] - prev[7]) / 1e3)
     out = []
     for (op0, op1), g in pairs.items():
         g.sort()
@@ -405,17 +415,11 @@ def transitions(recs: torch.Tensor) -> list[dict]:
     frequent first. Session 20: an item after one of its own op (code warm) pays about what one after
     another op does, so a GEMV item's fixed costs are not cold code; an ATTN -> MOE_UP gap is the
     attention SMs' switch to the MoE queue."""
-    by_block: dict[int, list[tuple[int, str, int, int, int, int]]] = defaultdict(list)
-    for blk, w0, ts, tr, g0, g1, _te, tsg in recs.tolist():
-        op = abi.OPNAMES.get(w0 & 0xFF, "?")
-        if op != "DRAIN":
-            by_block[blk].append((ts, op, tr, g0, g1, tsg))
     acc: dict[tuple[str, str], list[tuple[float, float, float]]] = defaultdict(list)
-    for rows in by_block.values():
-        rows.sort()
-        for prev, (ts, op, tr, g0, g1, tsg) in pairwise(rows):
-            if g0 and g1:
-                acc[(op, prev[1])].append(((ts - prev[5]) / 1e3, (g0 - tr) / 1e3, (tsg - g1) / 1e3))
+    for prev, row in _successive_tasks(recs):
+        _blk, _w0, ts, tr, g0, g1, _te, tsg = row
+        if g0 and g1:
+            acc[(_op(row), _op(prev))].append(((ts - prev[7]) / 1e3, (g0 - tr) / 1e3, (tsg - g1) / 1e3))
     out = [
         {
             "op": op,
