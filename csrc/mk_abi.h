@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 12
+#define MK_ABI_VERSION 13
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -196,6 +196,13 @@ enum MkError {
 // slower; every SM's next tile together overflows L2). Measured slower too (session 9: QKV GEMVs
 // -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
+
+// MK_MODE_ATTN_WARP (A/B switch, d = 128): the attention item as 16 independent warp pipelines
+// (attn_warp_t in mk_attn.cuh): each warp owns groups of 16 keys (one per round, round-robin over
+// the split's pages), loads their K into registers and their V into its own shared-memory slot,
+// and computes S^T = K Q^T (K as the A operand: no zero half), its own online softmax and PV with
+// no block barrier in the loop; the warps' states merge once at the end.
+#define MK_MODE_ATTN_WARP 1024
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W

@@ -462,11 +462,269 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
   }
 }
 
+// ---- MK_MODE_ATTN_WARP (d = 128): sixteen independent warp pipelines --------------------------------
+//
+// attn_kreg_t runs its 16 warps in lock-step: three block barriers per round of two pages, the warp
+// pairs exchanging row maxima and P halves, so every round waits for the slowest warp's loads
+// (session 21's phases: ~3 us per round of 64 KB, most of it in the issue phases and barriers).
+// Here each warp owns whole groups of 16 keys (group g = 16 keys of page g / 4; warp w takes
+// groups w, w + NWARPS, ...), i.e. 4 pages per block round, and needs nobody else until the merge:
+// - K of its 16 keys straight into registers (lane (gid, t): keys gid and gid + 8, the 8 dims at
+//   c * 32 + t * 8 of each chunk c: the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, as Q's);
+//   the next group's K is issued right after this group's QK;
+// - V of its 16 keys by its own cp.async into its own slot (16 rows), issued after its PV;
+// - S^T = K Q^T with K as the A operand (16 keys x 16 dims, no zero half), Q^T's B fragments from
+//   shared memory; c0, c1: key gid, heads 2t, 2t + 1; c2, c3: key gid + 8;
+// - the online softmax per head over the warp's keys (row maxima by shuffles over gid), so a lane's
+//   correction factors are those of its own O^T columns (heads 2t, 2t + 1);
+// - P^T into the PV's B fragments by movmatrix.trans (the accumulator layout transposed);
+// - O^T += V^T P^T: A = V^T from ldmatrix.trans (16 dims x 16 keys), 8 m16 tiles of dims (32
+//   accumulators).
+// The warps' (m, l, O) merge in shared memory at the end (64 KB: every warp holds all 128 dims).
+template <int HD>
+struct WarpAttn {
+  static constexpr int KEYS = 16;               // keys per warp group
+  static constexpr int VLD = HD + 8;            // V rows: 4 banks apart, ldmatrix conflict-free
+  static constexpr int SLOT = KEYS * VLD;       // bf16 per warp's V slot
+  static constexpr int V_BYTES = NWARPS * SLOT * 2;
+  static constexpr int Q_BYTES = (HD / 32) * 32 * 16;
+  static constexpr int OS = HD + 4;             // merge rows: 4 banks apart
+  static constexpr int MERGE_BYTES = NWARPS * 8 * OS * 4 + 2 * NWARPS * 8 * 4;
+};
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+
+// The visible keys of group g (16 keys of page g / 4) as a range [lo, hi) of its key indices.
+struct GroupRange {
+  int lo, hi;
+};
+__device__ __forceinline__ GroupRange group_range(const AttnSpan& sp, int g) {
+  const long long kb = (sp.pa + (g >> 2)) * 64 + (g & 3) * 16;
+  const long long lo = sp.a - kb, hi = sp.e - kb;
+  return {(int)(lo < 0 ? 0 : lo > 16 ? 16 : lo), (int)(hi < 0 ? 0 : hi > 16 ? 16 : hi)};
+}
+
+// Issue group g's V rows into `slot` by this warp's 32 lanes (lane: keys lane / 16 + 2m, 16-byte
+// chunk lane % 16): 8 copies per lane, keys outside the visible range zero-filled; `skip`: a key
+// index not to copy (the current token's, before the wait: this step's QKV has not written it
+// yet), or -1. No commit.
+template <int HD>
+__device__ __forceinline__ void warp_issue_v(const View& V, int kvh, int g, int phys, GroupRange r, int skip,
+                                             bf16* slot) {
+  using W = WarpAttn<HD>;
+  static_assert(HD / 8 == 16, "a lane copies 16-byte chunk lane % 16 of every other row");
+  const int lane = threadIdx.x % 32, k0 = lane >> 4, ch = lane & 15;
+  const bf16* src = V.kv(phys, 1, kvh, (g & 3) * 16 + k0) + ch * 8;
+  bf16* dst = slot + k0 * W::VLD + ch * 8;
+#pragma unroll
+  for (int m = 0; m < W::KEYS / 2; ++m) {
+    const int key = k0 + 2 * m;
+    if (key == skip) continue;
+    cp_async16(dst + 2 * m * W::VLD, src + 2 * m * HD, key >= r.lo && key < r.hi);
+  }
+}
+
+template <int HD>
+__device__ __noinline__ void warp_prologue_t(const Params& p, const int* d, Smem& s) {
+  View V(p);
+  const AttnSpan sp = attn_span(p, V, d);
+  if (sp.np == 0) return;
+  const int warp = threadIdx.x / 32, l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
+  bf16* slot = reinterpret_cast<bf16*>(s.raw) + (size_t)warp * WarpAttn<HD>::SLOT;
+  if (warp < 4 * sp.np) {
+    const int g = warp;
+    const long long kb = (sp.pa + (g >> 2)) * 64 + (g & 3) * 16;
+    const int skip = sp.pos >= kb && sp.pos < kb + 16 ? (int)(sp.pos - kb) : -1;
+    warp_issue_v<HD>(V, kvh, g, V.page(l, b, (int)((sp.pa + (g >> 2)) * 64)), group_range(sp, g), skip, slot);
+  }
+  cp_async_commit();
+}
+
+template <int HD>
+__device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s) {
+  using W = WarpAttn<HD>;
+  constexpr int NC = HD / 32;
+  constexpr int CH = HD / 8;
+  constexpr int NTM = HD / 16;  // m16 tiles of dims
+  static_assert(W::V_BYTES + W::Q_BYTES <= AttnShape<HD>::SMEM, "V slots and Q must fit");
+  static_assert(W::MERGE_BYTES <= AttnShape<HD>::SMEM, "the merge scratch must fit");
+  View V(p);
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
+  const int G = p.num_heads / p.num_kv_heads;
+  const AttnSpan sp = attn_span(p, V, d);
+  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * HD;
+  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  if (sp.np == 0) {
+    for (int i = threadIdx.x; i < G * HD; i += NT) o_base[((size_t)(i / HD) * p.max_splits + split) * HD + i % HD] = 0.f;
+    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
+    return;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int ng = 4 * sp.np;  // groups of 16 keys
+  bf16* slot = reinterpret_cast<bf16*>(s.raw) + (size_t)warp * W::SLOT;
+  const uint4* qs = reinterpret_cast<const uint4*>(s.raw + W::V_BYTES);  // [NC][32 lanes]
+  auto page_of = [&](int g) { return g < ng ? V.page(l, b, (int)((sp.pa + (g >> 2)) * 64)) : 0; };
+  // K of group g (keys gid and gid + 8 of it), predicated per key on the visible range
+  uint4 k0[NC], k1[NC];
+  auto issue_k = [&](int g, int phys) {
+    const GroupRange r = group_range(sp, g);
+    const bool ok0 = g < ng && gid >= r.lo && gid < r.hi, ok1 = g < ng && gid + 8 >= r.lo && gid + 8 < r.hi;
+    const bf16* K0 = V.kv(phys, 0, kvh, (g & 3) * 16 + gid) + t * 8;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      k0[c] = ld_cg16_if(K0 + c * 32, ok0);
+      k1[c] = ld_cg16_if(K0 + 8 * HD + c * 32, ok1);
+    }
+  };
+  int g = warp;
+  int phys = page_of(g);
+  issue_k(g, phys);
+  int phys_next = page_of(g + NWARPS);  // one round ahead: the next K issue needs no dependent load
+  // the current token's V row (written by this step's QKV) into its owner's slot, if the prologue
+  // skipped it (only groups of the first round were issued before the wait)
+  if (sp.pos >= sp.a && sp.pos < sp.e) {
+    const int gc = (int)((sp.pos / 64 - sp.pa) * 4 + (sp.pos % 64) / 16);
+    if (gc == warp && lane < CH) {
+      const uint4 v = ld_cg16(V.kv(phys, 1, kvh, (int)(sp.pos % 64)) + lane * 8);
+      *reinterpret_cast<uint4*>(slot + (int)(sp.pos % 16) * W::VLD + lane * 8) = v;
+    }
+  }
+  // Q^T's B fragments (head gid, pre-scaled into log2 units; heads >= G zero), by warp 0
+  if (warp == 0) {
+    const float scale = p.attn_scale * 1.4426950408889634f;
+    const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
+    uint4* qw = reinterpret_cast<uint4*>(s.raw + W::V_BYTES);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (gid < G) {
+        x0 = ld_cg4(qsrc + c * 32);
+        x1 = ld_cg4(qsrc + c * 32 + 4);
+      }
+      qw[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
+                                     pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
+    }
+  }
+  __syncthreads();  // Q is in shared memory (the only block barrier before the merge)
+  float o[NTM][4];
+#pragma unroll
+  for (int n = 0; n < NTM; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2t, 2t + 1; l: this lane's keys
+  const bf16* vrow = slot + ((lane & 7) + ((lane >> 4) & 1) * 8) * W::VLD + ((lane >> 3) & 1) * 8;
+#pragma unroll 1
+  for (; g < ng; g += NWARPS) {
+    const GroupRange gr = group_range(sp, g);
+    const bool any = gr.lo < gr.hi;  // warp-uniform: a visible key in the group
+    // 1. S^T = K Q^T (waits for this group's K)
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const uint4 qb = qs[c * 32 + lane];
+      mma16816(sc, k0[c].x, k1[c].x, k0[c].y, k1[c].y, qb.x, qb.y);
+      mma16816(sc, k0[c].z, k1[c].z, k0[c].w, k1[c].w, qb.z, qb.w);
+    }
+    // 2. the next group's K (its page id was loaded a round ago), and the page id after it
+    const int gn = g + NWARPS, phys_n = phys_next;
+    issue_k(gn, phys_n);
+    phys_next = page_of(gn + NWARPS);
+    // 3. online softmax of heads 2t, 2t + 1 over the group's keys
+    if (any) {
+      if (gid < gr.lo || gid >= gr.hi) sc[0] = sc[1] = -INFINITY;  // also drops unwritten slots' garbage
+      if (gid + 8 < gr.lo || gid + 8 >= gr.hi) sc[2] = sc[3] = -INFINITY;
+      float x0 = fmaxf(sc[0], sc[2]), x1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+      for (int sh = 4; sh < 32; sh <<= 1) {
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, sh));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, sh));
+      }
+      const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);  // finite: the group has a visible key
+      const float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+      const float p00 = exp2f(sc[0] - n0), p01 = exp2f(sc[1] - n1);
+      const float p10 = exp2f(sc[2] - n0), p11 = exp2f(sc[3] - n1);
+      l0 = l0 * c0 + (p00 + p10);
+      l1 = l1 * c1 + (p01 + p11);
+      m0 = n0;
+      m1 = n1;
+#pragma unroll
+      for (int n = 0; n < NTM; ++n) {
+        o[n][0] *= c0;
+        o[n][1] *= c1;
+        o[n][2] *= c0;
+        o[n][3] *= c1;
+      }
+      // P^T's B fragments: (key gid, heads 2t..) transposed to (head gid, keys 2t..)
+      const uint32_t b0 = movmatrix_trans(pack_bf16(p00, p01)), b1 = movmatrix_trans(pack_bf16(p10, p11));
+      // 4. O^T += V^T P^T once this group's V has landed
+      cp_async_wait_all();
+      __syncwarp();
+#pragma unroll
+      for (int n = 0; n < NTM; ++n) {
+        uint32_t a0, a1, a2, a3;
+        ldsm_x4_trans(a0, a1, a2, a3, vrow + n * 16);
+        mma16816(o[n], a0, a1, a2, a3, b0, b1);
+      }
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();  // every lane's ldmatrix of the slot is done before it is overwritten
+    // 5. the next group's V into the slot
+    if (gn < ng) warp_issue_v<HD>(V, kvh, gn, phys_n, group_range(sp, gn), -1, slot);
+    cp_async_commit();
+  }
+  cp_async_wait_all();
+#pragma unroll
+  for (int sh = 4; sh < 32; sh <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
+  }
+  __syncthreads();  // every warp is done with its V slot: the slots become the merge scratch
+  float* Ms = reinterpret_cast<float*>(s.raw);
+  float* Ls = Ms + NWARPS * 8;
+  float* Os = Ls + NWARPS * 8;  // [NWARPS][8 heads][OS]
+  if (gid == 0) {
+    Ms[warp * 8 + 2 * t] = m0;
+    Ms[warp * 8 + 2 * t + 1] = m1;
+    Ls[warp * 8 + 2 * t] = l0;
+    Ls[warp * 8 + 2 * t + 1] = l1;
+  }
+#pragma unroll
+  for (int n = 0; n < NTM; ++n) {
+    float* h0 = Os + (warp * 8 + 2 * t) * W::OS + n * 16 + gid;  // head 2t; head 2t + 1 one row on
+    h0[0] = o[n][0];
+    h0[W::OS] = o[n][1];
+    h0[8] = o[n][2];
+    h0[W::OS + 8] = o[n][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * HD; i += NT) {
+    const int hq = i / HD, dim = i % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) M = fmaxf(M, Ms[w * 8 + hq]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int w = 0; w < NWARPS; ++w) {
+      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a warp that saw no key
+      den += Ls[w * 8 + hq] * f;
+      num += Os[(w * 8 + hq) * W::OS + dim] * f;
+    }
+    o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
+    if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
+  }
+}
+
 // Before the dependency wait of an ATTN item: start its first pages (fast path only).
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
   if (!attn_fast(p)) return;
   if (attn_kreg(p)) {
-    kreg_prologue_t<128>(p, d, s);
+    if (p.prefetch_mode & MK_MODE_ATTN_WARP)
+      warp_prologue_t<128>(p, d, s);
+    else
+      kreg_prologue_t<128>(p, d, s);
     return;
   }
   switch (p.head_dim) {
@@ -600,7 +858,10 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
 // The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
   if (attn_kreg(p)) {
-    attn_kreg_t<128>(p, d, s);
+    if (p.prefetch_mode & MK_MODE_ATTN_WARP)
+      attn_warp_t<128>(p, d, s);
+    else
+      attn_kreg_t<128>(p, d, s);
     return;
   }
   switch (p.head_dim) {

@@ -259,6 +259,18 @@ def test_attn_op_with_k_through_shared_memory(small, B):
         be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
 
 
+@pytest.mark.parametrize("B", [1, 5, 8])
+def test_attn_op_with_warp_pipelines(small, B):
+    """MK_MODE_ATTN_WARP (16 independent warp pipelines of 16-key groups, K as the QK's A operand):
+    the ATTN op against its reference, as above."""
+    _, be = small
+    be.prefetch_mode = abi.MK_MODE_ATTN_WARP
+    try:
+        test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
+
+
 # ---- whole steps ---------------------------------------------------------------------------------
 
 
@@ -306,6 +318,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
         (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
+        (1, abi.MK_MODE_ATTN_WARP),  # the attention as 16 independent warp pipelines
     ],
     ids=[
         "mma",
@@ -317,6 +330,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         "mma-smemk",
         "mma-tokenrows",
         "mma-head",
+        "mma-warpattn",
     ],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
