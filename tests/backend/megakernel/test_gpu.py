@@ -149,9 +149,9 @@ def test_op_matches_semantics(small, op, B):
     _op_check(CFG, w, be, op, B)
 
 
-def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
-    """Run `op`'s descriptors on random workspace inputs (outputs poisoned) and compare with
-    OpSemantics; `prepare(ws)` may edit the inputs first."""
+def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
+    """Run `op`'s descriptors (default: _op_descs') on random workspace inputs (outputs poisoned) and
+    compare with OpSemantics; `prepare(ws)` may edit the inputs first."""
     seed = op * 10 + B
     case = make_case(cfg, [40 + 97 * b for b in range(B)], device="cuda", dtype=torch.bfloat16, seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -165,7 +165,7 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None) -> None:
         prepare(ws)
     for name in OUTPUTS[op]:
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
-    descs = [standalone_desc(d) for d in _op_descs(op, B, seed)]
+    descs = [standalone_desc(d) for d in (descs if descs is not None else _op_descs(op, B, seed))]
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
     # ref_bufs' copy is the reference workspace's: it changes (only the fused item's check needs it)
     acc_before = ws["moe_acc"].clone() if op == abi.MK_OP_MOE_FUSED else None
@@ -263,10 +263,15 @@ def test_attn_op_with_k_through_shared_memory(small, B):
 def test_attn_op_with_warp_pipelines(small, B):
     """MK_MODE_ATTN_WARP (16 independent warp pipelines of 16-key groups, K as the QK's A operand):
     the ATTN op against its reference, as above."""
-    _, be = small
+    w, be = small
     be.prefetch_mode = abi.MK_MODE_ATTN_WARP
     try:
         test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
+        # one split per (row, kv head): items of up to 12 pages, several rounds of 4 pages
+        descs = [
+            make_desc(abi.MK_OP_ATTN, ly, (b, h, 0, 1)) for ly in (0, 1) for b in range(B) for h in range(2)
+        ]
+        _op_check(CFG, w, be, abi.MK_OP_ATTN, B, descs=descs)
     finally:
         be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
 
