@@ -544,12 +544,23 @@ __device__ __noinline__ void warp_prologue_t(const Params& p, const int* d, Smem
   cp_async_commit();
 }
 
+// 16 bytes from L2 into r when `pred` holds, else r unchanged (no zeroing: masked keys' garbage is
+// dropped by the softmax mask); volatile: issued where written, not sunk to the first use.
+__device__ __forceinline__ void ld_cg16_keep(uint4& r, const void* p, bool pred) {
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
+      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
+      : "l"(p), "r"((int)pred)
+      : "memory");
+}
+
 template <int HD>
 __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s) {
   using W = WarpAttn<HD>;
   constexpr int NC = HD / 32;
   constexpr int CH = HD / 8;
   constexpr int NTM = HD / 16;  // m16 tiles of dims
+  static_assert(CH == 16, "a V row is 16 chunks: lane copies chunk lane % 16 of every other row");
   static_assert(W::V_BYTES + W::Q_BYTES <= AttnShape<HD>::SMEM, "V slots and Q must fit");
   static_assert(W::MERGE_BYTES <= AttnShape<HD>::SMEM, "the merge scratch must fit");
   View V(p);
@@ -564,40 +575,48 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     return;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const int ng = 4 * sp.np;  // groups of 16 keys
-  bf16* slot = reinterpret_cast<bf16*>(s.raw) + (size_t)warp * W::SLOT;
-  const uint4* qs = reinterpret_cast<const uint4*>(s.raw + W::V_BYTES);  // [NC][32 lanes]
-  auto page_of = [&](int g) { return g < ng ? V.page(l, b, (int)((sp.pa + (g >> 2)) * 64)) : 0; };
-  // K of group g (keys gid and gid + 8 of it), predicated per key on the visible range
+  // Group g = 4 j + (warp & 3) of page j: this warp's pages are j = warp / 4 + 4 r, always its keys
+  // ko .. ko + 15 of them. Addresses as a page base plus per-lane element offsets; the visible range
+  // in keys relative to page 0's key ko (minus 64 j for page j): 32-bit math in the loop.
+  const int ko = (warp & 3) * 16, nj = sp.np;
+  const bf16* pool = (const bf16*)p.kv_pool;
+  const size_t page_elems = (size_t)2 * p.num_kv_heads * 64 * HD;
+  const int offK = (kvh * 64 + ko + gid) * HD + t * 8;  // key gid; key gid + 8 is 8 rows on
+  const int offV = ((p.num_kv_heads + kvh) * 64 + ko + (lane >> 4)) * HD + (lane & 15) * 8;
+  const int* bt = (const int*)p.block_tables + ((size_t)l * p.batch + b) * p.max_pages + sp.pa;
+  const int a_rel = (int)(sp.a - sp.pa * 64) - ko, e_rel = (int)(sp.e - sp.pa * 64) - ko;
+  bf16* slot = shared(reinterpret_cast<bf16*>(s.raw)) + warp * W::SLOT;
+  bf16* vdst = slot + (lane >> 4) * W::VLD + (lane & 15) * 8;
+  const uint4* qs = shared(reinterpret_cast<const uint4*>(s.raw + W::V_BYTES));  // [NC][32 lanes]
   uint4 k0[NC], k1[NC];
-  auto issue_k = [&](int g, int phys) {
-    const GroupRange r = group_range(sp, g);
-    const bool ok0 = g < ng && gid >= r.lo && gid < r.hi, ok1 = g < ng && gid + 8 >= r.lo && gid + 8 < r.hi;
-    const bf16* K0 = V.kv(phys, 0, kvh, (g & 3) * 16 + gid) + t * 8;
+  auto issue_k = [&](int phys, bool pred) {
+    const bf16* K0 = pool + (size_t)phys * page_elems + offK;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      k0[c] = ld_cg16_if(K0 + c * 32, ok0);
-      k1[c] = ld_cg16_if(K0 + 8 * HD + c * 32, ok1);
+      ld_cg16_keep(k0[c], K0 + c * 32, pred);
+      ld_cg16_keep(k1[c], K0 + 8 * HD + c * 32, pred);
     }
   };
-  int g = warp;
-  int phys = page_of(g);
-  issue_k(g, phys);
-  int phys_next = page_of(g + NWARPS);  // one round ahead: the next K issue needs no dependent load
+  int j = warp >> 2;
+  const int phys0 = j < nj ? bt[j] : 0;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) k0[c] = k1[c] = make_uint4(0u, 0u, 0u, 0u);
+  issue_k(phys0, j < nj);
+  int phys_n = j + 4 < nj ? bt[j + 4] : 0;  // one round ahead: the next K issue needs no dependent load
   // the current token's V row (written by this step's QKV) into its owner's slot, if the prologue
-  // skipped it (only groups of the first round were issued before the wait)
+  // skipped it (only the first round's groups were issued before the wait)
   if (sp.pos >= sp.a && sp.pos < sp.e) {
-    const int gc = (int)((sp.pos / 64 - sp.pa) * 4 + (sp.pos % 64) / 16);
-    if (gc == warp && lane < CH) {
-      const uint4 v = ld_cg16(V.kv(phys, 1, kvh, (int)(sp.pos % 64)) + lane * 8);
-      *reinterpret_cast<uint4*>(slot + (int)(sp.pos % 16) * W::VLD + lane * 8) = v;
+    const int rel = (int)(sp.pos - sp.pa * 64);
+    if (rel / 64 == (warp >> 2) && (rel % 64) / 16 == (warp & 3) && lane < CH) {
+      const uint4 v = ld_cg16(pool + (size_t)phys0 * page_elems + ((p.num_kv_heads + kvh) * 64 + rel % 64) * HD + lane * 8);
+      *reinterpret_cast<uint4*>(slot + (rel % 16) * W::VLD + lane * 8) = v;
     }
   }
   // Q^T's B fragments (head gid, pre-scaled into log2 units; heads >= G zero), by warp 0
   if (warp == 0) {
     const float scale = p.attn_scale * 1.4426950408889634f;
     const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
-    uint4* qw = reinterpret_cast<uint4*>(s.raw + W::V_BYTES);
+    uint4* qw = shared(reinterpret_cast<uint4*>(s.raw + W::V_BYTES));
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
@@ -616,9 +635,8 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2t, 2t + 1; l: this lane's keys
   const bf16* vrow = slot + ((lane & 7) + ((lane >> 4) & 1) * 8) * W::VLD + ((lane >> 3) & 1) * 8;
 #pragma unroll 1
-  for (; g < ng; g += NWARPS) {
-    const GroupRange gr = group_range(sp, g);
-    const bool any = gr.lo < gr.hi;  // warp-uniform: a visible key in the group
+  for (; j < nj; j += 4) {
+    const int lo = a_rel - 64 * j, hi = e_rel - 64 * j;  // the group's visible keys: [lo, hi) of 0..15
     // 1. S^T = K Q^T (waits for this group's K)
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -628,13 +646,13 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
       mma16816(sc, k0[c].z, k1[c].z, k0[c].w, k1[c].w, qb.z, qb.w);
     }
     // 2. the next group's K (its page id was loaded a round ago), and the page id after it
-    const int gn = g + NWARPS, phys_n = phys_next;
-    issue_k(gn, phys_n);
-    phys_next = page_of(gn + NWARPS);
+    const int jn = j + 4, phys_c = phys_n;
+    issue_k(phys_c, jn < nj);
+    phys_n = jn + 4 < nj ? bt[jn + 4] : 0;
     // 3. online softmax of heads 2t, 2t + 1 over the group's keys
-    if (any) {
-      if (gid < gr.lo || gid >= gr.hi) sc[0] = sc[1] = -INFINITY;  // also drops unwritten slots' garbage
-      if (gid + 8 < gr.lo || gid + 8 >= gr.hi) sc[2] = sc[3] = -INFINITY;
+    if (lo < 16 && hi > 0) {  // warp-uniform: a visible key in the group
+      if (gid < lo || gid >= hi) sc[0] = sc[1] = -INFINITY;  // also drops unwritten slots' garbage
+      if (gid + 8 < lo || gid + 8 >= hi) sc[2] = sc[3] = -INFINITY;
       float x0 = fmaxf(sc[0], sc[2]), x1 = fmaxf(sc[1], sc[3]);
 #pragma unroll
       for (int sh = 4; sh < 32; sh <<= 1) {
@@ -647,15 +665,17 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
       const float p10 = exp2f(sc[2] - n0), p11 = exp2f(sc[3] - n1);
       l0 = l0 * c0 + (p00 + p10);
       l1 = l1 * c1 + (p01 + p11);
+      if (__any_sync(0xffffffffu, n0 != m0 || n1 != m1)) {  // a new maximum: rescale O^T
+#pragma unroll
+        for (int n = 0; n < NTM; ++n) {
+          o[n][0] *= c0;
+          o[n][1] *= c1;
+          o[n][2] *= c0;
+          o[n][3] *= c1;
+        }
+      }
       m0 = n0;
       m1 = n1;
-#pragma unroll
-      for (int n = 0; n < NTM; ++n) {
-        o[n][0] *= c0;
-        o[n][1] *= c1;
-        o[n][2] *= c0;
-        o[n][3] *= c1;
-      }
       // P^T's B fragments: (key gid, heads 2t..) transposed to (head gid, keys 2t..)
       const uint32_t b0 = movmatrix_trans(pack_bf16(p00, p01)), b1 = movmatrix_trans(pack_bf16(p10, p11));
       // 4. O^T += V^T P^T once this group's V has landed
@@ -671,8 +691,16 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
       cp_async_wait_all();
     }
     __syncwarp();  // every lane's ldmatrix of the slot is done before it is overwritten
-    // 5. the next group's V into the slot
-    if (gn < ng) warp_issue_v<HD>(V, kvh, gn, phys_n, group_range(sp, gn), -1, slot);
+    // 5. the next group's V into the slot (keys outside its visible range zero-filled)
+    if (jn < nj) {
+      const bf16* src = pool + (size_t)phys_c * page_elems + offV;
+      const int lo_n = lo - 256, hi_n = hi - 256;
+#pragma unroll
+      for (int m = 0; m < W::KEYS / 2; ++m) {
+        const int key = (lane >> 4) + 2 * m;
+        cp_async16(vdst + 2 * m * W::VLD, src + 2 * m * HD, key >= lo_n && key < hi_n);
+      }
+    }
     cp_async_commit();
   }
   cp_async_wait_all();
@@ -682,7 +710,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
   }
   __syncthreads();  // every warp is done with its V slot: the slots become the merge scratch
-  float* Ms = reinterpret_cast<float*>(s.raw);
+  float* Ms = shared(reinterpret_cast<float*>(s.raw));
   float* Ls = Ms + NWARPS * 8;
   float* Os = Ls + NWARPS * 8;  // [NWARPS][8 heads][OS]
   if (gid == 0) {
