@@ -197,12 +197,12 @@ enum MkError {
 // -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
 
-// MK_MODE_ATTN_WARP (A/B switch, d = 128): the attention item as 16 independent warp pipelines
-// (attn_warp_t in mk_attn.cuh): each warp owns groups of 16 keys (one per round, round-robin over
-// the split's pages), loads their K into registers and their V into its own shared-memory slot,
-// and computes S^T = K Q^T (K as the A operand: no zero half), its own online softmax and PV with
-// no block barrier in the loop; the warps' states merge once at the end.
-#define MK_MODE_ATTN_WARP 1024
+// MK_MODE_ATTN_PAIRS (A/B switch, d = 128): the attention item of sessions 12-20 (attn_kreg_t: warp
+// pairs in lock-step, rounds of two pages, three block barriers per round). By default the item runs
+// as 16 independent warp pipelines (attn_warp_t, mk_attn.cuh: 16-key groups, K as the QK's A
+// operand, no block barrier in the loop; measured 2026-12-01, gpu_check, same call: BS 8 8.822 /
+// 8.724 vs 9.003 / 8.983 ms, BS 4 6.064 / 5.929 vs 6.147 / 6.173, sliding-layer items 22.9 vs ~33 us).
+#define MK_MODE_ATTN_PAIRS 1024
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W

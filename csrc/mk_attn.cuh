@@ -185,7 +185,8 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
     attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
 }
 
-// ---- the d = 128 default (MK_MODE_ATTN_SMEM_K off): K straight into registers, V through shared memory --
+// ---- MK_MODE_ATTN_PAIRS (d = 128, the default of sessions 12-20): K straight into registers, V through
+// shared memory, warp pairs in lock-step ---------------------------------------------------------------
 //
 // The one-round ring above keeps 64 KB of K/V in flight and then computes: ~4.5 us per round of two
 // pages at BS 8 (items of 36 us, ~14 GB/s per SM against ~35 for the GEMVs). Here each warp loads
@@ -462,7 +463,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
   }
 }
 
-// ---- MK_MODE_ATTN_WARP (d = 128): sixteen independent warp pipelines --------------------------------
+// ---- the d = 128 default: sixteen independent warp pipelines --------------------------------
 //
 // attn_kreg_t runs its 16 warps in lock-step: three block barriers per round of two pages, the warp
 // pairs exchanging row maxima and P halves, so every round waits for the slowest warp's loads
@@ -749,10 +750,10 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
   if (!attn_fast(p)) return;
   if (attn_kreg(p)) {
-    if (p.prefetch_mode & MK_MODE_ATTN_WARP)
-      warp_prologue_t<128>(p, d, s);
-    else
+    if (p.prefetch_mode & MK_MODE_ATTN_PAIRS)
       kreg_prologue_t<128>(p, d, s);
+    else
+      warp_prologue_t<128>(p, d, s);
     return;
   }
   switch (p.head_dim) {
@@ -886,10 +887,10 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
 // The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
   if (attn_kreg(p)) {
-    if (p.prefetch_mode & MK_MODE_ATTN_WARP)
-      attn_warp_t<128>(p, d, s);
-    else
+    if (p.prefetch_mode & MK_MODE_ATTN_PAIRS)
       attn_kreg_t<128>(p, d, s);
+    else
+      attn_warp_t<128>(p, d, s);
     return;
   }
   switch (p.head_dim) {

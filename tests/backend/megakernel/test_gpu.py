@@ -260,14 +260,30 @@ def test_attn_op_with_k_through_shared_memory(small, B):
 
 
 @pytest.mark.parametrize("B", [1, 5, 8])
-def test_attn_op_with_warp_pipelines(small, B):
-    """MK_MODE_ATTN_WARP (16 independent warp pipelines of 16-key groups, K as the QK's A operand):
-    the ATTN op against its reference, as above."""
-    w, be = small
-    be.prefetch_mode = abi.MK_MODE_ATTN_WARP
+def test_attn_op_with_warp_pairs(small, B):
+    """MK_MODE_ATTN_PAIRS (the lock-step warp pairs of sessions 12-20): the ATTN op against its
+    reference, as above (the default d = 128 path, 16 independent warp pipelines, is what
+    test_op_matches_semantics runs)."""
+    _, be = small
+    be.prefetch_mode = abi.MK_MODE_ATTN_PAIRS
     try:
         test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
-        # one split per (row, kv head): items of up to 12 pages, several rounds of 4 pages
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [abi.MK_PREFETCH_DEFAULT, abi.MK_MODE_ATTN_PAIRS, abi.MK_MODE_ATTN_SMEM_K],
+    ids=["warps", "pairs", "smemk"],
+)
+@pytest.mark.parametrize("B", [1, 5, 8])
+def test_attn_op_one_split(small, B, mode):
+    """One split per (row, kv head): items of up to 12 pages, so every warp pipeline runs several
+    rounds of four pages (the three-split descriptors above give one round)."""
+    w, be = small
+    be.prefetch_mode = mode
+    try:
         descs = [
             make_desc(abi.MK_OP_ATTN, ly, (b, h, 0, 1)) for ly in (0, 1) for b in range(B) for h in range(2)
         ]
@@ -323,7 +339,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
         (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
-        (1, abi.MK_MODE_ATTN_WARP),  # the attention as 16 independent warp pipelines
+        (1, abi.MK_MODE_ATTN_PAIRS),  # the attention as lock-step warp pairs (sessions 12-20)
     ],
     ids=[
         "mma",
@@ -335,7 +351,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         "mma-smemk",
         "mma-tokenrows",
         "mma-head",
-        "mma-warpattn",
+        "mma-pairs",
     ],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
