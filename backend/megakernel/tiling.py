@@ -403,7 +403,12 @@ WIDE_ATTN_WITH_QKV = 0
 # / 12.939 vs 12.176 / 12.161 / 12.132; BS 4 ctx 16K 6.377 vs 6.788 / 7.006 / 6.998, ctx 32K 7.740 vs
 # 8.111 / 8.064 / 7.931 and 7.808 / 7.904 vs 7.984 / 8.090; BS 6 ctx 32K 10.281 / 10.282 vs 10.478 /
 # 10.463 (with 8192: 10.357, 4096 10.169 in call 14). BS 5 / 7 and BS 4 / 6 beyond 32K not measured.
-WIDE_PHASED_BELOW_POSITION = 32768
+# Session 21 (the attention as 16 independent warp pipelines, ~1.4x the items' rate): the phased layer
+# wins at 32K too, BS 8 ctx 32K 10.366 vs 10.576 ms with session 18's tiling, ctx 16K 9.207 vs 9.468
+# (gpu_check, same call, 2026-12-01, call 5), so the threshold moved from 32768 to 65536: the phased
+# layer up to contexts of 32K tokens (a 32K context plans for a 64K bucket); longer contexts keep
+# session 18's tiling, not measured since the new attention.
+WIDE_PHASED_BELOW_POSITION = 65536
 WIDE_LONG_FROM_BATCH = 8
 WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, where the phased layer is not used
 WIDE_MAX_SPLITS = 3
