@@ -618,6 +618,12 @@ def test_item_transitions_and_attention_runs(tmp_path, capsys):
     assert runs["sliding"]["wait_median_us"] == 2.0
     assert runs["full"]["run_median_us"] == 40.0 and runs["full"]["wait_median_us"] == 0.4
     assert timeline.attention_runs(recs[:0], sliding={1}) == {}
+    # block 0's switch: ATTN end 30 -> signal 31 -> drain 31.5 -> ready 32 -> up 37 -> ready 37.5 -> GEMV 39.5
+    sw = timeline.switch_segments(recs)
+    assert sw["count"]["n"] == 1
+    got = [sw[k]["median_us"] for k in (*timeline.SWITCH_SEGMENTS, "total")]
+    assert got == [1.0, 0.5, 0.5, 5.0, 0.5, 2.0, 9.5]
+    assert timeline.switch_segments(recs[recs[:, 0] == 1]) == {}  # block 1: no MOE_UP after its item
     path = tmp_path / "timeline_bs8.pt"
     torch.save(recs, path)
     assert timeline.main([str(path), "--items"]) == 0
