@@ -20,7 +20,9 @@ from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 # The megakernel takes the steps of fewer rows than this when `auto` finds both backends. Measured
 # on the H200 at 8K (2026-11-30, session 14, one `mkcode bench decode` run, docs/PERF.md): megakernel
 # vs graph BS 1 3.063 vs 3.219 ms, BS 2 4.191 vs 3.948, BS 3 5.692 vs 5.090, BS 4 7.135 vs 5.702,
-# BS 8 9.788 vs 8.179: the megakernel only at BS 1.
+# BS 8 9.788 vs 8.179: the megakernel only at BS 1. Still so after session 21's attention (2026-12-01,
+# `mkcode bench decode --batch 2,3`, docs/perf/session21-decode-bs23-*.json): BS 2 4.041 vs 3.972 ms
+# at 8K, 4.539 vs 4.300 at 32K; BS 3 5.252 vs 5.107, 5.734 vs 5.665 (BS 4 / 8: docs/PERF.md).
 MEGAKERNEL_BELOW_ROWS = 2
 # ... and only once the longest row's position reaches this. Measured on the H200 at BS 1
 # (2026-11-30, session 16, `mkcode bench decode --batch 1 --ctx ...`, docs/PERF.md): graph vs
