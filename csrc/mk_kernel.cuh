@@ -264,7 +264,8 @@ __device__ __noinline__ void qkv_prologue(const Params& p, const int* d) {
 
 // The QKV tile's epilogue (its facts from qkv_prologue): RoPE on Q and K, Q to q(l), K / V rows into
 // the KV cache at each row's position.
-__device__ void op_qkv(const Params& p, const int* d, Smem& s) {
+// dry: a warm-up run (no global write; see MK_MODE_NO_WARM).
+__device__ void op_qkv(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
   const int qw = V.QW(), kvw = V.KVW(), hd = p.head_dim;
@@ -295,6 +296,7 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s) {
       v0 = a;
       v1 = c;
     }
+    if (dry) continue;
     if (kind == 0) {
       float* q = V.q(l) + (size_t)b * qw + col;
       q[0] = v0;
@@ -1437,13 +1439,18 @@ __device__ void prefetch_weights(const Params& p, const int* d) {
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
   return !(p.prefetch_mode & MK_MODE_NO_WARM) && d[MK_F_ID] >= 0 &&
-         (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE);
+         (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
 }
 
 __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
   switch (d[MK_F_OP]) {
     case MK_OP_ADD_NORM: op_add_norm(p, d, s, true); break;
     case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, true); break;
+    // a QKV tile warms its epilogue (RoPE, the Q / K / V writes): run once per layer on its SM after
+    // a GEMV, it took 1-2.2 us there, groups of SMs ending it at the same instant (session 21: BS 4
+    // 5.874 / 5.872 vs 6.063 / 5.973 ms, BS 8 8.700 / 8.682 vs 8.794 / 8.660, BS 1 3.111 / 3.102 vs
+    // 3.172 / 3.085, gpu_check, same call; with a one-page attention item warmed too: +1-3 %)
+    case MK_OP_QKV: op_qkv(p, d, s, true); break;
     default: op_attn_combine(p, d, s, true); break;
   }
 }
@@ -1563,7 +1570,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_embed(q, d, s);
       break;
     case MK_OP_QKV:
-      op_qkv(p, d, s);
+      op_qkv(p, d, s, false);
       break;
     case MK_OP_ATTN:
       if (attn_fast(p))
