@@ -2,7 +2,11 @@
 // Included by mk_kernel.cuh after View and Smem. Semantics: emulator_ops (ATTN): the split's
 // normalised output o_part and its log-sum-exp lse_part, combined later by ATTN_COMBINE.
 //
-// Data flow: the item's K/V pages stream through a ring of ATTN_STAGES shared-memory page slots by
+// Three implementations: at d = 128 by default attn_warp_t (16 independent warp pipelines, below;
+// session 21), with MK_MODE_ATTN_PAIRS attn_kreg_t (lock-step warp pairs, sessions 12-20), and for
+// other head dims or MK_MODE_ATTN_SMEM_K attn_mma_t, the page ring described next.
+//
+// attn_mma_t's data flow: the item's K/V pages stream through a ring of ATTN_STAGES shared-memory page slots by
 // cp.async (16 B per thread-copy, L2 only). The first ATTN_STAGES pages are issued BEFORE the
 // item's dependency wait (they were written by earlier steps), except the current token's row,
 // which this step's QKV writes: that row is read after the wait. Keys outside the visible range are
@@ -252,8 +256,8 @@ __device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem
 // Its output setup, Q fragments and merge are spelled out here rather than taken from AttnOut and
 // q_fragment (which attn_mma_t uses): with them ptxas allocated this function's round loops
 // differently (mkcode kernels loops, 2026-11-30: 9 local-memory accesses instead of 1 with the
-// helpers out of line, +80 instructions with them inlined), and this is the measured default path.
-// Share them once a GPU A/B shows the loops unharmed.
+// helpers out of line, +80 instructions with them inlined); it was the measured default path until
+// session 21 (now MK_MODE_ATTN_PAIRS).
 template <int HD>
 __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
   using SH = AttnShape<HD>;
