@@ -504,33 +504,20 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
   return d;
 }
 
-// The visible keys of group g (16 keys of page g / 4) as a range [lo, hi) of its key indices.
-struct GroupRange {
-  int lo, hi;
-};
-__device__ __forceinline__ GroupRange group_range(const AttnSpan& sp, int g) {
-  const long long kb = (sp.pa + (g >> 2)) * 64 + (g & 3) * 16;
-  const long long lo = sp.a - kb, hi = sp.e - kb;
-  return {(int)(lo < 0 ? 0 : lo > 16 ? 16 : lo), (int)(hi < 0 ? 0 : hi > 16 ? 16 : hi)};
-}
-
-// Issue group g's V rows into `slot` by this warp's 32 lanes (lane: keys lane / 16 + 2m, 16-byte
-// chunk lane % 16): 8 copies per lane, keys outside the visible range zero-filled; `skip`: a key
-// index not to copy (the current token's, before the wait: this step's QKV has not written it
-// yet), or -1. No commit.
+// A warp's copy of its 16-key group's V rows into its slot: lane copies 16-byte chunk lane % 16 of
+// rows lane / 16 + 2m (src, dst: that lane's first chunk; rows HD / VLD elements apart), 8 copies,
+// keys outside [lo, hi) zero-filled, key `skip` not copied (the current token's before the wait:
+// this step's QKV has not written it yet; -1: none). No commit.
 template <int HD>
-__device__ __forceinline__ void warp_issue_v(const View& V, int kvh, int g, int phys, GroupRange r, int skip,
-                                             bf16* slot) {
+__device__ __forceinline__ void warp_copy_v(const bf16* src, bf16* dst, int lo, int hi, int skip) {
   using W = WarpAttn<HD>;
   static_assert(HD / 8 == 16, "a lane copies 16-byte chunk lane % 16 of every other row");
-  const int lane = threadIdx.x % 32, k0 = lane >> 4, ch = lane & 15;
-  const bf16* src = V.kv(phys, 1, kvh, (g & 3) * 16 + k0) + ch * 8;
-  bf16* dst = slot + k0 * W::VLD + ch * 8;
+  const int k0 = (threadIdx.x % 32) >> 4;
 #pragma unroll
   for (int m = 0; m < W::KEYS / 2; ++m) {
     const int key = k0 + 2 * m;
     if (key == skip) continue;
-    cp_async16(dst + 2 * m * W::VLD, src + 2 * m * HD, key >= r.lo && key < r.hi);
+    cp_async16(dst + 2 * m * W::VLD, src + 2 * m * HD, key >= lo && key < hi);
   }
 }
 
@@ -539,13 +526,15 @@ __device__ __noinline__ void warp_prologue_t(const Params& p, const int* d, Smem
   View V(p);
   const AttnSpan sp = attn_span(p, V, d);
   if (sp.np == 0) return;
-  const int warp = threadIdx.x / 32, l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
-  bf16* slot = reinterpret_cast<bf16*>(s.raw) + (size_t)warp * WarpAttn<HD>::SLOT;
-  if (warp < 4 * sp.np) {
-    const int g = warp;
-    const long long kb = (sp.pa + (g >> 2)) * 64 + (g & 3) * 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
+  if (warp < 4 * sp.np) {  // the warp's first group: keys (warp & 3) * 16 .. of page warp / 4
+    const long long kb = (sp.pa + (warp >> 2)) * 64 + (warp & 3) * 16;
+    const int lo = (int)(sp.a - kb), hi = (int)(sp.e - kb);  // visible keys, relative to the group
     const int skip = sp.pos >= kb && sp.pos < kb + 16 ? (int)(sp.pos - kb) : -1;
-    warp_issue_v<HD>(V, kvh, g, V.page(l, b, (int)((sp.pa + (g >> 2)) * 64)), group_range(sp, g), skip, slot);
+    const bf16* src = V.kv(V.page(l, b, (int)kb), 1, kvh, (warp & 3) * 16 + (lane >> 4)) + (lane & 15) * 8;
+    bf16* dst = reinterpret_cast<bf16*>(s.raw) + (size_t)warp * WarpAttn<HD>::SLOT +
+                (lane >> 4) * WarpAttn<HD>::VLD + (lane & 15) * 8;
+    warp_copy_v<HD>(src, dst, lo, hi, skip);
   }
   cp_async_commit();
 }
@@ -570,14 +559,12 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
   static_assert(W::V_BYTES + W::Q_BYTES <= AttnShape<HD>::SMEM, "V slots and Q must fit");
   static_assert(W::MERGE_BYTES <= AttnShape<HD>::SMEM, "the merge scratch must fit");
   View V(p);
-  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
+  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
   const int G = p.num_heads / p.num_kv_heads;
   const AttnSpan sp = attn_span(p, V, d);
-  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * HD;
-  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
+  const AttnOut<HD> out(p, d);  // where this (row, kv head, split)'s O rows and LSE values go
   if (sp.np == 0) {
-    for (int i = threadIdx.x; i < G * HD; i += NT) o_base[((size_t)(i / HD) * p.max_splits + split) * HD + i % HD] = 0.f;
-    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
+    out.empty();
     return;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
@@ -620,19 +607,9 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
   }
   // Q^T's B fragments (head gid, pre-scaled into log2 units; heads >= G zero), by warp 0
   if (warp == 0) {
-    const float scale = p.attn_scale * 1.4426950408889634f;
-    const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
     uint4* qw = shared(reinterpret_cast<uint4*>(s.raw + W::V_BYTES));
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (gid < G) {
-        x0 = ld_cg4(qsrc + c * 32);
-        x1 = ld_cg4(qsrc + c * 32 + 4);
-      }
-      qw[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
-                                     pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
-    }
+    for (int c = 0; c < NC; ++c) qw[c * 32 + lane] = q_fragment<HD>(p, V, d, G, gid, t, c);
   }
   __syncthreads();  // Q is in shared memory (the only block barrier before the merge)
   float o[NTM][4];
@@ -698,15 +675,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     }
     __syncwarp();  // every lane's ldmatrix of the slot is done before it is overwritten
     // 5. the next group's V into the slot (keys outside its visible range zero-filled)
-    if (jn < nj) {
-      const bf16* src = pool + (size_t)phys_c * page_elems + offV;
-      const int lo_n = lo - 256, hi_n = hi - 256;
-#pragma unroll
-      for (int m = 0; m < W::KEYS / 2; ++m) {
-        const int key = (lane >> 4) + 2 * m;
-        cp_async16(vdst + 2 * m * W::VLD, src + 2 * m * HD, key >= lo_n && key < hi_n);
-      }
-    }
+    if (jn < nj) warp_copy_v<HD>(pool + (size_t)phys_c * page_elems + offV, vdst, lo - 256, hi - 256, -1);
     cp_async_commit();
   }
   cp_async_wait_all();
@@ -746,8 +715,8 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
       den += Ls[w * 8 + hq] * f;
       num += Os[(w * 8 + hq) * W::OS + dim] * f;
     }
-    o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
-    if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
+    out.o[((size_t)hq * out.stride + out.split) * HD + dim] = num / den;
+    if (dim == 0) out.lse[hq * out.stride + out.split] = M * 0.6931471805599453f + logf(den);
   }
 }
 

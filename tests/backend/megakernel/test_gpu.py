@@ -247,25 +247,18 @@ def test_route_at_release_width_with_ties(wide, B):
     _op_check(cfg, w, be, abi.MK_OP_ROUTE, B, prepare=ties)
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [abi.MK_MODE_ATTN_SMEM_K, abi.MK_MODE_ATTN_PAIRS],
+    ids=["smemk", "pairs"],
+)
 @pytest.mark.parametrize("B", [1, 5, 8])
-def test_attn_op_with_k_through_shared_memory(small, B):
-    """MK_MODE_ATTN_SMEM_K (the K/V page ring of sessions 3-6): the ATTN op against its reference,
-    as above (the default d = 128 path, K in registers, is what test_op_matches_semantics runs)."""
+def test_attn_op_in_other_modes(small, B, mode):
+    """The ATTN op against its reference, as above, on the other d = 128 paths: MK_MODE_ATTN_SMEM_K
+    (the K/V page ring of sessions 3-6) and MK_MODE_ATTN_PAIRS (the lock-step warp pairs of sessions
+    12-20); the default path, 16 independent warp pipelines, is what test_op_matches_semantics runs."""
     _, be = small
-    be.prefetch_mode = abi.MK_MODE_ATTN_SMEM_K
-    try:
-        test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
-    finally:
-        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
-
-
-@pytest.mark.parametrize("B", [1, 5, 8])
-def test_attn_op_with_warp_pairs(small, B):
-    """MK_MODE_ATTN_PAIRS (the lock-step warp pairs of sessions 12-20): the ATTN op against its
-    reference, as above (the default d = 128 path, 16 independent warp pipelines, is what
-    test_op_matches_semantics runs)."""
-    _, be = small
-    be.prefetch_mode = abi.MK_MODE_ATTN_PAIRS
+    be.prefetch_mode = mode
     try:
         test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
     finally:
