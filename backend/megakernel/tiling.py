@@ -454,6 +454,12 @@ SMALL_LM_ROWS = 256
 # O-proj tiles of 128 rows below WIDE_MOE_FROM_BATCH rows (64 items of 256 KB instead of 128 of 128
 # KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
 SMALL_O_ROWS = 128
+# QKV tiles of 128 rows at one row (40 tiles instead of 80: the SMs they free take attention items
+# before the QKV tiles end). BS 1 at 8K, gpu_check, same call (session 22): 3.040 / 3.046 vs 3.111 /
+# 3.177 ms (call 6), 3.086 / 3.092 vs 3.142 / 3.137 (call 7); at 32K 3.436 / 3.454 vs 3.398 / 3.532
+# (equal). BS 2 equal (4.214 / 4.349 vs 4.256 / 4.295), BS 8 +0.8 % (8.961 / 8.925 vs 8.829 / 8.914):
+# one row only.
+SINGLE_QKV_ROWS = 128
 # ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (session 18, gpu_check BS 8
 # at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combine_inline 9.400, 8 splits 9.510,
 # 64 attention drains 9.794), then 9.242 / 9.228 vs 9.427 / 9.415, at position 256 7.941 vs 8.077
@@ -468,7 +474,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
     max_splits) with
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
-    SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles;
+    SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles (and SINGLE_QKV_ROWS-row QKV
+    tiles at one row);
     from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), WIDE_O_ROWS-row O-proj
     tiles, at most WIDE_MAX_SPLITS attention splits (more at long contexts: WIDE_SPLIT_TOKENS) with
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
@@ -517,6 +524,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
         lm_rows=SMALL_LM_ROWS if cfg.vocab_size % SMALL_LM_ROWS == 0 else t.lm_rows,
         o_rows=SMALL_O_ROWS if cfg.hidden_size % SMALL_O_ROWS == 0 else t.o_rows,
     )
+    if batch == 1:
+        tuned = _if_valid(cfg, replace(tuned, qkv_rows=SINGLE_QKV_ROWS), tuned)
     return _if_valid(cfg, tuned, t)  # not e.g. with a column count the fused down slice does not take
 
 

@@ -93,9 +93,9 @@ def test_attn_idle_first_places_drains_on_idle_sms_first():
 
     from mkcode.backend.megakernel.tiling import tiling_for_batch
 
-    # 16 splits: 64 attention items per layer, more than the idle SMs (the BS 1 default, 10 splits,
-    # has 40: exactly the idle SMs)
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), 1), attn_idle_first=1, max_splits=16)
+    # 16 splits: 64 attention items per layer, more than the idle SMs with 64-row QKV tiles (80 of
+    # them; the BS 1 default's 128-row tiles leave 80 idle SMs)
+    t = replace(tiling_for_batch(CFG, default_tiling(CFG), 1), attn_idle_first=1, max_splits=16, qkv_rows=64)
     s = build_schedule(CFG, 1, [8192], 132, t)
     sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
     layer = 5
@@ -458,6 +458,7 @@ def test_moe_tiles_widen_with_the_batch():
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import (
+        SINGLE_QKV_ROWS,
         SMALL_FUSED_BELOW,
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_CAP,
@@ -476,7 +477,16 @@ def test_moe_tiles_widen_with_the_batch():
             assert not wide and t.ctrl_sms == max(b, 4) and t.moe_fused == int(b < SMALL_FUSED_BELOW)
             assert (t.lm_rows, t.o_rows) == (256, 128)  # 256-row LM-head, 128-row O-proj tiles
             d = default_tiling(cfg)
-            t = replace(t, moe_fused=0, combine_ctrl=0, ctrl_sms=b, lm_rows=d.lm_rows, o_rows=d.o_rows)
+            assert t.qkv_rows == (SINGLE_QKV_ROWS if b == 1 else d.qkv_rows)  # 128-row QKV tiles at one row
+            t = replace(
+                t,
+                moe_fused=0,
+                combine_ctrl=0,
+                ctrl_sms=b,
+                lm_rows=d.lm_rows,
+                o_rows=d.o_rows,
+                qkv_rows=d.qkv_rows,
+            )
         # small batches: the attention drains on idle SMs first; wide: on every work SM, at most
         # WIDE_MAX_SPLITS splits (more at long contexts: one per WIDE_SPLIT_TOKENS tokens)
         assert t.ctrl_sms == b and t.attn_with_qkv == 0 and t.combine_ctrl == 0
