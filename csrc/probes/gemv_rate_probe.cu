@@ -168,6 +168,7 @@ int main() {
   for (int blocks : {16, 40, 66, sms}) {
     size_t per_block = total / blocks;
     if (per_block > ((size_t)96 << 20)) per_block = (size_t)96 << 20;
+    per_block &= ~(size_t)((1 << 20) - 1);  // 1 MiB multiples: every block's chunk 16-byte aligned
     for (const auto& sh : shapes) {
       const int R = sh[0], K = sh[1];
       if (run<FOLD>("fold", blocks, src, per_block, R, K, out, a, b)) return 1;
