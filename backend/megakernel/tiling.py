@@ -454,17 +454,18 @@ SMALL_LM_ROWS = 256
 # O-proj tiles of 128 rows below WIDE_MOE_FROM_BATCH rows (64 items of 256 KB instead of 128 of 128
 # KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
 SMALL_O_ROWS = 128
-# QKV tiles of 128 rows at one row (40 tiles instead of 80: the SMs they free take attention items
-# before the QKV tiles end). BS 1 at 8K, gpu_check, same call (session 22): 3.040 / 3.046 vs 3.111 /
-# 3.177 ms (call 6), 3.086 / 3.092 vs 3.142 / 3.137 (call 7); at 32K 3.436 / 3.454 vs 3.398 / 3.532
-# (equal). BS 2 equal (4.214 / 4.349 vs 4.256 / 4.295), BS 8 +0.8 % (8.961 / 8.925 vs 8.829 / 8.914):
-# one row only.
-SINGLE_QKV_ROWS = 128
 # ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (session 18, gpu_check BS 8
 # at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combine_inline 9.400, 8 splits 9.510,
 # 64 attention drains 9.794), then 9.242 / 9.228 vs 9.427 / 9.415, at position 256 7.941 vs 8.077
 # (call 20). Session 17 (eager claims, 256-column tiles): -1 to -1.5 %.
 WIDE_O_ROWS = 128
+# QKV tiles of 128 rows at one row (40 tiles instead of 80: the SMs they free take attention items
+# before the QKV tiles end). BS 1, gpu_check, same call (session 22): at 8K 3.040 / 3.046 vs 3.111 /
+# 3.177 ms (call 6) and 3.086 / 3.092 vs 3.142 / 3.137 (call 7), at 2K 3.001 / 2.991 vs 3.020 / 3.024
+# (call 13), at 32K equal (3.436 / 3.454 vs 3.398 / 3.532); across calls the harness shows it within
+# the device's noise. BS 2 equal (4.214 / 4.349 vs 4.256 / 4.295), BS 8 +0.8 % (8.961 / 8.925 vs
+# 8.829 / 8.914): one row only.
+SINGLE_QKV_ROWS = 128
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
