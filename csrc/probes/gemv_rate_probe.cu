@@ -2,11 +2,13 @@
 // mma.sync and activation reads, not only its loads) when few SMs stream and when all do, and which
 // loop shape lifts that rate. A stand-alone measurement (not part of the megakernel).
 //
-// Session 22's timeline: a BS 8 up tile (768 x 2048) streams ~50 GB/s per SM even with under 60 SMs
-// streaming, a down tile (1024 x 768) ~55, while `stream_probe hint` moved the same addressing at
-// ~118 GB/s per SM with 16 blocks (loads folded, no mma). The layer's holes (its head, the attention
-// SMs' switch to the MoE queue, the tail) are phases in which few SMs stream, so there the per-SM
-// rate is the step's rate. Loop shapes (every block streams its own consecutive tiles of R x K bf16,
+// Session 22's timeline: a BS 8 up tile (768 x 2048) streams ~46 GB/s per SM and a down tile
+// (1024 x 768) ~55 (both beside the attention's SMs, i.e. their HBM share), while `stream_probe hint`
+// moved the same addressing at ~118 GB/s per SM with 16 blocks (loads folded, no mma). The layer's
+// holes (its head, the attention SMs' switch to the MoE queue, the tail) are phases in which few SMs
+// stream, so there the per-SM rate is the step's rate. Measured (calls 7-8): the loop with its mma
+// 86-87 GB/s per SM at 40 blocks (loads alone 91), 66 at 66, 34.9 at 132 (docs/PERF.md, session 22).
+// Loop shapes (every block streams its own consecutive tiles of R x K bf16,
 // 512 threads, the megakernel's split: wpg warps per 16-row group, contiguous K blocks, U = 8 k-steps
 // of 16 B per row pair in registers per batch, the evict_first + L2::128B loads):
 //   fold    the loads folded into a checksum (stream_probe's gemv: the memory side alone)
