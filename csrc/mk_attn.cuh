@@ -63,6 +63,19 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32
                : "r"(smem_u32(p)));
 }
 
+// O^T's accumulator fragments (NTM m16 tiles of dims; columns: heads 2t, 2t + 1) times their heads'
+// factors c0, c1: the online softmax's rescale on a new maximum (attn_kreg_t, attn_warp_t).
+template <int NTM>
+__device__ __forceinline__ void scale_ot(float (&o)[NTM][4], float c0, float c1) {
+#pragma unroll
+  for (int n = 0; n < NTM; ++n) {
+    o[n][0] *= c0;
+    o[n][1] *= c1;
+    o[n][2] *= c0;
+    o[n][3] *= c1;
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -407,13 +420,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
         m = m_new;
         // O^T's columns are heads 2t, 2t + 1: their factors from the lanes of those head rows
         const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-#pragma unroll
-        for (int n = 0; n < NTM; ++n) {
-          o[n][0] *= c0;
-          o[n][1] *= c1;
-          o[n][2] *= c0;
-          o[n][3] *= c1;
-        }
+        scale_ot(o, c0, c1);
         pown = pack_bf16(p0, p1);
         live = true;
       }
@@ -648,15 +655,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
       const float p10 = exp2f(sc[2] - n0), p11 = exp2f(sc[3] - n1);
       l0 = l0 * c0 + (p00 + p10);
       l1 = l1 * c1 + (p01 + p11);
-      if (__any_sync(0xffffffffu, n0 != m0 || n1 != m1)) {  // a new maximum: rescale O^T
-#pragma unroll
-        for (int n = 0; n < NTM; ++n) {
-          o[n][0] *= c0;
-          o[n][1] *= c1;
-          o[n][2] *= c0;
-          o[n][3] *= c1;
-        }
-      }
+      if (__any_sync(0xffffffffu, n0 != m0 || n1 != m1)) scale_ot(o, c0, c1);  // a new maximum: rescale O^T
       m0 = n0;
       m1 = n1;
       // P^T's B fragments: (key gid, heads 2t..) transposed to (head gid, keys 2t..)

@@ -237,15 +237,22 @@ def _op(row: list[int]) -> str:
     return abi.OPNAMES.get(row[1] & 0xFF, "?")
 
 
-def _successive_tasks(recs: torch.Tensor) -> Iterator[tuple[list[int], list[int]]]:
-    """(previous, next) record rows of the tasks each block ran one after the other, by start time
-    (DRAIN records left out, their items kept): what gaps and transitions compare."""
+def _block_rows(recs: torch.Tensor, drains: bool) -> list[list[list[int]]]:
+    """Each block's record rows by start time (then end), with or without the DRAIN records (a
+    drain's items are records of their own either way)."""
     by_block: dict[int, list[list[int]]] = defaultdict(list)
     for row in recs.tolist():
-        if _op(row) != "DRAIN":
+        if drains or _op(row) != "DRAIN":
             by_block[row[0]].append(row)
     for rows in by_block.values():
         rows.sort(key=lambda r: (r[2], r[7]))
+    return list(by_block.values())
+
+
+def _successive_tasks(recs: torch.Tensor) -> Iterator[tuple[list[int], list[int]]]:
+    """(previous, next) record rows of the tasks each block ran one after the other, by start time
+    (DRAIN records left out, their items kept): what gaps and transitions compare."""
+    for rows in _block_rows(recs, drains=False):
         yield from pairwise(rows)
 
 
@@ -471,12 +478,8 @@ def switch_segments(recs: torch.Tensor) -> dict[str, dict[str, float]]:
     of wait (drain_wait: ROUTE's counter, its first claim, h staged), -> the up item's start
     (to_item: the expert table, item build, dispatch), -> its end of wait (item_wait), -> its GEMV
     start (to_gemv), and the total; "count" the switches. Session 21: 12.7 us median at BS 8."""
-    by_block: dict[int, list[list[int]]] = defaultdict(list)
-    for row in recs.tolist():
-        by_block[row[0]].append(row)
     segs: dict[str, list[float]] = {k: [] for k in (*SWITCH_SEGMENTS, "total")}
-    for rows in by_block.values():
-        rows.sort(key=lambda r: r[2])
+    for rows in _block_rows(recs, drains=True):
         for i, a in enumerate(rows):
             if _op(a) != "ATTN":
                 continue

@@ -119,35 +119,15 @@ __global__ void __launch_bounds__(NT, 1) gemv_rate(const uint16_t* src, size_t p
   if (acc == 0x12345678u || s == 1.2345f) out[blockIdx.x] = acc + (uint32_t)s;
 }
 
-static double median5(double (&v)[5]) {
-  for (int i = 0; i < 5; ++i)
-    for (int j = i + 1; j < 5; ++j)
-      if (v[j] < v[i]) {
-        const double x = v[i];
-        v[i] = v[j];
-        v[j] = x;
-      }
-  return v[2];
-}
-
 template <int MODE>
 static int run(const char* name, int blocks, const uint16_t* src, size_t per_block, int R, int K, uint32_t* out,
                cudaEvent_t a, cudaEvent_t b) {
   const int smem = 8 * (K + ACT_PAD) * 2;
   CK(cudaFuncSetAttribute(gemv_rate<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const size_t bytes = (per_block / 2 / ((size_t)R * K)) * (size_t)R * K * 2 * blocks;
-  double t[5];
-  for (int r = 0; r < 5; ++r) {
-    float ms = 0.f;
-    CK(cudaEventRecord(a));
-    gemv_rate<MODE><<<blocks, NT, smem>>>(src, per_block, R, K, out);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t[r] = ms;
-  }
-  const double gbs = (double)bytes / (median5(t) * 1e-3) / 1e9;
+  double ms = 0.0;
+  if (median_launch_ms(a, b, [&] { gemv_rate<MODE><<<blocks, NT, smem>>>(src, per_block, R, K, out); }, &ms)) return 1;
+  const double gbs = (double)bytes / (ms * 1e-3) / 1e9;
   printf("%-5s %4d x %4d  blocks %3d: %7.1f GB/s total, %6.1f GB/s per SM\n", name, R, K, blocks, gbs, gbs / blocks);
   return 0;
 }

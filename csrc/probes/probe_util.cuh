@@ -33,3 +33,34 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
 
 // Folds loaded words into a checksum, so that no load is dead code.
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+// The median of five values (sorts them in place).
+static double median5(double (&v)[5]) {
+  for (int i = 0; i < 5; ++i)
+    for (int j = i + 1; j < 5; ++j)
+      if (v[j] < v[i]) {
+        const double x = v[i];
+        v[i] = v[j];
+        v[j] = x;
+      }
+  return v[2];
+}
+
+// Run `launch` five times between events a and b; the median time in ms into *ms. Nonzero on a CUDA
+// error.
+template <class F>
+static int median_launch_ms(cudaEvent_t a, cudaEvent_t b, F launch, double* ms) {
+  double t[5];
+  for (int r = 0; r < 5; ++r) {
+    float e = 0.f;
+    CK(cudaEventRecord(a));
+    launch();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
+    CK(cudaEventElapsedTime(&e, a, b));
+    t[r] = e;
+  }
+  *ms = median5(t);
+  return 0;
+}

@@ -282,34 +282,13 @@ __global__ void __launch_bounds__(NT, 1)
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
-// The median of five values (sorts them in place).
-static double median5(double (&v)[5]) {
-  for (int i = 0; i < 5; ++i)
-    for (int j = i + 1; j < 5; ++j)
-      if (v[j] < v[i]) {
-        const double x = v[i];
-        v[i] = v[j];
-        v[j] = x;
-      }
-  return v[2];
-}
-
 // Run `launch` five times between events a and b and print `bytes` over the median time as GB/s,
 // in total and per block. Nonzero on a CUDA error.
 template <class F>
 static int report(const char* name, int blocks, size_t bytes, cudaEvent_t a, cudaEvent_t b, F launch) {
-  double t[5];
-  for (int r = 0; r < 5; ++r) {
-    float ms = 0.f;
-    CK(cudaEventRecord(a));
-    launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t[r] = ms;
-  }
-  const double gbs = (double)bytes / (median5(t) * 1e-3) / 1e9;
+  double ms = 0.0;
+  if (median_launch_ms(a, b, launch, &ms)) return 1;
+  const double gbs = (double)bytes / (ms * 1e-3) / 1e9;
   printf("%-26s blocks %4d: %8.1f GB/s total, %6.1f GB/s per block\n", name, blocks, gbs, gbs / blocks);
   return 0;
 }
