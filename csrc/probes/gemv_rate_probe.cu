@@ -135,22 +135,15 @@ static int run(const char* name, int blocks, const uint16_t* src, size_t per_blo
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t total = (size_t)4 << 30;  // 4 GiB: far beyond L2
-  char* buf = nullptr;
-  uint32_t* out = nullptr;
-  CK(cudaMalloc(&buf, total));
-  CK(cudaMalloc(&out, 4096 * sizeof(uint32_t)));
-  CK(cudaMemset(buf, 1, total));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  const uint16_t* src = reinterpret_cast<const uint16_t*>(buf);
+  ProbeMem m;
+  if (probe_alloc(&m)) return 1;
+  uint32_t* out = m.out;
+  cudaEvent_t a = m.a, b = m.b;
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(m.buf);
   const int shapes[][2] = {{768, 2048}, {1024, 768}, {64, 2048}};  // BS 8 up, down and QKV tiles
   printf("gemv rate probe: per-block chunk min(4 GiB / blocks, 96 MiB); GB/s = bytes / kernel time (median of 5)\n");
   for (int blocks : {16, 40, 66, sms}) {
-    size_t per_block = total / blocks;
-    if (per_block > ((size_t)96 << 20)) per_block = (size_t)96 << 20;
-    per_block &= ~(size_t)((1 << 20) - 1);  // 1 MiB multiples: every block's chunk 16-byte aligned
+    const size_t per_block = probe_chunk(blocks, (size_t)96 << 20);
     for (const auto& sh : shapes) {
       const int R = sh[0], K = sh[1];
       if (run<FOLD>("fold", blocks, src, per_block, R, K, out, a, b)) return 1;

@@ -31,6 +31,31 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   return pol;
 }
 
+// What the streaming probes' main() sets up: a 4 GiB buffer (far beyond L2) filled with 1s, a
+// checksum sink for the kernels, and the two timing events. Nonzero on a CUDA error.
+struct ProbeMem {
+  static constexpr size_t TOTAL = (size_t)4 << 30;
+  char* buf = nullptr;
+  uint32_t* out = nullptr;
+  cudaEvent_t a, b;
+};
+static int probe_alloc(ProbeMem* m) {
+  CK(cudaMalloc(&m->buf, ProbeMem::TOTAL));
+  CK(cudaMalloc(&m->out, 4096 * sizeof(uint32_t)));
+  CK(cudaMemset(m->buf, 1, ProbeMem::TOTAL));
+  CK(cudaEventCreate(&m->a));
+  CK(cudaEventCreate(&m->b));
+  return 0;
+}
+
+// Each of `blocks` blocks' share of the 4 GiB buffer: at most `cap` bytes, in whole MiB (so every
+// block's chunk is 16-byte aligned).
+static size_t probe_chunk(int blocks, size_t cap) {
+  size_t per_block = ProbeMem::TOTAL / blocks;
+  if (per_block > cap) per_block = cap;
+  return per_block & ~(size_t)((1 << 20) - 1);
+}
+
 // Folds loaded words into a checksum, so that no load is dead code.
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 

@@ -566,15 +566,11 @@ static int hint_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEven
 int main(int argc, char** argv) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t total = (size_t)4 << 30;  // 4 GiB: far beyond L2
-  char* buf = nullptr;
-  uint32_t* out = nullptr;
-  CK(cudaMalloc(&buf, total));
-  CK(cudaMalloc(&out, 4096 * sizeof(uint32_t)));
-  CK(cudaMemset(buf, 1, total));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  ProbeMem m;
+  if (probe_alloc(&m)) return 1;
+  char* buf = m.buf;
+  uint32_t* out = m.out;
+  cudaEvent_t a = m.a, b = m.b;
   if (argc > 1 && argv[1][0] == 'g') return gemv_probe(sms, buf, out, a, b);  // `stream_probe gemv`
   if (argc > 1 && argv[1][0] == 'h') return hint_probe(sms, buf, out, a, b);  // `stream_probe hint`
   if (argc > 1 && argv[1][0] == 'l') return loaded_probe(sms, buf, out);       // `stream_probe loaded`
@@ -583,9 +579,7 @@ int main(int argc, char** argv) {
   const int block_counts[] = {sms, sms / 2, 16, 1};
   printf("SMs %d; per-block chunk: min(4 GiB / blocks, 256 MiB); GB/s = bytes / kernel time (median of 5)\n", sms);
   for (int bc : block_counts) {
-    size_t per_block = total / bc;
-    if (per_block > ((size_t)256 << 20)) per_block = (size_t)256 << 20;
-    per_block &= ~(size_t)((1 << 20) - 1);
+    const size_t per_block = probe_chunk(bc, (size_t)256 << 20);
     auto run = [&](const char* name, auto launch) { return report(name, bc, per_block * bc, a, b, launch); };
     const uint4* s16 = reinterpret_cast<const uint4*>(buf);
     if (run("ldg U=4", [&] { ldg_stream<4><<<bc, NT>>>(s16, per_block, out); })) return 1;
