@@ -96,12 +96,15 @@ class MegakernelBackend:
         prefetch_mode: int | None = None,
         native_module=None,
         asynchronous: bool = False,
+        allow_whatif: bool = False,
     ):
         """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
         with the same `device_info()`/`launch()` and a `make_event()`, which lets the host logic
         run on the CPU. `asynchronous`: decode() returns once the step is enqueued (like the graph
         backend); the caller must call `wait_step()` before it reads results on the host, which is
         where the watchdog runs and a kernel error is raised."""
+        if tiling is not None and tiling.whatif_norm and not allow_whatif:
+            raise ValueError("Tiling.whatif_norm computes wrong results: a measurement for gpu_check bench only")
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 

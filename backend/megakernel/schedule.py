@@ -240,6 +240,8 @@ def build_schedule(
 
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
+    # Tiling.whatif_norm (measurement only): the previous layer's end, ((O-proj, n_o), (MLP, target))
+    prev_end: tuple[tuple[int, int], ...] = ()
     for layer in range(L):
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
@@ -249,6 +251,8 @@ def build_schedule(
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)
         wait_h = ((norm[layer], B),)
+        if tiling.whatif_norm and prev_end:
+            wait_h = prev_end
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
@@ -378,7 +382,7 @@ def build_schedule(
                     ctrl_sm(b),
                 )
 
-        if norm_early:
+        if norm_early and tiling.whatif_norm != 2:
             add_norms()
 
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part)
@@ -394,13 +398,17 @@ def build_schedule(
                     cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
+            drain_h = (norm[layer], B)
+            if tiling.whatif_norm == 2 and prev_end:
+                drain_h = prev_end[1]
             for _ in range(n_work):  # one per work SM
                 emit(
                     make_desc(
                         abi.MK_OP_DRAIN,
                         layer,
                         (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q),
-                        (*wait_h, (route_c, 1)),
+                        # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE
+                        (drain_h, (route_c, 1)),
                     )
                 )
         else:
@@ -434,8 +442,9 @@ def build_schedule(
                 emit(qd)
 
         # 8. residual add + next norm, per row
-        if not norm_early:
+        if not norm_early and tiling.whatif_norm != 2:
             add_norms()
+        prev_end = ((o_c, n_o), (mlp_c, mlp_target))
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
@@ -446,7 +455,7 @@ def build_schedule(
                 abi.MK_OP_LM_HEAD,
                 0,
                 (r0, min(tiling.lm_rows, cfg.vocab_size - r0), t),
-                ((norm[L], B),),
+                prev_end if tiling.whatif_norm else ((norm[L], B),),
                 (lm_c,),
             )
         )

@@ -96,6 +96,13 @@ class Tiling:
     # after them (session 14, timeline). The small tiles claimed last end within a few us of each other.
     moe_up_small: int = 0
     moe_up_small_tiles: int = 0
+    # MEASUREMENT ONLY, wrong results (session 24): what the layer boundary would cost without the
+    # ADD_NORM hop, the upper bound of computing each layer's norm inside its consumers. 1: the QKV,
+    # router, dense-up and LM-head tiles wait on the previous layer's O-proj and MLP counters, not on
+    # its add+norm (which still runs and writes h meanwhile: they read h while it changes); 2: also no
+    # ADD_NORM tasks (h stays what the caller put there) and the MoE drains wait on the previous
+    # layer's MLP counter. Only gpu_check bench runs it (MegakernelBackend refuses it otherwise).
+    whatif_norm: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -137,6 +144,7 @@ class Tiling:
         )
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
+        need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
         need(self.combine_inline in (0, 1), "combine_inline must be 0 or 1")
