@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 13
+#define MK_ABI_VERSION 14
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -150,9 +150,15 @@ enum MkError {
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
   X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window) X(moe_fused) \
-  X(moe_up_big) X(moe_up_small)
+  X(moe_up_big) X(moe_up_small) X(norm_inline)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
+// norm_inline (Tiling.norm_inline, ABI 14): no ADD_NORM tasks. x(l+1) is the layer's sum: its
+// residual x(l) copied in by the layer's initialiser (EMBED for a dense layer 0, else the router
+// tiles while they stage, each its share of the columns), then the O-proj, dense-down, MoE-down and
+// fused items add their outputs into it (fp32 red.global.add, no partial buffers); every GEMV over
+// h(l) (QKV, router, dense up, MoE up / fused, LM head) stages RMSNorm(x(l)) itself, after the
+// previous layer's one counter (its MLP counter, which the O-proj items signal too).
 // moe_up_big: the wide (moe_up_cols) up tiles per active expert; its other moe_up_tiles - moe_up_big
 // tiles are moe_up_small columns wide, over its last columns. A MoE queue holds every expert's wide
 // tiles first, then every expert's small ones (Tiling.moe_up_small; up_tile in mk_kernel.cuh).

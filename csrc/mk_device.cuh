@@ -259,11 +259,18 @@ __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
 
 // Where a GEMV's activations come from: act[n][k] = src[rows[n] * stride + k0 + k] for n < 8
 // (rows[n] < 0: an unused token column, staged as zeros). rows is in shared memory.
+// norm_w (Tiling.norm_inline): src holds x(l) and the staging applies the layer's RMSNorm (weights
+// norm_w, eps) to each row; copy (a MoE layer's router tiles): also store the raw rows' columns
+// [copy_lo, copy_hi) into copy (same row stride): the residual the layer's outputs are added onto.
 struct ActSrc {
   const float* src;
   long stride;
   const int* rows;
   int k0;
+  const bf16* norm_w = nullptr;
+  float eps = 0.f;
+  float* copy = nullptr;
+  int copy_lo = 0, copy_hi = 0;
 };
 
 // Stage activations: act_s[n][k] = bf16(src[rows[n]][k0 + k]) for n < 8 (zeros where rows[n] < 0).
@@ -289,6 +296,90 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
       *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
     }
   }
+}
+
+// Stage act_s[n][k] = bf16(RMSNorm(src[rows[n]])[k]) (a.norm_w set: Tiling.norm_inline) for the
+// whole row (k0 = 0, klen = the hidden size, at most NORM_SWEEPS * NT * 4): a thread's 4 columns of
+// all 8 rows (and their norm weights) are loaded together, held in registers while the rows' sums of
+// squares are reduced (warp shuffles, then NWARPS partials per row in red: NWARPS * 8 + 8 floats),
+// then scaled, rounded and stored. One L2 round trip, as stage_act; the norm adds two barriers.
+// With a.copy the thread also stores its raw values of columns [copy_lo, copy_hi).
+constexpr int NORM_SWEEPS = 2;
+__device__ __noinline__ void stage_act_norm(bf16* act_s, const ActSrc a, int klen, float* red) {
+  act_s = shared(act_s);
+  red = shared(red);
+  const int lds = klen + ACT_PAD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int r[8];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) r[n] = a.rows[n];
+  float4 v[NORM_SWEEPS][8];
+  uint2 w[NORM_SWEEPS];
+  float ss[8];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) ss[n] = 0.f;
+#pragma unroll
+  for (int sw = 0; sw < NORM_SWEEPS; ++sw) {
+    const int k = (threadIdx.x + sw * NT) * 4;
+    const bool in = k < klen;
+    w[sw] = in ? __ldg(reinterpret_cast<const uint2*>(a.norm_w + k)) : make_uint2(0u, 0u);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      v[sw][n] = in && r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      ss[n] += v[sw][n].x * v[sw][n].x + v[sw][n].y * v[sw][n].y + v[sw][n].z * v[sw][n].z +
+               v[sw][n].w * v[sw][n].w;
+    }
+    if (a.copy != nullptr && k >= a.copy_lo && k < a.copy_hi) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        if (r[n] >= 0) *reinterpret_cast<float4*>(a.copy + r[n] * a.stride + k) = v[sw][n];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], o);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) red[warp * 8 + n] = ss[n];
+  }
+  __syncthreads();
+  if (threadIdx.x < 8) {
+    float t = 0.f;
+    for (int w2 = 0; w2 < NWARPS; ++w2) t += red[w2 * 8 + threadIdx.x];
+    red[NWARPS * 8 + threadIdx.x] = rsqrtf(t / (float)klen + a.eps);
+  }
+  __syncthreads();
+  float sc[8];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) sc[n] = red[NWARPS * 8 + n];
+#pragma unroll
+  for (int sw = 0; sw < NORM_SWEEPS; ++sw) {
+    const int k = (threadIdx.x + sw * NT) * 4;
+    if (k >= klen) break;
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&w[sw].x);
+    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&w[sw].y);
+    const float w0 = __low2float(w01), w1 = __high2float(w01), w2 = __low2float(w23), w3 = __high2float(w23);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float4 x = v[sw][n];
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x * sc[n] * w0, x.y * sc[n] * w1);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(x.z * sc[n] * w2, x.w * sc[n] * w3);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
+    }
+  }
+}
+
+// The staging of every GEMV (and of a MoE drain's h rows): plain, or with the row norm.
+__device__ __forceinline__ void stage_rows(bf16* act_s, const ActSrc& a, int klen, float* red) {
+  if (a.norm_w != nullptr)
+    stage_act_norm(act_s, a, klen, red);
+  else
+    stage_act(act_s, a, klen);
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
@@ -389,7 +480,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
-  if (!staged) stage_act(act_s, act, klen);
+  if (!staged) stage_rows(act_s, act, klen, red_s);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
@@ -449,7 +540,7 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
   if (p.use_mma) {
     gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
   } else {
-    if (!staged) stage_act(act_s, act, g.klen);
+    if (!staged) stage_rows(act_s, act, g.klen, red_s);
     __syncthreads();
     if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
     gemv_fma(g, act_s, out_s);

@@ -194,21 +194,33 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
-  const float* src = V.h(l);
+  // a GEMV over h(l): h's rows, or (norm_inline) x(l)'s, normed by the staging
+  const bool inl = p.norm_inline;
+  const float* src = inl ? V.x(l) : V.h(l);
+  const bf16* norm_w = inl ? V.lw(l, MK_LW_NORM) : nullptr;
   long stride = p.hidden;
   int k0 = 0;
   int rows_mode = 0;  // 0: the batch rows in order, 1: the item's token rows (h), 2: its token slots
   bool staged = false;
+  float* copy = nullptr;  // norm_inline: a router tile's share of the residual, into x(l+1)
+  int copy_lo = 0, copy_hi = 0;
   if (op == MK_OP_OPROJ) {
     src = V.attn_out(l);
     stride = V.QW();
     k0 = d[MK_F_A2];
+    norm_w = nullptr;
   } else if (op == MK_OP_DENSE_DOWN) {
     src = V.dense_act(l);
     stride = p.dense_inter;
     k0 = d[MK_F_A2];
+    norm_w = nullptr;
   } else if (op == MK_OP_LM_HEAD) {
-    src = V.h(p.num_layers);
+    src = inl ? V.x(p.num_layers) : V.h(p.num_layers);
+    norm_w = inl ? (const bf16*)p.final_norm : nullptr;
+  } else if (op == MK_OP_ROUTER && inl) {
+    copy = V.x(l + 1);
+    copy_lo = d[MK_F_A0] * p.hidden / p.num_experts;
+    copy_hi = (d[MK_F_A0] + d[MK_F_A1]) * p.hidden / p.num_experts;
   } else if (op == MK_OP_MOE_UP || op == MK_OP_MOE_FUSED) {
     // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged);
     // MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token)
@@ -219,6 +231,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     src = V.moe_act(l);
     stride = p.moe_inter;
     rows_mode = 2;
+    norm_w = nullptr;
   }
   if (!staged) {
     if (rows_mode == 0)
@@ -229,7 +242,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, g);
-  gemv(p, g, ActSrc{src, stride, rows, k0}, s.act, s.red, s.out, staged);
+  gemv(p, g, ActSrc{src, stride, rows, k0, norm_w, p.rms_eps, copy, copy_lo, copy_hi}, s.act, s.red, s.out, staged);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -241,6 +254,15 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   const bf16* e = (const bf16*)p.embed + (size_t)tok * p.hidden;
   float* row = s.out;  // H floats (H <= OUT_FLOATS, checked by the launcher)
   float* x = V.x(0) + (size_t)b * p.hidden;
+  if (p.norm_inline) {  // x(0); a dense layer 0's sum x(1) starts at its residual (its initialiser)
+    float* x1 = (V.flags(0) & MK_LAYER_DENSE) ? V.x(1) + (size_t)b * p.hidden : nullptr;
+    for (int i = threadIdx.x; i < p.hidden; i += NT) {
+      const float v = __bfloat162float(e[i]);
+      x[i] = v;
+      if (x1) x1[i] = v;
+    }
+    return;  // the GEMVs over h(0) norm x(0) themselves
+  }
   for (int i = threadIdx.x; i < p.hidden; i += NT) {
     row[i] = __bfloat162float(e[i]);
     x[i] = row[i];
@@ -499,9 +521,27 @@ __device__ __forceinline__ void op_attn_combine(const Params& p, const int* d, S
   attn_combine_at(p, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], d[MK_F_A2], s, dry);
 }
 
-__device__ void op_oproj(const Params& p, const int* d, Smem& s) {
+// norm_inline: a GEMV's rows r0 .. r0 + n of its nt token columns added into the layer's sum
+// (fp32 red.global.add): column j goes to batch row j (slots null) or to row slots[j] / K, weighted
+// by rw[j]. Out of line (O-proj, dense down and MoE down call it), so that the step kernel, which
+// inlines those epilogues twice, does not grow.
+__device__ __noinline__ void add_into_sum(float* acc, const float* out, int n, int r0, int nt, int H, const int* slots,
+                                          const float* rw, int K) {
+  out = shared(const_cast<float*>(out));
+  for (int i = threadIdx.x; i < n * nt; i += NT) {
+    const int r = i % n, j = i / n;
+    const int b = slots ? slots[j] / K : j;
+    red_add_global(acc + (size_t)b * H + r0 + r, (rw ? rw[j] : 1.f) * out[r * 8 + j]);
+  }
+}
+
+__device__ __noinline__ void op_oproj(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], sp = d[MK_F_A4];
+  if (p.norm_inline) {  // added into the layer's sum x(l+1)
+    add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
+    return;
+  }
   float* dst = V.ao_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -519,9 +559,13 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s) {
   }
 }
 
-__device__ void op_dense_down(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ void op_dense_down(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], sp = d[MK_F_A4];
+  if (p.norm_inline) {  // added into the layer's sum x(l+1)
+    add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
+    return;
+  }
   float* dst = V.mlp_part(l, sp);
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
@@ -654,7 +698,7 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
     }
   }
   if (dry) return;
-  if (p.moe_fused) {  // the fused items' sums of this layer's rows start at zero
+  if (p.moe_fused && !p.norm_inline) {  // the fused items' sums of this layer's rows start at zero
     float4* acc = reinterpret_cast<float4*>(V.moe_acc(l));
     for (int i = threadIdx.x; i < p.batch * p.hidden / 4; i += NT) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -716,13 +760,17 @@ __device__ __noinline__ void moe_prologue(const Params& p, const int* d) {
   cp_async_commit();
 }
 
-__device__ void op_moe_down(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_out(l);
   cp_async_wait_all();  // moe_prologue's routing weights
   __syncthreads();
+  if (p.norm_inline) {  // added into the layer's sum x(l+1), at each token's row
+    add_into_sum(V.x(l + 1), s.out, n, r0, nt, p.hidden, d + MK_F_SLOT0, s_rw, p.top_k);
+    return;
+  }
   for (int i = threadIdx.x; i < n * nt; i += NT) {
     const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
     dst[(size_t)slot * p.hidden + r0 + r] = s_rw[j] * s.out[r * 8 + j];
@@ -754,7 +802,7 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   __syncthreads();
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
-  float* acc = V.moe_acc(l);
+  float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
     return;
@@ -833,6 +881,9 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
     q[0] = ld_cg4(V.x(l) + rb + i);
 #pragma unroll
     for (int j = 0; j < UA; ++j) q[1 + j] = ld_cg4_if(att + j * att_step + i, j < n_attn);
+    // every load above is issued before any add below: without this fence ptxas interleaved them
+    // once the Params block changed size (ABI 14: 2 of the 13 loads before the first FADD)
+    __syncwarp();
     // adds in the reference's order: x, the attention partials, the MLP partials
     float4 a = q[0];
 #pragma unroll
@@ -1583,13 +1634,13 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_attn_combine(q, d, s, false); });
       break;
     case MK_OP_OPROJ:
-      op_oproj(p, d, s);
+      op_oproj(q, d, s);
       break;
     case MK_OP_DENSE_UP:
       op_dense_up(p, d, s);
       break;
     case MK_OP_DENSE_DOWN:
-      op_dense_down(p, d, s);
+      op_dense_down(q, d, s);
       break;
     case MK_OP_ROUTER:
       op_router(p, d, s);
@@ -1601,7 +1652,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_moe_up(p, d, s);
       break;
     case MK_OP_MOE_DOWN:
-      op_moe_down(p, d, s);
+      op_moe_down(q, d, s);
       break;
     case MK_OP_MOE_FUSED:
       op_moe_fused(q, d, s);
@@ -1641,6 +1692,17 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
   }
   return true;
+}
+
+// A MoE drain's staging of h(l)'s batch rows for its up items (gemv_op stages the same for an up
+// item): h's rows, or RMSNorm(x(l)) with norm_inline. Out of line: inlined into the step kernel, the
+// norm's branch grew its spills (168 -> 248 bytes).
+__device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows) {
+  View V(p);
+  if (p.norm_inline)
+    stage_act_norm(s.act, ActSrc{V.x(l), p.hidden, rows, 0, V.lw(l, MK_LW_NORM), p.rms_eps}, p.hidden, s.red);
+  else
+    stage_act(s.act, ActSrc{V.h(l), p.hidden, rows, 0}, p.hidden);
 }
 
 // ---- DRAIN items: fetched into shared memory one item ahead, built from there ---------------------
@@ -1862,7 +1924,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (s_h_staged != s_desc[MK_F_LAYER]) {  // uniform: s_h_staged is written before barriers
         rows_identity(s_rows, p.batch);
         __syncthreads();
-        stage_act(s.act, ActSrc{View(p).h(s_desc[MK_F_LAYER]), p.hidden, s_rows, 0}, p.hidden);
+        drain_stage_h(s_params, s_desc[MK_F_LAYER], s, s_rows);
       }
       // every thread has read s_flag and s_h_staged before thread 0 writes them again (racecheck
       // found the write of s_flag below racing the read above without this barrier)

@@ -335,6 +335,7 @@ class MegakernelBackend:
             "moe_fused": t.moe_fused,
             "moe_up_big": t.moe_up_layout(cfg)[0],
             "moe_up_small": t.moe_up_small,
+            "norm_inline": t.norm_inline,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

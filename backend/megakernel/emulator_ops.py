@@ -125,6 +125,7 @@ class OpSemantics:
         rng: np.random.Generator | None = None,
         moe_fused: bool | None = None,
         n_lm_tiles: int | None = None,
+        norm_inline: bool | None = None,
     ):
         self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
         # the step's LM-head tiles (its schedule's; the buffer may hold more: a backend sizes it
@@ -132,6 +133,9 @@ class OpSemantics:
         self.n_lm = int(ws["lm_best"].shape[0] if n_lm_tiles is None else n_lm_tiles)
         # ADD_NORM's MoE input: the fused sum (moe_acc) or the top-k slot outputs (moe_out)
         self.moe_fused = bool(ws.tiling.moe_fused if moe_fused is None else moe_fused)
+        # Tiling.norm_inline: no ADD_NORM; the GEMVs over h(l) norm x(l) themselves, the layer's
+        # outputs are added into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise
+        self.inline = bool(ws.tiling.norm_inline if norm_inline is None else norm_inline)
         self.rng = rng or np.random.default_rng(0)
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
@@ -151,6 +155,25 @@ class OpSemantics:
     def _rows(self) -> range:
         return range(self.B)
 
+    def _h_reads(self, layer: int) -> list[Region]:
+        """What a GEMV over h(layer) reads: h's rows, or with norm_inline x's (it norms them)."""
+        H = self.cfg.hidden_size
+        return [(("x" if self.inline else "h", layer, b), 0, H) for b in self._rows()]
+
+    def _h(self, layer: int) -> torch.Tensor:
+        """h(layer) [B, H] as the GEMVs over it see it."""
+        if self.inline:
+            return self._rms(self.ws["x"][layer, : self.B], self._norm_w(layer))
+        return self.ws["h"][layer, : self.B]
+
+    def _sum_key(self, layer: int) -> tuple[str, int]:
+        """Where a fused MoE item adds: moe_acc[layer], or x[layer + 1] with norm_inline."""
+        return ("x", layer + 1) if self.inline else ("moe_acc", layer)
+
+    def _add_out(self, layer: int, rows: list[int], r0: int, n: int) -> list[Region]:
+        """norm_inline: an output added into x(layer + 1)'s rows (fp32 atomics in the kernel)."""
+        return [(("x", layer + 1, b), r0, r0 + n) for b in rows]
+
     # ---- dispatch ---------------------------------------------------------------------------
     def run(self, d: np.ndarray | list[int]) -> Access:
         op = int(d[abi.MK_F_OP])
@@ -166,6 +189,13 @@ class OpSemantics:
     def op_embed(self, layer, a, d) -> Access:
         b = a[0]
         H = self.cfg.hidden_size
+        if self.inline:  # x(0), and a dense layer 0's sum starts at its residual
+            first = [0, 1] if self.cfg.is_dense(0) else [0]
+            if self.math:
+                x = self._f(self.w.embed[int(self.inp.token_ids[b])])
+                for lx in first:
+                    self.ws["x"][lx, b] = x
+            return Access(writes=[(("x", lx, b), 0, H) for lx in first])
         if self.math:
             x = self._f(self.w.embed[int(self.inp.token_ids[b])])
             self.ws["x"][0, b] = x
@@ -175,8 +205,7 @@ class OpSemantics:
     def op_qkv(self, layer, a, d) -> Access:
         cfg, r0, n = self.cfg, a[0], a[1]
         qw, kvw, dh = cfg.q_width, cfg.kv_width, cfg.head_dim
-        H = cfg.hidden_size
-        acc = Access(reads=[(("h", layer, b), 0, H) for b in self._rows()])
+        acc = Access(reads=self._h_reads(layer))
         if r0 < qw:
             kind, local = "q", r0
         elif r0 < qw + kvw:
@@ -193,7 +222,7 @@ class OpSemantics:
             return acc
         lw = self.w.layers[layer]
         W = {"q": lw.q, "k": lw.k, "v": lw.v}[kind][local : local + n].float()
-        h = self.ws["h"][layer, : self.B]
+        h = self._h(layer)
         out = h @ W.T  # [B, n]
         if kind != "v" and cfg.uses_rope(layer):
             pos = self.inp.positions.to(out.device)
@@ -276,27 +305,29 @@ class OpSemantics:
 
     def op_oproj(self, layer, a, d) -> Access:
         r0, n, k0, k1, s = a
-        acc = Access(
-            reads=[(("attn_out", layer, b), k0, k1) for b in self._rows()],
-            writes=[(("ao", layer, s, b), r0, r0 + n) for b in self._rows()],
-        )
+        reads = [(("attn_out", layer, b), k0, k1) for b in self._rows()]
+        if self.inline:
+            acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
+        else:
+            acc = Access(reads=reads, writes=[(("ao", layer, s, b), r0, r0 + n) for b in self._rows()])
         if self.math:
             W = self.w.layers[layer].o[r0 : r0 + n, k0:k1].float()
-            self.ws["ao_part"][layer, s, : self.B, r0 : r0 + n] = (
-                self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
-            )
+            y = self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
+            if self.inline:
+                self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
+            else:
+                self.ws["ao_part"][layer, s, : self.B, r0 : r0 + n] = y
         return acc
 
     def op_dense_up(self, layer, a, d) -> Access:
         c0, n = a[0], a[1]
-        H = self.cfg.hidden_size
         acc = Access(
-            reads=[(("h", layer, b), 0, H) for b in self._rows()],
+            reads=self._h_reads(layer),
             writes=[(("dense_act", layer, b), c0, c0 + n) for b in self._rows()],
         )
         if self.math:
             lw = self.w.layers[layer]
-            h = self.ws["h"][layer, : self.B]
+            h = self._h(layer)
             g = h @ lw.gate[c0 : c0 + n].float().T
             u = h @ lw.up[c0 : c0 + n].float().T
             self.ws["dense_act"][layer, : self.B, c0 : c0 + n] = F.silu(g) * u
@@ -304,27 +335,35 @@ class OpSemantics:
 
     def op_dense_down(self, layer, a, d) -> Access:
         r0, n, k0, k1, s = a
-        acc = Access(
-            reads=[(("dense_act", layer, b), k0, k1) for b in self._rows()],
-            writes=[(("mlp", layer, s, b), r0, r0 + n) for b in self._rows()],
-        )
+        reads = [(("dense_act", layer, b), k0, k1) for b in self._rows()]
+        if self.inline:
+            acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
+        else:
+            acc = Access(reads=reads, writes=[(("mlp", layer, s, b), r0, r0 + n) for b in self._rows()])
         if self.math:
             W = self.w.layers[layer].down[r0 : r0 + n, k0:k1].float()
-            self.ws["mlp_part"][layer, s, : self.B, r0 : r0 + n] = (
-                self.ws["dense_act"][layer, : self.B, k0:k1] @ W.T
-            )
+            y = self.ws["dense_act"][layer, : self.B, k0:k1] @ W.T
+            if self.inline:
+                self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
+            else:
+                self.ws["mlp_part"][layer, s, : self.B, r0 : r0 + n] = y
         return acc
 
     def op_router(self, layer, a, d) -> Access:
         e0, n = a[0], a[1]
-        H = self.cfg.hidden_size
+        H, E = self.cfg.hidden_size, self.cfg.num_experts
         acc = Access(
-            reads=[(("h", layer, b), 0, H) for b in self._rows()],
+            reads=self._h_reads(layer),
             writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
         )
+        if self.inline:  # its share of the residual: the layer's sum x(l+1) starts there
+            c0, c1 = e0 * H // E, (e0 + n) * H // E
+            acc.writes += [(("x", layer + 1, b), c0, c1) for b in self._rows()]
+            if self.math:
+                self.ws["x"][layer + 1, : self.B, c0:c1] = self.ws["x"][layer, : self.B, c0:c1]
         if self.math:
             W = self.w.layers[layer].router[e0 : e0 + n].float()
-            self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self.ws["h"][layer, : self.B] @ W.T
+            self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self._h(layer) @ W.T
         return acc
 
     def op_route(self, layer, a, d) -> Access:
@@ -336,7 +375,7 @@ class OpSemantics:
             reads=[(("rlogits", layer, b), 0, E) for b in self._rows()],
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
-        if self.moe_fused:  # the fused items' sums start at zero
+        if self.moe_fused and not self.inline:  # the fused items' sums start at zero
             acc.writes += [(("moe_acc", layer, b), 0, cfg.hidden_size) for b in self._rows()]
             if self.math:
                 self.ws["moe_acc"][layer, :B] = 0
@@ -376,14 +415,13 @@ class OpSemantics:
     def _up_reads(self, layer) -> list[Region]:
         """An up (or fused) item's reads: the table and every batch row of h(l) (the kernel stages
         them all: its mma computes 8 token columns anyway)."""
-        H = self.cfg.hidden_size
-        return [(("moe_tab", layer), 0, 1)] + [(("h", layer, b), 0, H) for b in self._rows()]
+        return [(("moe_tab", layer), 0, 1), *self._h_reads(layer)]
 
     def _up_act(self, layer, e, c0, n, slots) -> torch.Tensor:
         """silu(gate) * up of expert e's columns c0 .. c0 + n for the slots' tokens: [tokens, n]."""
         K, I = self.cfg.num_experts_per_tok, self.cfg.intermediate_size
         gu = self.w.layers[layer].experts_gate_up[e]
-        h = self.ws["h"][layer][torch.tensor([s // K for s in slots])]
+        h = self._h(layer)[torch.tensor([s // K for s in slots])]
         return F.silu(h @ gu[c0 : c0 + n].float().T) * (h @ gu[I + c0 : I + c0 + n].float().T)
 
     def op_moe_up(self, layer, a, d) -> Access:
@@ -402,13 +440,21 @@ class OpSemantics:
             reads=[(("moe_tab", layer), 0, 1)]
             + [(("moe_act", layer, s), 0, I) for s in slots]
             + [(("route_w", layer), s, s + 1) for s in slots],
-            writes=[(("moe_out", layer, s), r0, r0 + n) for s in slots],
         )
+        K = self.cfg.num_experts_per_tok
+        if self.inline:
+            acc.accums = self._add_out(layer, [s // K for s in slots], r0, n)
+        else:
+            acc.writes = [(("moe_out", layer, s), r0, r0 + n) for s in slots]
         if self.math:
             W = self.w.layers[layer].experts_down[e][r0 : r0 + n].float()
             idx = torch.tensor(slots)
-            y = self.ws["moe_act"][layer, idx] @ W.T
-            self.ws["moe_out"][layer, idx, r0 : r0 + n] = y * self.ws["route_w"][layer, idx][:, None]
+            y = (self.ws["moe_act"][layer, idx] @ W.T) * self.ws["route_w"][layer, idx][:, None]
+            if self.inline:  # index_add_: see op_moe_fused
+                xl = self.ws["x"][layer + 1]
+                xl[:, r0 : r0 + n].index_add_(0, (idx // K).to(xl.device), y)
+            else:
+                self.ws["moe_out"][layer, idx, r0 : r0 + n] = y
         return acc
 
     def op_moe_fused(self, layer, a, d) -> Access:
@@ -419,7 +465,7 @@ class OpSemantics:
         slots = self._moe_slots(d)
         acc = Access(
             reads=self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots],
-            accums=[(("moe_acc", layer, s // K), 0, H) for s in slots],
+            accums=[((*self._sum_key(layer), s // K), 0, H) for s in slots],
         )
         if self.math:
             rows = torch.tensor([s // K for s in slots])
@@ -428,7 +474,7 @@ class OpSemantics:
             wts = self.ws["route_w"][layer, torch.tensor(slots)]
             # index_add_: a row that holds two of the item's slots gets both terms (an indexed +=
             # keeps only one; real routing never picks an expert twice for a token, the op tests do)
-            acc_l = self.ws["moe_acc"][layer]
+            acc_l = self.ws["x"][layer + 1] if self.inline else self.ws["moe_acc"][layer]
             acc_l.index_add_(0, rows.to(acc_l.device), y * wts[:, None])
         return acc
 
@@ -459,14 +505,14 @@ class OpSemantics:
 
     def op_lm_head(self, layer, a, d) -> Access:
         r0, n, t = a[0], a[1], a[2]
-        L, H = self.cfg.num_hidden_layers, self.cfg.hidden_size
+        L = self.cfg.num_hidden_layers
         acc = Access(
-            reads=[(("h", L, b), 0, H) for b in self._rows()],
+            reads=self._h_reads(L),
             writes=[(("logits", b), r0, r0 + n) for b in self._rows()] + [(("lm_best",), t, t + 1)],
         )
         if self.math:
             W = self.w.lm_head[r0 : r0 + n].float()
-            lg = (self.ws["h"][L, : self.B] @ W.T) * self.cfg.logit_scale
+            lg = (self._h(L) @ W.T) * self.cfg.logit_scale
             self.ws["logits"][: self.B, r0 : r0 + n] = lg
             best, arg = lg.max(-1)
             self.ws["lm_best"][t, : self.B] = best

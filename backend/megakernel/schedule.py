@@ -242,6 +242,10 @@ def build_schedule(
     n_o = (H // tiling.o_rows) * Hkv
     # Tiling.whatif_norm (measurement only): the previous layer's end, ((O-proj, n_o), (MLP, target))
     prev_end: tuple[tuple[int, int], ...] = ()
+    # Tiling.norm_inline: the previous layer's end is its MLP counter alone (its O-proj tiles signal
+    # it too), and the GEMVs over h(l) wait for that instead of an add+norm
+    inline = bool(tiling.norm_inline)
+    prev_done: tuple[int, int] | None = None
     for layer in range(L):
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
@@ -253,6 +257,8 @@ def build_schedule(
         wait_h = ((norm[layer], B),)
         if tiling.whatif_norm and prev_end:
             wait_h = prev_end
+        if inline and prev_done is not None:
+            wait_h = (prev_done,)
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
@@ -265,7 +271,7 @@ def build_schedule(
             n_up = D // tiling.dense_up_cols
             up_c = counter(f"dense_up[{layer}]", n_up)
             n_down = (H // tiling.dense_down_rows) * tiling.mlp_splits
-            mlp_c = counter(f"mlp[{layer}]", n_down)
+            mlp_c = counter(f"mlp[{layer}]", n_down + (n_o if inline else 0))
             for t in range(n_up):
                 c0 = t * tiling.dense_up_cols
                 emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
@@ -277,7 +283,7 @@ def build_schedule(
             # fused items (every token slot is in one item per column tile), else the down tiles
             up_tiles, down_tiles = tiling.moe_tiles(cfg)
             mlp_items = up_tiles if tiling.moe_fused else down_tiles
-            mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items)
+            mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + (n_o if inline else 0))
             cs.totals[mlp_c] += B * K * mlp_items
             for t in range(n_router):
                 emit(
@@ -360,7 +366,7 @@ def build_schedule(
                 layer,
                 (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
                 ((comb_c[s], B),),
-                (o_c,),
+                (mlp_c if inline else o_c,),  # norm_inline: the layer's one end counter
             )
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)
@@ -382,7 +388,7 @@ def build_schedule(
                     ctrl_sm(b),
                 )
 
-        if norm_early and tiling.whatif_norm != 2:
+        if norm_early and tiling.whatif_norm != 2 and not inline:
             add_norms()
 
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part)
@@ -398,7 +404,7 @@ def build_schedule(
                     cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
-            drain_h = (norm[layer], B)
+            drain_h = wait_h[0] if inline else (norm[layer], B)
             if tiling.whatif_norm == 2 and prev_end:
                 drain_h = prev_end[1]
             for _ in range(n_work):  # one per work SM
@@ -442,9 +448,10 @@ def build_schedule(
                 emit(qd)
 
         # 8. residual add + next norm, per row
-        if not norm_early and tiling.whatif_norm != 2:
+        if not norm_early and tiling.whatif_norm != 2 and not inline:
             add_norms()
         prev_end = ((o_c, n_o), (mlp_c, mlp_target))
+        prev_done = (mlp_c, mlp_target)
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
@@ -455,7 +462,7 @@ def build_schedule(
                 abi.MK_OP_LM_HEAD,
                 0,
                 (r0, min(tiling.lm_rows, cfg.vocab_size - r0), t),
-                prev_end if tiling.whatif_norm else ((norm[L], B),),
+                prev_end if tiling.whatif_norm else (prev_done,) if inline else ((norm[L], B),),
                 (lm_c,),
             )
         )

@@ -103,6 +103,12 @@ class Tiling:
     # ADD_NORM tasks (h stays what the caller put there) and the MoE drains wait on the previous
     # layer's MLP counter. Only gpu_check bench runs it (MegakernelBackend refuses it otherwise).
     whatif_norm: int = 0
+    # 1: no ADD_NORM tasks (mk_abi.h, norm_inline): the layer's outputs are added (fp32 atomics)
+    # into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise with the residual,
+    # and each GEMV over h(l) stages RMSNorm(x(l)) itself. Takes the add+norm's hop off the layer
+    # boundary (session 24's what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
+    # of a step can differ in the last bits (as with moe_fused).
+    norm_inline: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -145,6 +151,19 @@ class Tiling:
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
+        need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
+        need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
+        if self.norm_inline:
+            E = max(cfg.num_experts, 1)
+            need(
+                all(i == 0 for i in cfg.dense_layers),
+                "norm_inline: a dense layer after layer 0 has no initialiser for its sum",
+            )
+            need(cfg.hidden_size <= 2 * 512 * 4, "norm_inline: the staging's norm holds hidden_size <= 4096")
+            need(
+                (self.router_rows * cfg.hidden_size) % (E * 4) == 0,
+                "norm_inline: each router tile's share of the residual must be whole float4 columns",
+            )
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
         need(self.combine_inline in (0, 1), "combine_inline must be 0 or 1")

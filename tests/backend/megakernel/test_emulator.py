@@ -84,17 +84,22 @@ def _check(ws, batch, ref, ref_batch):
 )
 @pytest.mark.parametrize("strategy", ["random", "reverse"])
 @pytest.mark.parametrize("fused", [1, 0], ids=["fused", "up-down"])
-def test_step_matches_reference(weights, contexts, splits, strategy, fused):
-    """Fused MoE items (Tiling.moe_fused: up + down slice, atomic sums) and separate up/down tiles."""
+@pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
+def test_step_matches_reference(weights, contexts, splits, strategy, fused, inline):
+    """Fused MoE items (Tiling.moe_fused: up + down slice, atomic sums) and separate up/down tiles;
+    add+norm tasks, or (Tiling.norm_inline) the layer's outputs added into x(l+1) and the norm
+    computed by every GEMV over h."""
     from dataclasses import replace
 
-    t = replace(TILING, moe_fused=fused)
+    t = replace(TILING, moe_fused=fused, norm_inline=inline)
     sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t, splits)
+    assert (sched.summary().get("ADD_NORM", 0) == 0) == bool(inline)
     ws, batch, ref, ref_batch, _ = _run(weights, contexts, splits, strategy, sched=sched)
     _check(ws, batch, ref, ref_batch)
     B, moe = len(contexts), [i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)]
-    written = {n: not torch.isnan(ws[n][moe, :B]).any() for n in ("moe_acc", "moe_out")}
-    assert written == {"moe_acc": bool(fused), "moe_out": not fused}  # the path that ran
+    bufs = ("moe_acc", "moe_out", "h")
+    written = {n: not torch.isnan(ws[n][moe, :B]).any() for n in bufs}  # the path that ran
+    assert written == {"moe_acc": bool(fused and not inline), "moe_out": not fused and not inline, "h": not inline}
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -557,3 +562,51 @@ def test_sweep_tilings_at_release_geometry(over, batch):
     static = sum(1 for t in sched.tasks if int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN)
     # every static task, every attention item and the MoE items of each MoE layer ran
     assert rep.events >= static + len(sched.queue_desc) + (layers - 1) * batch
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_norm_inline_release_geometry(batch):
+    """Tiling.norm_inline on the engine's per-batch tiling at the release geometry (5 layers):
+    no ADD_NORM task, no deadlock, every counter at its total, and the happens-before check: every
+    add into x(l+1) after its router tiles' residual copy, every read of x(l) after every add."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    layers = 5
+    cfg = north_mini_code_config(
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
+        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
+    )
+    base = default_tiling(cfg)
+    tiling = replace(tiling_for_batch(cfg, base, batch), norm_inline=1)
+    contexts = [8192 + 977 * b for b in range(batch)]
+    sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
+    assert "ADD_NORM" not in sched.summary()
+    ws = Workspace.allocate(cfg, base, "cpu", math=False)
+    bank = CounterBank(sched.n_counters, start=99)
+    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
+    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 5)
+    static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
+    assert rep.events > static  # the static tasks and the queue items all ran
+
+
+def test_norm_inline_without_the_residual_copy_is_caught(weights, monkeypatch):
+    """norm_inline: a router tile that does not copy its share of the residual into x(l+1) leaves
+    the layer's adds with nothing to add into: the emulator says so."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.emulator_ops import OpSemantics
+
+    real = OpSemantics.op_router
+    sched = build_schedule(CFG, 2, [70, 3], N_SMS, replace(TILING, norm_inline=1))
+
+    def no_copy(self, layer, a, d):
+        acc = real(self, layer, a, d)
+        acc.writes = [w for w in acc.writes if w[0][0] != "x"]
+        return acc
+
+    monkeypatch.setattr(OpSemantics, "op_router", no_copy)
+    with pytest.raises(HazardError, match="nothing initialises"):
+        _run(weights, [70, 3], sched=sched)

@@ -149,9 +149,17 @@ def test_op_matches_semantics(small, op, B):
     _op_check(CFG, w, be, op, B)
 
 
+# Tiling.norm_inline: the ops that add into (or, the router tiles, copy the residual into) x(l+1),
+# checked by what they changed there (x is their input too: it cannot be poisoned)
+SUM_OPS = (abi.MK_OP_ROUTER, abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN, abi.MK_OP_MOE_DOWN, abi.MK_OP_MOE_FUSED)
+
+
 def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
     """Run `op`'s descriptors (default: _op_descs') on random workspace inputs (outputs poisoned) and
-    compare with OpSemantics; `prepare(ws)` may edit the inputs first."""
+    compare with OpSemantics; `prepare(ws)` may edit the inputs first. With the backend's tiling
+    norm_inline the GEMVs over h stage RMSNorm(x) and the SUM_OPS change x(l+1): x is compared
+    element by element with what the reference changed (the rest must stay bit-equal)."""
+    inline = bool(be.tiling.norm_inline)
     seed = op * 10 + B
     case = make_case(cfg, [40 + 97 * b for b in range(B)], device="cuda", dtype=torch.bfloat16, seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -169,6 +177,7 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
     # ref_bufs' copy is the reference workspace's: it changes (only the fused item's check needs it)
     acc_before = ws["moe_acc"].clone() if op == abi.MK_OP_MOE_FUSED else None
+    x_before = ws["x"].clone() if inline and op in SUM_OPS else None
     ref_batch = clone_batch(case.batch)
     be.run_tasks(np.array(descs, dtype=np.int32), case.batch, n_sms=min(len(descs), 7))
     torch.cuda.synchronize()
@@ -205,7 +214,14 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
         )
         m = ~torch.isnan(want) & torch.isfinite(want)
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
-    if op == abi.MK_OP_MOE_FUSED:  # sums added into the routed rows of layer 2 only, the rest as before
+    if x_before is not None:  # norm_inline: what the op changed in x (its layer's sum)
+        got, want = ws["x"], ref_ws["x"]
+        changed = want != x_before
+        assert bool(changed.any()), "the reference changed nothing in x"
+        assert torch.equal(got[~changed], want[~changed]), "x changed outside what the reference changed"
+        delta_got, delta_want = (got - x_before)[changed], (want - x_before)[changed]
+        assert _relerr(delta_got, delta_want) < 1.5e-2, f"x: rel err {_relerr(delta_got, delta_want):.3g}"
+    if op == abi.MK_OP_MOE_FUSED and not inline:  # sums added into the routed rows of layer 2 only
         got, want, before = ws["moe_acc"], ref_ws["moe_acc"], acc_before
         rows = sorted(
             {
@@ -224,6 +240,62 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
         )
     if op == abi.MK_OP_QKV:  # K/V written into the pool
         assert _relerr(case.batch.kv_pool.float(), ref_batch.kv_pool.float()) < 1e-2
+
+
+@pytest.fixture(scope="module")
+def small_inline(small):
+    """The same weights with Tiling.norm_inline (no ADD_NORM: sums into x(l+1), norms in the GEMVs)."""
+    from mkcode.backend.megakernel.tiling import default_tiling
+
+    w, _ = small
+    return w, MegakernelBackend(CFG, w, tiling=replace(default_tiling(CFG), norm_inline=1))
+
+
+INLINE_OPS = (
+    abi.MK_OP_EMBED,
+    abi.MK_OP_QKV,
+    abi.MK_OP_ROUTER,
+    abi.MK_OP_ROUTE,
+    abi.MK_OP_DENSE_UP,
+    abi.MK_OP_MOE_UP,
+    abi.MK_OP_OPROJ,
+    abi.MK_OP_DENSE_DOWN,
+    abi.MK_OP_MOE_DOWN,
+    abi.MK_OP_MOE_FUSED,
+    abi.MK_OP_LM_HEAD,
+)
+
+
+@pytest.mark.parametrize("op", INLINE_OPS, ids=lambda o: abi.OPNAMES[o])
+@pytest.mark.parametrize("B", [1, 5, 8])
+def test_op_norm_inline(small_inline, op, B):
+    """Every op that Tiling.norm_inline changes, against OpSemantics in that mode: EMBED writes x(0)
+    and the dense layer 0's x(1); the GEMVs over h stage RMSNorm(x(l)) (QKV, router, dense up, MoE
+    up, LM head: the final norm); the router tiles copy their share of x(l) into x(l+1); O-proj,
+    dense down, MoE down and fused items add into x(l+1); ROUTE no longer zeroes moe_acc."""
+    w, be = small_inline
+    _op_check(CFG, w, be, op, B)
+
+
+@pytest.mark.parametrize(
+    "contexts", [[300], [63, 64], [5, 300, 255, 256], BS8_CONTEXTS], ids=["bs1", "bs2", "bs4", "bs8"]
+)
+@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
+def test_step_norm_inline_reduced(small, contexts, use_mma):
+    """Whole steps with Tiling.norm_inline on the engine's per-batch tiling (fused MoE items below
+    4 rows, up / down tiles from 4) against the routed fp32 reference."""
+    w, _ = small
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=1), use_mma=use_mma)
+    _step_check(CFG, w, be, contexts, seed=len(contexts) + 40)
+
+
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
+def test_consecutive_steps_norm_inline(small, contexts):
+    """Three norm_inline steps in a row: each step's router tiles re-initialise the sums (no stale
+    adds from the previous step) and the one-counter layer ends hold their totals."""
+    w, _ = small
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=1))
+    _consecutive_steps(w, be, contexts, seed=31, steps=3)
 
 
 @pytest.fixture(scope="module")
@@ -744,3 +816,15 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
+
+
+@pytest.mark.parametrize(
+    "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
+)
+def test_step_norm_inline_release_geometry(release, contexts):
+    """Tiling.norm_inline at the release geometry on the engine's tiling for the batch."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    cfg, w, _ = release
+    t = replace(tiling_for_batch(cfg, default_tiling(cfg), len(contexts)), norm_inline=1)
+    _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), contexts, seed=len(contexts) + 40)
