@@ -298,86 +298,81 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
   }
 }
 
-// Stage act_s[n][k] = bf16(RMSNorm(src[rows[n]])[k]) (a.norm_w set: Tiling.norm_inline) for the
-// whole row (k0 = 0, klen = the hidden size, at most NORM_SWEEPS * NT * 4): a thread's 4 columns of
-// all 8 rows (and their norm weights) are loaded together, held in registers while the rows' sums of
-// squares are reduced (warp shuffles, then NWARPS partials per row in red: NWARPS * 8 + 8 floats),
-// then scaled, rounded and stored. One L2 round trip, as stage_act; the norm adds two barriers.
+// Stage act_s[n][k] = bf16(x[rows[n]][k] * norm_w[k]) for the whole row (a.norm_w set:
+// Tiling.norm_inline; k0 = 0, klen = the hidden size, at most NORM_SWEEPS * NT * 4), and each warp's
+// sums of squares of the 8 rows' columns it loaded into s_nss[warp][n] (no barrier here: the GEMV's
+// barrier after the staging publishes them). The RMSNorm's per-row factor rsqrt(mean(x^2) + eps)
+// is linear in the GEMV, so gemv_mma / gemv_fma apply it to the outputs (norm_scale): the staging
+// stays one L2 round trip with no block reduction on the chain (a reduction between the loads and
+// the stores, two barriers, measured +1.6 us per staging on the H200, session 24).
 // With a.copy the thread also stores its raw values of columns [copy_lo, copy_hi).
 constexpr int NORM_SWEEPS = 2;
-__device__ __noinline__ void stage_act_norm(bf16* act_s, const ActSrc a, int klen, float* red) {
+__shared__ float s_nss[NWARPS * 8];
+__device__ __forceinline__ void stage_act_norm(bf16* act_s, const ActSrc& a, int klen) {
   act_s = shared(act_s);
-  red = shared(red);
   const int lds = klen + ACT_PAD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int r[8];
 #pragma unroll
   for (int n = 0; n < 8; ++n) r[n] = a.rows[n];
-  float4 v[NORM_SWEEPS][8];
-  uint2 w[NORM_SWEEPS];
   float ss[8];
 #pragma unroll
   for (int n = 0; n < 8; ++n) ss[n] = 0.f;
 #pragma unroll
   for (int sw = 0; sw < NORM_SWEEPS; ++sw) {
     const int k = (threadIdx.x + sw * NT) * 4;
-    const bool in = k < klen;
-    w[sw] = in ? __ldg(reinterpret_cast<const uint2*>(a.norm_w + k)) : make_uint2(0u, 0u);
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      v[sw][n] = in && r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-      ss[n] += v[sw][n].x * v[sw][n].x + v[sw][n].y * v[sw][n].y + v[sw][n].z * v[sw][n].z +
-               v[sw][n].w * v[sw][n].w;
-    }
-    if (a.copy != nullptr && k >= a.copy_lo && k < a.copy_hi) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        if (r[n] >= 0) *reinterpret_cast<float4*>(a.copy + r[n] * a.stride + k) = v[sw][n];
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], o);
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int n = 0; n < 8; ++n) red[warp * 8 + n] = ss[n];
-  }
-  __syncthreads();
-  if (threadIdx.x < 8) {
-    float t = 0.f;
-    for (int w2 = 0; w2 < NWARPS; ++w2) t += red[w2 * 8 + threadIdx.x];
-    red[NWARPS * 8 + threadIdx.x] = rsqrtf(t / (float)klen + a.eps);
-  }
-  __syncthreads();
-  float sc[8];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) sc[n] = red[NWARPS * 8 + n];
-#pragma unroll
-  for (int sw = 0; sw < NORM_SWEEPS; ++sw) {
-    const int k = (threadIdx.x + sw * NT) * 4;
     if (k >= klen) break;
-    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&w[sw].x);
-    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&w[sw].y);
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(a.norm_w + k));
+    float4 v[8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) v[n] = r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&w.x);
+    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&w.y);
     const float w0 = __low2float(w01), w1 = __high2float(w01), w2 = __low2float(w23), w3 = __high2float(w23);
+    const bool copy = a.copy != nullptr && k >= a.copy_lo && k < a.copy_hi;
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      const float4 x = v[sw][n];
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x * sc[n] * w0, x.y * sc[n] * w1);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(x.z * sc[n] * w2, x.w * sc[n] * w3);
+      const float4 x = v[n];
+      ss[n] += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x * w0, x.y * w1);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(x.z * w2, x.w * w3);
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&lo);
       packed.y = *reinterpret_cast<const uint32_t*>(&hi);
       *reinterpret_cast<uint2*>(act_s + n * lds + k) = packed;
+      if (copy && r[n] >= 0) *reinterpret_cast<float4*>(a.copy + r[n] * a.stride + k) = x;
     }
   }
+  // The warp's 8 row sums in 9 shuffles (8 butterflies of 5 took 40): each exchange halves the rows
+  // a lane keeps (xor 16: rows 0-3 or 4-7, xor 8: two of those, xor 4: one), then the row's sum over
+  // the lanes left (xor 2, xor 1); lane L ends with row 4 * b4 + 2 * b3 + b2 of its bits.
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  float t[4], u[2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    t[j] = (b4 ? ss[j + 4] : ss[j]) + __shfl_xor_sync(0xffffffffu, b4 ? ss[j] : ss[j + 4], 16);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    u[j] = (b3 ? t[j + 2] : t[j]) + __shfl_xor_sync(0xffffffffu, b3 ? t[j] : t[j + 2], 8);
+  float v = (b2 ? u[1] : u[0]) + __shfl_xor_sync(0xffffffffu, b2 ? u[0] : u[1], 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  if ((lane & 3) == 0) s_nss[warp * 8 + (b4 ? 4 : 0) + (b3 ? 2 : 0) + (b2 ? 1 : 0)] = v;
+}
+
+// The RMSNorm factor of token column threadIdx.x % 8 from the staging's s_nss (after a barrier).
+// A GEMV's outputs out_s[r * 8 + n] are touched by thread i with i % 8 == n only (NT % 8 == 0).
+__device__ __forceinline__ float norm_scale(int klen, float eps) {
+  float t = 0.f;
+#pragma unroll
+  for (int w = 0; w < NWARPS; ++w) t += s_nss[w * 8 + threadIdx.x % 8];
+  return rsqrtf(t / (float)klen + eps);
 }
 
 // The staging of every GEMV (and of a MoE drain's h rows): plain, or with the row norm.
-__device__ __forceinline__ void stage_rows(bf16* act_s, const ActSrc& a, int klen, float* red) {
+__device__ __forceinline__ void stage_rows(bf16* act_s, const ActSrc& a, int klen) {
   if (a.norm_w != nullptr)
-    stage_act_norm(act_s, a, klen, red);
+    stage_act_norm(act_s, a, klen);
   else
     stage_act(act_s, a, klen);
 }
@@ -480,7 +475,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
-  if (!staged) stage_rows(act_s, act, klen, red_s);
+  if (!staged) stage_rows(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
@@ -495,13 +490,18 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
+  // norm_inline: the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
+  const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
   if (wpg > 1) {
     for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
       const int r = i / 8, n = i % 8, grp = r / 16;
       float s = 0.f;
       for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
-      out_s[i] = s;
+      out_s[i] = s * sc;
     }
+    __syncthreads();
+  } else if (act.norm_w != nullptr) {
+    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) out_s[i] *= sc;
     __syncthreads();
   }
 }
@@ -540,10 +540,15 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
   if (p.use_mma) {
     gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
   } else {
-    if (!staged) stage_rows(act_s, act, g.klen, red_s);
+    if (!staged) stage_rows(act_s, act, g.klen);
     __syncthreads();
     if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
     gemv_fma(g, act_s, out_s);
+    if (act.norm_w != nullptr) {  // as gemv_mma: the rows' RMSNorm factors
+      const float sc = norm_scale(g.klen, act.eps);
+      for (int i = threadIdx.x; i < g.nrows * 8; i += NT) shared(out_s)[i] *= sc;
+      __syncthreads();
+    }
   }
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // both end with __syncthreads
 }

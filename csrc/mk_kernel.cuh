@@ -1699,8 +1699,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 // norm's branch grew its spills (168 -> 248 bytes).
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows) {
   View V(p);
-  if (p.norm_inline)
-    stage_act_norm(s.act, ActSrc{V.x(l), p.hidden, rows, 0, V.lw(l, MK_LW_NORM), p.rms_eps}, p.hidden, s.red);
+  if (p.norm_inline)  // the rows' RMSNorm factors go with them (s_nss): the up items' GEMVs apply them
+    stage_act_norm(s.act, ActSrc{V.x(l), p.hidden, rows, 0, V.lw(l, MK_LW_NORM), p.rms_eps}, p.hidden);
   else
     stage_act(s.act, ActSrc{V.h(l), p.hidden, rows, 0}, p.hidden);
 }
