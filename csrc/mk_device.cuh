@@ -322,7 +322,9 @@ __device__ __forceinline__ void stage_act_norm(bf16* act_s, const ActSrc& a, int
   for (int sw = 0; sw < NORM_SWEEPS; ++sw) {
     const int k = (threadIdx.x + sw * NT) * 4;
     if (k >= klen) break;
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(a.norm_w + k));
+    // the norm weights through L2 as x (ld.global.cg): the GEMV's read-only loads are its weight
+    // stream's alone (each with the L2::128B hint, test_sass_issue)
+    const uint2 w = __ldcg(reinterpret_cast<const uint2*>(a.norm_w + k));
     float4 v[8];
 #pragma unroll
     for (int n = 0; n < 8; ++n) v[n] = r[n] >= 0 ? ld_cg4(a.src + r[n] * a.stride + k) : make_float4(0.f, 0.f, 0.f, 0.f);

@@ -495,7 +495,21 @@ WIDE_O_ROWS = 128
 SINGLE_QKV_ROWS = 128
 
 
+# Tiling.norm_inline in the engine's tilings (session 24): no ADD_NORM tasks, the layer's outputs
+# summed into x(l+1) by fp32 atomics and the norm applied by each GEMV over h. Measured on the H200
+# (gpu_check, four alternating rounds in one call): BS 1 3.155 vs 3.196 ms, BS 8 8.915 vs 9.021 ms
+# (-1.3 / -1.2 %, every round faster); docs/PERF.md "session 24".
+ENGINE_NORM_INLINE = 1
+
+
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
+    """The engine's tiling for a batch size (_batch_tiling), with ENGINE_NORM_INLINE where the config
+    takes it."""
+    t = _batch_tiling(cfg, base, batch, position)
+    return _if_valid(cfg, replace(t, norm_inline=ENGINE_NORM_INLINE), t) if not t.whatif_norm else t
+
+
+def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
     per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP and `base`'s

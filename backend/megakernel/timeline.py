@@ -196,14 +196,28 @@ CHAIN_OPS = (
 )
 
 
+# The ops whose signals end a layer under Tiling.norm_inline (no ADD_NORM: its one end counter)
+END_OPS = ("OPROJ", "MOE_DOWN", "MOE_FUSED", "DENSE_DOWN")
+
+
 def _last_ends(rows: list[list[int]], ops) -> dict[int, dict[str, int]]:
-    """Per layer, per opcode name in `ops`: the last end of its records (after their signals)."""
+    """Per layer, per opcode name in `ops`: the last end of its records (after their signals). A
+    step without ADD_NORM records (Tiling.norm_inline) gets, when `ops` asks for ADD_NORM, each
+    layer's last END_OPS signal in its place: where the next layer's GEMVs can start."""
     ends: dict[int, dict[str, int]] = defaultdict(dict)
+    layer_end: dict[int, int] = {}
+    has_norm = False
     for row in rows:
         op = abi.OPNAMES.get(row[1] & 0xFF, "?")
+        layer = (row[1] >> 8) & 0xFF
+        has_norm |= op == "ADD_NORM"
+        if op in END_OPS:
+            layer_end[layer] = max(layer_end.get(layer, 0), row[7])
         if op in ops:
-            layer = (row[1] >> 8) & 0xFF
             ends[layer][op] = max(ends[layer].get(op, 0), row[7])
+    if "ADD_NORM" in ops and not has_norm:
+        for layer, t in layer_end.items():
+            ends[layer]["ADD_NORM"] = t
     return ends
 
 

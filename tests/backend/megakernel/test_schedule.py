@@ -250,6 +250,24 @@ def test_timeline_summary_of_synthetic_records():
     assert ch[0]["ends_us"] == {"QKV": 9.0 - 0.8}  # MOE_UP is not a chain op; ends after signals
 
 
+def test_timeline_layer_ends_without_add_norm():
+    """A norm_inline step has no ADD_NORM records: each layer ends with its last O-proj / MLP item's
+    signal (the end counter the next layer waits on), which chain_ends and sm_states then use."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 4, "cpu")
+    tl[0, 0] = torch.tensor([abi.MK_OP_OPROJ | (2 << 8), 100, 200, 300, 500, 600, 700])
+    tl[1, 0] = torch.tensor([abi.MK_OP_MOE_DOWN | (2 << 8) | (1 << 16), 100, 200, 300, 700, 800, 900])
+    tl[0, 1] = torch.tensor([abi.MK_OP_QKV | (3 << 8), 900, 1000, 1200, 2000, 2200, 2300])
+    tl[1, 1] = torch.tensor([abi.MK_OP_MOE_FUSED | (3 << 8) | (1 << 16), 1000, 1100, 1200, 4000, 5000, 5200])
+    ch = timeline.chain_ends(timeline.records(tl))
+    assert [c["layer"] for c in ch] == [3] and ch[0]["layer_us"] == 5.2 - 0.9  # from layer 2's last signal
+    assert ch[0]["ends_us"] == {"QKV": 2.3 - 0.9, "MOE_FUSED": 5.2 - 0.9}
+    assert timeline.sm_states(timeline.records(tl), 3, bin_us=1.0)  # a layer span to bin
+
+
 def test_sm_states_of_a_layer(tmp_path, capsys):
     """timeline.sm_states: per bin of a layer (previous add+norm end to its own), the blocks that
     stream (a GEMV interval, an ATTN run), sit in fixed costs, wait (by the waiting op) or idle; and
