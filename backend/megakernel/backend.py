@@ -104,7 +104,9 @@ class MegakernelBackend:
         backend); the caller must call `wait_step()` before it reads results on the host, which is
         where the watchdog runs and a kernel error is raised."""
         if tiling is not None and tiling.whatif_norm and not allow_whatif:
-            raise ValueError("Tiling.whatif_norm computes wrong results: a measurement for gpu_check bench only")
+            raise ValueError(
+                "Tiling.whatif_norm computes wrong results: a measurement for gpu_check bench only"
+            )
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 

@@ -99,7 +99,11 @@ def test_step_matches_reference(weights, contexts, splits, strategy, fused, inli
     B, moe = len(contexts), [i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)]
     bufs = ("moe_acc", "moe_out", "h")
     written = {n: not torch.isnan(ws[n][moe, :B]).any() for n in bufs}  # the path that ran
-    assert written == {"moe_acc": bool(fused and not inline), "moe_out": not fused and not inline, "h": not inline}
+    assert written == {
+        "moe_acc": bool(fused and not inline),
+        "moe_out": not fused and not inline,
+        "h": not inline,
+    }
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
