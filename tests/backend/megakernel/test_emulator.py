@@ -299,14 +299,22 @@ def test_fused_moe_sums_need_their_initialiser(weights, monkeypatch):
     with pytest.raises(HazardError, match="race: MOE_FUSED"):
         _run(weights, [70, 3], sched=sched)
     monkeypatch.setattr(OpSemantics, "op_moe_fused", real)
-    real_route = OpSemantics.op_route
+    _assert_uninitialised_sum_caught(weights, monkeypatch, sched, "op_route", "moe_acc")
 
-    def no_zero(self, layer, a, d):
-        acc = real_route(self, layer, a, d)
-        acc.writes = [w for w in acc.writes if w[0][0] != "moe_acc"]
+
+def _assert_uninitialised_sum_caught(weights, monkeypatch, sched, op: str, buf: str) -> None:
+    """With OpSemantics.<op> no longer writing `buf` (the initialiser of an atomic sum), the
+    emulator reports the sum's adds as adding into nothing."""
+    from mkcode.backend.megakernel.emulator_ops import OpSemantics
+
+    real = getattr(OpSemantics, op)
+
+    def without(self, layer, a, d):
+        acc = real(self, layer, a, d)
+        acc.writes = [w for w in acc.writes if w[0][0] != buf]
         return acc
 
-    monkeypatch.setattr(OpSemantics, "op_route", no_zero)
+    monkeypatch.setattr(OpSemantics, op, without)
     with pytest.raises(HazardError, match="nothing initialises"):
         _run(weights, [70, 3], sched=sched)
 
@@ -339,15 +347,20 @@ def test_sm_order_that_breaks_topology_deadlocks(weights):
         _run(weights, contexts, sched=sched)
 
 
-@pytest.mark.parametrize("batch,layers,hazards", [(1, 49, True), (8, 9, False)])
-def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
-    """The 30B schedule on 132 virtual SMs, routing drawn at random: no deadlock, every counter at its
-    total, no over-claim (and, at BS 1, the full happens-before check)."""
-    cfg = north_mini_code_config(
+def _release_cfg(layers: int):
+    """The release geometry cut to `layers` layers (full attention every 4th, a dense layer 0)."""
+    return north_mini_code_config(
         num_hidden_layers=layers,
         layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
         mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
     )
+
+
+@pytest.mark.parametrize("batch,layers,hazards", [(1, 49, True), (8, 9, False)])
+def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
+    """The 30B schedule on 132 virtual SMs, routing drawn at random: no deadlock, every counter at its
+    total, no over-claim (and, at BS 1, the full happens-before check)."""
+    cfg = _release_cfg(layers)
     contexts = [8192 + 977 * b for b in range(batch)]
     sched = build_schedule(cfg, batch, contexts, 132)
     ws = Workspace.allocate(cfg, default_tiling(cfg), "cpu", math=False)
@@ -461,11 +474,7 @@ def test_release_geometry_engine_tilings(batch, fused):
     from mkcode.backend.megakernel.tiling import tiling_for_batch
 
     layers = 5
-    cfg = north_mini_code_config(
-        num_hidden_layers=layers,
-        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
-        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
-    )
+    cfg = _release_cfg(layers)
     base = default_tiling(cfg)
     engine = tiling_for_batch(cfg, base, batch)
     assert engine.moe_fused == (batch < 4)  # fused items below WIDE_MOE_FROM_BATCH rows
@@ -550,11 +559,7 @@ def test_sweep_tilings_at_release_geometry(over, batch):
     from dataclasses import replace
 
     layers = 5
-    cfg = north_mini_code_config(
-        num_hidden_layers=layers,
-        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
-        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
-    )
+    cfg = _release_cfg(layers)
     tiling = replace(default_tiling(cfg), **over)
     tiling.validate(cfg)
     contexts = [8192 + 977 * b for b in range(batch)]
@@ -578,11 +583,7 @@ def test_norm_inline_release_geometry(batch):
     from mkcode.backend.megakernel.tiling import tiling_for_batch
 
     layers = 5
-    cfg = north_mini_code_config(
-        num_hidden_layers=layers,
-        layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)],
-        mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
-    )
+    cfg = _release_cfg(layers)
     base = default_tiling(cfg)
     tiling = replace(tiling_for_batch(cfg, base, batch), norm_inline=1)
     contexts = [8192 + 977 * b for b in range(batch)]
@@ -601,16 +602,5 @@ def test_norm_inline_without_the_residual_copy_is_caught(weights, monkeypatch):
     the layer's adds with nothing to add into: the emulator says so."""
     from dataclasses import replace
 
-    from mkcode.backend.megakernel.emulator_ops import OpSemantics
-
-    real = OpSemantics.op_router
     sched = build_schedule(CFG, 2, [70, 3], N_SMS, replace(TILING, norm_inline=1))
-
-    def no_copy(self, layer, a, d):
-        acc = real(self, layer, a, d)
-        acc.writes = [w for w in acc.writes if w[0][0] != "x"]
-        return acc
-
-    monkeypatch.setattr(OpSemantics, "op_router", no_copy)
-    with pytest.raises(HazardError, match="nothing initialises"):
-        _run(weights, [70, 3], sched=sched)
+    _assert_uninitialised_sum_caught(weights, monkeypatch, sched, "op_router", "x")
