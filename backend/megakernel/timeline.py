@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         lo, hi, every = args.sms
         tasks = sm_tasks(recs, args.layer, lo, hi)
         if not tasks:
-            print(f"layer {args.layer}: no add+norm record before it")
+            print(f"layer {args.layer}: no end (add+norm, or its end counter's last signal) before it")
             return 1
         for blk in sorted(tasks)[:: max(1, int(every))]:
             print(
@@ -589,10 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     ch = chain_ends(recs)
     if ch:
         mean = sum(c["layer_us"] for c in ch) / len(ch)
-        print(f"{len(ch)} layers, mean {mean:.1f} us from add+norm to add+norm")
+        print(
+            f"{len(ch)} layers, mean {mean:.1f} us from layer end to layer end (add+norm or the end counter)"
+        )
     states = sm_states(recs, args.layer, args.bin)
     if not states:
-        print(f"layer {args.layer}: no add+norm records around it")
+        print(f"layer {args.layer}: no layer ends around it")
         return 1
     print(
         f"layer {args.layer}, per {args.bin:g} us: blocks streaming (by op), in fixed costs, waiting (by op), idle"
