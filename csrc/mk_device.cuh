@@ -306,9 +306,13 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
 // stays one L2 round trip with no block reduction on the chain (a reduction between the loads and
 // the stores, two barriers, measured +1.6 us per staging on the H200, session 24).
 // With a.copy the thread also stores its raw values of columns [copy_lo, copy_hi).
+// Out of line, its sweep loop rolled: one copy (7.2 KB of SASS). Inlined into gemv_mma, gemv_op's
+// FMA path and the drain's staging with both sweeps unrolled, it took gemv_mma from 14.3 to 26.8 KB
+// and gemv_op from 10.5 to 24.7 KB (`mkcode kernels sizes`; out of line: 17.2 / 15.1 KB), code every
+// GEMV task fetches (session 24's switch timeline: the up item's ready -> GEMV 2.4 -> 3.3 us).
 constexpr int NORM_SWEEPS = 2;
 __shared__ float s_nss[NWARPS * 8];
-__device__ __forceinline__ void stage_act_norm(bf16* act_s, const ActSrc& a, int klen) {
+__device__ __noinline__ void stage_act_norm(bf16* act_s, const ActSrc a, int klen) {
   act_s = shared(act_s);
   const int lds = klen + ACT_PAD;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -318,8 +322,8 @@ __device__ __forceinline__ void stage_act_norm(bf16* act_s, const ActSrc& a, int
   float ss[8];
 #pragma unroll
   for (int n = 0; n < 8; ++n) ss[n] = 0.f;
-#pragma unroll
-  for (int sw = 0; sw < NORM_SWEEPS; ++sw) {
+#pragma unroll 1
+  for (int sw = 0; sw < NORM_SWEEPS; ++sw) {  // one sweep at hidden <= 2048 (NT * 4)
     const int k = (threadIdx.x + sw * NT) * 4;
     if (k >= klen) break;
     // the norm weights through L2 as x (ld.global.cg): the GEMV's read-only loads are its weight
