@@ -14,6 +14,7 @@
 #define MK_MAX_SIGNALS 2  // counters a task increments after its writes are visible
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
 #define MK_MAX_TILE_ROWS 1024  // weight rows of one GEMV task at most (gate+up count twice)
+#define MK_NORM_MAX_HIDDEN 4096  // hidden size at most with norm_inline (the staging's norm sweeps)
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.

@@ -310,7 +310,8 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
 // FMA path and the drain's staging with both sweeps unrolled, it took gemv_mma from 14.3 to 26.8 KB
 // and gemv_op from 10.5 to 24.7 KB (`mkcode kernels sizes`; out of line: 17.2 / 15.1 KB), code every
 // GEMV task fetches (session 24's switch timeline: the up item's ready -> GEMV 2.4 -> 3.3 us).
-constexpr int NORM_SWEEPS = 2;
+constexpr int NORM_SWEEPS = MK_NORM_MAX_HIDDEN / (NT * 4);
+static_assert(NORM_SWEEPS * NT * 4 == MK_NORM_MAX_HIDDEN, "the norm's sweeps cover MK_NORM_MAX_HIDDEN");
 __shared__ float s_nss[NWARPS * 8];
 __device__ __noinline__ void stage_act_norm(bf16* act_s, const ActSrc a, int klen) {
   act_s = shared(act_s);

@@ -191,36 +191,30 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
          op == MK_OP_MOE_FUSED;
 }
 
+// The activations of a GEMV over h(l) (l = num_layers: the LM head's, after the final norm): h's
+// rows, or with norm_inline x(l)'s, which the staging norms with the layer's weights. gemv_op and a
+// MoE drain's staging (drain_stage_h) take it from here.
+__device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows) {
+  View V(p);
+  if (!p.norm_inline) return ActSrc{V.h(l), p.hidden, rows, 0};
+  const bf16* w = l < p.num_layers ? V.lw(l, MK_LW_NORM) : (const bf16*)p.final_norm;
+  return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
+}
+
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
-  // a GEMV over h(l): h's rows, or (norm_inline) x(l)'s, normed by the staging
-  const bool inl = p.norm_inline;
-  const float* src = inl ? V.x(l) : V.h(l);
-  const bf16* norm_w = inl ? V.lw(l, MK_LW_NORM) : nullptr;
-  long stride = p.hidden;
-  int k0 = 0;
+  ActSrc a = h_rows(p, op == MK_OP_LM_HEAD ? p.num_layers : l, rows);  // every GEMV over h, else below
   int rows_mode = 0;  // 0: the batch rows in order, 1: the item's token rows (h), 2: its token slots
   bool staged = false;
-  float* copy = nullptr;  // norm_inline: a router tile's share of the residual, into x(l+1)
-  int copy_lo = 0, copy_hi = 0;
   if (op == MK_OP_OPROJ) {
-    src = V.attn_out(l);
-    stride = V.QW();
-    k0 = d[MK_F_A2];
-    norm_w = nullptr;
+    a = ActSrc{V.attn_out(l), V.QW(), rows, d[MK_F_A2]};
   } else if (op == MK_OP_DENSE_DOWN) {
-    src = V.dense_act(l);
-    stride = p.dense_inter;
-    k0 = d[MK_F_A2];
-    norm_w = nullptr;
-  } else if (op == MK_OP_LM_HEAD) {
-    src = inl ? V.x(p.num_layers) : V.h(p.num_layers);
-    norm_w = inl ? (const bf16*)p.final_norm : nullptr;
-  } else if (op == MK_OP_ROUTER && inl) {
-    copy = V.x(l + 1);
-    copy_lo = d[MK_F_A0] * p.hidden / p.num_experts;
-    copy_hi = (d[MK_F_A0] + d[MK_F_A1]) * p.hidden / p.num_experts;
+    a = ActSrc{V.dense_act(l), p.dense_inter, rows, d[MK_F_A2]};
+  } else if (op == MK_OP_ROUTER && p.norm_inline) {  // its share of the residual, into x(l+1)
+    a.copy = V.x(l + 1);
+    a.copy_lo = d[MK_F_A0] * p.hidden / p.num_experts;
+    a.copy_hi = (d[MK_F_A0] + d[MK_F_A1]) * p.hidden / p.num_experts;
   } else if (op == MK_OP_MOE_UP || op == MK_OP_MOE_FUSED) {
     // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged);
     // MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token)
@@ -228,10 +222,8 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     staged = whole && s_h_staged == l;
     rows_mode = whole ? 0 : 1;
   } else if (op == MK_OP_MOE_DOWN) {
-    src = V.moe_act(l);
-    stride = p.moe_inter;
+    a = ActSrc{V.moe_act(l), p.moe_inter, rows, 0};
     rows_mode = 2;
-    norm_w = nullptr;
   }
   if (!staged) {
     if (rows_mode == 0)
@@ -242,7 +234,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, g);
-  gemv(p, g, ActSrc{src, stride, rows, k0, norm_w, p.rms_eps, copy, copy_lo, copy_hi}, s.act, s.red, s.out, staged);
+  gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -1697,12 +1689,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 // A MoE drain's staging of h(l)'s batch rows for its up items (gemv_op stages the same for an up
 // item): h's rows, or RMSNorm(x(l)) with norm_inline. Out of line: inlined into the step kernel, the
 // norm's branch grew its spills (168 -> 248 bytes).
+// With norm_inline the rows' RMSNorm factors go with them (s_nss): the up items' GEMVs apply them.
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows) {
-  View V(p);
-  if (p.norm_inline)  // the rows' RMSNorm factors go with them (s_nss): the up items' GEMVs apply them
-    stage_act_norm(s.act, ActSrc{V.x(l), p.hidden, rows, 0, V.lw(l, MK_LW_NORM), p.rms_eps}, p.hidden);
-  else
-    stage_act(s.act, ActSrc{V.h(l), p.hidden, rows, 0}, p.hidden);
+  stage_rows(s.act, h_rows(p, l, rows), p.hidden);
 }
 
 // ---- DRAIN items: fetched into shared memory one item ahead, built from there ---------------------

@@ -240,12 +240,11 @@ def build_schedule(
 
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
-    # Tiling.whatif_norm (measurement only): the previous layer's end, ((O-proj, n_o), (MLP, target))
+    # The previous layer's end, ((O-proj, n_o), (MLP, target)): what the GEMVs over h(l) wait for
+    # instead of its add+norm with Tiling.whatif_norm (a measurement) and, its MLP counter alone (the
+    # O-proj tiles signal it too), with Tiling.norm_inline
     prev_end: tuple[tuple[int, int], ...] = ()
-    # Tiling.norm_inline: the previous layer's end is its MLP counter alone (its O-proj tiles signal
-    # it too), and the GEMVs over h(l) wait for that instead of an add+norm
     inline = bool(tiling.norm_inline)
-    prev_done: tuple[int, int] | None = None
     for layer in range(L):
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
@@ -257,8 +256,8 @@ def build_schedule(
         wait_h = ((norm[layer], B),)
         if tiling.whatif_norm and prev_end:
             wait_h = prev_end
-        if inline and prev_done is not None:
-            wait_h = (prev_done,)
+        if inline and prev_end:
+            wait_h = (prev_end[1],)
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
@@ -451,10 +450,10 @@ def build_schedule(
         if not norm_early and tiling.whatif_norm != 2 and not inline:
             add_norms()
         prev_end = ((o_c, n_o), (mlp_c, mlp_target))
-        prev_done = (mlp_c, mlp_target)
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
+    lm_wait = prev_end if tiling.whatif_norm else (prev_end[1],) if inline else ((norm[L], B),)
     for t in range(n_lm):
         r0 = t * tiling.lm_rows
         emit(
@@ -462,7 +461,7 @@ def build_schedule(
                 abi.MK_OP_LM_HEAD,
                 0,
                 (r0, min(tiling.lm_rows, cfg.vocab_size - r0), t),
-                prev_end if tiling.whatif_norm else (prev_done,) if inline else ((norm[L], B),),
+                lm_wait,
                 (lm_c,),
             )
         )

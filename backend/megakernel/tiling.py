@@ -159,7 +159,10 @@ class Tiling:
                 all(i == 0 for i in cfg.dense_layers),
                 "norm_inline: a dense layer after layer 0 has no initialiser for its sum",
             )
-            need(cfg.hidden_size <= 2 * 512 * 4, "norm_inline: the staging's norm holds hidden_size <= 4096")
+            need(
+                cfg.hidden_size <= abi.MK_NORM_MAX_HIDDEN,
+                f"norm_inline: the staging's norm holds hidden_size <= {abi.MK_NORM_MAX_HIDDEN}",
+            )
             need(
                 (self.router_rows * cfg.hidden_size) % (E * 4) == 0,
                 "norm_inline: each router tile's share of the residual must be whole float4 columns",

@@ -281,20 +281,24 @@ def test_op_norm_inline(small_inline, op, B):
     "contexts", [[300], [63, 64], [5, 300, 255, 256], BS8_CONTEXTS], ids=["bs1", "bs2", "bs4", "bs8"]
 )
 @pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
-def test_step_norm_inline_reduced(small, contexts, use_mma):
-    """Whole steps with Tiling.norm_inline on the engine's per-batch tiling (fused MoE items below
-    4 rows, up / down tiles from 4) against the routed fp32 reference."""
+@pytest.mark.parametrize("inline", [1, 0], ids=["inline", "add-norm"])
+def test_step_norm_inline_reduced(small, contexts, use_mma, inline):
+    """Whole steps on the engine's per-batch tiling (fused MoE items below 4 rows, up / down tiles
+    from 4) with Tiling.norm_inline (the engine's) and without it (the add+norm tasks, the A/B
+    path), against the routed fp32 reference."""
     w, _ = small
-    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=1), use_mma=use_mma)
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=inline), use_mma=use_mma)
     _step_check(CFG, w, be, contexts, seed=len(contexts) + 40)
 
 
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_consecutive_steps_norm_inline(small, contexts):
-    """Three norm_inline steps in a row: each step's router tiles re-initialise the sums (no stale
-    adds from the previous step) and the one-counter layer ends hold their totals."""
+@pytest.mark.parametrize("inline", [1, 0], ids=["inline", "add-norm"])
+def test_consecutive_steps_norm_inline(small, contexts, inline):
+    """Three steps in a row with norm_inline (each step's router tiles re-initialise the sums: no
+    stale adds from the previous step, and the one-counter layer ends hold their totals) and with
+    the add+norm tasks on the same engine tiling."""
     w, _ = small
-    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=1))
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=inline))
     _consecutive_steps(w, be, contexts, seed=31, steps=3)
 
 

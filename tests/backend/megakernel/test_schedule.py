@@ -695,7 +695,6 @@ def test_whatif_norm_schedule_waits_on_the_previous_layers_end(mode):
     base = build_schedule(CFG, B, [8192] * B, 132)
     s = build_schedule(CFG, B, [8192] * B, 132, tiling=replace(base.tiling, whatif_norm=mode))
     names = s.counters.names
-    by_name = {n: i for i, n in enumerate(names)}
     ops = [int(t[abi.MK_F_OP]) for t in s.tasks]
     assert (ops.count(abi.MK_OP_ADD_NORM) == 0) == (mode == 2)
     for t in s.tasks:
@@ -713,7 +712,20 @@ def test_whatif_norm_schedule_waits_on_the_previous_layers_end(mode):
         for i in range(int(t[abi.MK_F_NWAIT])):
             c, target = int(t[abi.MK_F_WAIT0 + 2 * i]), int(t[abi.MK_F_WAIT0 + 2 * i + 1])
             assert s.counters.totals[c] >= target, names[c]
-    assert by_name["norm[1]"] >= 0
+
+
+def test_whatif_variant_runs_on_the_engine_tiling_without_norm_inline():
+    """gpu_check's what-if variant on the engine's tiling (which takes norm_inline): the what-if
+    measures the add+norm path, so the variant turns norm_inline off and the tiling validates."""
+    from mkcode.backend.megakernel.gpu_check import variant_tiling
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    engine = tiling_for_batch(CFG, default_tiling(CFG), 8)
+    assert engine.norm_inline
+    t = variant_tiling(engine, {"whatif_norm": 2})
+    assert (t.whatif_norm, t.norm_inline) == (2, 0)
+    t.validate(CFG)
+    assert variant_tiling(engine, {"ctrl_sms": 1}) == replace(engine, ctrl_sms=1)
 
 
 def test_whatif_norm_is_refused_outside_the_measurement():
