@@ -99,6 +99,7 @@ enum MkError {
   MK_ERR_QUEUE_OVERFLOW = 3,
   MK_ERR_ABORTED = 4,       // another block failed first
   MK_ERR_BAD_ARGS = 5,
+  MK_ERR_NAN_LOGITS = 6,    // a greedy row whose LM-head tiles all have NaN maxima (no argmax)
 };
 #define MK_ERR_WORDS 8
 
@@ -211,6 +212,12 @@ enum MkError {
 // operand, no block barrier in the loop; measured 2026-12-01, gpu_check, same call: BS 8 8.822 /
 // 8.724 vs 9.003 / 8.983 ms, BS 4 6.064 / 5.929 vs 6.147 / 6.173, sliding-layer items 22.9 vs ~33 us).
 #define MK_MODE_ATTN_PAIRS 1024
+
+// MK_MODE_LM_RESTAGE (A/B switch): every LM-head tile stages the final norm's rows of x(L) itself
+// (the path before session 25). By default an SM's LM-head tiles after its first reuse the rows its
+// first one staged (s_h_staged = num_layers): the rows are the same for every tile, and with
+// Tiling.lm_queue an SM runs ~16 tiles of ~16 us each, ~3 us of which was this staging.
+#define MK_MODE_LM_RESTAGE 2048
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W

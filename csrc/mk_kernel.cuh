@@ -224,6 +224,8 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   } else if (op == MK_OP_MOE_DOWN) {
     a = ActSrc{V.moe_act(l), p.moe_inter, rows, 0};
     rows_mode = 2;
+  } else if (op == MK_OP_LM_HEAD) {  // the final norm's rows, staged by this SM's first LM tile
+    staged = !(p.prefetch_mode & MK_MODE_LM_RESTAGE) && s_h_staged == p.num_layers;
   }
   if (!staged) {
     if (rows_mode == 0)
@@ -945,6 +947,9 @@ __device__ void op_lm_head(const Params& p, const int* d, Smem& s) {
       ((int*)p.lm_arg)[(size_t)t * 8 + warp] = r0 + bi;
     }
   }
+  // the staged rows (and their norm sums) stay for this SM's next LM tile (gemv_op); read after
+  // run_task's closing barrier, as op_moe_up's
+  if (threadIdx.x == 0) s_h_staged = (p.prefetch_mode & MK_MODE_LM_RESTAGE) ? -1 : p.num_layers;
 }
 
 __device__ __noinline__ void op_sample(const Params& p) {
@@ -1308,16 +1313,32 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
   const int top_k = sp ? sp[MK_SP_TOP_K] : 0;
   const float top_p = sp ? __int_as_float(sp[MK_SP_TOP_P]) : 1.f;
   if (!(T > 0.f) || top_k == 1 || !(top_p > 0.f)) {  // greedy: merge the LM-head tiles' argmax
-    if (warp == 0) {
-      float best = -INFINITY;
-      int bt = 0x7fffffff;
-      for (int t = lane; t < p.n_lm_tiles; t += 32) {
-        const float v = ld_cg((const float*)p.lm_best + (size_t)t * 8 + b);
-        if (v > best || (v == best && t < bt)) {
-          best = v;
+    // The whole block: each thread's GREEDY_PER tiles loaded before any compare (all in flight at
+    // once), then warp and block reductions. Warp 0 alone walked the 1024-2048 tiles 32 at a time,
+    // one L2 round trip per step: ~15-18 us at the end of every step (session 25, timeline).
+    constexpr int GREEDY_PER = 4;
+    const int n = p.n_lm_tiles;
+    float best = -INFINITY;
+    int bt = 0x7fffffff;
+    for (int t0 = threadIdx.x; t0 < n; t0 += GREEDY_PER * NT) {
+      float v[GREEDY_PER];
+#pragma unroll
+      for (int j = 0; j < GREEDY_PER; ++j) {
+        const int t = t0 + j * NT;
+        v[j] = t < n ? ld_cg((const float*)p.lm_best + (size_t)t * 8 + b) : -INFINITY;
+      }
+#pragma unroll
+      for (int j = 0; j < GREEDY_PER; ++j) {
+        const int t = t0 + j * NT;
+        if (t < n && (v[j] > best || (v[j] == best && t < bt))) {
+          best = v[j];
           bt = t;
         }
       }
+    }
+    float* wbest = reinterpret_cast<float*>(s.raw);  // [NWARPS] per-warp bests, then their tiles
+    int* wtile = reinterpret_cast<int*>(wbest + NWARPS);
+    for (int round = 0; round < 2; ++round) {  // within each warp, then over the warps' results
       for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(FULL, best, o);
         const int oi = __shfl_xor_sync(FULL, bt, o);
@@ -1326,7 +1347,20 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
           bt = oi;
         }
       }
-      if (lane == 0) ((long long*)p.tokens_out)[b] = ld_cg((const int*)p.lm_arg + (size_t)bt * 8 + b);
+      if (round == 1) break;
+      if (lane == 0) {
+        wbest[warp] = best;
+        wtile[warp] = bt;
+      }
+      __syncthreads();
+      best = lane < NWARPS ? wbest[lane] : -INFINITY;
+      bt = lane < NWARPS ? wtile[lane] : 0x7fffffff;
+    }
+    if (threadIdx.x == 0) {
+      if (bt < n)
+        ((long long*)p.tokens_out)[b] = ld_cg((const int*)p.lm_arg + (size_t)bt * 8 + b);
+      else  // every tile's maximum was NaN: no token to give (the host raises)
+        raise_error(p, MK_ERR_NAN_LOGITS, d[MK_F_ID], b, 0, 0);
     }
     return;
   }
@@ -1573,7 +1607,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   const Params& q = s_params;  // for the out-of-line ops (s_params)
   // every task but a MoE up item may overwrite the staged h rows (read after the barrier below; a
   // fused item clears it itself after its up GEMV)
-  if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED) s_h_staged = -1;
+  if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
+    s_h_staged = -1;
   uint64_t t1 = 0;
   if ((p.prefetch_mode & MK_PREFETCH_SELF) ||
       ((p.prefetch_mode & MK_PREFETCH_HEAD) &&

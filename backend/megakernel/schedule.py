@@ -454,17 +454,32 @@ def build_schedule(
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
     lm_wait = prev_end if tiling.whatif_norm else (prev_end[1],) if inline else ((norm[L], B),)
-    for t in range(n_lm):
-        r0 = t * tiling.lm_rows
-        emit(
-            make_desc(
-                abi.MK_OP_LM_HEAD,
-                0,
-                (r0, min(tiling.lm_rows, cfg.vocab_size - r0), t),
-                lm_wait,
-                (lm_c,),
-            )
+    lm_tiles = [
+        make_desc(
+            abi.MK_OP_LM_HEAD,
+            0,
+            (t * tiling.lm_rows, min(tiling.lm_rows, cfg.vocab_size - t * tiling.lm_rows), t),
+            lm_wait,
+            (lm_c,),
         )
+        for t in range(n_lm)
+    ]
+    if tiling.lm_queue:  # one host queue, one drain per SM (control SMs included)
+        first = len(qdescs)
+        for qd in lm_tiles:
+            qd[abi.MK_F_ID] = -1 - len(qdescs)
+            qdescs.append(qd)
+            cs.totals[lm_c] += 1
+        n_drains = min(n_lm, n_sms)
+        head_c = counter("lm_head_queue", 0)
+        cs.totals[head_c] += n_lm + 2 * n_drains  # every drain claims exactly twice past the end
+        qid = len(qinfo)
+        qinfo.append([first, n_lm, head_c, 0])
+        for sm in range(n_drains):
+            emit(make_desc(abi.MK_OP_DRAIN, 0, (abi.MK_QUEUE_HOST, qid)), sm)
+    else:
+        for d in lm_tiles:
+            emit(d)
     for b in range(B):  # one draw per row (greedy unless the row's sampling params say otherwise)
         emit(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,), ((lm_c, n_lm),)))
 

@@ -109,6 +109,11 @@ class Tiling:
     # boundary (session 24's what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
     # of a step can differ in the last bits (as with moe_fused).
     norm_inline: int = 0
+    # 1: the LM head's tiles are the items of one host queue that a DRAIN on every SM (the control
+    # SMs too) claims from, instead of static tasks dealt round-robin over the work SMs: the tiles
+    # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
+    # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
+    lm_queue: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -152,6 +157,7 @@ class Tiling:
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
+        need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
         need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
@@ -282,6 +288,7 @@ SWITCH_FIELDS = frozenset(
         "combine_inline",
         "moe_up_small",
         "moe_up_small_tiles",
+        "lm_queue",
     }
 )
 
@@ -503,12 +510,17 @@ SINGLE_QKV_ROWS = 128
 # (gpu_check, four alternating rounds in one call): BS 1 3.155 vs 3.196 ms, BS 8 8.915 vs 9.021 ms
 # (-1.3 / -1.2 %, every round faster); docs/PERF.md "session 24".
 ENGINE_NORM_INLINE = 1
+# Tiling.lm_queue, the engine's default at every batch size: the LM-head tiles as one queue drained
+# by every SM. Measured on the H200 (gpu_check, session 25, with the staged final h reused across an
+# SM's LM tiles): BS 8 8.748 vs 8.790 ms (six runs each over two calls, -0.5 %), BS 1 equal (3.048
+# vs 3.039); docs/PERF.md "session 25".
+ENGINE_LM_QUEUE = 1
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), with ENGINE_NORM_INLINE where the config
-    takes it."""
-    t = _batch_tiling(cfg, base, batch, position)
+    takes it and ENGINE_LM_QUEUE."""
+    t = replace(_batch_tiling(cfg, base, batch, position), lm_queue=ENGINE_LM_QUEUE)
     return _if_valid(cfg, replace(t, norm_inline=ENGINE_NORM_INLINE), t) if not t.whatif_norm else t
 
 

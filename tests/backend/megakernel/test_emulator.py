@@ -604,3 +604,42 @@ def test_norm_inline_without_the_residual_copy_is_caught(weights, monkeypatch):
 
     sched = build_schedule(CFG, 2, [70, 3], N_SMS, replace(TILING, norm_inline=1))
     _assert_uninitialised_sum_caught(weights, monkeypatch, sched, "op_router", "x")
+
+
+@pytest.mark.parametrize("contexts", [[0], [5, 130, 64], [1, 2, 65, 127, 128, 129, 191, 255]])
+@pytest.mark.parametrize("strategy", ["random", "reverse"])
+@pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
+def test_lm_queue_matches_reference(weights, contexts, strategy, inline):
+    """Tiling.lm_queue: the LM-head tiles as one host queue drained by every SM (the control SMs
+    too): the same logits and tokens as the reference, every tile run once (the queue's head at its
+    total: no over-claim, none left)."""
+    from dataclasses import replace
+
+    t = replace(TILING, lm_queue=1, norm_inline=inline, ctrl_sms=1)
+    sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t)
+    assert "LM_HEAD" not in {abi.OPNAMES[int(op)] for op in sched.tasks[:, abi.MK_F_OP]}
+    assert sched.summary()["LM_HEAD"] == sched.n_lm_tiles
+    ws, batch, ref, ref_batch, _ = _run(weights, contexts, None, strategy, sched=sched)
+    _check(ws, batch, ref, ref_batch)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_lm_queue_release_geometry(batch):
+    """Tiling.lm_queue on the engine's per-batch tiling at the release geometry (3 layers): no
+    deadlock (the sampling tasks after the drains), every counter at its total, the happens-before
+    check over the LM tiles' reads of x(L)."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    cfg = _release_cfg(3)
+    base = default_tiling(cfg)
+    tiling = replace(tiling_for_batch(cfg, base, batch), lm_queue=1)
+    contexts = [8192 + 977 * b for b in range(batch)]
+    sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
+    ws = Workspace.allocate(cfg, base, "cpu", math=False)
+    bank = CounterBank(sched.n_counters, start=7)
+    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
+    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 2)
+    static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
+    assert rep.events >= static + len(sched.queue_desc)

@@ -797,6 +797,35 @@ def test_sample_row_candidates_match_the_emulator(small):
     assert bad <= 1, f"{bad} of {total} draws differ from the emulator's"
 
 
+def test_greedy_sample_row_ties_and_nan_rows(small):
+    """Greedy SAMPLE_ROW (the whole block merges the LM-head tiles' maxima): ties between tiles go
+    to the first tile, NaN maxima are passed over, and a row whose every maximum is NaN raises
+    MK_ERR_NAN_LOGITS instead of reading past the tile list; the backend works afterwards."""
+    w, be = small
+    case = make_case(CFG, [40] * 8, device="cuda", dtype=torch.bfloat16, seed=1)
+    logits = _fill_logits(be, 8, 900)
+    n = -(-CFG.vocab_size // be.tiling.lm_rows)
+    best = be.ws["lm_best"]
+    best[n - 1, 1] = best[0, 1] = best[:n, 1].max() + 1.0  # row 1: a tie, the first tile wins
+    best[0, 2] = float("nan")  # row 2: a NaN tile among finite ones
+    greedy = [SamplingParams(temperature=0.0)] * 8
+    descs = np.array(
+        [standalone_desc(make_desc(abi.MK_OP_SAMPLE_ROW, 0, (b,))) for b in range(8)], dtype=np.int32
+    )
+    be.run_tasks(descs, case.batch, n_sms=8, sampling=greedy)
+    got = be.ws["tokens_out"][:8].tolist()
+    want = [int(np.argmax(logits[b])) for b in range(8)]
+    want[1] = int(be.ws["lm_arg"][0, 1])
+    lm_best = best[:n, 2].clone()
+    lm_best[0] = -float("inf")
+    want[2] = int(be.ws["lm_arg"][int(torch.argmax(lm_best)), 2])
+    assert got == want
+    best[:n, 5] = float("nan")
+    with pytest.raises(MegakernelError, match="NAN_LOGITS"):
+        be.run_tasks(descs, case.batch, n_sms=8, sampling=greedy)
+    _step_check(CFG, w, be, [10], seed=2)
+
+
 def test_backend_sample_whole_step(small):
     _w, be = small
     case = make_case(CFG, [3, 70, 200, 64], device="cuda", dtype=torch.bfloat16, seed=12)
