@@ -82,11 +82,6 @@ enum MkQueueKind {
   MK_QUEUE_HOST = 0,  // descriptors written by the host (attention splits); head is a counter
   MK_QUEUE_MOE = 1,   // per MoE layer, filled on the device by ROUTE (implicit items)
 };
-// queue_info word 3 of a host queue: MK_HOST_LAZY = no claim ahead anywhere in the queue (each claim
-// after the item ran), for queues whose first items are the longest (the guided LM-head queue,
-// Tiling.lm_queue 2: claimed two ahead, the large tiles were bound to SMs while others ran out of
-// items); 0 = the claim policy's window. (A MoE layer's tail queue: how many down tiles come first.)
-#define MK_HOST_LAZY 1
 
 // Counter protocol. Counters are uint32 in global memory and never reset by the host between
 // steps: each step the host passes base[c] (the counter's value at the step's start, tracked on the
@@ -114,7 +109,7 @@ enum MkError {
   X(desc)          /* int32 [n_sms][max_tasks][MK_DESC_WORDS] per-SM task lists */ \
   X(ntasks)        /* int32 [n_sms] */ \
   X(queue)         /* int32 [n_queue_desc][MK_DESC_WORDS] host queues (attention splits) */ \
-  X(queue_info)    /* int32 [n_queues][4]: first descriptor, length, head counter, word 3 */ \
+  X(queue_info)    /* int32 [n_queues][4]: first descriptor, length, head counter, unused */ \
   X(counters)      /* uint32 [n_counters] */ \
   X(base)          /* uint32 [n_counters] this step's base of each counter */ \
   X(err)           /* int32 [MK_ERR_WORDS] */ \
@@ -223,15 +218,6 @@ enum MkError {
 // first one staged (s_h_staged = num_layers): the rows are the same for every tile, and with
 // Tiling.lm_queue an SM runs ~16 tiles of ~16 us each, ~3 us of which was this staging.
 #define MK_MODE_LM_RESTAGE 2048
-
-// MK_MODE_RESTAGE_H (A/B switch): the shared-memory layout and h staging before session 25 (the
-// staged activations at the start of the dynamic region, over the attention's). By default they
-// lie past the attention's and the sampler's regions, and the rows of h(l) that a QKV or router tile
-// staged (the same rows a MoE up item stages) stay for the SM's MoE up items of layer l through
-// its attention items (s_h_staged); a MoE layer's attention drain stages them before its first
-// claim on an SM that has not (schedule.py gives it the layer's h wait), so an attention SM's switch
-// to the MoE queue stages nothing.
-#define MK_MODE_RESTAGE_H 4096
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W

@@ -17,26 +17,12 @@ struct Smem {
   unsigned char* raw;
 };
 
-// The dynamic shared memory (base_smem_bytes: its size): the GEMV's reduction and result buffers
-// and scratch (red, out, misc) from the start, over the attention's and the sampler's regions; the
-// staged activations (act) after the larger of those, so that nothing but a GEMV's staging writes
-// them (s_h_staged: a QKV / router tile's rows of h(l) serve the SM's MoE up items after its
-// attention items). MK_MODE_RESTAGE_H: act first, the others after it (the layout before session 25).
-__host__ __device__ inline size_t attn_region_bytes(const Params& p);
-__host__ __device__ inline size_t act_offset(const Params& p) {
-  if (p.prefetch_mode & MK_MODE_RESTAGE_H) return 0;
-  const size_t gemv_rest = (size_t)RED_FLOATS * 4 + (size_t)OUT_FLOATS * 4 + (NWARPS + 64) * 4;
-  const size_t attn = attn_region_bytes(p);
-  return ((gemv_rest > attn ? gemv_rest : attn) + 127) & ~(size_t)127;
-}
-
 __device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k) {
   Smem s;
   s.raw = base;
-  const size_t act_bytes = ((size_t)8 * (max_k + ACT_PAD) * sizeof(bf16) + 15) & ~(size_t)15;
-  const size_t a0 = act_offset(p);
-  s.act = reinterpret_cast<bf16*>(base + a0);
-  size_t off = a0 ? 0 : act_bytes;
+  s.act = reinterpret_cast<bf16*>(base);
+  size_t off = (size_t)8 * (max_k + ACT_PAD) * sizeof(bf16);
+  off = (off + 15) & ~(size_t)15;
   s.red = reinterpret_cast<float*>(base + off);
   off += RED_FLOATS * sizeof(float);
   s.out = reinterpret_cast<float*>(base + off);
@@ -94,25 +80,18 @@ struct View {
 
 namespace mk {
 
-// The attention's shared-memory region (from the start of the dynamic region): the tensor-core
-// item's, else the SIMT one's; the sampler's (SAMPLE_ROW: per-warp histograms, totals, scratch, the
-// compacted candidates, 2048 of them) is counted in too, as both lie before act (carve).
-__host__ __device__ inline size_t attn_region_bytes(const Params& p) {
+// Bytes of dynamic shared memory every op needs (the GEMV, attention and sampling regions overlap).
+__host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
+  const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + RED_FLOATS * 4 +
+                      OUT_FLOATS * 4 + (NWARPS + 64) * 4;
   const int G = p.num_heads / p.num_kv_heads;
   const size_t attn = attn_fast(p) ? attn_fast_smem(p.head_dim)
                                     : (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 +
                                           3 * G * 4 + 16;
+  // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates (2048 of them)
   const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)2048 * 8;
-  return attn > samp ? attn : samp;
-}
-
-// Bytes of dynamic shared memory every op needs (carve: the layout).
-__host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
-  const size_t act = ((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15;
-  const size_t gemv = act + RED_FLOATS * 4 + OUT_FLOATS * 4 + (NWARPS + 64) * 4;
-  const size_t a0 = act_offset(p);
-  const size_t attn = attn_region_bytes(p);
-  size_t need = a0 ? a0 + act : (gemv > attn ? gemv : attn);
+  size_t need = gemv > attn ? gemv : attn;
+  need = need > samp ? need : samp;
   return (need + 127) & ~(size_t)127;
 }
 
@@ -248,10 +227,6 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   } else if (op == MK_OP_LM_HEAD) {  // the final norm's rows, staged by this SM's first LM tile
     staged = !(p.prefetch_mode & MK_MODE_LM_RESTAGE) && s_h_staged == p.num_layers;
   }
-  // a QKV tile takes the rows of h(l) this SM already staged (another QKV tile of the layer); a
-  // router tile always stages (its staging copies the residual into x(l+1))
-  const bool keep_h = (op == MK_OP_QKV || op == MK_OP_ROUTER) && !(p.prefetch_mode & MK_MODE_RESTAGE_H);
-  if (keep_h && op == MK_OP_QKV) staged = s_h_staged == l;
   if (!staged) {
     if (rows_mode == 0)
       rows_identity(rows, p.batch);
@@ -262,9 +237,6 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   Gemv g;
   task_gemv(p, d, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
-  // the staged rows are h(l)'s (all batch rows, normed with norm_inline): the SM's MoE up items of
-  // layer l reuse them (gemv ended with a barrier: every thread has read s_h_staged above)
-  if (keep_h && threadIdx.x == 0) s_h_staged = l;
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -1634,13 +1606,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
   const Params& q = s_params;  // for the out-of-line ops (s_params)
   // every task but a MoE up item may overwrite the staged h rows (read after the barrier below; a
-  // fused item clears it itself after its up GEMV), and by default but a QKV / router tile (they
-  // stage h(l) themselves, gemv_op) and an attention item (its shared memory lies before the staged
-  // rows: carve)
-  const int op0 = d[MK_F_OP];
-  const bool keeps = op0 == MK_OP_MOE_UP || op0 == MK_OP_MOE_FUSED || op0 == MK_OP_LM_HEAD ||
-                     (!(p.prefetch_mode & MK_MODE_RESTAGE_H) && (op0 == MK_OP_QKV || op0 == MK_OP_ROUTER || op0 == MK_OP_ATTN));
-  if (threadIdx.x == 0 && !keeps) s_h_staged = -1;
+  // fused item clears it itself after its up GEMV)
+  if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
+    s_h_staged = -1;
   uint64_t t1 = 0;
   if ((p.prefetch_mode & MK_PREFETCH_SELF) ||
       ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
@@ -1987,25 +1955,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       __syncthreads();
       if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
     }
-    // A MoE layer's attention drain (schedule.py gives it the layer's h wait) on an SM that has not
-    // staged h(l) (no QKV / router tile of the layer ran here) stages it before its first claim,
-    // for the SM's MoE up items after its attention items; otherwise it skips that wait.
-    const bool pre_h_host = s_desc[MK_F_A0] == MK_QUEUE_HOST && s_desc[MK_F_NWAIT] >= 1 &&
-                            !(p.prefetch_mode & (MK_MODE_TOKEN_ROWS | MK_MODE_RESTAGE_H));
-    if (pre_h_host && s_h_staged != s_desc[MK_F_LAYER]) {  // uniform (s_h_staged: written before barriers)
-      if (threadIdx.x == 0) s_flag = wait_task(p, s_desc, true, 0);
-      __syncthreads();
-      if (!s_flag) {
-        return;
-      }
-      rows_identity(s_rows, p.batch);
-      __syncthreads();
-      drain_stage_h(s_params, s_desc[MK_F_LAYER], s, s_rows);
-      __syncthreads();  // everyone has read s_h_staged (above) and s_flag
-      if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];
-    }
     if (threadIdx.x == 0) {
-      s_flag = early || wait_task(p, s_desc, true, pre_h ? 1 : pre_h_host ? MK_MAX_WAITS : 0);
+      s_flag = early || wait_task(p, s_desc, true, pre_h ? 1 : 0);
       if (p.timeline) s_t1 = globaltimer();
     }
     __syncthreads();
@@ -2041,9 +1992,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       const uint32_t c0 = (early ? early_c : atomicAdd(head, 1u)) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
       s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
-      s_far = kind == MK_QUEUE_HOST ? (qi[3] == MK_HOST_LAZY ? 0u : s_end)
-              : p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
-                                                     : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
+      s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
+                                                                           : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
       s_claim = c0;
       far = c0 + window < s_far;
       if (far) claim_far = atomicAdd(head, 1u);

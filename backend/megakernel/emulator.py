@@ -187,9 +187,8 @@ class Emulator:
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
         t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
-            first, length, head_c, word3 = (int(v) for v in self.sched.queue_info[arg])
-            end = length
-            far_end = 0 if word3 == abi.MK_HOST_LAZY else end  # no claim ahead (the kernel's s_far)
+            first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
+            far_end = end = length
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])

@@ -81,8 +81,7 @@ class Schedule:
     sm_lists: list[list[int]]  # task ids per SM, in order
     queue_desc: np.ndarray  # int32 [n_queue_desc, W]
     # int32 [n_queues, 4]: first, length, head counter (MK_NO_COUNTER: the attention tail of a MoE
-    # layer, claimed through the layer's MoE queue head), then word 3: a host queue's MK_HOST_LAZY or
-    # 0, a tail queue's down tiles before it (MK_TAIL_ALL_DOWNS: after every down tile)
+    # layer, claimed through the layer's MoE queue head), then 0 (the tail: 1 = after the down tiles)
     queue_info: np.ndarray
     counters: CounterSet
     n_lm_tiles: int
@@ -179,25 +178,6 @@ def make_desc(
     d[_F_SIG0 : _F_SIG0 + len(signals)] = signals
     d[_F_AMOUNT] = amount
     return d
-
-
-def lm_spans(vocab: int, tiling: Tiling, n_sms: int) -> list[tuple[int, int]]:
-    """The LM-head tiles as (first row, rows). lm_rows each; with Tiling.lm_queue == 2 (guided
-    sizes) each tile takes 1/n_sms of the rows still left, a multiple of 16 between lm_rows and
-    MK_MAX_TILE_ROWS: few large tiles while every SM has a long way to go (a 1024-row tile's GEMV
-    streams 32 batches per warp for ~2 latencies of fixed cost, a 128-row one 4), small ones at the
-    end so that the SMs finish within a small tile of each other. Never more tiles than
-    ceil(vocab / lm_rows) (the workspace's lm_best rows)."""
-    rows = tiling.lm_rows
-    if tiling.lm_queue != 2:
-        return [(r0, min(rows, vocab - r0)) for r0 in range(0, vocab, rows)]
-    out, r0 = [], 0
-    while r0 < vocab:
-        left = vocab - r0
-        n = min(abi.MK_MAX_TILE_ROWS, max(rows, (left // max(n_sms, 1)) // 16 * 16), left)
-        out.append((r0, n))
-        r0 += n
-    return out
 
 
 def build_schedule(
@@ -349,18 +329,8 @@ def build_schedule(
         cs.totals[head_c] += n_items + 2 * n_drains
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
-        # what says h(l) is ready (the kernel's MoE drain stages its rows after it); a MoE layer's
-        # attention drains wait on it too: on an SM that has not staged h(l) for a QKV / router tile,
-        # the drain stages it before its first claim, for the SM's MoE up items after the attention
-        drain_h = wait_h[0] if inline else (norm[layer], B)
-        if tiling.whatif_norm == 2 and prev_end:
-            drain_h = prev_end[1]
-        attn_waits = () if dense else (drain_h,)
         for k in range(n_drains):
-            emit(
-                make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), attn_waits),
-                pool[k] if pool else None,
-            )
+            emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)), pool[k] if pool else None)
         # Tiling.combine_ctrl: a MoE layer's combines as static tasks on the control SMs (one per
         # control SM in turn), where they wait warm (dry run) for their attention items and start
         # without a claim; the O-proj items stay in the MoE queue
@@ -433,6 +403,9 @@ def build_schedule(
                     cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
+            drain_h = wait_h[0] if inline else (norm[layer], B)
+            if tiling.whatif_norm == 2 and prev_end:
+                drain_h = prev_end[1]
             for _ in range(n_work):  # one per work SM
                 emit(
                     make_desc(
@@ -478,12 +451,18 @@ def build_schedule(
             add_norms()
         prev_end = ((o_c, n_o), (mlp_c, mlp_target))
 
-    spans = lm_spans(cfg.vocab_size, tiling, n_sms)
-    n_lm = len(spans)
+    n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
     lm_wait = prev_end if tiling.whatif_norm else (prev_end[1],) if inline else ((norm[L], B),)
     lm_tiles = [
-        make_desc(abi.MK_OP_LM_HEAD, 0, (r0, n, t), lm_wait, (lm_c,)) for t, (r0, n) in enumerate(spans)
+        make_desc(
+            abi.MK_OP_LM_HEAD,
+            0,
+            (t * tiling.lm_rows, min(tiling.lm_rows, cfg.vocab_size - t * tiling.lm_rows), t),
+            lm_wait,
+            (lm_c,),
+        )
+        for t in range(n_lm)
     ]
     if tiling.lm_queue:  # one host queue, one drain per SM (control SMs included)
         first = len(qdescs)
@@ -495,8 +474,7 @@ def build_schedule(
         head_c = counter("lm_head_queue", 0)
         cs.totals[head_c] += n_lm + 2 * n_drains  # every drain claims exactly twice past the end
         qid = len(qinfo)
-        # guided sizes: no claim ahead (an SM would hold a large tile while others run dry)
-        qinfo.append([first, n_lm, head_c, abi.MK_HOST_LAZY if tiling.lm_queue == 2 else 0])
+        qinfo.append([first, n_lm, head_c, 0])
         for sm in range(n_drains):
             emit(make_desc(abi.MK_OP_DRAIN, 0, (abi.MK_QUEUE_HOST, qid)), sm)
     else:

@@ -112,8 +112,7 @@ class Tiling:
     # 1: the LM head's tiles are the items of one host queue that a DRAIN on every SM (the control
     # SMs too) claims from, instead of static tasks dealt round-robin over the work SMs: the tiles
     # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
-    # dealt the most tiles, and the control SMs (idle at the step's end) stream their share.
-    # 2: the same queue with guided tile sizes (schedule.lm_spans: large first, lm_rows at the end)
+    # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
     lm_queue: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
@@ -158,7 +157,7 @@ class Tiling:
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
-        need(self.lm_queue in (0, 1, 2), "lm_queue must be 0, 1 or 2")
+        need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
         need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)

@@ -18,7 +18,7 @@ from mkcode.backend.megakernel.emulator import (
     HazardError,
 )
 from mkcode.backend.megakernel.emulator_ops import StepInputs
-from mkcode.backend.megakernel.schedule import build_schedule, lm_spans
+from mkcode.backend.megakernel.schedule import build_schedule
 from mkcode.backend.megakernel.testing import CLAIM_CASES, clone_batch, make_case, reference_step, tiny_config
 from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
@@ -56,7 +56,7 @@ def _run(weights, contexts, splits=None, strategy="random", seed=0, bank_start=0
     ref_batch = clone_batch(case.batch)
     ref = reference_step(CFG, weights, ref_batch)
     sched = sched or build_schedule(CFG, len(contexts), contexts, N_SMS, TILING, splits)
-    ws = Workspace.allocate(CFG, sched.tiling, "cpu")
+    ws = Workspace.allocate(CFG, TILING, "cpu")
     bank = CounterBank(sched.n_counters, start=bank_start)
     batch = clone_batch(case.batch)
     Emulator(CFG, weights, sched, ws, bank).step(_inputs(batch), strategy, seed)
@@ -609,17 +609,13 @@ def test_norm_inline_without_the_residual_copy_is_caught(weights, monkeypatch):
 @pytest.mark.parametrize("contexts", [[0], [5, 130, 64], [1, 2, 65, 127, 128, 129, 191, 255]])
 @pytest.mark.parametrize("strategy", ["random", "reverse"])
 @pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
-@pytest.mark.parametrize("queue", [1, 2], ids=["uniform", "guided"])
-def test_lm_queue_matches_reference(weights, contexts, strategy, inline, queue):
+def test_lm_queue_matches_reference(weights, contexts, strategy, inline):
     """Tiling.lm_queue: the LM-head tiles as one host queue drained by every SM (the control SMs
-    too), of lm_rows each or of guided sizes: the same logits and tokens as the reference, every
-    tile run once (the queue's head at its total: no over-claim, none left)."""
+    too): the same logits and tokens as the reference, every tile run once (the queue's head at its
+    total: no over-claim, none left)."""
     from dataclasses import replace
 
-    t = replace(TILING, lm_queue=queue, norm_inline=inline, ctrl_sms=1, lm_rows=32)
-    if queue == 2:  # tiles of several sizes, none below lm_rows but the vocabulary's remainder
-        sizes = [n for _, n in lm_spans(CFG.vocab_size, t, N_SMS)]
-        assert len(set(sizes)) > 2 and min(sizes[:-1]) >= t.lm_rows and sum(sizes) == CFG.vocab_size
+    t = replace(TILING, lm_queue=1, norm_inline=inline, ctrl_sms=1)
     sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t)
     assert "LM_HEAD" not in {abi.OPNAMES[int(op)] for op in sched.tasks[:, abi.MK_F_OP]}
     assert sched.summary()["LM_HEAD"] == sched.n_lm_tiles
@@ -628,8 +624,7 @@ def test_lm_queue_matches_reference(weights, contexts, strategy, inline, queue):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("queue", [1, 2], ids=["uniform", "guided"])
-def test_lm_queue_release_geometry(batch, queue):
+def test_lm_queue_release_geometry(batch):
     """Tiling.lm_queue on the engine's per-batch tiling at the release geometry (3 layers): no
     deadlock (the sampling tasks after the drains), every counter at its total, the happens-before
     check over the LM tiles' reads of x(L)."""
@@ -639,7 +634,7 @@ def test_lm_queue_release_geometry(batch, queue):
 
     cfg = _release_cfg(3)
     base = default_tiling(cfg)
-    tiling = replace(tiling_for_batch(cfg, base, batch), lm_queue=queue)
+    tiling = replace(tiling_for_batch(cfg, base, batch), lm_queue=1)
     contexts = [8192 + 977 * b for b in range(batch)]
     sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
     ws = Workspace.allocate(cfg, base, "cpu", math=False)
