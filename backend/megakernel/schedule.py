@@ -264,6 +264,18 @@ def build_schedule(
         for t in range(n_qkv):
             emit(make_desc(abi.MK_OP_QKV, layer, (t * tiling.qkv_rows, tiling.qkv_rows), wait_h, (qkv_c,)))
 
+        # Tiling.dense_apart: a dense layer's MLP tiles on the SMs without its QKV tiles, its
+        # attention drains on the QKV SMs first (the attention's chain is not behind MLP tiles)
+        qkv_sms = list(dict.fromkeys(deal[first_qkv:]))
+        on_qkv_sms = set(qkv_sms)
+        apart = [s for s in range(n_work) if s not in on_qkv_sms] if dense and tiling.dense_apart else []
+
+        def mlp_sm(k: int, apart: list[int] = apart) -> int | None:
+            if not apart:
+                return None
+            next(rr)  # the cursor moves as if dealt: the later layers are dealt as without it
+            return apart[k % len(apart)]
+
         # 2. MLP front: dense up tiles, or router tiles + ROUTE
         if dense:
             D = cfg.prefix_dense_intermediate_size
@@ -273,7 +285,10 @@ def build_schedule(
             mlp_c = counter(f"mlp[{layer}]", n_down + (n_o if inline else 0))
             for t in range(n_up):
                 c0 = t * tiling.dense_up_cols
-                emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
+                emit(
+                    make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)),
+                    mlp_sm(t),
+                )
         else:
             n_router = E // tiling.router_rows
             router_c = counter(f"router[{layer}]", n_router)
@@ -322,6 +337,9 @@ def build_schedule(
             busy, on_qkv = set(head), set(qkv_sms)
             later = [s for s in dict.fromkeys(head[n_qkv:]) if s < n_work and s not in on_qkv]
             pool = [s for s in range(n_work) if s not in busy] + later + qkv_sms
+        dealt = not pool  # drains dealt round-robin move the cursor (kept so with dense_apart)
+        if apart:  # the QKV tiles' SMs, then the others
+            pool = qkv_sms + apart
         if pool:
             n_drains = min(n_drains, len(pool))
         head_c = counter(f"attn_head[{layer}]", 0)
@@ -330,6 +348,8 @@ def build_schedule(
         qid = len(qinfo)
         qinfo.append([first, n_items, head_c, 0])
         for k in range(n_drains):
+            if apart and dealt:
+                next(rr)
             emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)), pool[k] if pool else None)
         # Tiling.combine_ctrl: a MoE layer's combines as static tasks on the control SMs (one per
         # control SM in turn), where they wait warm (dry run) for their attention items and start
@@ -425,6 +445,7 @@ def build_schedule(
             kspan = cfg.prefix_dense_intermediate_size // tiling.mlp_splits
             for s in range(tiling.mlp_splits):
                 for t in range(H // tiling.dense_down_rows):
+                    k = s * (H // tiling.dense_down_rows) + t
                     emit(
                         make_desc(
                             abi.MK_OP_DENSE_DOWN,
@@ -438,7 +459,8 @@ def build_schedule(
                             ),
                             ((up_c, n_up),),
                             (mlp_c,),
-                        )
+                        ),
+                        mlp_sm(n_up + k),
                     )
 
         # 7. O-proj (dense layers: static, after the dense down tiles)

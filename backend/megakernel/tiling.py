@@ -114,6 +114,11 @@ class Tiling:
     # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
     # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
     lm_queue: int = 0
+    # 1: a dense layer's MLP tiles (dense up, dense down) are dealt over the work SMs that hold none
+    # of its QKV tiles, and its attention drains go to the QKV tiles' SMs first. Dealt round-robin,
+    # the BS 8 layer 0's attention items waited behind 96 dense-up tiles on their SMs (ready at
+    # +41-48 us, its QKV tiles done at +28; the layer 118 us, session 25 timeline)
+    dense_apart: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -158,6 +163,7 @@ class Tiling:
         need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
         need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
+        need(self.dense_apart in (0, 1), "dense_apart must be 0 or 1")
         need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
@@ -289,6 +295,7 @@ SWITCH_FIELDS = frozenset(
         "moe_up_small",
         "moe_up_small_tiles",
         "lm_queue",
+        "dense_apart",
     }
 )
 

@@ -613,6 +613,15 @@ def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=31, steps=3)
 
 
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
+def test_dense_apart_reduced(small, contexts):
+    """Tiling.dense_apart: the dense layer's MLP tiles off its QKV SMs, its attention drains on them
+    first; three steps against the reference."""
+    w, _ = small
+    t = _engine_tiling(contexts, dense_apart=1)
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=43, steps=3)
+
+
 def test_long_context_split_cap_reduced(small):
     """Tiling.split_tokens at BS 1 (scaled down: one split per 64 visible tokens): the full layers'
     splits rise above max_splits, up to split_cap; three steps against the routed reference."""

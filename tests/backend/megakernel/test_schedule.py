@@ -737,3 +737,51 @@ def test_whatif_norm_is_refused_outside_the_measurement():
         MegakernelBackend(
             CFG, None, tiling=replace(default_tiling(CFG), whatif_norm=1), native_module=object()
         )
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_dense_apart_keeps_the_dense_mlp_off_the_attention_sms(batch):
+    """Tiling.dense_apart at the release geometry: the dense layer's up and down tiles lie on SMs
+    without its QKV tiles, its attention drains on the QKV tiles' SMs first (dealt round-robin, the
+    MLP tiles wrap onto the QKV SMs); the MoE layers' tasks are the same."""
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    cfg = north_mini_code_config()
+    base = tiling_for_batch(cfg, default_tiling(cfg), batch)
+    t = replace(base, dense_apart=1)
+    contexts = [8192 + 977 * b for b in range(batch)]
+    sched = build_schedule(cfg, batch, contexts, 132, t, attention_splits(cfg, contexts, t, 132))
+    ref = build_schedule(cfg, batch, contexts, 132, base, attention_splits(cfg, contexts, base, 132))
+
+    def placement(s):
+        sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
+
+        def on(op, kind=None):
+            return [
+                sm_of[i]
+                for i, d in enumerate(s.tasks)
+                if d[abi.MK_F_OP] == op
+                and d[abi.MK_F_LAYER] == 0
+                and (kind is None or d[abi.MK_F_A0] == kind)
+            ]
+
+        qkv = set(on(abi.MK_OP_QKV))
+        return (
+            qkv,
+            set(on(abi.MK_OP_DENSE_UP) + on(abi.MK_OP_DENSE_DOWN)),
+            on(abi.MK_OP_DRAIN, abi.MK_QUEUE_HOST),
+        )
+
+    qkv, mlp, drains = placement(sched)
+    assert mlp and not qkv & mlp and set(drains[: len(qkv)]) <= qkv
+    qkv0, mlp0, _ = placement(ref)
+    assert qkv0 & mlp0
+    # the MoE layers' tasks are dealt to the same SMs as without it
+    first = next(i for i, d in enumerate(sched.tasks) if d[abi.MK_F_LAYER] == 1)
+    assert first == next(i for i, d in enumerate(ref.tasks) if d[abi.MK_F_LAYER] == 1)
+    tail = [sm_lists_of(s, first) for s in (sched, ref)]
+    assert tail[0] == tail[1]
+
+
+def sm_lists_of(s, first: int) -> list[list[int]]:
+    return [[i for i in ids if i >= first] for ids in s.sm_lists]
