@@ -518,6 +518,51 @@ def switch_segments(recs: torch.Tensor) -> dict[str, dict[str, float]]:
     return out
 
 
+def moe_phase(recs: torch.Tensor, layer: int, bin_us: float = 10.0) -> dict:
+    """One layer's MoE items over time (records as `records` returns them), in us from the layer's
+    first task's end of wait (not its start: a control SM's ROUTE starts waiting at the step's start,
+    a drain's wait can end in the previous layer's tail): per bin of bin_us, how many up tiles became ready and ended, how many down
+    tiles started, became ready (their expert's up tiles done) and ended; the down tiles' total wait
+    (SM-us between a down's start and its ready: SMs that claimed a down before its expert's ups
+    ended); and the layer's end (its last MoE / O-proj item) with each block's idle time before it
+    (SM-us from the block's last record of the layer). Session 25: at BS 8 the up tiles claimed at
+    the attention SMs' switch ended 60-90 us later, and their downs set the layer's end."""
+    sel = [r for r in recs.tolist() if ((r[1] >> 8) & 0xFF) == layer]
+    if not sel:
+        return {}
+    # the first end of wait of a task (a drain's can lie in the previous layer's tail)
+    base = min((r[3] for r in sel if (r[1] & 0xFF) != abi.MK_OP_DRAIN), default=min(r[3] for r in sel))
+
+    def us(t: int) -> float:
+        return (t - base) / 1e3
+
+    def hist(vals: list[float]) -> dict[float, int]:
+        out: dict[float, int] = defaultdict(int)
+        for v in vals:
+            out[math.floor(v / bin_us) * bin_us] += 1
+        return dict(sorted(out.items()))
+
+    ups = [r for r in sel if (r[1] & 0xFF) == abi.MK_OP_MOE_UP]
+    downs = [r for r in sel if (r[1] & 0xFF) == abi.MK_OP_MOE_DOWN]
+    ends = [r for r in sel if (r[1] & 0xFF) in (abi.MK_OP_MOE_DOWN, abi.MK_OP_MOE_FUSED, abi.MK_OP_OPROJ)]
+    if not ends:
+        return {}
+    end = max(r[7] for r in ends)
+    last: dict[int, int] = {}
+    for r in sel:
+        last[r[0]] = max(last.get(r[0], 0), r[7])
+    return {
+        "up_ready": hist([us(r[3]) for r in ups]),
+        "up_end": hist([us(r[7]) for r in ups]),
+        "down_start": hist([us(r[2]) for r in downs]),
+        "down_ready": hist([us(r[3]) for r in downs]),
+        "down_end": hist([us(r[7]) for r in downs]),
+        "down_wait_sm_us": sum(us(r[3]) - us(r[2]) for r in downs),
+        "end_us": us(end),
+        "idle_before_end_sm_us": sum(max(0.0, us(end) - us(t)) for t in last.values()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mkcode.backend.megakernel.timeline timeline_bs8.pt [--layer 25]`: a saved step's
     chain ends, one layer's SM states by bin (sm_states) and the largest gaps, on any machine."""
@@ -542,10 +587,31 @@ def main(argv: list[str] | None = None) -> int:
         "items' run times by layer kind (the release config's sliding layers) and the attention SMs' "
         "switch to the MoE queue by segment (switch_segments)",
     )
+    p.add_argument(
+        "--moe",
+        action="store_true",
+        help="instead: the layer's MoE up / down tiles by time (moe_phase: ready, end, the downs' "
+        "waits for their experts' ups, the blocks' idle time before the layer's end)",
+    )
     args = p.parse_args(argv)
     recs = torch.load(args.path)
     if recs.dim() == 3:  # a raw [n_sms, cap, words] timeline
         recs = records(recs)
+    if args.moe:
+        ph = moe_phase(recs, args.layer, args.bin)
+        if not ph:
+            print(f"layer {args.layer}: no MoE or O-proj items")
+            return 1
+        print(
+            f"layer {args.layer} MoE items per {args.bin:g} us from the layer's first ready task (bin: count)"
+        )
+        for k in ("up_ready", "up_end", "down_start", "down_ready", "down_end"):
+            print(f"  {k:10s} " + " ".join(f"{t:.0f}:{n}" for t, n in ph[k].items()))
+        print(
+            f"  layer end {ph['end_us']:.1f} us; downs waited {ph['down_wait_sm_us']:.0f} SM-us for "
+            f"their experts' ups; blocks idle before the end {ph['idle_before_end_sm_us']:.0f} SM-us"
+        )
+        return 0
     if args.items:
         from mkcode.backend.model.config import north_mini_code_config
 

@@ -785,3 +785,32 @@ def test_dense_apart_keeps_the_dense_mlp_off_the_attention_sms(batch):
 
 def sm_lists_of(s, first: int) -> list[list[int]]:
     return [[i for i in ids if i >= first] for ids in s.sm_lists]
+
+
+def test_moe_phase_of_a_layer(tmp_path):
+    """timeline.moe_phase: the layer's up / down tiles binned by ready and end time, the downs'
+    waits for their experts' ups, the blocks' idle time before the layer's end; and the CLI's --moe."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 3, "cpu")
+    # times from the layer's first end of wait (1 us). Block 0: an up tile ready at 0 us, ends 10; a
+    # down tile claimed at 11, ready at 24, ends 39
+    tl[0, 0] = torch.tensor([abi.MK_OP_MOE_UP | (6 << 8) | (1 << 16), 500, 1000, 2000, 10000, 10500, 11000])
+    tl[0, 1] = torch.tensor(
+        [abi.MK_OP_MOE_DOWN | (6 << 8) | (1 << 16), 12000, 25000, 26000, 39000, 39500, 40000]
+    )
+    # block 1: an up tile ready at 4, ends 23; nothing after it
+    tl[1, 0] = torch.tensor([abi.MK_OP_MOE_UP | (6 << 8) | (1 << 16), 4000, 5000, 6000, 23000, 23500, 24000])
+    recs = timeline.records(tl)
+    ph = timeline.moe_phase(recs, 6, bin_us=10.0)
+    assert ph["up_ready"] == {0.0: 2} and ph["up_end"] == {10.0: 1, 20.0: 1}
+    assert ph["down_start"] == {10.0: 1} and ph["down_ready"] == {20.0: 1} and ph["down_end"] == {30.0: 1}
+    assert ph["down_wait_sm_us"] == 13.0 and ph["end_us"] == 39.0
+    assert ph["idle_before_end_sm_us"] == 39.0 - 23.0  # block 1 from its up tile's end
+    assert timeline.moe_phase(recs, 5) == {}
+    path = tmp_path / "timeline_bs8.pt"
+    torch.save(recs, path)
+    assert timeline.main([str(path), "--layer", "6", "--moe"]) == 0
+    assert timeline.main([str(path), "--layer", "5", "--moe"]) == 1
