@@ -234,6 +234,25 @@ def build_schedule(
         cs.targets[name] = target
         return c
 
+    def enqueue(items: list[list[int]]) -> int:
+        """Append host-queue items (negative ids) and count their signals; their first index."""
+        first = len(qdescs)
+        for qd in items:
+            qd[abi.MK_F_ID] = -1 - len(qdescs)
+            qdescs.append(qd)
+            for i in range(qd[abi.MK_F_NSIG]):
+                cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
+        return first
+
+    def host_queue(name: str, items: list[list[int]], n_drains: int) -> int:
+        """A host queue of `items` claimed by n_drains DRAIN tasks through a new head counter;
+        its queue index. Every drain claims exactly twice past the end (the kernel's DRAIN)."""
+        first = enqueue(items)
+        head_c = counter(name, 0)
+        cs.totals[head_c] += len(items) + 2 * n_drains
+        qinfo.append([first, len(items), head_c, 0])
+        return len(qinfo) - 1
+
     norm = [counter(f"norm[{layer}]", B) for layer in range(L + 1)]
     for b in range(B):
         emit(make_desc(abi.MK_OP_EMBED, 0, (b,), (), (norm[0],)))
@@ -312,7 +331,7 @@ def build_schedule(
             emit(make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
 
         # 3. attention splits into this layer's host queue, claimed by drains
-        first = len(qdescs)
+        attn_items = []
         for b in range(B):
             for h in range(Hkv):
                 s_n = rows_splits[b]
@@ -320,33 +339,24 @@ def build_schedule(
                 comb = comb_c[h] if tiling.combine_inline else abi.MK_NO_COUNTER
                 if tiling.combine_inline:
                     cs.totals[comb_c[h]] += 1  # one combine per (row, kv head), by its last split
-                for s in range(s_n):
-                    qd = make_desc(
-                        abi.MK_OP_ATTN, layer, (b, h, s, s_n, comb), ((qkv_c, n_qkv),), (att_c[b][h],)
-                    )
-                    qd[abi.MK_F_ID] = -1 - len(qdescs)  # queue items: negative ids
-                    qdescs.append(qd)
-                    cs.totals[att_c[b][h]] += 1
-        n_items = len(qdescs) - first
-        n_drains = min(n_items, n_work, tiling.attn_drains or n_work)
+                attn_items += [
+                    make_desc(abi.MK_OP_ATTN, layer, (b, h, s, s_n, comb), ((qkv_c, n_qkv),), (att_c[b][h],))
+                    for s in range(s_n)
+                ]
+        n_drains = min(len(attn_items), n_work, tiling.attn_drains or n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
         if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
             head = deal[first_qkv:]  # QKV tiles, then router tiles (or dense ups) and ROUTE
-            qkv_sms = list(dict.fromkeys(head[:n_qkv]))
-            busy, on_qkv = set(head), set(qkv_sms)
-            later = [s for s in dict.fromkeys(head[n_qkv:]) if s < n_work and s not in on_qkv]
+            busy = set(head)
+            later = [s for s in dict.fromkeys(head[n_qkv:]) if s < n_work and s not in on_qkv_sms]
             pool = [s for s in range(n_work) if s not in busy] + later + qkv_sms
         dealt = not pool  # drains dealt round-robin move the cursor (kept so with dense_apart)
         if apart:  # the QKV tiles' SMs, then the others
             pool = qkv_sms + apart
         if pool:
             n_drains = min(n_drains, len(pool))
-        head_c = counter(f"attn_head[{layer}]", 0)
-        # every drain claims exactly twice past the end (the kernel's DRAIN)
-        cs.totals[head_c] += n_items + 2 * n_drains
-        qid = len(qinfo)
-        qinfo.append([first, n_items, head_c, 0])
+        qid = host_queue(f"attn_head[{layer}]", attn_items, n_drains)
         for k in range(n_drains):
             if apart and dealt:
                 next(rr)
@@ -415,12 +425,7 @@ def build_schedule(
             tail_q = len(qinfo)
             # claimed through the MoE head; word 3: how many down tiles come before the tail
             tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs
-            qinfo.append([len(qdescs), len(tail), abi.MK_NO_COUNTER, tail_after])
-            for qd in tail:
-                qd[abi.MK_F_ID] = -1 - len(qdescs)
-                qdescs.append(qd)
-                for i in range(qd[abi.MK_F_NSIG]):
-                    cs.totals[qd[abi.MK_F_SIG0 + i]] += qd[abi.MK_F_SIG_AMOUNT]
+            qinfo.append([enqueue(tail), len(tail), abi.MK_NO_COUNTER, tail_after])
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
             drain_h = wait_h[0] if inline else (norm[layer], B)
@@ -487,16 +492,8 @@ def build_schedule(
         for t in range(n_lm)
     ]
     if tiling.lm_queue:  # one host queue, one drain per SM (control SMs included)
-        first = len(qdescs)
-        for qd in lm_tiles:
-            qd[abi.MK_F_ID] = -1 - len(qdescs)
-            qdescs.append(qd)
-            cs.totals[lm_c] += 1
         n_drains = min(n_lm, n_sms)
-        head_c = counter("lm_head_queue", 0)
-        cs.totals[head_c] += n_lm + 2 * n_drains  # every drain claims exactly twice past the end
-        qid = len(qinfo)
-        qinfo.append([first, n_lm, head_c, 0])
+        qid = host_queue("lm_head_queue", lm_tiles, n_drains)
         for sm in range(n_drains):
             emit(make_desc(abi.MK_OP_DRAIN, 0, (abi.MK_QUEUE_HOST, qid)), sm)
     else:

@@ -356,6 +356,26 @@ def _release_cfg(layers: int):
     )
 
 
+def _release_engine_step(batch: int, layers: int, start: int, seed: int, **over):
+    """The engine's tiling for `batch` rows (with `over` on top) at the release geometry cut to
+    `layers` layers, run once without math on the emulator with its happens-before check (contexts
+    from 8K, counters from `start`): (schedule, report)."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    cfg = _release_cfg(layers)
+    base = default_tiling(cfg)
+    tiling = replace(tiling_for_batch(cfg, base, batch), **over)
+    contexts = [8192 + 977 * b for b in range(batch)]
+    sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
+    ws = Workspace.allocate(cfg, base, "cpu", math=False)
+    bank = CounterBank(sched.n_counters, start=start)
+    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
+    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", seed)
+    return sched, rep
+
+
 @pytest.mark.parametrize("batch,layers,hazards", [(1, 49, True), (8, 9, False)])
 def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     """The 30B schedule on 132 virtual SMs, routing drawn at random: no deadlock, every counter at its
@@ -578,21 +598,8 @@ def test_norm_inline_release_geometry(batch):
     """Tiling.norm_inline on the engine's per-batch tiling at the release geometry (5 layers):
     no ADD_NORM task, no deadlock, every counter at its total, and the happens-before check: every
     add into x(l+1) after its router tiles' residual copy, every read of x(l) after every add."""
-    from dataclasses import replace
-
-    from mkcode.backend.megakernel.tiling import tiling_for_batch
-
-    layers = 5
-    cfg = _release_cfg(layers)
-    base = default_tiling(cfg)
-    tiling = replace(tiling_for_batch(cfg, base, batch), norm_inline=1)
-    contexts = [8192 + 977 * b for b in range(batch)]
-    sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
+    sched, rep = _release_engine_step(batch, 5, 99, 5, norm_inline=1)
     assert "ADD_NORM" not in sched.summary()
-    ws = Workspace.allocate(cfg, base, "cpu", math=False)
-    bank = CounterBank(sched.n_counters, start=99)
-    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
-    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 5)
     static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
     assert rep.events > static  # the static tasks and the queue items all ran
 
@@ -628,19 +635,7 @@ def test_lm_queue_release_geometry(batch):
     """Tiling.lm_queue on the engine's per-batch tiling at the release geometry (3 layers): no
     deadlock (the sampling tasks after the drains), every counter at its total, the happens-before
     check over the LM tiles' reads of x(L)."""
-    from dataclasses import replace
-
-    from mkcode.backend.megakernel.tiling import tiling_for_batch
-
-    cfg = _release_cfg(3)
-    base = default_tiling(cfg)
-    tiling = replace(tiling_for_batch(cfg, base, batch), lm_queue=1)
-    contexts = [8192 + 977 * b for b in range(batch)]
-    sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
-    ws = Workspace.allocate(cfg, base, "cpu", math=False)
-    bank = CounterBank(sched.n_counters, start=7)
-    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
-    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 2)
+    sched, rep = _release_engine_step(batch, 3, 7, 2, lm_queue=1)
     static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
     assert rep.events >= static + len(sched.queue_desc)
 
@@ -661,18 +656,6 @@ def test_dense_apart_matches_reference(weights, contexts, strategy):
 def test_dense_apart_release_geometry(batch):
     """Tiling.dense_apart on the engine's tiling at the release geometry (3 layers, the first
     dense): no deadlock, every counter at its total, the happens-before check."""
-    from dataclasses import replace
-
-    from mkcode.backend.megakernel.tiling import tiling_for_batch
-
-    cfg = _release_cfg(3)
-    base = default_tiling(cfg)
-    tiling = replace(tiling_for_batch(cfg, base, batch), dense_apart=1)
-    contexts = [8192 + 977 * b for b in range(batch)]
-    sched = build_schedule(cfg, batch, contexts, 132, tiling, attention_splits(cfg, contexts, tiling, 132))
-    ws = Workspace.allocate(cfg, base, "cpu", math=False)
-    bank = CounterBank(sched.n_counters, start=3)
-    inp = StepInputs(torch.zeros(batch, dtype=torch.long), torch.tensor(contexts), None, None)
-    rep = Emulator(cfg, None, sched, ws, bank, math=False, check_hazards=True).step(inp, "random", 6)
+    sched, rep = _release_engine_step(batch, 3, 3, 6, dense_apart=1)
     static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
     assert rep.events > static
