@@ -119,6 +119,11 @@ class Tiling:
     # the BS 8 layer 0's attention items waited behind 96 dense-up tiles on their SMs (ready at
     # +41-48 us, its QKV tiles done at +28; the layer 118 us, session 25 timeline)
     dense_apart: int = 0
+    # the most attention splits per (row, kv head) in sliding-window layers (0: as max_splits /
+    # split_cap): at BS 8 and 8K a sliding layer's 3 splits make 96 items of ~26 us (one wave of
+    # the attention drains beside 28 MoE SMs), a full layer's ~46 us; fewer sliding splits leave
+    # more SMs to the MoE queue while the attention runs (session 26)
+    sliding_max_splits: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -126,6 +131,7 @@ class Tiling:
                 raise TilingError(f"tiling {self}: {what}")
 
         need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
+        need(self.sliding_max_splits >= 0, "sliding_max_splits must be >= 0 (0: as max_splits)")
         need(self.claim_window >= 0, "claim_window must be >= 0 (0: the SM count)")
 
         H, d = cfg.hidden_size, cfg.head_dim
@@ -247,7 +253,8 @@ class Tiling:
     def most_splits(self) -> int:
         """The most attention splits per (row, kv head) this tiling gives at any context: the split
         stride of its workspace (o_part / lse_part) and of the kernel's max_splits."""
-        return max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
+        most = max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
+        return max(most, self.sliding_max_splits)
 
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
@@ -296,6 +303,7 @@ SWITCH_FIELDS = frozenset(
         "moe_up_small_tiles",
         "lm_queue",
         "dense_apart",
+        "sliding_max_splits",
     }
 )
 
@@ -633,7 +641,8 @@ def attention_splits(
         pages = visible_pages(pb, cfg.sliding_window if sliding else None)
         total = pages * len(positions) * cfg.num_key_value_heads
         grain = max(2, math.ceil(total / max(n_sms, 1)))
-        out[sliding] = [max(1, min(split_cap(tiling, pages), math.ceil(pages / grain)))] * len(positions)
+        cap = tiling.sliding_max_splits if sliding and tiling.sliding_max_splits else split_cap(tiling, pages)
+        out[sliding] = [max(1, min(cap, math.ceil(pages / grain)))] * len(positions)
     return out
 
 

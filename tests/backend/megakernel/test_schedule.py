@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import replace
 from itertools import pairwise
 
@@ -12,7 +12,14 @@ import pytest
 from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.schedule import build_schedule
 from mkcode.backend.megakernel.testing import tiny_config
-from mkcode.backend.megakernel.tiling import Tiling, TilingError, attention_splits, default_tiling
+from mkcode.backend.megakernel.tiling import (
+    Tiling,
+    TilingError,
+    attention_splits,
+    default_tiling,
+    split_bucket_position,
+    tiling_for_batch,
+)
 from mkcode.backend.model.config import north_mini_code_config
 
 CFG = north_mini_code_config()
@@ -124,6 +131,29 @@ def test_split_policy_buckets_and_caps():
     assert all(x <= 4 for x in s8[False])  # short rows: few splits
     ragged = attention_splits(CFG, [10, 5000, 9000], t, 132)
     assert len(set(ragged[False])) == 1 and len(set(ragged[True])) == 1
+
+
+def test_sliding_layers_take_their_own_split_cap():
+    """Tiling.sliding_max_splits caps the sliding-window layers' splits only (full layers keep
+    max_splits), raises the workspace's split stride when it is the larger, and refuses < 0."""
+    t = tiling_for_batch(CFG, default_tiling(CFG), 8, split_bucket_position([8191] * 8, default_tiling(CFG)))
+    base = attention_splits(CFG, [8191] * 8, t, 132)
+    assert base == {False: [3] * 8, True: [3] * 8}
+    two = attention_splits(CFG, [8191] * 8, replace(t, sliding_max_splits=2), 132)
+    assert two == {False: [3] * 8, True: [2] * 8}
+    wide = replace(t, sliding_max_splits=4)  # the policy's one wave at 8K: 4 of a sliding layer's 64 pages
+    assert attention_splits(CFG, [8191] * 8, wide, 132)[True] == [4] * 8
+    assert replace(t, split_tokens=0, sliding_max_splits=5).most_splits() == 5  # the o_part stride
+    s = build_schedule(CFG, 8, [8191] * 8, 132, replace(t, sliding_max_splits=2))
+    n_attn = Counter(
+        int(d[abi.MK_F_LAYER]) for d in s.queue_desc if d[abi.MK_F_OP] == abi.MK_OP_ATTN
+    )  # host-queue items: (row, kv head, split)
+    assert {n_attn[layer] for layer in range(CFG.num_hidden_layers) if CFG.is_sliding(layer)} == {2 * 8 * 4}
+    assert {n_attn[layer] for layer in range(CFG.num_hidden_layers) if not CFG.is_sliding(layer)} == {
+        3 * 8 * 4
+    }
+    with pytest.raises(TilingError, match="sliding_max_splits"):
+        replace(t, sliding_max_splits=-1).validate(CFG)
 
 
 def test_bad_tilings_are_refused():
