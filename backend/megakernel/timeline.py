@@ -246,6 +246,42 @@ def chain_ends(recs: torch.Tensor) -> list[dict]:
     return out
 
 
+def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dict:
+    """Every layer's length and head, and the mean length by kind (full / sliding attention, dense
+    MLP), in us. A layer ends with its last END_OPS signal (or ADD_NORM); layer 0 counts from the
+    step's first record. `head_us` is the lag from the layer's last QKV tile's end to its median
+    attention item's end of wait: at BS 8 layer 0's became ready 11.8 us after its QKV tiles, later
+    layers' 2.6-6.4 us after (the first 0.2-0.4 us: the pre-claimed drains), at BS 1 7.7 vs 0.5
+    (session 26: cold code at the step's start). Session 26, BS 8 at 8K: sliding layers ~170 us, full ~184 (the extra KV at full speed)."""
+    rows = recs.tolist()
+    if not rows:
+        return {"layers": [], "mean_us": {}}
+    ends = _last_ends(rows, ("ADD_NORM",))
+    qkv_end: dict[int, int] = {}
+    attn_ready: dict[int, list[int]] = defaultdict(list)
+    for row in rows:
+        op, layer = _op(row), (row[1] >> 8) & 0xFF
+        if op == "QKV":
+            qkv_end[layer] = max(qkv_end.get(layer, 0), row[7])
+        elif op == "ATTN":
+            attn_ready[layer].append(row[3])
+    start = min(r[2] for r in rows)
+    out, by_kind = [], defaultdict(list)
+    for layer in sorted(ends):
+        if "ADD_NORM" not in ends[layer]:
+            continue
+        prev = start if layer == 0 else ends.get(layer - 1, {}).get("ADD_NORM")
+        if prev is None:
+            continue
+        kind = "dense" if layer in dense else "sliding" if layer in sliding else "full"
+        d = {"layer": layer, "kind": kind, "length_us": (ends[layer]["ADD_NORM"] - prev) / 1e3}
+        if layer in qkv_end and attn_ready.get(layer):
+            d["head_us"] = (statistics.median(attn_ready[layer]) - qkv_end[layer]) / 1e3
+        out.append(d)
+        by_kind[kind].append(d["length_us"])
+    return {"layers": out, "mean_us": {k: statistics.mean(v) for k, v in by_kind.items()}}
+
+
 def _op(row: list[int]) -> str:
     """The opcode name of a record row ([block, word 0, ...], as `records` returns them)."""
     return abi.OPNAMES.get(row[1] & 0xFF, "?")
@@ -588,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         "switch to the MoE queue by segment (switch_segments)",
     )
     p.add_argument(
+        "--layers",
+        action="store_true",
+        help="instead: every layer's length and head (last QKV end -> median attention ready) and the "
+        "mean length by kind, the release config's full / sliding / dense layers (layer_lengths)",
+    )
+    p.add_argument(
         "--moe",
         action="store_true",
         help="instead: the layer's MoE up / down tiles by time (moe_phase: ready, end, the downs' "
@@ -597,6 +639,23 @@ def main(argv: list[str] | None = None) -> int:
     recs = torch.load(args.path)
     if recs.dim() == 3:  # a raw [n_sms, cap, words] timeline
         recs = records(recs)
+    if args.layers:
+        from mkcode.backend.model.config import north_mini_code_config
+
+        cfg = north_mini_code_config()
+        n = cfg.num_hidden_layers
+        ll = layer_lengths(
+            recs, {i for i in range(n) if cfg.is_sliding(i)}, {i for i in range(n) if cfg.is_dense(i)}
+        )
+        if not ll["layers"]:
+            print("no layer ends in these records")
+            return 1
+        print("layer kind     length   head  (us; head: last QKV end -> median attention ready)")
+        for d in ll["layers"]:
+            head = f"{d['head_us']:6.1f}" if "head_us" in d else "     -"
+            print(f"{d['layer']:5d} {d['kind']:8s} {d['length_us']:7.1f} {head}")
+        print("mean " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(ll["mean_us"].items())))
+        return 0
     if args.moe:
         ph = moe_phase(recs, args.layer, args.bin)
         if not ph:

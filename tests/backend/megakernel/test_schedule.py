@@ -298,6 +298,39 @@ def test_timeline_layer_ends_without_add_norm():
     assert timeline.sm_states(timeline.records(tl), 3, bin_us=1.0)  # a layer span to bin
 
 
+def test_layer_lengths_by_kind(tmp_path, capsys):
+    """timeline.layer_lengths: each layer from the previous one's last end signal (layer 0 from the
+    step's first record), its head (last QKV end -> median attention ready) and the mean by kind;
+    the CLI's --layers prints them."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 6, "cpu")
+    # layer 0 (dense): QKV 1-3 us, attention ready at 5 and 7, dense down ends at 10
+    tl[0, 0] = torch.tensor([abi.MK_OP_QKV, 1000, 1500, 0, 0, 2800, 3000])
+    tl[1, 0] = torch.tensor([abi.MK_OP_ATTN | (1 << 16), 3000, 5000, 0, 0, 6000, 6200])
+    tl[0, 1] = torch.tensor([abi.MK_OP_ATTN | (1 << 16), 3100, 7000, 0, 0, 8000, 8200])
+    tl[1, 1] = torch.tensor([abi.MK_OP_DENSE_DOWN, 8200, 8300, 8400, 9500, 9800, 10000])
+    # layer 1 (sliding): its last O-proj signal at 25 us, no attention records; layer 2 (full): 40
+    tl[0, 2] = torch.tensor([abi.MK_OP_OPROJ | (1 << 8), 11000, 12000, 0, 0, 24000, 25000])
+    tl[1, 2] = torch.tensor([abi.MK_OP_MOE_DOWN | (2 << 8) | (1 << 16), 26000, 27000, 0, 0, 39000, 40000])
+    ll = timeline.layer_lengths(timeline.records(tl), sliding={1}, dense={0})
+    assert [(d["layer"], d["kind"], d["length_us"]) for d in ll["layers"]] == [
+        (0, "dense", 9.0),
+        (1, "sliding", 15.0),
+        (2, "full", 15.0),
+    ]
+    assert ll["layers"][0]["head_us"] == 3.0 and "head_us" not in ll["layers"][1]
+    assert ll["mean_us"] == {"dense": 9.0, "sliding": 15.0, "full": 15.0}
+    assert timeline.layer_lengths(timeline.records(tl)[:0], set(), set()) == {"layers": [], "mean_us": {}}
+    path = tmp_path / "timeline_bs8.pt"
+    torch.save(timeline.records(tl), path)
+    assert timeline.main([str(path), "--layers"]) == 0
+    out = capsys.readouterr().out
+    assert "    0 dense        9.0    3.0" in out and out.strip().endswith("sliding 15.0")
+
+
 def test_sm_states_of_a_layer(tmp_path, capsys):
     """timeline.sm_states: per bin of a layer (previous add+norm end to its own), the blocks that
     stream (a GEMV interval, an ATTN run), sit in fixed costs, wait (by the waiting op) or idle; and
