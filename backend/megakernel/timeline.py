@@ -256,15 +256,11 @@ def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dic
     rows = recs.tolist()
     if not rows:
         return {"layers": [], "mean_us": {}}
-    ends = _last_ends(rows, ("ADD_NORM",))
-    qkv_end: dict[int, int] = {}
+    ends = _last_ends(rows, ("ADD_NORM", "QKV"))
     attn_ready: dict[int, list[int]] = defaultdict(list)
     for row in rows:
-        op, layer = _op(row), (row[1] >> 8) & 0xFF
-        if op == "QKV":
-            qkv_end[layer] = max(qkv_end.get(layer, 0), row[7])
-        elif op == "ATTN":
-            attn_ready[layer].append(row[3])
+        if _op(row) == "ATTN":
+            attn_ready[(row[1] >> 8) & 0xFF].append(row[3])
     start = min(r[2] for r in rows)
     out, by_kind = [], defaultdict(list)
     for layer in sorted(ends):
@@ -275,8 +271,8 @@ def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dic
             continue
         kind = "dense" if layer in dense else "sliding" if layer in sliding else "full"
         d = {"layer": layer, "kind": kind, "length_us": (ends[layer]["ADD_NORM"] - prev) / 1e3}
-        if layer in qkv_end and attn_ready.get(layer):
-            d["head_us"] = (statistics.median(attn_ready[layer]) - qkv_end[layer]) / 1e3
+        if "QKV" in ends[layer] and attn_ready.get(layer):
+            d["head_us"] = (statistics.median(attn_ready[layer]) - ends[layer]["QKV"]) / 1e3
         out.append(d)
         by_kind[kind].append(d["length_us"])
     return {"layers": out, "mean_us": {k: statistics.mean(v) for k, v in by_kind.items()}}
@@ -599,6 +595,15 @@ def moe_phase(recs: torch.Tensor, layer: int, bin_us: float = 10.0) -> dict:
     }
 
 
+def _release_layer_kinds() -> tuple[set[int], set[int]]:
+    """The release config's (sliding-window, dense) layers: what the CLI's saved steps ran."""
+    from mkcode.backend.model.config import north_mini_code_config
+
+    cfg = north_mini_code_config()
+    n = cfg.num_hidden_layers
+    return {i for i in range(n) if cfg.is_sliding(i)}, {i for i in range(n) if cfg.is_dense(i)}
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mkcode.backend.megakernel.timeline timeline_bs8.pt [--layer 25]`: a saved step's
     chain ends, one layer's SM states by bin (sm_states) and the largest gaps, on any machine."""
@@ -640,13 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     if recs.dim() == 3:  # a raw [n_sms, cap, words] timeline
         recs = records(recs)
     if args.layers:
-        from mkcode.backend.model.config import north_mini_code_config
-
-        cfg = north_mini_code_config()
-        n = cfg.num_hidden_layers
-        ll = layer_lengths(
-            recs, {i for i in range(n) if cfg.is_sliding(i)}, {i for i in range(n) if cfg.is_dense(i)}
-        )
+        ll = layer_lengths(recs, *_release_layer_kinds())
         if not ll["layers"]:
             print("no layer ends in these records")
             return 1
@@ -672,16 +671,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.items:
-        from mkcode.backend.model.config import north_mini_code_config
-
-        cfg = north_mini_code_config()
         print(f"{'op':12s} {'after':14s} {'n':>6s} {'gap':>6s} {'pre':>6s} {'post':>6s}  (median us)")
         for d in transitions(recs):
             print(
                 f"{d['op']:12s} {d['after']:14s} {d['count']:6d} {d['gap_us']:6.2f} {d['pre_us']:6.2f} {d['post_us']:6.2f}"
             )
-        sliding = {i for i in range(cfg.num_hidden_layers) if cfg.is_sliding(i)}
-        for kind, a in attention_runs(recs, sliding).items():
+        for kind, a in attention_runs(recs, _release_layer_kinds()[0]).items():
             print(
                 f"ATTN {kind}: {a['count']} items, run median {a['run_median_us']:.1f} us (p10 "
                 f"{a['run_p10_us']:.1f}, p90 {a['run_p90_us']:.1f}), wait median {a['wait_median_us']:.1f} us"
