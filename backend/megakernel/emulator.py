@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mkcode.backend.megakernel import abi
-from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
+from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item, ready_down_item
 from mkcode.backend.megakernel.schedule import Schedule, expert_counter, make_desc, moe_head_counter
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import ModelConfig
@@ -88,6 +88,7 @@ class Emulator:
         self.math, self.check_hazards = math, check_hazards
         t = schedule.tiling
         self.up_tiles, self.down_tiles = t.moe_tiles(cfg)
+        self.downs_per_expert = t.moe_downs_per_expert(cfg)  # (per up tile with moe_down_ready)
 
     # ---- counters -------------------------------------------------------------------------
     def _abs_target(self, c: int, rel: int) -> int:
@@ -104,6 +105,9 @@ class Emulator:
                     f"its step total is {self.sched.counters.totals[c]} (double signal?)"
                 )
         self.release[c] |= past
+        self._wake(c, v)
+
+    def _wake(self, c: int, v: int) -> None:
         waiting = self.waiters.get(c)
         if waiting:
             still = []
@@ -158,6 +162,25 @@ class Emulator:
             c = int(d[abi.MK_F_SIG0 + i])
             if c != abi.MK_NO_COUNTER:
                 self._signal(c, amount, past)
+        mode = self.sched.tiling.moe_down_ready
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and mode == 2:
+            # per expert: the tile whose add completes its expert counter (the kernel's atom.acq_rel:
+            # it acquires the siblings' releases) publishes
+            c = int(d[abi.MK_F_SIG0])
+            last = self.vals[c] == self.up_tiles
+            if last:
+                past = self.past[sm] = self.past[sm] | self.release[c]
+        else:
+            last = True
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and mode and last:
+            # its place in the layer's end order (the kernel: an atomic rank, then st.release of the
+            # tile index): a down of that rank acquires this tile's release alone
+            layer = int(d[abi.MK_F_LAYER])
+            ended = self.ended[layer]
+            ended.append((-(1 << 20) - int(d[abi.MK_F_ID]), past))
+            c = self.ended_c0 + layer
+            self.vals[c] = len(ended)
+            self._wake(c, len(ended))
         if int(d[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(d[abi.MK_F_A4]) != abi.MK_NO_COUNTER:
             # Tiling.combine_inline: the split whose signal completed the (row, kv head) merges them
             # (the kernel's atomic returns the last value to exactly one split; nothing ran between)
@@ -197,8 +220,9 @@ class Emulator:
             )
             table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
             n_up = len(table) * self.up_tiles
-            tail_at = n_up + min(len(table) * self.down_tiles, t_after)  # word 3: downs before the tail
-            end = len(table) * (self.up_tiles + self.down_tiles) + t_len
+            n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
+            tail_at = n_up + min(len(table) * self.downs_per_expert, t_after)  # word 3: downs before the tail
+            end = n_tiles + t_len
             far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
 
         def claim() -> int:
@@ -222,6 +246,17 @@ class Emulator:
                 item = self.sched.queue_desc[first + idx]
             elif tail_at <= idx < tail_at + t_len:
                 item = self.sched.queue_desc[t_first + idx - tail_at]
+            elif t.moe_down_ready and n_up <= (idx if idx < tail_at else idx - t_len) < n_tiles:
+                # an end-order down (mk_abi.h moe_down_ready): row tile r of the up tile of rank k
+                k, r = divmod((idx if idx < tail_at else idx - t_len) - n_up, self.down_tiles)
+                c = self.ended_c0 + arg
+                if self.vals[c] <= k:
+                    yield _Wait(c, k + 1)
+                m, past_w = self.ended[arg][k]
+                self.past[sm] |= past_w  # the kernel's ld.acquire of the rank's word
+                item = ready_down_item(
+                    table, arg, m, r, k, mlp_c, t, self.cfg, n_up, whole=t.moe_down_ready == 2
+                )
             else:
                 item = moe_item(
                     table,
@@ -250,6 +285,10 @@ class Emulator:
             ahead = claim() if far else None
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
+
+    def _cname(self, c: int) -> str:
+        names = self.sched.counters.names
+        return names[c] if c < len(names) else f"moe_ended[{c - self.ended_c0}]"
 
     def _check_head(self, head_c: int) -> None:
         done = (self.vals[head_c] - self.base[head_c]) & _U32
@@ -294,6 +333,11 @@ class Emulator:
         self.base = [int(v) for v in self.bank.base]
         self.n_dyn = self.sched.counters.n_dynamic
         self.waiters: dict[int, list[tuple[int, int]]] = {}
+        # moe_down_ready: each layer's ended up tiles in end order (tile index, the ender's past) and,
+        # past the schedule's counters, one pseudo counter per layer with their count
+        self.ended: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.ended_c0 = len(self.vals)
+        self.vals += [0] * self.cfg.num_hidden_layers
         self.ready: set[int] = set(range(n))
         progs = [self._sm_program(sm) for sm in range(n)]
         alive = set(range(n))
@@ -304,8 +348,7 @@ class Emulator:
             while alive:
                 if not self.ready:
                     lines = [
-                        f"SM {sm} waits {self.sched.counters.names[w.counter]} = {self.vals[w.counter]} "
-                        f"for {w.target}"
+                        f"SM {sm} waits {self._cname(w.counter)} = {self.vals[w.counter]} for {w.target}"
                         for sm, w in sorted(blocked.items())
                     ]
                     raise DeadlockError("deadlock: no SM can advance\n" + "\n".join(lines[:20]))
@@ -335,7 +378,7 @@ class Emulator:
                     blocked[sm] = w
                     self.waiters.setdefault(w.counter, []).append((sm, w.target))
         finally:
-            self.bank.values[:] = np.array(self.vals, dtype=np.uint32)
+            self.bank.values[:] = np.array(self.vals[: self.ended_c0], dtype=np.uint32)
         report.events = self.n_events
         self._check_counters()
         if self.check_hazards:

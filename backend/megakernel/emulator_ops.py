@@ -111,6 +111,37 @@ def moe_item(
     return d
 
 
+def ready_down_item(
+    table: MoeTable,
+    layer: int,
+    m: int,
+    r: int,
+    k: int,
+    mlp_counter: int,
+    tiling,
+    cfg,
+    n_up: int,
+    whole: bool = False,
+):
+    """Tiling.moe_down_ready: the down item of rank k's row tile r, once the rank's up tile m is
+    known (the kernel's resolve_ready_down): expert, rows, the K range of m's columns (whole: all of
+    the expert's, mode 2); no waits (the drain waited for the rank)."""
+    from mkcode.backend.megakernel.schedule import make_desc
+
+    a, c0, cols = tiling.moe_up_tile(cfg, len(table), m)
+    e, slots = table[a]
+    rows = tiling.moe_down_rows
+    span = (0, 0) if whole else (c0, cols)
+    d = make_desc(
+        abi.MK_OP_MOE_DOWN, layer, (e, r * rows, rows, *span), (), (mlp_counter,), amount=len(slots)
+    )
+    d[abi.MK_F_NTOK] = len(slots)
+    for j, slot in enumerate(slots):
+        d[abi.MK_F_SLOT0 + j] = slot
+    d[abi.MK_F_ID] = -(1 << 20) - (n_up + k * (cfg.hidden_size // rows) + r)
+    return d
+
+
 class OpSemantics:
     """Executes one descriptor on a workspace. `math=False` skips the arithmetic (full-geometry
     schedule checks) but still reports regions and still routes (randomly) so queues fill."""
@@ -433,12 +464,13 @@ class OpSemantics:
         return acc
 
     def op_moe_down(self, layer, a, d) -> Access:
-        e, r0, n = a[0], a[1], a[2]
-        I = self.cfg.intermediate_size
+        # A3 / A4: the K range (columns of the expert's intermediate), A4 = 0: all of it
+        e, r0, n, k0 = a[0], a[1], a[2], a[3]
+        k1 = k0 + (a[4] or self.cfg.intermediate_size)
         slots = self._moe_slots(d)
         acc = Access(
             reads=[(("moe_tab", layer), 0, 1)]
-            + [(("moe_act", layer, s), 0, I) for s in slots]
+            + [(("moe_act", layer, s), k0, k1) for s in slots]
             + [(("route_w", layer), s, s + 1) for s in slots],
         )
         K = self.cfg.num_experts_per_tok
@@ -447,9 +479,9 @@ class OpSemantics:
         else:
             acc.writes = [(("moe_out", layer, s), r0, r0 + n) for s in slots]
         if self.math:
-            W = self.w.layers[layer].experts_down[e][r0 : r0 + n].float()
+            W = self.w.layers[layer].experts_down[e][r0 : r0 + n, k0:k1].float()
             idx = torch.tensor(slots)
-            y = (self.ws["moe_act"][layer, idx] @ W.T) * self.ws["route_w"][layer, idx][:, None]
+            y = (self.ws["moe_act"][layer, idx, k0:k1] @ W.T) * self.ws["route_w"][layer, idx][:, None]
             if self.inline:  # index_add_: see op_moe_fused
                 xl = self.ws["x"][layer + 1]
                 xl[:, r0 : r0 + n].index_add_(0, (idx // K).to(xl.device), y)

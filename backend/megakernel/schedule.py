@@ -314,8 +314,8 @@ def build_schedule(
             route_c = counter(f"route[{layer}]", 1)
             # signalled by the device-made MoE items that end the MLP (amount: their tokens): the
             # fused items (every token slot is in one item per column tile), else the down tiles
-            up_tiles, down_tiles = tiling.moe_tiles(cfg)
-            mlp_items = up_tiles if tiling.moe_fused else down_tiles
+            up_tiles, _ = tiling.moe_tiles(cfg)
+            mlp_items = up_tiles if tiling.moe_fused else tiling.moe_downs_per_expert(cfg)
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + (n_o if inline else 0))
             cs.totals[mlp_c] += B * K * mlp_items
             for t in range(n_router):
@@ -343,7 +343,9 @@ def build_schedule(
                     make_desc(abi.MK_OP_ATTN, layer, (b, h, s, s_n, comb), ((qkv_c, n_qkv),), (att_c[b][h],))
                     for s in range(s_n)
                 ]
-        n_drains = min(len(attn_items), n_work, tiling.attn_drains or n_work)
+        # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (below), no drains
+        in_moe = bool(tiling.attn_in_moe) and not dense
+        n_drains = 0 if in_moe else min(len(attn_items), n_work, tiling.attn_drains or n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
         if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
@@ -356,7 +358,7 @@ def build_schedule(
             pool = qkv_sms + apart
         if pool:
             n_drains = min(n_drains, len(pool))
-        qid = host_queue(f"attn_head[{layer}]", attn_items, n_drains)
+        qid = host_queue(f"attn_head[{layer}]", attn_items, n_drains) if not in_moe else -1
         for k in range(n_drains):
             if apart and dealt:
                 next(rr)
@@ -400,6 +402,10 @@ def build_schedule(
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)
         ]
+        if in_moe:
+            # each tail item then waits on the QKV tiles (static tasks before every MoE drain) or on
+            # items at lower queue indices, so no claim order deadlocks
+            tail = attn_items + tail
 
         # 8. (early) the add+norm rows before the MoE drains (Tiling.norm_early; at most half the
         # SMs hold one, so the MoE queue always has drains that are not blocked behind one)

@@ -124,6 +124,21 @@ class Tiling:
     # the attention drains beside 28 MoE SMs), a full layer's ~46 us; fewer sliding splits leave
     # more SMs to the MoE queue while the attention runs (session 26)
     sliding_max_splits: int = 0
+    # 1: a MoE layer's attention items are the first items of its MoE queue's attention tail
+    # (before the combines and O-proj tiles: after the up tiles, or after moe_tail_downs down tiles)
+    # and the layer has no attention drains. Every work SM then starts the layer on the up tiles
+    # once ROUTE is done and takes attention items when its up tile ends, instead of 96 SMs running
+    # the attention first and switching to the MoE queue ~50 us into a BS 8 layer (12.8 us per SM of
+    # claims, table reads and cold code, session 22). Dense layers keep their attention drains.
+    attn_in_moe: int = 0
+    # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
+    # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
+    # ended that it could take, never for a sibling tile of its expert. At BS 8 (8K) the downs waited
+    # ~750 SM-us per layer for their experts' last up tiles while others were ready (session 26).
+    # Each up tile then has H / moe_down_rows down tiles (needs norm_inline; not with moe_fused).
+    # 2: the same order over whole experts (the up tile that completes its expert publishes it; the
+    # downs take all its columns, as without this): a down still waits for its expert's last tile.
+    moe_down_ready: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -131,6 +146,13 @@ class Tiling:
                 raise TilingError(f"tiling {self}: {what}")
 
         need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
+        need(self.attn_in_moe in (0, 1), "attn_in_moe must be 0 or 1")
+        need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
+        need(not (self.moe_down_ready and self.moe_fused), "moe_down_ready needs down tiles (no moe_fused)")
+        need(
+            self.moe_down_ready != 1 or self.norm_inline,
+            "moe_down_ready=1 needs norm_inline (the K-split downs add into x)",
+        )
         need(self.sliding_max_splits >= 0, "sliding_max_splits must be >= 0 (0: as max_splits)")
         need(self.claim_window >= 0, "claim_window must be >= 0 (0: the SM count)")
 
@@ -262,6 +284,12 @@ class Tiling:
         up = sum(self.moe_up_layout(cfg))
         return up, 0 if self.moe_fused else cfg.hidden_size // self.moe_down_rows
 
+    def moe_downs_per_expert(self, cfg: ModelConfig) -> int:
+        """Down items per active expert: its row tiles, once per up tile with moe_down_ready (each
+        over that tile's columns)."""
+        up, down = self.moe_tiles(cfg)
+        return down * up if self.moe_down_ready == 1 else down
+
     def moe_up_layout(self, cfg: ModelConfig) -> tuple[int, int]:
         """(wide tiles, small tiles) per active expert: moe_up_cols wide ones over the expert's first
         columns, then moe_up_small_tiles of moe_up_small columns (the kernel's moe_up_big and
@@ -304,6 +332,8 @@ SWITCH_FIELDS = frozenset(
         "lm_queue",
         "dense_apart",
         "sliding_max_splits",
+        "attn_in_moe",
+        "moe_down_ready",
     }
 )
 

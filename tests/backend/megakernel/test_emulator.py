@@ -659,3 +659,127 @@ def test_dense_apart_release_geometry(batch):
     sched, rep = _release_engine_step(batch, 3, 3, 6, dense_apart=1)
     static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
     assert rep.events > static
+
+
+# (moe_tail_downs, combine_inline, norm_inline): the tail (attention items first) right after the up
+# tiles, after 3 down tiles, with the combines by the last split, with the norm inside the GEMVs
+ATTN_IN_MOE_CASES = [(0, 0, 0), (3, 0, 0), (0, 1, 0), (0, 0, 1), (3, 1, 1)]
+
+
+@pytest.mark.parametrize(("tail_downs", "combine", "inline"), ATTN_IN_MOE_CASES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_attention_in_the_moe_queue(weights, strategy, tail_downs, combine, inline):
+    """Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail and the layer has
+    no attention drains (the dense layer keeps its own): same results."""
+    from dataclasses import replace
+
+    contexts = [70, 3, 190]
+    tiling = replace(
+        TILING,
+        attn_in_moe=1,
+        moe_tail_downs=tail_downs,
+        combine_inline=combine,
+        norm_inline=inline,
+        moe_fused=0,
+    )
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    drains = [
+        t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_HOST
+    ]
+    assert {int(t[abi.MK_F_LAYER]) for t in drains} == {
+        i for i in range(CFG.num_hidden_layers) if CFG.is_dense(i)
+    }
+    in_queue = {int(q[abi.MK_F_LAYER]) for q in sched.queue_desc if q[abi.MK_F_OP] == abi.MK_OP_ATTN}
+    assert in_queue == set(range(CFG.num_hidden_layers))  # dense: its host queue; MoE: the MoE tail
+    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+
+
+def test_attention_in_the_moe_queue_missing_wait_is_caught(weights):
+    """attn_in_moe: an attention item in the MoE queue that does not wait for the QKV tiles reads
+    K/V and Q before they are written; the hazard check reports it in some interleaving."""
+    from dataclasses import replace
+
+    contexts = [70, 3]
+    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, attn_in_moe=1, moe_fused=0))
+    layer = next(i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i))
+    broken = sched.without_queue_wait(_find_item(sched, abi.MK_OP_ATTN, layer), 0)
+    caught = []
+    for seed in range(4):
+        try:
+            _run(weights, contexts, sched=broken, strategy="random", seed=seed)
+        except HazardError as e:
+            assert re.search(r"race|never written", str(e)), e
+            caught.append(seed)
+    assert caught, "a deleted attention wait in the MoE queue went unnoticed in every interleaving"
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_attention_in_the_moe_queue_release_geometry(batch):
+    """attn_in_moe on the engine's tiling at the release geometry: no deadlock, every counter at its
+    total, the happens-before check."""
+    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=1)
+    assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
+        sched.queue_desc
+    )
+
+
+# (moe_down_ready, extra tiling): per up tile (K-split downs) and per expert, with the tail among the
+# downs, with two up-tile sizes (several up tiles per expert), with the attention in the MoE queue
+DOWN_READY_CASES = [
+    (1, {}),
+    (1, {"moe_tail_downs": 3}),
+    (1, {"moe_up_small": 16, "moe_up_small_tiles": 2}),
+    (2, {}),
+    (2, {"moe_up_small": 16, "moe_up_small_tiles": 2, "attn_in_moe": 1}),
+]
+
+
+@pytest.mark.parametrize(("mode", "extra"), DOWN_READY_CASES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_downs_in_the_up_tiles_end_order(weights, strategy, mode, extra):
+    """Tiling.moe_down_ready: a down item takes the up tile (1) or expert (2) of its rank in the
+    layer's end order, over that tile's columns (1) or all of them (2): same results."""
+    from dataclasses import replace
+
+    contexts = [70, 3, 190]
+    tiling = replace(TILING, moe_down_ready=mode, norm_inline=1, moe_fused=0, **extra)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    up, down = tiling.moe_tiles(CFG)
+    assert tiling.moe_downs_per_expert(CFG) == (up * down if mode == 1 else down)
+    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_downs_in_end_order_read_their_own_tile(weights, monkeypatch, mode):
+    """moe_down_ready: a down that took the wrong rank's up tile (its neighbour's) reads columns or
+    an expert nobody released to it, or adds the wrong expert: the step fails loudly (a hazard, a
+    counter over its total, or a wrong result)."""
+    from dataclasses import replace
+
+    from mkcode.backend.megakernel import emulator as emu
+
+    real = emu.ready_down_item
+
+    up = TILING.moe_tiles(CFG)[0]
+    shift = 1 if mode == 1 else up  # mode 2: the next expert's tile (a sibling is the same expert)
+
+    def off_by_one(table, layer, m, *a, **k):
+        return real(table, layer, (m + shift) % (len(table) * up), *a, **k)
+
+    monkeypatch.setattr(emu, "ready_down_item", off_by_one)
+    contexts = [70, 3, 190]
+    tiling = replace(TILING, moe_down_ready=mode, norm_inline=1, moe_fused=0)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    with pytest.raises((HazardError, CounterError, AssertionError)):
+        _check(*_run(weights, contexts, strategy="random", sched=sched)[:4])
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_downs_in_end_order_release_geometry(batch, mode):
+    """moe_down_ready on the engine's tiling at the release geometry: no deadlock, every counter at
+    its total, the happens-before check."""
+    sched, rep = _release_engine_step(batch, 3, 5, 9, moe_down_ready=mode, moe_fused=0, norm_inline=1)
+    assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
+        sched.queue_desc
+    )
