@@ -162,25 +162,8 @@ class Emulator:
             c = int(d[abi.MK_F_SIG0 + i])
             if c != abi.MK_NO_COUNTER:
                 self._signal(c, amount, past)
-        mode = self.sched.tiling.moe_down_ready
-        if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and mode == 2:
-            # per expert: the tile whose add completes its expert counter (the kernel's atom.acq_rel:
-            # it acquires the siblings' releases) publishes
-            c = int(d[abi.MK_F_SIG0])
-            last = self.vals[c] == self.up_tiles
-            if last:
-                past = self.past[sm] = self.past[sm] | self.release[c]
-        else:
-            last = True
-        if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and mode and last:
-            # its place in the layer's end order (the kernel: an atomic rank, then st.release of the
-            # tile index): a down of that rank acquires this tile's release alone
-            layer = int(d[abi.MK_F_LAYER])
-            ended = self.ended[layer]
-            ended.append((-(1 << 20) - int(d[abi.MK_F_ID]), past))
-            c = self.ended_c0 + layer
-            self.vals[c] = len(ended)
-            self._wake(c, len(ended))
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and self.sched.tiling.moe_down_ready:
+            self._publish_end(sm, d, past)
         if int(d[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(d[abi.MK_F_A4]) != abi.MK_NO_COUNTER:
             # Tiling.combine_inline: the split whose signal completed the (row, kv head) merges them
             # (the kernel's atomic returns the last value to exactly one split; nothing ran between)
@@ -194,6 +177,23 @@ class Emulator:
                 comb[abi.MK_F_ID] = int(d[abi.MK_F_ID])
                 yield from self._run_task(sm, comb)
         yield None
+
+    def _publish_end(self, sm: int, d, past: int) -> None:
+        """Tiling.moe_down_ready: an up tile's place in its layer's end order (the kernel: an atomic
+        rank, then st.release of the tile index), so that a down of that rank acquires this tile's
+        release alone. Mode 2: only the tile whose add completed its expert counter publishes (the
+        kernel's atom.acq_rel, which acquires the siblings' releases)."""
+        if self.sched.tiling.moe_down_ready == 2:
+            c = int(d[abi.MK_F_SIG0])
+            if self.vals[c] != self.up_tiles:
+                return
+            past = self.past[sm] = self.past[sm] | self.release[c]
+        layer = int(d[abi.MK_F_LAYER])
+        ended = self.ended[layer]
+        ended.append((-(1 << 20) - int(d[abi.MK_F_ID]), past))
+        c = self.ended_c0 + layer
+        self.vals[c] = len(ended)
+        self._wake(c, len(ended))
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
         """Claims as in the kernel: while more than W items (Tiling.claim_window; 0: n_sms) remain

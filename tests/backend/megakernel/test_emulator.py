@@ -254,6 +254,19 @@ def test_two_up_tile_sizes(weights, strategy):
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
+def _assert_race_caught(weights, contexts, broken, what: str) -> None:
+    """A race shows only in an interleaving where nothing else orders the item after its producers
+    (an SM that ran all of them itself, say); over four interleavings it must show."""
+    caught = []
+    for seed in range(4):
+        try:
+            _run(weights, contexts, sched=broken, strategy="random", seed=seed)
+        except HazardError as e:
+            assert re.search(r"race|never written", str(e)), e
+            caught.append(seed)
+    assert caught, f"{what} went unnoticed in every interleaving"
+
+
 @pytest.mark.parametrize(("tail_last", "tail_downs"), TAIL_PLACES)
 @pytest.mark.parametrize("op", [abi.MK_OP_ATTN_COMBINE, abi.MK_OP_OPROJ])
 def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last, tail_downs):
@@ -266,16 +279,7 @@ def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last, tai
     sched = build_schedule(CFG, 2, contexts, N_SMS, tiling)
     assert not any(t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == 1 for t in sched.tasks)
     broken = sched.without_queue_wait(_find_item(sched, op, 1), 0)
-    # A race shows only in an interleaving where nothing else orders the item after its producers
-    # (an SM that ran all of them itself, say); over four interleavings it must show.
-    caught = []
-    for seed in range(4):
-        try:
-            _run(weights, contexts, sched=broken, strategy="random", seed=seed)
-        except HazardError as e:
-            assert re.search(r"race|never written", str(e)), e
-            caught.append(seed)
-    assert caught, "a deleted attention-tail wait went unnoticed in every interleaving"
+    _assert_race_caught(weights, contexts, broken, "a deleted attention-tail wait")
 
 
 def test_fused_moe_sums_need_their_initialiser(weights, monkeypatch):
@@ -703,14 +707,7 @@ def test_attention_in_the_moe_queue_missing_wait_is_caught(weights):
     sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, attn_in_moe=1, moe_fused=0))
     layer = next(i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i))
     broken = sched.without_queue_wait(_find_item(sched, abi.MK_OP_ATTN, layer), 0)
-    caught = []
-    for seed in range(4):
-        try:
-            _run(weights, contexts, sched=broken, strategy="random", seed=seed)
-        except HazardError as e:
-            assert re.search(r"race|never written", str(e)), e
-            caught.append(seed)
-    assert caught, "a deleted attention wait in the MoE queue went unnoticed in every interleaving"
+    _assert_race_caught(weights, contexts, broken, "a deleted attention wait in the MoE queue")
 
 
 @pytest.mark.parametrize("batch", [1, 8])
