@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 15
+#define MK_ABI_VERSION 16
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -74,7 +74,8 @@ enum MkField {
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns
-//   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index
+//   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
+//                            A2 = its MLP counter, A3 = its tail queue or -1)
 //   SAMPLE_ROW               A0 = row
 //   ROUTE, SAMPLE, NOP       none
 
@@ -296,3 +297,8 @@ enum MkLayerWeight {
 // (Tiling.moe_tail_downs; Tiling.moe_tail_last writes MK_TAIL_ALL_DOWNS: after every down tile).
 // The kernel and the emulator take min(word 3, the layer's down tiles).
 #define MK_TAIL_ALL_DOWNS 1073741824
+// Word MK_MOE_HEAD (2) of a MoE layer's tail queue (ABI 16): how many head items the MoE queue has
+// before its up tiles (Tiling.attn_in_moe = 2: the layer's attention items), stored right before
+// the tail's items in the host queue buffer; -1 (MK_NO_COUNTER, a tail queue has no counter of its
+// own) or 0: none.
+#define MK_MOE_HEAD 2

@@ -1763,7 +1763,9 @@ __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, cons
 
 // The shape of a MoE queue: [0, n_up) up tiles, then the n_down down tiles with the n_tail tail items
 // after the first min(n_down, the tail queue's word 3) of them (schedule: Tiling.moe_tail_downs, or
-// MK_TAIL_ALL_DOWNS for Tiling.moe_tail_last).
+// MK_TAIL_ALL_DOWNS for Tiling.moe_tail_last). With head items (Tiling.attn_in_moe = 2, mk_abi.h
+// MK_MOE_HEAD) the queue's first s_moe_head claims are those, stored right before the tail's items,
+// and claim c >= s_moe_head is this shape's index c - s_moe_head.
 struct MoeQueue {
   int n_up, n_tail, n_down, tail_first, tail_at;
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
@@ -1801,6 +1803,9 @@ __device__ __noinline__ int tile_span(const Params& p, int n_act, int m, int n_u
   return count ? p.moe_down_rows : ((m - n_up) % p.moe_down_tiles) * p.moe_down_rows;
 }
 
+// A MoE drain's head items (MK_MOE_HEAD; 0: none), set by thread 0 with its first claim.
+__shared__ int s_moe_head;
+
 __device__ __forceinline__ void host_item_fetch(const Params& p, int at, int* raw) {
   if (threadIdx.x < MK_DESC_WORDS / 4)
     cp_async16(raw + 4 * threadIdx.x, (const int*)p.queue + (size_t)at * MK_DESC_WORDS + 4 * threadIdx.x, true);
@@ -1818,7 +1823,10 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
                                             int* raw, const int* etab) {
   if (kind == MK_QUEUE_HOST) {
     if (idx < (uint32_t)qi[1]) host_item_fetch(p, qi[0] + (int)idx, raw);
+  } else if (idx < (uint32_t)s_moe_head) {  // a head item (right before the tail's)
+    host_item_fetch(p, qi[0] - s_moe_head + (int)idx, raw);
   } else {
+    idx -= (uint32_t)s_moe_head;
     const MoeQueue q(p, n_act, qi);
     if (q.in_tail(idx)) {
       host_item_fetch(p, q.tail_first + (int)idx - q.tail_at, raw);
@@ -1848,6 +1856,11 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
     if (w < MK_DESC_WORDS) item[w] = raw[w];
     return true;
   }
+  if (idx < (uint32_t)s_moe_head) {  // a head item: its host descriptor
+    if (w < MK_DESC_WORDS) item[w] = raw[w];
+    return true;
+  }
+  idx -= (uint32_t)s_moe_head;
   const MoeQueue q(p, n_act, qi);
   if (idx >= q.end()) return false;
   if (w >= MK_DESC_WORDS) return true;
@@ -2038,7 +2051,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     if (threadIdx.x == 0) {
       const uint32_t c0 = (early ? early_c : atomicAdd(head, 1u)) - head_base;
       s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
-      s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : MoeQueue(p, s_nact, qi).end();
+      s_moe_head = kind == MK_QUEUE_HOST || qi == nullptr ? 0 : max(0, qi[MK_MOE_HEAD]);
+      s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : s_moe_head + MoeQueue(p, s_nact, qi).end();
       s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
                                                                            : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
       s_claim = c0;

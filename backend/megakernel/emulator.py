@@ -203,7 +203,8 @@ class Emulator:
         (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the end (LAZY) or within W
         items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its
         first claim past the end and a host queue's drain then claims once more, so it over-claims
-        exactly twice (the totals count it). A MoE queue's items: the up tiles,
+        exactly twice (the totals count it). A MoE queue's items: the head (the attention items with
+        Tiling.attn_in_moe = 2, before the tail's in the buffer; the tail queue's word 2), the up tiles,
         then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
         last, when the tail queue's word 3 says so); with Tiling.moe_fused the up tiles are fused
         items (up tile + down slice) and there are no down tiles."""
@@ -215,14 +216,19 @@ class Emulator:
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
-            t_first, t_len, t_after = (
-                (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
+            t_first, t_len, h_len, t_after = (
+                (int(v) for v in self.sched.queue_info[tail_q]) if tail_q >= 0 else (0, 0, 0, 0)
             )
+            # Tiling.attn_in_moe = 2: the head items (mk_abi.h MK_MOE_HEAD) come first
+            h_len = max(0, h_len)
+            h_first = t_first - h_len
             table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
             n_up = len(table) * self.up_tiles
             n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
-            tail_at = n_up + min(len(table) * self.downs_per_expert, t_after)  # word 3: downs before the tail
-            end = n_tiles + t_len
+            # word 3: downs before the tail
+            tail_at = h_len + n_up + min(len(table) * self.downs_per_expert, t_after)
+            end = h_len + n_tiles + t_len
+            # (the kernel's s_far: the up tiles' count, the head not counted, as without a head)
             far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
 
         def claim() -> int:
@@ -244,11 +250,13 @@ class Emulator:
                     claim()  # the top-up: two claims past the end per drain
                     return
                 item = self.sched.queue_desc[first + idx]
+            elif idx < h_len:
+                item = self.sched.queue_desc[h_first + idx]
             elif tail_at <= idx < tail_at + t_len:
                 item = self.sched.queue_desc[t_first + idx - tail_at]
-            elif t.moe_down_ready and n_up <= (idx if idx < tail_at else idx - t_len) < n_tiles:
+            elif t.moe_down_ready and n_up <= (idx if idx < tail_at else idx - t_len) - h_len < n_tiles:
                 # an end-order down (mk_abi.h moe_down_ready): row tile r of the up tile of rank k
-                k, r = divmod((idx if idx < tail_at else idx - t_len) - n_up, self.down_tiles)
+                k, r = divmod((idx if idx < tail_at else idx - t_len) - h_len - n_up, self.down_tiles)
                 c = self.ended_c0 + arg
                 if self.vals[c] <= k:
                     yield _Wait(c, k + 1)
@@ -261,7 +269,7 @@ class Emulator:
                 item = moe_item(
                     table,
                     arg,
-                    idx if idx < tail_at else idx - t_len,
+                    (idx if idx < tail_at else idx - t_len) - h_len,
                     mlp_c,
                     self.up_tiles,
                     lambda n_act, m: t.moe_up_tile(self.cfg, n_act, m),

@@ -343,7 +343,8 @@ def build_schedule(
                     make_desc(abi.MK_OP_ATTN, layer, (b, h, s, s_n, comb), ((qkv_c, n_qkv),), (att_c[b][h],))
                     for s in range(s_n)
                 ]
-        # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (below), no drains
+        # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are the
+        # queue's head, before its up tiles (2) (below); no attention drains
         in_moe = bool(tiling.attn_in_moe) and not dense
         n_drains = 0 if in_moe else min(len(attn_items), n_work, tiling.attn_drains or n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
@@ -402,9 +403,9 @@ def build_schedule(
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)
         ]
-        if in_moe:
-            # each tail item then waits on the QKV tiles (static tasks before every MoE drain) or on
-            # items at lower queue indices, so no claim order deadlocks
+        # each attention item waits on the QKV tiles (static tasks before every MoE drain), each tail
+        # item on items at lower queue indices, so no claim order deadlocks
+        if in_moe and tiling.attn_in_moe == 1:
             tail = attn_items + tail
 
         # 8. (early) the add+norm rows before the MoE drains (Tiling.norm_early; at most half the
@@ -431,7 +432,11 @@ def build_schedule(
             tail_q = len(qinfo)
             # claimed through the MoE head; word 3: how many down tiles come before the tail
             tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs
-            qinfo.append([enqueue(tail), len(tail), abi.MK_NO_COUNTER, tail_after])
+            # Tiling.attn_in_moe = 2: the attention items as the MoE queue's head, right before the
+            # tail's items in the buffer, their count in the tail queue's word 2 (mk_abi.h MK_MOE_HEAD)
+            head = attn_items if in_moe and tiling.attn_in_moe == 2 else []
+            first = enqueue(head + tail) + len(head)
+            qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, tail_after])
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
             drain_h = wait_h[0] if inline else (norm[layer], B)

@@ -130,6 +130,10 @@ class Tiling:
     # once ROUTE is done and takes attention items when its up tile ends, instead of 96 SMs running
     # the attention first and switching to the MoE queue ~50 us into a BS 8 layer (12.8 us per SM of
     # claims, table reads and cold code, session 22). Dense layers keep their attention drains.
+    # 2: the attention items are the MoE queue's first items, before its up tiles (a head queue,
+    # the MoE drain's word A4): the drains claim them once ROUTE is done, and an SM whose attention
+    # item ends claims its next item (an up tile) from the same queue, with no drain exit, no
+    # second wait on ROUTE and no expert-table copy (the BS 8 switch: 15.7 us median, session 28).
     attn_in_moe: int = 0
     # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
     # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
@@ -146,7 +150,7 @@ class Tiling:
                 raise TilingError(f"tiling {self}: {what}")
 
         need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
-        need(self.attn_in_moe in (0, 1), "attn_in_moe must be 0 or 1")
+        need(self.attn_in_moe in (0, 1, 2), "attn_in_moe must be 0, 1 or 2")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(not (self.moe_down_ready and self.moe_fused), "moe_down_ready needs down tiles (no moe_fused)")
         need(

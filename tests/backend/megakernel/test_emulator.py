@@ -672,15 +672,17 @@ ATTN_IN_MOE_CASES = [(0, 0, 0), (3, 0, 0), (0, 1, 0), (0, 0, 1), (3, 1, 1)]
 
 @pytest.mark.parametrize(("tail_downs", "combine", "inline"), ATTN_IN_MOE_CASES)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_attention_in_the_moe_queue(weights, strategy, tail_downs, combine, inline):
-    """Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail and the layer has
-    no attention drains (the dense layer keeps its own): same results."""
+@pytest.mark.parametrize("mode", [1, 2])
+def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine, inline):
+    """Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are its
+    head, before the up tiles (2), and the layer has no attention drains (the dense layer keeps its
+    own): same results."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
     tiling = replace(
         TILING,
-        attn_in_moe=1,
+        attn_in_moe=mode,
         moe_tail_downs=tail_downs,
         combine_inline=combine,
         norm_inline=inline,
@@ -694,27 +696,40 @@ def test_attention_in_the_moe_queue(weights, strategy, tail_downs, combine, inli
         i for i in range(CFG.num_hidden_layers) if CFG.is_dense(i)
     }
     in_queue = {int(q[abi.MK_F_LAYER]) for q in sched.queue_desc if q[abi.MK_F_OP] == abi.MK_OP_ATTN}
-    assert in_queue == set(range(CFG.num_hidden_layers))  # dense: its host queue; MoE: the MoE tail
+    assert in_queue == set(range(CFG.num_hidden_layers))  # dense: its host queue; MoE: the MoE queue
+    moe_drains = [
+        t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_MOE
+    ]
+    for t in moe_drains:  # the head items (MK_MOE_HEAD): the layer's attention items, before the tail's
+        first, _, n, _ = (int(v) for v in sched.queue_info[int(t[abi.MK_F_A3])])
+        if mode == 1:
+            assert n == abi.MK_NO_COUNTER
+            continue
+        items = sched.queue_desc[first - n : first]
+        assert n > 0 and all(int(q[abi.MK_F_OP]) == abi.MK_OP_ATTN for q in items)
+        assert {int(q[abi.MK_F_LAYER]) for q in items} == {int(t[abi.MK_F_LAYER])}
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
-def test_attention_in_the_moe_queue_missing_wait_is_caught(weights):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_attention_in_the_moe_queue_missing_wait_is_caught(weights, mode):
     """attn_in_moe: an attention item in the MoE queue that does not wait for the QKV tiles reads
     K/V and Q before they are written; the hazard check reports it in some interleaving."""
     from dataclasses import replace
 
     contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, attn_in_moe=1, moe_fused=0))
+    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, attn_in_moe=mode, moe_fused=0))
     layer = next(i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i))
     broken = sched.without_queue_wait(_find_item(sched, abi.MK_OP_ATTN, layer), 0)
     _assert_race_caught(weights, contexts, broken, "a deleted attention wait in the MoE queue")
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_attention_in_the_moe_queue_release_geometry(batch):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_attention_in_the_moe_queue_release_geometry(batch, mode):
     """attn_in_moe on the engine's tiling at the release geometry: no deadlock, every counter at its
     total, the happens-before check."""
-    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=1)
+    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=mode)
     assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
         sched.queue_desc
     )
@@ -728,6 +743,8 @@ DOWN_READY_CASES = [
     (1, {"moe_up_small": 16, "moe_up_small_tiles": 2}),
     (2, {}),
     (2, {"moe_up_small": 16, "moe_up_small_tiles": 2, "attn_in_moe": 1}),
+    (1, {"attn_in_moe": 2, "moe_tail_downs": 3}),
+    (2, {"attn_in_moe": 2}),
 ]
 
 
