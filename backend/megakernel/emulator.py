@@ -216,11 +216,12 @@ class Emulator:
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
-            t_first, t_len, h_len, t_after = (
-                (int(v) for v in self.sched.queue_info[tail_q]) if tail_q >= 0 else (0, 0, 0, 0)
+            t_first, t_len, t_after = (
+                (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
             )
-            # Tiling.attn_in_moe = 2: the head items (mk_abi.h MK_MOE_HEAD) come first
-            h_len = max(0, h_len)
+            # Tiling.attn_in_moe = 2: the head items (mk_abi.h MK_MOE_HEAD; -1: none) come first,
+            # stored right before the tail's
+            h_len = max(0, int(self.sched.queue_info[tail_q][abi.MK_MOE_HEAD])) if tail_q >= 0 else 0
             h_first = t_first - h_len
             table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
             n_up = len(table) * self.up_tiles
