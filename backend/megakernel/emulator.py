@@ -255,9 +255,11 @@ class Emulator:
                 item = self.sched.queue_desc[h_first + idx]
             elif tail_at <= idx < tail_at + t_len:
                 item = self.sched.queue_desc[t_first + idx - tail_at]
-            elif t.moe_down_ready and n_up <= (idx if idx < tail_at else idx - t_len) - h_len < n_tiles:
+            elif (
+                t.moe_down_ready and n_up <= (m := (idx if idx < tail_at else idx - t_len) - h_len) < n_tiles
+            ):
                 # an end-order down (mk_abi.h moe_down_ready): row tile r of the up tile of rank k
-                k, r = divmod((idx if idx < tail_at else idx - t_len) - h_len - n_up, self.down_tiles)
+                k, r = divmod(m - n_up, self.down_tiles)
                 c = self.ended_c0 + arg
                 if self.vals[c] <= k:
                     yield _Wait(c, k + 1)
@@ -270,7 +272,7 @@ class Emulator:
                 item = moe_item(
                     table,
                     arg,
-                    (idx if idx < tail_at else idx - t_len) - h_len,
+                    (idx if idx < tail_at else idx - t_len) - h_len,  # the up/down tile index
                     mlp_c,
                     self.up_tiles,
                     lambda n_act, m: t.moe_up_tile(self.cfg, n_act, m),
