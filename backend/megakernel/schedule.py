@@ -180,6 +180,14 @@ def make_desc(
     return d
 
 
+def qkv_row_head(cfg: ModelConfig, row: int) -> int:
+    """The kv head a row of [Wq; Wk; Wv] belongs to: Q rows by their query head's group, K and V rows
+    by their head."""
+    if row < cfg.q_width:
+        return row // (cfg.gqa_group * cfg.head_dim)
+    return ((row - cfg.q_width) % cfg.kv_width) // cfg.head_dim
+
+
 def build_schedule(
     cfg: ModelConfig,
     batch: int,
@@ -268,7 +276,13 @@ def build_schedule(
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
         rows_splits = splits[sliding]
-        qkv_c = counter(f"qkv[{layer}]", n_qkv)
+        # Tiling.qkv_by_head: one counter per kv head (its Q group's, K and V tiles), else one
+        qkv_heads = Hkv if tiling.qkv_by_head else 1
+        per_head = n_qkv // qkv_heads
+        qkv_cs = [
+            counter(f"qkv[{layer}]" if qkv_heads == 1 else f"qkv[{layer}][{h}]", per_head)
+            for h in range(qkv_heads)
+        ]
         comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)
@@ -281,7 +295,9 @@ def build_schedule(
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
         for t in range(n_qkv):
-            emit(make_desc(abi.MK_OP_QKV, layer, (t * tiling.qkv_rows, tiling.qkv_rows), wait_h, (qkv_c,)))
+            r0 = t * tiling.qkv_rows
+            sig = qkv_cs[qkv_row_head(cfg, r0) if qkv_heads > 1 else 0]
+            emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, (sig,)))
 
         # Tiling.dense_apart: a dense layer's MLP tiles on the SMs without its QKV tiles, its
         # attention drains on the QKV SMs first (the attention's chain is not behind MLP tiles)
@@ -340,7 +356,13 @@ def build_schedule(
                 if tiling.combine_inline:
                     cs.totals[comb_c[h]] += 1  # one combine per (row, kv head), by its last split
                 attn_items += [
-                    make_desc(abi.MK_OP_ATTN, layer, (b, h, s, s_n, comb), ((qkv_c, n_qkv),), (att_c[b][h],))
+                    make_desc(
+                        abi.MK_OP_ATTN,
+                        layer,
+                        (b, h, s, s_n, comb),
+                        ((qkv_cs[h if qkv_heads > 1 else 0], per_head),),
+                        (att_c[b][h],),
+                    )
                     for s in range(s_n)
                 ]
         # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are the

@@ -145,6 +145,12 @@ class Tiling:
     # 2: the same order over whole experts (the up tile that completes its expert publishes it; the
     # downs take all its columns, as without this): a down still waits for its expert's last tile.
     moe_down_ready: int = 0
+    # 1: one QKV counter per kv head instead of one per layer: a QKV tile signals the counter of the
+    # kv head its rows belong to (Q rows of the head's query group, its K rows or its V rows), and an
+    # attention item (row, kv head, split) waits for that head's tiles only (20 of 80 at the release
+    # geometry) instead of every tile of the layer. At BS 8 the last of 80 QKV tiles (its SM late
+    # from the previous layer's downs) set when every attention item could start.
+    qkv_by_head: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -154,6 +160,11 @@ class Tiling:
         need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
         need(self.attn_in_moe in (0, 1, 2), "attn_in_moe must be 0, 1 or 2")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
+        need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
+        need(
+            not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
+            "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
+        )
         need(not (self.moe_down_ready and self.moe_fused), "moe_down_ready needs down tiles (no moe_fused)")
         need(
             self.moe_down_ready != 1 or self.norm_inline,
@@ -340,6 +351,7 @@ SWITCH_FIELDS = frozenset(
         "sliding_max_splits",
         "attn_in_moe",
         "moe_down_ready",
+        "qkv_by_head",
     }
 )
 

@@ -896,3 +896,12 @@ def test_attention_in_the_moe_queue_reduced(small, contexts, mode):
     w, _ = small
     t = _engine_tiling(contexts, attn_in_moe=mode)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=59, steps=3)
+
+
+@pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])
+def test_qkv_counters_by_kv_head_reduced(small, contexts):
+    """Tiling.qkv_by_head: one QKV counter per kv head, the attention items waiting for their own
+    head's tiles; three steps against the reference."""
+    w, _ = small
+    t = _engine_tiling(contexts, qkv_by_head=1)
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=61, steps=3)
