@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 16
+#define MK_ABI_VERSION 17
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -63,7 +63,8 @@ enum MkField {
   MK_F_END = 28,
 };
 // Arguments per opcode (A0..A4):
-//   EMBED, ADD_NORM          A0 = row
+//   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
+//   ADD_NORM                 A0 = row
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
@@ -75,9 +76,11 @@ enum MkField {
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
-//                            A2 = its MLP counter, A3 = its tail queue or -1)
+//                            A2 = its MLP counter, A3 = its tail queue or -1, A4 =
+//                            MK_DRAIN_LATE_ROUTE or 0)
 //   SAMPLE_ROW               A0 = row
-//   ROUTE, SAMPLE, NOP       none
+//   ROUTE                    A0 = MK_ROUTE_KEEP_HEAD or 0
+//   SAMPLE, NOP              none
 
 enum MkQueueKind {
   MK_QUEUE_HOST = 0,  // descriptors written by the host (attention splits); head is a counter
@@ -89,7 +92,8 @@ enum MkQueueKind {
 // host as the running sum of each step's known increments), and a wait is satisfied when
 // (int32)(counter[c] - (base[c] + target)) >= 0, so the arithmetic wraps safely. Counters whose
 // increments depend on routing (MoE queue heads, per-expert up-tile counts) live in the DYNAMIC
-// region and are reset on the device by ROUTE before it publishes (their base is always 0).
+// region and are reset on the device by ROUTE before it publishes (their base is always 0; with
+// MK_ROUTE_KEEP_HEAD the queue head by the EMBED of row 0, see the end of this file).
 // A wait whose counter is MK_NO_COUNTER is skipped.
 
 // Kernel error codes (written to err[0]; err[1..] = block, task id, counter, value, target).
@@ -302,3 +306,14 @@ enum MkLayerWeight {
 // the tail's items in the host queue buffer; -1 (MK_NO_COUNTER, a tail queue has no counter of its
 // own) or 0: none.
 #define MK_MOE_HEAD 2
+
+// Tiling.attn_in_moe = 3 (ABI 17): the MoE queue's head items (the layer's attention, MK_MOE_HEAD)
+// are claimed before ROUTE. The MoE drains (A4 = MK_DRAIN_LATE_ROUTE, one wait: h(l); their route
+// wait is the descriptor's second pair, not counted in MK_F_NWAIT) claim from the start and wait for
+// ROUTE only at their first claim past the head; ROUTE (A0 = MK_ROUTE_KEEP_HEAD) then leaves the
+// queue head alone, and the EMBED of row 0 (A1 = MK_EMBED_RESET_HEADS) resets every MoE layer's
+// head before it signals: every claim of the step comes after that (each drain waits for h(l),
+// which follows the EMBED tasks), every claim of the step before is over (the launch boundary).
+#define MK_DRAIN_LATE_ROUTE 1
+#define MK_ROUTE_KEEP_HEAD 1
+#define MK_EMBED_RESET_HEADS 1

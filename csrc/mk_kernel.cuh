@@ -251,6 +251,10 @@ __device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
   const long long tok = ((const long long*)p.token_ids)[b];
   const bf16* e = (const bf16*)p.embed + (size_t)tok * p.hidden;
   float* row = s.out;  // H floats (H <= OUT_FLOATS, checked by the launcher)
+  // MK_EMBED_RESET_HEADS (Tiling.attn_in_moe = 3): every layer's MoE queue head, before the signal
+  // that every drain of the step waits behind (mk_abi.h)
+  if (d[MK_F_A1] == MK_EMBED_RESET_HEADS && p.num_experts > 0)
+    for (int l = threadIdx.x; l < p.num_layers; l += NT) atomicExch(V.counter(p.dyn_base + l * (p.num_experts + 1)), 0u);
   float* x = V.x(0) + (size_t)b * p.hidden;
   if (p.norm_inline) {  // x(0); a dense layer 0's sum x(1) starts at its residual (its initialiser)
     float* x1 = (V.flags(0) & MK_LAYER_DENSE) ? V.x(1) + (size_t)b * p.hidden : nullptr;
@@ -723,7 +727,10 @@ __device__ __noinline__ void op_route(const Params& p, int l, Smem& s, bool dry)
 __device__ void route_prologue(const Params& p, const int* d) {
   View V(p);
   const int l = d[MK_F_LAYER], E = p.num_experts;
-  for (int e = threadIdx.x; e <= E; e += NT) atomicExch(V.counter(p.dyn_base + l * (E + 1) + e), 0u);
+  // MK_ROUTE_KEEP_HEAD (Tiling.attn_in_moe = 3): the queue head is claimed before ROUTE and was
+  // reset by the EMBED of row 0; only the per-expert counts are ours
+  const int e0 = d[MK_F_A0] == MK_ROUTE_KEEP_HEAD ? 1 : 0;
+  for (int e = e0 + threadIdx.x; e <= E; e += NT) atomicExch(V.counter(p.dyn_base + l * (E + 1) + e), 0u);
   if (p.moe_down_ready)  // the end-order list (its count, then one word per up tile)
     for (int i = threadIdx.x; i <= E * p.moe_up_tiles; i += NT) atomicExch(V.moe_ready(l) + i, 0);
 }
@@ -1919,6 +1926,40 @@ __device__ __noinline__ void resolve_ready_down(const Params& p, int l, int m, i
   }
 }
 
+// Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): a MoE drain that claimed its layer's head items
+// without waiting for ROUTE has claimed past them. Wait for ROUTE (the descriptor's second wait
+// pair), then set up what a drain that waited for it at its start has: the active experts, the
+// queue's end and far index, the first expert-table rows in shared memory (cp.async: they land
+// during the staging), and h(l)'s rows staged (the head items may have overwritten them). All the
+// block's threads; false (uniform) when the step was abandoned.
+__device__ __noinline__ bool drain_late_route(const Params& p, const int* d, const int* qi, Smem& s, int* rows,
+                                              int* etab, int* nact, uint32_t* end, uint32_t* far_end, int* flag) {
+  const int l = d[MK_F_A1];
+  if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0 + 2], d[MK_F_WAIT0 + 3], d[MK_F_ID]);
+  __syncthreads();
+  if (!*flag) return false;
+  // ROUTE published the table (thread 0 acquired route[l], whose acquire also emptied this SM's L1)
+  const int words = min(ETAB_WORDS, p.num_experts * ETAB_STRIDE);
+  for (int w = threadIdx.x; w < words; w += NT) cp_async4_ca(etab + w, View(p).expert_tab(l) + w);
+  cp_async_commit();
+  if (threadIdx.x == 0) {
+    const int n = ld_cg(View(p).moe_info(l));
+    const MoeQueue q(p, n, qi);
+    *nact = n;
+    *end = (uint32_t)s_moe_head + q.end();
+    *far_end = p.claim_policy == MK_CLAIM_EAGER_ALL ? *end : (uint32_t)q.n_up;
+  }
+  if (s_h_staged != l) {  // uniform: written by thread 0 before barriers
+    rows_identity(rows, p.batch);
+    __syncthreads();
+    drain_stage_h(p, l, s, rows);
+  }
+  cp_async_wait_all();
+  __syncthreads();  // the table, the staged rows and thread 0's words are there; s_h_staged read
+  if (threadIdx.x == 0) s_h_staged = l;  // the drain loop's next barrier publishes it
+  return true;
+}
+
 // After task i: s_desc <- task i+1 (from s_next), s_next <- task i+2 (from warp 1's registers),
 // registers <- task i+3 (a global load whose latency the next task hides).
 __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, int lane_w, const int* mine, int i,
@@ -1944,7 +1985,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
   __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
-  __shared__ int s_etab[ETAB_WORDS];                   // a MoE DRAIN's first expert-table rows
+  __shared__ __align__(16) int s_etab[ETAB_WORDS];     // a MoE DRAIN's first expert-table rows
   __shared__ int s_tl_n;      // timeline records written by this block
   __shared__ uint64_t s_t0, s_t1;  // a DRAIN's start and end of wait (timeline)
   if (threadIdx.x == 0) {
@@ -2043,24 +2084,45 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     uint32_t claim_far = 0;  // thread 0: the claim in flight (valid when far)
     bool far = false;
     const uint32_t window = p.claim_window > 0 ? (uint32_t)p.claim_window : (uint32_t)p.n_sms;
-    if (kind != MK_QUEUE_HOST && threadIdx.x >= 32) {  // warps 1..: in parallel with thread 0's claim
+    // Tiling.attn_in_moe = 3: the head items are claimed before ROUTE; drain_late_route sets up the
+    // MoE part at the first claim past them (until then the queue's end is unknown: s_nact < 0)
+    const bool late = kind == MK_QUEUE_MOE && s_desc[MK_F_A4] == MK_DRAIN_LATE_ROUTE;
+    if (kind != MK_QUEUE_HOST && !late && threadIdx.x >= 32) {  // warps 1..: beside thread 0's claim
       // rows past n_act are never read; ROUTE published the table (we waited for route[l])
       const int words = min(ETAB_WORDS, p.num_experts * ETAB_STRIDE);
       for (int w = threadIdx.x - 32; w < words; w += NT - 32) s_etab[w] = ld_cg(View(p).expert_tab(arg) + w);
     }
     if (threadIdx.x == 0) {
       const uint32_t c0 = (early ? early_c : atomicAdd(head, 1u)) - head_base;
-      s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
       s_moe_head = kind == MK_QUEUE_HOST || qi == nullptr ? 0 : max(0, qi[MK_MOE_HEAD]);
-      s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : s_moe_head + MoeQueue(p, s_nact, qi).end();
-      s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
-                                                                           : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
+      if (late) {  // lazy claims over the head, like an attention drain's
+        s_nact = -1;
+        s_end = 0xFFFFFFFFu;
+        s_far = 0;
+      } else {
+        s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
+        s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : s_moe_head + MoeQueue(p, s_nact, qi).end();
+        s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
+                                                                             : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
+      }
       s_claim = c0;
       far = c0 + window < s_far;
       if (far) claim_far = atomicAdd(head, 1u);
     }
     __syncthreads();
-    drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
+    // the next item's words into s_raw; a late-route drain's first claim past its head first sets
+    // up the MoE part (uniform: s_nact and s_claim are written by thread 0 before a barrier)
+    auto fetch = [&]() -> bool {
+      if (s_nact < 0 && s_claim >= (uint32_t)s_moe_head &&
+          !drain_late_route(s_params, s_desc, qi, s, s_rows, s_etab, &s_nact, &s_end, &s_far, &s_flag))
+        return false;
+      drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
+      return true;
+    };
+    if (!fetch()) {
+      cp_async_wait_all();
+      return;
+    }
     while (true) {
       cp_async_wait_all();
       __syncthreads();  // the item's words are in s_raw
@@ -2105,7 +2167,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
           }
         }
         __syncthreads();
-        if (!s_pend) drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);  // s_raw is free
+        if (!s_pend && !fetch()) {  // s_raw is free
+          cp_async_wait_all();
+          return;
+        }
       }
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
         cp_async_wait_all();  // no copy may land after the block has left
@@ -2115,12 +2180,18 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (!lazy && s_pend) {
         if (threadIdx.x == 0) s_claim = claim_far - head_base;  // far stays false
         __syncthreads();
-        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
+        if (!fetch()) {
+          cp_async_wait_all();
+          return;
+        }
       }
       if (lazy) {
         if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
         __syncthreads();
-        drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
+        if (!fetch()) {
+          cp_async_wait_all();
+          return;
+        }
       }
     }
     // one claim past the end stopped us (none is in flight then: it was not far from the end);

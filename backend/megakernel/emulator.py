@@ -143,9 +143,14 @@ class Emulator:
         acc = self.ops.run(d)
         if int(d[abi.MK_F_OP]) == abi.MK_OP_ROUTE:
             layer = int(d[abi.MK_F_LAYER])
-            self.vals[moe_head_counter(self.cfg, layer)] = 0
+            if int(d[abi.MK_F_A0]) != abi.MK_ROUTE_KEEP_HEAD:
+                self._reset_head(moe_head_counter(self.cfg, layer), ev)
             for e in range(self.cfg.num_experts):
                 self.vals[expert_counter(self.cfg, layer, e)] = 0
+        if int(d[abi.MK_F_OP]) == abi.MK_OP_EMBED and int(d[abi.MK_F_A1]) == abi.MK_EMBED_RESET_HEADS:
+            for layer in range(self.cfg.num_hidden_layers):  # Tiling.attn_in_moe = 3 (mk_abi.h)
+                if not self.cfg.is_dense(layer):
+                    self._reset_head(moe_head_counter(self.cfg, layer), ev)
         yield None  # written but not yet signalled: consumers must still wait
         past = self.past[sm]
         if self.check_hazards:
@@ -195,6 +200,14 @@ class Emulator:
         self.vals[c] = len(ended)
         self._wake(c, len(ended))
 
+    def _reset_head(self, head_c: int, ev: int) -> None:
+        """A MoE queue head's reset by task event `ev` (ROUTE, or the EMBED of row 0 with
+        Tiling.attn_in_moe = 3): every claim on it this step must come after that event."""
+        if head_c in self.head_reset:
+            raise CounterError(f"{self._cname(head_c)} reset twice in one step")
+        self.vals[head_c] = 0
+        self.head_reset[head_c] = ev
+
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
         """Claims as in the kernel: while more than W items (Tiling.claim_window; 0: n_sms) remain
         between the next one and the queue's far end (a MoE queue: its last up tile, its end with
@@ -223,14 +236,26 @@ class Emulator:
             # stored right before the tail's
             h_len = max(0, int(self.sched.queue_info[tail_q][abi.MK_MOE_HEAD])) if tail_q >= 0 else 0
             h_first = t_first - h_len
-            table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
-            n_up = len(table) * self.up_tiles
-            n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
-            # word 3: downs before the tail
-            tail_at = h_len + n_up + min(len(table) * self.downs_per_expert, t_after)
-            end = h_len + n_tiles + t_len
-            # (the kernel's s_far: the up tiles' count, the head not counted, as without a head)
-            far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
+
+            def shape() -> tuple:
+                table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
+                n_up = len(table) * self.up_tiles
+                n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
+                # word 3: downs before the tail
+                tail_at = h_len + n_up + min(len(table) * self.downs_per_expert, t_after)
+                end = h_len + n_tiles + t_len
+                # (the kernel's s_far: the up tiles' count, the head not counted, as without a head)
+                far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
+                return table, n_up, n_tiles, tail_at, end, far_end
+
+            # Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): the head is claimed before ROUTE, whose
+            # wait (the descriptor's second pair) comes at the first claim past it; until then the
+            # claims are lazy (far end 0) and the queue's end unknown
+            late = int(d[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
+            if late:
+                table, n_up, n_tiles, tail_at, end, far_end = None, 0, 0, 0, _U32, 0
+            else:
+                table, n_up, n_tiles, tail_at, end, far_end = shape()
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -238,6 +263,9 @@ class Emulator:
             if kind == abi.MK_QUEUE_HOST:
                 self._check_head(head_c)
                 return (raw - self.base[head_c]) & _U32
+            ev = self.head_reset.get(head_c)
+            if ev is None or not (self.past[sm] >> ev) & 1:
+                raise HazardError(f"SM {sm} claims from {self._cname(head_c)} before its reset this step")
             return raw
 
         window = t.claim_window or self.sched.n_sms  # the kernel's claim window
@@ -253,33 +281,16 @@ class Emulator:
                 item = self.sched.queue_desc[first + idx]
             elif idx < h_len:
                 item = self.sched.queue_desc[h_first + idx]
-            elif tail_at <= idx < tail_at + t_len:
-                item = self.sched.queue_desc[t_first + idx - tail_at]
-            elif (
-                t.moe_down_ready and n_up <= (m := (idx if idx < tail_at else idx - t_len) - h_len) < n_tiles
-            ):
-                # an end-order down (mk_abi.h moe_down_ready): row tile r of the up tile of rank k
-                k, r = divmod(m - n_up, self.down_tiles)
-                c = self.ended_c0 + arg
-                if self.vals[c] <= k:
-                    yield _Wait(c, k + 1)
-                m, past_w = self.ended[arg][k]
-                self.past[sm] |= past_w  # the kernel's ld.acquire of the rank's word
-                item = ready_down_item(
-                    table, arg, m, r, k, mlp_c, t, self.cfg, n_up, whole=t.moe_down_ready == 2
-                )
             else:
-                item = moe_item(
-                    table,
-                    arg,
-                    (idx if idx < tail_at else idx - t_len) - h_len,  # the up/down tile index
-                    mlp_c,
-                    self.up_tiles,
-                    lambda n_act, m: t.moe_up_tile(self.cfg, n_act, m),
-                    self.down_tiles,
-                    t.moe_down_rows,
-                    lambda ly, e: expert_counter(self.cfg, ly, e),
-                    fused=bool(t.moe_fused),
+                if table is None:  # a late-route drain's first claim past the head: ROUTE now
+                    rc, rel = int(d[abi.MK_F_WAIT0 + 2]), int(d[abi.MK_F_WAIT0 + 3])
+                    target = rel if rc < self.n_dyn else self._abs_target(rc, rel)
+                    if not _reached(self.vals[rc], target):
+                        yield _Wait(rc, target)
+                    self.past[sm] |= self.release[rc]  # acquire
+                    table, n_up, n_tiles, tail_at, end, far_end = shape()
+                item = yield from self._moe_queue_item(
+                    sm, table, arg, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len
                 )
                 if item is None:
                     return
@@ -296,6 +307,37 @@ class Emulator:
             ahead = claim() if far else None
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
+
+    def _moe_queue_item(self, sm, table, layer, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len):
+        """The item at MoE queue index idx past the head (None: past the end): a tail item, an
+        end-order down (waiting for its rank's up tile), or an up/down tile of the routed table."""
+        t = self.sched.tiling
+        if tail_at <= idx < tail_at + t_len:
+            return self.sched.queue_desc[t_first + idx - tail_at]
+        m = (idx if idx < tail_at else idx - t_len) - h_len  # the up/down tile index
+        if t.moe_down_ready and n_up <= m < n_tiles:
+            # an end-order down (mk_abi.h moe_down_ready): row tile r of the up tile of rank k
+            k, r = divmod(m - n_up, self.down_tiles)
+            c = self.ended_c0 + layer
+            if self.vals[c] <= k:
+                yield _Wait(c, k + 1)
+            m, past_w = self.ended[layer][k]
+            self.past[sm] |= past_w  # the kernel's ld.acquire of the rank's word
+            return ready_down_item(
+                table, layer, m, r, k, mlp_c, t, self.cfg, n_up, whole=t.moe_down_ready == 2
+            )
+        return moe_item(
+            table,
+            layer,
+            m,
+            mlp_c,
+            self.up_tiles,
+            lambda n_act, m: t.moe_up_tile(self.cfg, n_act, m),
+            self.down_tiles,
+            t.moe_down_rows,
+            lambda ly, e: expert_counter(self.cfg, ly, e),
+            fused=bool(t.moe_fused),
+        )
 
     def _cname(self, c: int) -> str:
         names = self.sched.counters.names
@@ -340,6 +382,7 @@ class Emulator:
         self.writes: dict = defaultdict(list)  # plain writes and accumulations
         self.plain: dict = defaultdict(list)  # plain writes only
         self.accums: list = []
+        self.head_reset: dict[int, int] = {}  # MoE queue head -> the event that reset it this step
         self.vals = [int(v) for v in self.bank.values]
         self.base = [int(v) for v in self.bank.base]
         self.n_dyn = self.sched.counters.n_dynamic

@@ -262,8 +262,12 @@ def build_schedule(
         return len(qinfo) - 1
 
     norm = [counter(f"norm[{layer}]", B) for layer in range(L + 1)]
+    # Tiling.attn_in_moe = 3: the MoE queue heads are claimed before ROUTE, so the EMBED of row 0
+    # resets them (mk_abi.h MK_EMBED_RESET_HEADS) and ROUTE leaves them alone (MK_ROUTE_KEEP_HEAD)
+    late_route = tiling.attn_in_moe == 3 and has_moe
     for b in range(B):
-        emit(make_desc(abi.MK_OP_EMBED, 0, (b,), (), (norm[0],)))
+        reset = abi.MK_EMBED_RESET_HEADS if late_route and b == 0 else 0
+        emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (norm[0],)))
 
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
@@ -344,7 +348,8 @@ def build_schedule(
                         (router_c,),
                     )
                 )
-            emit(make_desc(abi.MK_OP_ROUTE, layer, (), ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
+            keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
+            emit(make_desc(abi.MK_OP_ROUTE, layer, keep, ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
 
         # 3. attention splits into this layer's host queue, claimed by drains
         attn_items = []
@@ -366,7 +371,7 @@ def build_schedule(
                     for s in range(s_n)
                 ]
         # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are the
-        # queue's head, before its up tiles (2) (below); no attention drains
+        # queue's head, before its up tiles (2; 3: claimed before ROUTE) (below); no attention drains
         in_moe = bool(tiling.attn_in_moe) and not dense
         n_drains = 0 if in_moe else min(len(attn_items), n_work, tiling.attn_drains or n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
@@ -456,7 +461,7 @@ def build_schedule(
             tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs
             # Tiling.attn_in_moe = 2: the attention items as the MoE queue's head, right before the
             # tail's items in the buffer, their count in the tail queue's word 2 (mk_abi.h MK_MOE_HEAD)
-            head = attn_items if in_moe and tiling.attn_in_moe == 2 else []
+            head = attn_items if in_moe and tiling.attn_in_moe >= 2 else []
             first = enqueue(head + tail) + len(head)
             qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, tail_after])
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
@@ -464,16 +469,18 @@ def build_schedule(
             drain_h = wait_h[0] if inline else (norm[layer], B)
             if tiling.whatif_norm == 2 and prev_end:
                 drain_h = prev_end[1]
+            late = abi.MK_DRAIN_LATE_ROUTE if late_route else 0
             for _ in range(n_work):  # one per work SM
-                emit(
-                    make_desc(
-                        abi.MK_OP_DRAIN,
-                        layer,
-                        (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q),
-                        # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE
-                        (drain_h, (route_c, 1)),
-                    )
+                drain = make_desc(
+                    abi.MK_OP_DRAIN,
+                    layer,
+                    (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q, late),
+                    # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE
+                    (drain_h, (route_c, 1)),
                 )
+                if late:  # ROUTE is waited for at the first claim past the head, not at the start
+                    drain[abi.MK_F_NWAIT] = 1
+                emit(drain)
         else:
             for qd in tail[:n_comb]:
                 emit(qd)

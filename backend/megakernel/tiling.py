@@ -136,6 +136,9 @@ class Tiling:
     # up tile) from the same queue, with no drain exit, no second wait on ROUTE and no expert-table
     # copy. Session 28: the BS 8 switch 15.65 -> ~3 us median, but the attention starts after ROUTE
     # and the step is +0.6-0.9 % at BS 8, +5 % at BS 1.
+    # 3: as 2, but the head items are claimed before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE: the queue
+    # head is reset by the EMBED of row 0, not by ROUTE), so the attention starts as soon as the QKV
+    # tiles end, as with attention drains; a drain waits for ROUTE at its first claim past the head.
     attn_in_moe: int = 0
     # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
     # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
@@ -158,7 +161,7 @@ class Tiling:
                 raise TilingError(f"tiling {self}: {what}")
 
         need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
-        need(self.attn_in_moe in (0, 1, 2), "attn_in_moe must be 0, 1 or 2")
+        need(self.attn_in_moe in (0, 1, 2, 3), "attn_in_moe must be 0, 1, 2 or 3")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(

@@ -4,6 +4,7 @@ reference model over the same paged cache, and broken schedules must fail loudly
 from __future__ import annotations
 
 import re
+from dataclasses import replace as dc_replace
 
 import numpy as np
 import pytest
@@ -672,11 +673,11 @@ ATTN_IN_MOE_CASES = [(0, 0, 0), (3, 0, 0), (0, 1, 0), (0, 0, 1), (3, 1, 1)]
 
 @pytest.mark.parametrize(("tail_downs", "combine", "inline"), ATTN_IN_MOE_CASES)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine, inline):
     """Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are its
-    head, before the up tiles (2), and the layer has no attention drains (the dense layer keeps its
-    own): same results."""
+    head, before the up tiles (2; 3: claimed before ROUTE, the head reset by the EMBED of row 0),
+    and the layer has no attention drains (the dense layer keeps its own): same results."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
@@ -708,10 +709,62 @@ def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine
         items = sched.queue_desc[first - n : first]
         assert n > 0 and all(int(q[abi.MK_F_OP]) == abi.MK_OP_ATTN for q in items)
         assert {int(q[abi.MK_F_LAYER]) for q in items} == {int(t[abi.MK_F_LAYER])}
+        late = mode == 3
+        assert int(t[abi.MK_F_A4]) == (abi.MK_DRAIN_LATE_ROUTE if late else 0)
+        assert int(t[abi.MK_F_NWAIT]) == (1 if late else 2)  # ROUTE's pair is there either way
+    embeds = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_EMBED]
+    assert [int(t[abi.MK_F_A1]) for t in embeds] == [abi.MK_EMBED_RESET_HEADS if mode == 3 else 0, 0, 0]
+    routes = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_ROUTE]
+    assert {int(t[abi.MK_F_A0]) for t in routes} == {abi.MK_ROUTE_KEEP_HEAD if mode == 3 else 0}
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+def _late_route_schedule(contexts):
+    return build_schedule(CFG, len(contexts), contexts, N_SMS, dc_replace(TILING, attn_in_moe=3, moe_fused=0))
+
+
+def test_late_route_claims_before_the_reset_are_caught(weights):
+    """attn_in_moe = 3 without the EMBED's reset of the MoE queue heads: the first claim has nothing
+    to come after, and the emulator says so (the kernel would claim from last step's counts)."""
+    contexts = [70, 3]
+    sched = _late_route_schedule(contexts)
+    tasks = sched.tasks.copy()
+    tasks[tasks[:, abi.MK_F_OP] == abi.MK_OP_EMBED, abi.MK_F_A1] = 0
+    with pytest.raises(HazardError, match="before its reset"):
+        _run(weights, contexts, sched=dc_replace(sched, tasks=tasks))
+
+
+def test_late_route_head_reset_twice_is_caught(weights):
+    """attn_in_moe = 3 with ROUTE still resetting the queue head: drains may already have claimed
+    head items, so a second reset in the step is an error."""
+    contexts = [70, 3]
+    sched = _late_route_schedule(contexts)
+    tasks = sched.tasks.copy()
+    tasks[tasks[:, abi.MK_F_OP] == abi.MK_OP_ROUTE, abi.MK_F_A0] = 0
+    with pytest.raises(CounterError, match="reset twice"):
+        _run(weights, contexts, sched=dc_replace(sched, tasks=tasks))
+
+
+def test_late_route_steps_in_a_row(weights):
+    """attn_in_moe = 3 over consecutive steps on one counter bank: each step's claims start from the
+    EMBED's reset (the heads hold the previous step's claims until then)."""
+    contexts = [70, 3, 180]  # three steps stay inside each row's pages
+    case = make_case(CFG, contexts, seed=5)
+    ref_batch, batch = clone_batch(case.batch), clone_batch(case.batch)
+    sched = _late_route_schedule(contexts)
+    ws = Workspace.allocate(CFG, TILING, "cpu")
+    em = Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=9))
+    for step in range(3):
+        ref = reference_step(CFG, weights, ref_batch)
+        ws.poison()
+        em.step(_inputs(batch), "lifo_random", seed=step)
+        _check(ws, batch, ref, ref_batch)
+        for bt in (batch, ref_batch):
+            bt.token_ids = ref.argmax(-1)
+            bt.positions = bt.positions + 1
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
 def test_attention_in_the_moe_queue_missing_wait_is_caught(weights, mode):
     """attn_in_moe: an attention item in the MoE queue that does not wait for the QKV tiles reads
     K/V and Q before they are written; the hazard check reports it in some interleaving."""
@@ -725,7 +778,7 @@ def test_attention_in_the_moe_queue_missing_wait_is_caught(weights, mode):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 def test_attention_in_the_moe_queue_release_geometry(batch, mode):
     """attn_in_moe on the engine's tiling at the release geometry: no deadlock, every counter at its
     total, the happens-before check."""
@@ -815,6 +868,8 @@ DOWN_READY_CASES = [
     (2, {"moe_up_small": 16, "moe_up_small_tiles": 2, "attn_in_moe": 1}),
     (1, {"attn_in_moe": 2, "moe_tail_downs": 3}),
     (2, {"attn_in_moe": 2}),
+    (2, {"attn_in_moe": 3}),
+    (1, {"attn_in_moe": 3, "moe_tail_downs": 3}),
 ]
 
 

@@ -888,11 +888,12 @@ def test_moe_down_ready_reduced(small, contexts, mode):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=53, steps=3)
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])
 def test_attention_in_the_moe_queue_reduced(small, contexts, mode):
     """Tiling.attn_in_moe: the MoE layers' attention items in their MoE queues, in the tail (1) or
-    as the queue's head (2; no attention drains either way); three steps against the reference."""
+    as the queue's head (2; 3: claimed before ROUTE, the heads reset by the EMBED of row 0; no
+    attention drains either way); three steps against the reference."""
     w, _ = small
     t = _engine_tiling(contexts, attn_in_moe=mode)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=59, steps=3)
