@@ -308,9 +308,9 @@ enum MkLayerWeight {
 #define MK_MOE_HEAD 2
 
 // Tiling.attn_in_moe = 3 (ABI 17): the MoE queue's head items (the layer's attention, MK_MOE_HEAD)
-// are claimed before ROUTE. The MoE drains (A4 = MK_DRAIN_LATE_ROUTE, one wait: h(l); their route
-// wait is the descriptor's second pair, not counted in MK_F_NWAIT) claim from the start and wait for
-// ROUTE only at their first claim past the head; ROUTE (A0 = MK_ROUTE_KEEP_HEAD) then leaves the
+// are claimed before ROUTE. The MoE drains (A4 = MK_DRAIN_LATE_ROUTE, one wait: h(l); ROUTE's
+// (counter, relative target) in words MK_F_SLOT0 and MK_F_SLOT0 + 1, which a DRAIN has no other
+// use for) claim from the start and wait for ROUTE only at their first claim past the head; ROUTE (A0 = MK_ROUTE_KEEP_HEAD) then leaves the
 // queue head alone, and the EMBED of row 0 (A1 = MK_EMBED_RESET_HEADS) resets every MoE layer's
 // head before it signals: every claim of the step comes after that (each drain waits for h(l),
 // which follows the EMBED tasks), every claim of the step before is over (the launch boundary).

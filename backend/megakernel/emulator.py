@@ -249,7 +249,7 @@ class Emulator:
                 return table, n_up, n_tiles, tail_at, end, far_end
 
             # Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): the head is claimed before ROUTE, whose
-            # wait (the descriptor's second pair) comes at the first claim past it; until then the
+            # wait (its pair in the slot words) comes at the first claim past it; until then the
             # claims are lazy (far end 0) and the queue's end unknown
             late = int(d[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
             if late:
@@ -283,7 +283,7 @@ class Emulator:
                 item = self.sched.queue_desc[h_first + idx]
             else:
                 if table is None:  # a late-route drain's first claim past the head: ROUTE now
-                    rc, rel = int(d[abi.MK_F_WAIT0 + 2]), int(d[abi.MK_F_WAIT0 + 3])
+                    rc, rel = int(d[abi.MK_F_SLOT0]), int(d[abi.MK_F_SLOT0 + 1])
                     target = rel if rc < self.n_dyn else self._abs_target(rc, rel)
                     if not _reached(self.vals[rc], target):
                         yield _Wait(rc, target)

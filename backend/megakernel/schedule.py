@@ -471,15 +471,17 @@ def build_schedule(
                 drain_h = prev_end[1]
             late = abi.MK_DRAIN_LATE_ROUTE if late_route else 0
             for _ in range(n_work):  # one per work SM
+                # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE; a late-route
+                # drain waits for h only and keeps ROUTE's pair in its slot words, for the first claim
+                # past the head (mk_abi.h MK_DRAIN_LATE_ROUTE)
                 drain = make_desc(
                     abi.MK_OP_DRAIN,
                     layer,
                     (abi.MK_QUEUE_MOE, layer, mlp_c, tail_q, late),
-                    # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE
-                    (drain_h, (route_c, 1)),
+                    (drain_h,) if late else (drain_h, (route_c, 1)),
                 )
-                if late:  # ROUTE is waited for at the first claim past the head, not at the start
-                    drain[abi.MK_F_NWAIT] = 1
+                if late:
+                    drain[abi.MK_F_SLOT0 : abi.MK_F_SLOT0 + 2] = [route_c, 1]
                 emit(drain)
         else:
             for qd in tail[:n_comb]:

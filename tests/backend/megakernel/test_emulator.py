@@ -711,7 +711,12 @@ def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine
         assert {int(q[abi.MK_F_LAYER]) for q in items} == {int(t[abi.MK_F_LAYER])}
         late = mode == 3
         assert int(t[abi.MK_F_A4]) == (abi.MK_DRAIN_LATE_ROUTE if late else 0)
-        assert int(t[abi.MK_F_NWAIT]) == (1 if late else 2)  # ROUTE's pair is there either way
+        # a late-route drain waits for h alone at its start, ROUTE's pair in its slot words
+        waits = [int(t[abi.MK_F_WAIT0 + 2 * i]) for i in range(abi.MK_MAX_WAITS)]
+        assert sum(c != abi.MK_NO_COUNTER for c in waits) == (1 if late else 2)
+        if late:
+            route_c = sched.counters.index(f"route[{int(t[abi.MK_F_LAYER])}]")
+            assert [int(v) for v in t[abi.MK_F_SLOT0 : abi.MK_F_SLOT0 + 2]] == [route_c, 1]
     embeds = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_EMBED]
     assert [int(t[abi.MK_F_A1]) for t in embeds] == [abi.MK_EMBED_RESET_HEADS if mode == 3 else 0, 0, 0]
     routes = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_ROUTE]
@@ -721,6 +726,24 @@ def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine
 
 def _late_route_schedule(contexts):
     return build_schedule(CFG, len(contexts), contexts, N_SMS, dc_replace(TILING, attn_in_moe=3, moe_fused=0))
+
+
+@pytest.mark.parametrize("mode", [2, 3])
+def test_late_route_runs_attention_before_route(weights, mode):
+    """attn_in_moe = 3 claims the head items without waiting for ROUTE: with the control SMs (ROUTE)
+    run last whenever others can run, a MoE layer's attention items run before its ROUTE; with 2
+    (the drains wait for ROUTE) none does."""
+    contexts = [70, 3, 190]
+    case = make_case(CFG, contexts, seed=7)
+    batch = clone_batch(case.batch)
+    sched = build_schedule(CFG, 3, contexts, N_SMS, dc_replace(TILING, attn_in_moe=mode, moe_fused=0))
+    em = Emulator(CFG, weights, sched, Workspace.allocate(CFG, TILING, "cpu"), CounterBank(sched.n_counters))
+    em.step(_inputs(batch), "in_order")
+    ops = [(int(d[abi.MK_F_OP]), int(d[abi.MK_F_LAYER])) for d in em.event_descs]
+    layer = next(i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i))
+    route = ops.index((abi.MK_OP_ROUTE, layer))
+    early = [i for i, o in enumerate(ops[:route]) if o == (abi.MK_OP_ATTN, layer)]
+    assert bool(early) == (mode == 3)
 
 
 def test_late_route_claims_before_the_reset_are_caught(weights):
