@@ -521,6 +521,13 @@ WIDE_MAX_SPLITS = 3
 WIDE_SPLIT_TOKENS = 8192
 WIDE_BIG_DOWN_FROM_BATCH = 8
 WIDE_BIG_DOWN_SCALE = 2
+# From this many rows the phased layer's attention items are its MoE queue's head, claimed before
+# ROUTE (Tiling.attn_in_moe = WIDE_ATTN_IN_MOE = 3; no attention drains): the attention starts as the
+# QKV tiles end and an SM whose attention item ends takes an up tile from the same drain (its switch
+# 10.9 -> 6.9 us median). Measured on the H200 at 8K (2026-12-02, session 29, gpu_check, same call):
+# BS 8 8.870 / 8.901 vs 8.927 / 9.004 ms; BS 1 +2-3 % (3.173 / 3.179 vs 3.083 / 3.127).
+WIDE_ATTN_IN_MOE_FROM_BATCH = 8
+WIDE_ATTN_IN_MOE = 3
 
 # From WIDE_MOE_FROM_BATCH rows each expert's last WIDE_UP_SMALL[0] * WIDE_UP_SMALL[1] columns go in
 # small up tiles queued after every expert's wide ones (Tiling.moe_up_small / moe_up_small_tiles), where
@@ -625,6 +632,8 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
             )
             if batch >= WIDE_BIG_DOWN_FROM_BATCH:  # where the config takes such tiles
                 t = _if_valid(cfg, replace(t, moe_down_rows=t.moe_down_rows * WIDE_BIG_DOWN_SCALE), t)
+            if batch >= WIDE_ATTN_IN_MOE_FROM_BATCH:
+                t = replace(t, attn_in_moe=WIDE_ATTN_IN_MOE)
         if cfg.hidden_size % WIDE_O_ROWS == 0:
             t = replace(t, o_rows=WIDE_O_ROWS)
         # two up-tile sizes where the config leaves whole wide tiles beside the small ones

@@ -546,6 +546,8 @@ def test_moe_tiles_widen_with_the_batch():
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_CAP,
         SMALL_SPLIT_TOKENS,
+        WIDE_ATTN_IN_MOE,
+        WIDE_ATTN_IN_MOE_FROM_BATCH,
         WIDE_BIG_DOWN_FROM_BATCH,
         WIDE_MAX_SPLITS,
         WIDE_MOE_FROM_BATCH,
@@ -581,7 +583,9 @@ def test_moe_tiles_widen_with_the_batch():
         if wide:  # split_cap keeps the base's max_splits (the cap at long contexts)
             assert t.split_tokens == WIDE_SPLIT_TOKENS and t.max_splits == min(t.split_cap, WIDE_MAX_SPLITS)
             t = replace(t, max_splits=t.split_cap, split_tokens=0, split_cap=0)
-        return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0)
+        # the attention as the MoE queue's head (claimed before ROUTE) from WIDE_ATTN_IN_MOE_FROM_BATCH rows
+        assert t.attn_in_moe == (WIDE_ATTN_IN_MOE if wide and b >= WIDE_ATTN_IN_MOE_FROM_BATCH else 0)
+        return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0, attn_in_moe=0)
 
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
@@ -631,6 +635,8 @@ def test_moe_tiles_widen_with_the_batch():
     assert placement(four, 4, wide=True) == replace(
         placement(wide, 8, wide=True), moe_down_rows=four.moe_down_rows
     )
+    # the attention as the MoE queue's head, claimed before ROUTE, from WIDE_ATTN_IN_MOE_FROM_BATCH rows
+    assert (four.attn_in_moe, wide.attn_in_moe) == (0, WIDE_ATTN_IN_MOE)
     assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
     assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0) and wide.claim_policy == lazy
     assert wide.o_rows == 128  # WIDE_O_ROWS
