@@ -528,6 +528,11 @@ WIDE_BIG_DOWN_SCALE = 2
 # BS 8 8.870 / 8.901 vs 8.927 / 9.004 ms; BS 1 +2-3 % (3.173 / 3.179 vs 3.083 / 3.127).
 WIDE_ATTN_IN_MOE_FROM_BATCH = 8
 WIDE_ATTN_IN_MOE = 3
+# With it, one QKV counter per kv head (Tiling.qkv_by_head, where the QKV tiles fit the heads): the
+# attention items, claimed early by SMs that then wait for the QKV tiles, start when their own
+# head's tiles are done. Session 29, same call, BS 8: 8.689 / 8.687 / 8.674 vs 8.867 / 8.746 /
+# 8.816 ms (without attn_in_moe = 3 it was equal: 8.871 / 8.901 vs 8.875 / 8.926).
+WIDE_QKV_BY_HEAD = 1
 
 # From WIDE_MOE_FROM_BATCH rows each expert's last WIDE_UP_SMALL[0] * WIDE_UP_SMALL[1] columns go in
 # small up tiles queued after every expert's wide ones (Tiling.moe_up_small / moe_up_small_tiles), where
@@ -634,6 +639,7 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
                 t = _if_valid(cfg, replace(t, moe_down_rows=t.moe_down_rows * WIDE_BIG_DOWN_SCALE), t)
             if batch >= WIDE_ATTN_IN_MOE_FROM_BATCH:
                 t = replace(t, attn_in_moe=WIDE_ATTN_IN_MOE)
+                t = _if_valid(cfg, replace(t, qkv_by_head=WIDE_QKV_BY_HEAD), t)
         if cfg.hidden_size % WIDE_O_ROWS == 0:
             t = replace(t, o_rows=WIDE_O_ROWS)
         # two up-tile sizes where the config leaves whole wide tiles beside the small ones

@@ -551,6 +551,7 @@ def test_moe_tiles_widen_with_the_batch():
         WIDE_BIG_DOWN_FROM_BATCH,
         WIDE_MAX_SPLITS,
         WIDE_MOE_FROM_BATCH,
+        WIDE_QKV_BY_HEAD,
         WIDE_SPLIT_TOKENS,
         WIDE_UP_SMALL,
         tiling_for_batch,
@@ -584,8 +585,10 @@ def test_moe_tiles_widen_with_the_batch():
             assert t.split_tokens == WIDE_SPLIT_TOKENS and t.max_splits == min(t.split_cap, WIDE_MAX_SPLITS)
             t = replace(t, max_splits=t.split_cap, split_tokens=0, split_cap=0)
         # the attention as the MoE queue's head (claimed before ROUTE) from WIDE_ATTN_IN_MOE_FROM_BATCH rows
-        assert t.attn_in_moe == (WIDE_ATTN_IN_MOE if wide and b >= WIDE_ATTN_IN_MOE_FROM_BATCH else 0)
-        return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0, attn_in_moe=0)
+        # (with one QKV counter per kv head)
+        head_q = wide and b >= WIDE_ATTN_IN_MOE_FROM_BATCH
+        assert (t.attn_in_moe, t.qkv_by_head) == ((WIDE_ATTN_IN_MOE, WIDE_QKV_BY_HEAD) if head_q else (0, 0))
+        return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0, attn_in_moe=0, qkv_by_head=0)
 
     lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
