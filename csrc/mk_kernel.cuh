@@ -1931,17 +1931,11 @@ __device__ __noinline__ void resolve_ready_down(const Params& p, int l, int m, i
 // words MK_F_SLOT0, MK_F_SLOT0 + 1), then set up what a drain that waited for it at its start has: the active experts, the
 // queue's end and far index, the first expert-table rows in shared memory (cp.async: they land
 // during the staging), and h(l)'s rows staged (the head items may have overwritten them). All the
-// block's threads; false (uniform) when the step was abandoned. With `head` (called after a head
-// item, before the drain's next claim) thread 0 makes that claim into *claim while thread 32 waits
-// for ROUTE: the two round trips overlap. The claim may still be a head item (then this set-up came
-// early: h is staged again after it).
+// block's threads; false (uniform) when the step was abandoned.
 __device__ __noinline__ bool drain_late_route(const Params& p, const int* d, const int* qi, Smem& s, int* rows,
-                                              int* etab, int* nact, uint32_t* end, uint32_t* far_end, int* flag,
-                                              unsigned int* head = nullptr, uint32_t* claim = nullptr) {
+                                              int* etab, int* nact, uint32_t* end, uint32_t* far_end, int* flag) {
   const int l = d[MK_F_A1];
-  if (head != nullptr && threadIdx.x == 0) *claim = atomicAdd(head, 1u);  // a MoE queue's head base is 0
-  if (threadIdx.x == (head != nullptr ? 32 : 0))
-    *flag = wait_counter(p, d[MK_F_SLOT0], d[MK_F_SLOT0 + 1], d[MK_F_ID]);
+  if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_SLOT0], d[MK_F_SLOT0 + 1], d[MK_F_ID]);
   __syncthreads();
   if (!*flag) return false;
   // ROUTE published the table (thread 0 acquired route[l], whose acquire also emptied this SM's L1)
@@ -2192,17 +2186,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
         }
       }
       if (lazy) {
-        if (s_nact < 0 && idx < (uint32_t)s_moe_head) {  // uniform: a late-route drain after a head item
-          // its claim beside ROUTE's acquire, then the MoE set-up (the next claim is past the head on
-          // almost every SM: at BS 8 most run one attention item)
-          if (!drain_late_route(s_params, s_desc, qi, s, s_rows, s_etab, &s_nact, &s_end, &s_far, &s_flag, head,
-                                &s_claim)) {
-            cp_async_wait_all();
-            return;
-          }
-        } else if (threadIdx.x == 0) {
-          s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
-        }
+        if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
         __syncthreads();
         if (!fetch()) {
           cp_async_wait_all();

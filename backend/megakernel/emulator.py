@@ -252,15 +252,6 @@ class Emulator:
             # wait (its pair in the slot words) comes at the first claim past it; until then the
             # claims are lazy (far end 0) and the queue's end unknown
             late = int(d[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
-
-            def late_route() -> Generator[_Wait | None, None, tuple]:
-                rc, rel = int(d[abi.MK_F_SLOT0]), int(d[abi.MK_F_SLOT0 + 1])
-                target = rel if rc < self.n_dyn else self._abs_target(rc, rel)
-                if not _reached(self.vals[rc], target):
-                    yield _Wait(rc, target)
-                self.past[sm] |= self.release[rc]  # acquire
-                return shape()
-
             if late:
                 table, n_up, n_tiles, tail_at, end, far_end = None, 0, 0, 0, _U32, 0
             else:
@@ -292,7 +283,12 @@ class Emulator:
                 item = self.sched.queue_desc[h_first + idx]
             else:
                 if table is None:  # a late-route drain's first claim past the head: ROUTE now
-                    table, n_up, n_tiles, tail_at, end, far_end = yield from late_route()
+                    rc, rel = int(d[abi.MK_F_SLOT0]), int(d[abi.MK_F_SLOT0 + 1])
+                    target = rel if rc < self.n_dyn else self._abs_target(rc, rel)
+                    if not _reached(self.vals[rc], target):
+                        yield _Wait(rc, target)
+                    self.past[sm] |= self.release[rc]  # acquire
+                    table, n_up, n_tiles, tail_at, end, far_end = shape()
                 item = yield from self._moe_queue_item(
                     sm, table, arg, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len
                 )
@@ -305,10 +301,6 @@ class Emulator:
                 yield None
                 yield from self._run_task(sm, item)
                 nxt = claim()
-                if kind != abi.MK_QUEUE_HOST and late and table is None:
-                    # after a head item the kernel makes this claim beside ROUTE's acquire and sets up
-                    # the MoE part whatever the claim (drain_late_route): it holds the claim meanwhile
-                    table, n_up, n_tiles, tail_at, end, far_end = yield from late_route()
                 continue
             nxt = ahead if far else claim()
             far = nxt + window < far_end
