@@ -310,10 +310,12 @@ enum MkLayerWeight {
 // Tiling.attn_in_moe = 3 (ABI 17): the MoE queue's head items (the layer's attention, MK_MOE_HEAD)
 // are claimed before ROUTE. The MoE drains (A4 = MK_DRAIN_LATE_ROUTE, one wait: h(l); ROUTE's
 // (counter, relative target) in words MK_F_SLOT0 and MK_F_SLOT0 + 1, which a DRAIN has no other
-// use for) claim from the start and wait for ROUTE only at their first claim past the head; ROUTE (A0 = MK_ROUTE_KEEP_HEAD) then leaves the
-// queue head alone, and the EMBED of row 0 (A1 = MK_EMBED_RESET_HEADS) resets every MoE layer's
-// head before it signals: every claim of the step comes after that (each drain waits for h(l),
-// which follows the EMBED tasks), every claim of the step before is over (the launch boundary).
+// use for: every wait pair that is not MK_NO_COUNTER is waited for, whatever MK_F_NWAIT says)
+// claim from the start and wait for ROUTE only at their first claim past the head. ROUTE (A0 =
+// MK_ROUTE_KEEP_HEAD) then leaves the queue head alone, and the EMBED of row 0 (A1 =
+// MK_EMBED_RESET_HEADS) resets every MoE layer's head before it signals: every claim of the step
+// comes after that (each drain waits for h(l), which follows the EMBED tasks), every claim of the
+// step before is over (the launch boundary).
 #define MK_DRAIN_LATE_ROUTE 1
 #define MK_ROUTE_KEEP_HEAD 1
 #define MK_EMBED_RESET_HEADS 1

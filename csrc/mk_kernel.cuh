@@ -1928,10 +1928,10 @@ __device__ __noinline__ void resolve_ready_down(const Params& p, int l, int m, i
 
 // Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): a MoE drain that claimed its layer's head items
 // without waiting for ROUTE has claimed past them. Wait for ROUTE (its pair in the descriptor's
-// words MK_F_SLOT0, MK_F_SLOT0 + 1), then set up what a drain that waited for it at its start has: the active experts, the
-// queue's end and far index, the first expert-table rows in shared memory (cp.async: they land
-// during the staging), and h(l)'s rows staged (the head items may have overwritten them). All the
-// block's threads; false (uniform) when the step was abandoned.
+// words MK_F_SLOT0, MK_F_SLOT0 + 1), then set up what a drain that waited for it at its start has:
+// the active experts, the queue's end and far index, the first expert-table rows in shared memory
+// (cp.async: they land during the staging), and h(l)'s rows staged (the head items may have
+// overwritten them). All the block's threads; false (uniform) when the step was abandoned.
 __device__ __noinline__ bool drain_late_route(const Params& p, const int* d, const int* qi, Smem& s, int* rows,
                                               int* etab, int* nact, uint32_t* end, uint32_t* far_end, int* flag) {
   const int l = d[MK_F_A1];

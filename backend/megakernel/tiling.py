@@ -151,8 +151,8 @@ class Tiling:
     # 1: one QKV counter per kv head instead of one per layer: a QKV tile signals the counter of the
     # kv head its rows belong to (Q rows of the head's query group, its K rows or its V rows), and an
     # attention item (row, kv head, split) waits for that head's tiles only (20 of 80 at the release
-    # geometry) instead of every tile of the layer. At BS 8 the last of 80 QKV tiles (its SM late
-    # from the previous layer's downs) set when every attention item could start.
+    # geometry) instead of every tile of the layer. Session 29: equal with attention drains (their
+    # items are claimed after a QKV tile), faster with attn_in_moe = 3 (WIDE_QKV_BY_HEAD).
     qkv_by_head: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
@@ -525,7 +525,9 @@ WIDE_BIG_DOWN_SCALE = 2
 # ROUTE (Tiling.attn_in_moe = WIDE_ATTN_IN_MOE = 3; no attention drains): the attention starts as the
 # QKV tiles end and an SM whose attention item ends takes an up tile from the same drain (its switch
 # 10.9 -> 6.9 us median). Measured on the H200 at 8K (2026-12-02, session 29, gpu_check, same call):
-# BS 8 8.870 / 8.901 vs 8.927 / 9.004 ms; BS 1 +2-3 % (3.173 / 3.179 vs 3.083 / 3.127).
+# BS 8 8.870 / 8.901 vs 8.927 / 9.004 ms; BS 4 equal; BS 1 +2-3 % (3.173 / 3.179 vs 3.083 / 3.127).
+# With WIDE_QKV_BY_HEAD against neither: 8K equal to -2 % over four calls, 16K -0.8 %, 32K -3 %
+# (10.163 / 10.184 vs 10.490 / 10.497 ms).
 WIDE_ATTN_IN_MOE_FROM_BATCH = 8
 WIDE_ATTN_IN_MOE = 3
 # With it, one QKV counter per kv head (Tiling.qkv_by_head, where the QKV tiles fit the heads): the
