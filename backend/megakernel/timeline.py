@@ -523,8 +523,13 @@ def switch_segments(recs: torch.Tensor) -> dict[str, dict[str, float]]:
     (to_drain: the claim that finds the attention queue empty, the drain's exit), -> that drain's end
     of wait (drain_wait: ROUTE's counter, its first claim, h staged), -> the up item's start
     (to_item: the expert table, item build, dispatch), -> its end of wait (item_wait), -> its GEMV
-    start (to_gemv), and the total; "count" the switches. Session 21: 12.7 us median at BS 8."""
+    start (to_gemv), and the total; "count" the switches. Session 21: 12.7 us median at BS 8.
+    A switch inside one drain (Tiling.attn_in_moe = 3: the attention items head the MoE queue, and an
+    up item of the same layer follows its block's ATTN item with no drain record started between)
+    has no drain exit or wait: to_drain and drain_wait are 0 and to_item runs from the signal to the
+    up item's start (its claim, ROUTE's wait, the table and h); "in_drain" counts those."""
     segs: dict[str, list[float]] = {k: [] for k in (*SWITCH_SEGMENTS, "total")}
+    in_drain = 0
     for rows in _block_rows(recs, drains=True):
         for i, a in enumerate(rows):
             if _op(a) != "ATTN":
@@ -533,10 +538,17 @@ def switch_segments(recs: torch.Tensor) -> dict[str, dict[str, float]]:
             while j < len(rows) and _op(rows[j]) == "DRAIN":
                 j += 1
             drains = [r for r in rows[i + 1 : j] if r[2] >= a[7]]  # the MoE drain starts after the item
-            if j == len(rows) or _op(rows[j]) != "MOE_UP" or not drains:
+            if j == len(rows) or _op(rows[j]) != "MOE_UP":
                 continue
-            d, u = drains[-1], rows[j]
-            stamps = (a[6], a[7], d[2], d[3], u[2], u[3], u[4])
+            u = rows[j]
+            if drains:
+                d = drains[-1]
+                stamps = (a[6], a[7], d[2], d[3], u[2], u[3], u[4])
+            elif (u[1] >> 8) & 0xFF == (a[1] >> 8) & 0xFF:  # the same layer's drain ran both
+                in_drain += 1
+                stamps = (a[6], a[7], a[7], a[7], u[2], u[3], u[4])
+            else:
+                continue
             for k, (x, y) in zip(SWITCH_SEGMENTS, pairwise(stamps), strict=True):
                 segs[k].append((y - x) / 1e3)
             segs["total"].append((u[4] - a[6]) / 1e3)
@@ -546,7 +558,7 @@ def switch_segments(recs: torch.Tensor) -> dict[str, dict[str, float]]:
     for k, v in segs.items():
         v.sort()
         out[k] = {"median_us": statistics.median(v), "p90_us": v[(9 * len(v)) // 10]}
-    out["count"] = {"n": float(len(segs["total"]))}
+    out["count"] = {"n": float(len(segs["total"])), "in_drain": float(in_drain)}
     return out
 
 
@@ -684,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         sw = switch_segments(recs)
         if sw:
             print(
-                f"switch ATTN -> MOE_UP GEMV ({sw['count']['n']:.0f}; median / p90 us): "
+                f"switch ATTN -> MOE_UP GEMV ({sw['count']['n']:.0f}, {sw['count']['in_drain']:.0f} inside one "
+                "drain; median / p90 us): "
                 + ", ".join(
                     f"{k} {sw[k]['median_us']:.2f} / {sw[k]['p90_us']:.2f}"
                     for k in (*SWITCH_SEGMENTS, "total")

@@ -729,7 +729,24 @@ def test_item_transitions_and_attention_runs(tmp_path, capsys):
     assert sw["count"]["n"] == 1
     got = [sw[k]["median_us"] for k in (*timeline.SWITCH_SEGMENTS, "total")]
     assert got == [1.0, 0.5, 0.5, 5.0, 0.5, 2.0, 9.5]
+    assert sw["count"]["in_drain"] == 0
     assert timeline.switch_segments(recs[recs[:, 0] == 1]) == {}  # block 1: no MOE_UP after its item
+    # attn_in_moe = 3: one drain (started before the item) runs the ATTN item and then the up item
+    tl3 = timeline.allocate(1, 3, "cpu")
+    tl3[0, 0] = torch.tensor([abi.MK_OP_DRAIN | (1 << 8), 500, 800, 0, 0, 800, 90000])
+    tl3[0, 1] = torch.tensor([abi.MK_OP_ATTN | (1 << 8), 1000, 3000, 0, 0, 30000, 31000])
+    tl3[0, 2] = torch.tensor([abi.MK_OP_MOE_UP | (1 << 8), 36000, 36500, 38500, 60000, 61000, 62000])
+    sw3 = timeline.switch_segments(timeline.records(tl3))
+    assert sw3["count"] == {"n": 1.0, "in_drain": 1.0}
+    assert [sw3[k]["median_us"] for k in (*timeline.SWITCH_SEGMENTS, "total")] == [
+        1.0,
+        0.0,
+        0.0,
+        5.0,
+        0.5,
+        2.0,
+        8.5,
+    ]
     path = tmp_path / "timeline_bs8.pt"
     torch.save(recs, path)
     assert timeline.main([str(path), "--items"]) == 0
