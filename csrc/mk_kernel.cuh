@@ -1942,7 +1942,7 @@ __device__ __noinline__ bool drain_late_route(const Params& p, const int* d, con
   const int words = min(ETAB_WORDS, p.num_experts * ETAB_STRIDE);
   for (int w = threadIdx.x; w < words; w += NT) cp_async4_ca(etab + w, View(p).expert_tab(l) + w);
   cp_async_commit();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // as the drain's start sets them when it waited for ROUTE there
     const int n = ld_cg(View(p).moe_info(l));
     const MoeQueue q(p, n, qi);
     *nact = n;
@@ -2100,6 +2100,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
         s_end = 0xFFFFFFFFu;
         s_far = 0;
       } else {
+        // (drain_late_route sets the same words for a late-route drain; folding both into one helper
+        // changed 167 opcodes of this kernel's own code and its spills, session 29)
         s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
         s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : s_moe_head + MoeQueue(p, s_nact, qi).end();
         s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
@@ -2112,17 +2114,17 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     __syncthreads();
     // the next item's words into s_raw; a late-route drain's first claim past its head first sets
     // up the MoE part (uniform: s_nact and s_claim are written by thread 0 before a barrier)
+    // (false: the step was abandoned, no copy left in flight)
     auto fetch = [&]() -> bool {
       if (s_nact < 0 && s_claim >= (uint32_t)s_moe_head &&
-          !drain_late_route(s_params, s_desc, qi, s, s_rows, s_etab, &s_nact, &s_end, &s_far, &s_flag))
+          !drain_late_route(s_params, s_desc, qi, s, s_rows, s_etab, &s_nact, &s_end, &s_far, &s_flag)) {
+        cp_async_wait_all();
         return false;
+      }
       drain_fetch(p, kind, qi, arg, s_claim, s_nact, s_raw, s_etab);
       return true;
     };
-    if (!fetch()) {
-      cp_async_wait_all();
-      return;
-    }
+    if (!fetch()) return;
     while (true) {
       cp_async_wait_all();
       __syncthreads();  // the item's words are in s_raw
@@ -2167,10 +2169,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
           }
         }
         __syncthreads();
-        if (!s_pend && !fetch()) {  // s_raw is free
-          cp_async_wait_all();
-          return;
-        }
+        if (!s_pend && !fetch()) return;  // s_raw is free
       }
       if (!run_task(p, s_item, s, s_rows, &s_flag, &s_tl_n)) {
         cp_async_wait_all();  // no copy may land after the block has left
@@ -2180,18 +2179,12 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (!lazy && s_pend) {
         if (threadIdx.x == 0) s_claim = claim_far - head_base;  // far stays false
         __syncthreads();
-        if (!fetch()) {
-          cp_async_wait_all();
-          return;
-        }
+        if (!fetch()) return;
       }
       if (lazy) {
         if (threadIdx.x == 0) s_claim = atomicAdd(head, 1u) - head_base;  // far stays false
         __syncthreads();
-        if (!fetch()) {
-          cp_async_wait_all();
-          return;
-        }
+        if (!fetch()) return;
       }
     }
     // one claim past the end stopped us (none is in flight then: it was not far from the end);

@@ -281,6 +281,7 @@ def build_schedule(
         dense = cfg.is_dense(layer)
         rows_splits = splits[sliding]
         # Tiling.qkv_by_head: one counter per kv head (its Q group's, K and V tiles), else one
+        # (kv head h's counter is qkv_cs[h % qkv_heads] either way)
         qkv_heads = Hkv if tiling.qkv_by_head else 1
         per_head = n_qkv // qkv_heads
         qkv_cs = [
@@ -300,7 +301,7 @@ def build_schedule(
         first_qkv = len(tasks)
         for t in range(n_qkv):
             r0 = t * tiling.qkv_rows
-            sig = qkv_cs[qkv_row_head(cfg, r0) if qkv_heads > 1 else 0]
+            sig = qkv_cs[qkv_row_head(cfg, r0) % qkv_heads]
             emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, (sig,)))
 
         # Tiling.dense_apart: a dense layer's MLP tiles on the SMs without its QKV tiles, its
@@ -365,7 +366,7 @@ def build_schedule(
                         abi.MK_OP_ATTN,
                         layer,
                         (b, h, s, s_n, comb),
-                        ((qkv_cs[h if qkv_heads > 1 else 0], per_head),),
+                        ((qkv_cs[h % qkv_heads], per_head),),
                         (att_c[b][h],),
                     )
                     for s in range(s_n)

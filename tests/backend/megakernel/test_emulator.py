@@ -122,23 +122,27 @@ def test_every_strategy_and_wrapping_counters(weights, strategy):
     )
 
 
-def test_consecutive_steps_need_no_counter_reset(weights):
-    """Two steps in a row on one counter bank: bases advance, counters are never zeroed."""
-    contexts = [64, 9]
-    case = make_case(CFG, contexts, seed=3)
+def _steps_in_a_row(weights, contexts, sched, steps, case_seed, strategy="random", bank_start=0):
+    """`steps` greedy steps on one emulator and counter bank, each checked against the reference."""
+    case = make_case(CFG, contexts, seed=case_seed)
     ref_batch, batch = clone_batch(case.batch), clone_batch(case.batch)
-    sched = build_schedule(CFG, 2, contexts, N_SMS, TILING, {False: [2, 2], True: [1, 2]})
     ws = Workspace.allocate(CFG, TILING, "cpu")
-    bank = CounterBank(sched.n_counters)
-    em = Emulator(CFG, weights, sched, ws, bank)
-    for step in range(2):
+    em = Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=bank_start))
+    for step in range(steps):
         ref = reference_step(CFG, weights, ref_batch)
         ws.poison()
-        em.step(_inputs(batch), "random", seed=step)
+        em.step(_inputs(batch), strategy, seed=step)
         _check(ws, batch, ref, ref_batch)
         for bt in (batch, ref_batch):
             bt.token_ids = ref.argmax(-1)
             bt.positions = bt.positions + 1
+
+
+def test_consecutive_steps_need_no_counter_reset(weights):
+    """Two steps in a row on one counter bank: bases advance, counters are never zeroed."""
+    contexts = [64, 9]
+    sched = build_schedule(CFG, 2, contexts, N_SMS, TILING, {False: [2, 2], True: [1, 2]})
+    _steps_in_a_row(weights, contexts, sched, 2, case_seed=3)
 
 
 def _find(sched, op, layer=None):
@@ -746,25 +750,24 @@ def test_late_route_runs_attention_before_route(weights, mode):
     assert bool(early) == (mode == 3)
 
 
-def test_late_route_claims_before_the_reset_are_caught(weights):
-    """attn_in_moe = 3 without the EMBED's reset of the MoE queue heads: the first claim has nothing
-    to come after, and the emulator says so (the kernel would claim from last step's counts)."""
+# (what the broken schedule changes, the error): without the EMBED's reset of the MoE queue heads
+# the first claim has nothing to come after (the kernel would claim from last step's counts); with
+# ROUTE still resetting the head, drains may already have claimed head items: a second reset
+LATE_ROUTE_BREAKS = [
+    ((abi.MK_OP_EMBED, abi.MK_F_A1), HazardError, "before its reset"),
+    ((abi.MK_OP_ROUTE, abi.MK_F_A0), CounterError, "reset twice"),
+]
+
+
+@pytest.mark.parametrize(("where", "error", "message"), LATE_ROUTE_BREAKS)
+def test_late_route_broken_head_resets_are_caught(weights, where, error, message):
+    """attn_in_moe = 3 with the head-reset flag cleared on EMBED or on ROUTE: the emulator says so."""
     contexts = [70, 3]
     sched = _late_route_schedule(contexts)
     tasks = sched.tasks.copy()
-    tasks[tasks[:, abi.MK_F_OP] == abi.MK_OP_EMBED, abi.MK_F_A1] = 0
-    with pytest.raises(HazardError, match="before its reset"):
-        _run(weights, contexts, sched=dc_replace(sched, tasks=tasks))
-
-
-def test_late_route_head_reset_twice_is_caught(weights):
-    """attn_in_moe = 3 with ROUTE still resetting the queue head: drains may already have claimed
-    head items, so a second reset in the step is an error."""
-    contexts = [70, 3]
-    sched = _late_route_schedule(contexts)
-    tasks = sched.tasks.copy()
-    tasks[tasks[:, abi.MK_F_OP] == abi.MK_OP_ROUTE, abi.MK_F_A0] = 0
-    with pytest.raises(CounterError, match="reset twice"):
+    op, word = where
+    tasks[tasks[:, abi.MK_F_OP] == op, word] = 0
+    with pytest.raises(error, match=message):
         _run(weights, contexts, sched=dc_replace(sched, tasks=tasks))
 
 
@@ -772,19 +775,15 @@ def test_late_route_steps_in_a_row(weights):
     """attn_in_moe = 3 over consecutive steps on one counter bank: each step's claims start from the
     EMBED's reset (the heads hold the previous step's claims until then)."""
     contexts = [70, 3, 180]  # three steps stay inside each row's pages
-    case = make_case(CFG, contexts, seed=5)
-    ref_batch, batch = clone_batch(case.batch), clone_batch(case.batch)
-    sched = _late_route_schedule(contexts)
-    ws = Workspace.allocate(CFG, TILING, "cpu")
-    em = Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=9))
-    for step in range(3):
-        ref = reference_step(CFG, weights, ref_batch)
-        ws.poison()
-        em.step(_inputs(batch), "lifo_random", seed=step)
-        _check(ws, batch, ref, ref_batch)
-        for bt in (batch, ref_batch):
-            bt.token_ids = ref.argmax(-1)
-            bt.positions = bt.positions + 1
+    _steps_in_a_row(
+        weights,
+        contexts,
+        _late_route_schedule(contexts),
+        3,
+        case_seed=5,
+        strategy="lifo_random",
+        bank_start=9,
+    )
 
 
 @pytest.mark.parametrize("mode", [1, 2, 3])
