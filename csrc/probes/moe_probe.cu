@@ -48,8 +48,11 @@
 // 768 / 1024 rows) 3.43 / 3.87 / 3.63 / 3.63 (the last wave costs 11 % on 132, the fewer fixed costs
 // win 6-19 % below); 3 + 4 (32 / 32) 3.64 / 3.64 / 3.64 / 3.23; 4 + 4 (24 / 32) 3.63 / 3.42 / 3.63
 // / 3.23. (This call's medians fell on ~8-us steps: compare within it.)
+// `moe_probe prep` (session 30, compile-checked, not yet run): prep_moe, the uniform items with a 17th
+// warp that claims, pays the fixed cost and signals beside the streaming warps, against
+// uniform_moe of the same shapes and the dynamic schedule (docs/MEGAKERNEL.md, session 30).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe [blocks [copies]]
+//   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe [blocks [copies] | prep]
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
@@ -311,6 +314,121 @@ __global__ void __launch_bounds__(NT, 1) async_moe(Layer L, int fixed_ns) {
   if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
 }
 
+// Named CTA barriers for prep_moe (ids 1-4; 0 is __syncthreads): `arrive` signals without waiting,
+// `sync` waits until `count` threads arrived or synced. Both order the memory accesses the arriving
+// threads made before them for the threads that sync (the PTX barrier's guarantee), which is what
+// hands the item id in shared memory from the preparing warp to the streaming warps.
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// Item preparation on a warp of its own (`moe_probe prep`, session 30, not yet run on a GPU): the
+// uniform schedule's items (UPG / DNG groups per up / down item, expert-major), but the block is SW
+// streaming warps plus one preparing warp. SW = 16: 544 threads, and ptxas then allows 96 registers
+// per thread (17 warps put 5 on one SM sub-partition's 16K registers), which the megakernel's code
+// could not take; SW = 15: the megakernel's 512 threads with one warp fewer streaming (15/16 of the
+// bytes in flight), each item's (group, 8-k-step batch) pairs dealt round-robin over the 15 warps
+// (98.5 % balanced for 48 up / 64 down groups, where whole groups would leave 3 warps a 4th). While
+// the streaming warps stream item j, the preparing warp signals item j - 1 (up items: red.release on the
+// expert's counter, once the 16 warps are done with it), then claims item j + 1, pays its fixed cost
+// (fixed_ns: the claim's table and token reads, the weight pointer, the activation staging and the
+// epilogue that the megakernel's items pay serially, ~6-8 us each) and, for a down item, waits for
+// its expert, so the streaming warps pay one barrier between items instead. Two shared-memory slots
+// and four named barriers: FULL s (id 1 + s: the slot holds a prepared item; the preparing warp
+// arrives, the streaming warps sync) and EMPTY s (id 3 + s: the streaming warps are done with the
+// slot's item; they arrive, the preparing warp syncs). The claim is one item ahead (eager): an SM
+// holds its next item while it streams, which can lengthen the last wave; the probe prices both
+// effects together. The question it answers: does the phase keep its 0-us rate (4.09-4.23 TB/s on
+// 132 SMs, session 18) with the megakernel's 8 us per item (3.87-3.92 with uniform_moe)?
+template <int UPG, int DNG, int SW>
+__global__ void __launch_bounds__((SW + 1) * 32, 1) prep_moe(Layer L, int fixed_ns) {
+  static_assert(UP_GROUPS % UPG == 0 && DOWN_GROUPS % DNG == 0, "whole items");
+  static_assert(SW == 16 || SW == 15, "16 streaming warps (whole groups) or 15 (batches dealt round-robin)");
+  constexpr int UPS = UP_GROUPS / UPG, DNS = DOWN_GROUPS / DNG, ALL = (SW + 1) * 32;
+  constexpr int UPB = H / 32 / U, DNB = I / 32 / U;  // 8-k-step batches per up / down group
+  constexpr int FULL = 1, EMPTY = 3;  // + slot
+  __shared__ int s_item[2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_up = ACTIVE * UPS, n_all = n_up + ACTIVE * DNS;
+  uint32_t acc = 0;
+  if (warp == SW) {  // the preparing warp
+    // claim the next item and pay its fixed cost (lane 0; the warp gets the id)
+    auto claim = [&]() {
+      int it = 0;
+      if (lane == 0) {
+        it = (int)atomicAdd(L.head, 1u);
+        if (it < n_all && fixed_ns > 0) __nanosleep(fixed_ns);
+      }
+      return __shfl_sync(0xffffffffu, it, 0);
+    };
+    // hand item `it` to the streaming warps in `slot`; a down item first waits for its expert
+    auto publish = [&](int slot, int it) {
+      if (lane == 0) {
+        if (it >= n_up && it < n_all) {
+          const int a = (it - n_up) / DNS;
+          unsigned v;
+          do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
+          } while (v < (unsigned)UP_GROUPS);
+        }
+        *(volatile int*)&s_item[slot] = it;
+      }
+      __syncwarp();
+      named_arrive(FULL + slot, ALL);
+    };
+    // A down item's wait is made only while no up item of this block is streamed but not yet
+    // signalled: otherwise two blocks, each waiting for the expert whose last up item the other
+    // holds unsignalled, would wait for ever. So an up item (or the end) is published as soon as
+    // it is claimed, a down item only after the item before it was signalled.
+    auto is_down = [&](int it) { return it >= n_up && it < n_all; };
+    int cur = claim();
+    publish(0, cur);                            // nothing of this block is unsignalled yet
+    int nxt = cur < n_all ? claim() : n_all;     // item 1 (none past the end marker)
+    if (!is_down(nxt) && cur < n_all) publish(1, nxt);
+    for (int j = 0;; ++j) {
+      const int slot = j & 1;
+      named_sync(EMPTY + slot, ALL);  // the streaming warps are done with item j (or saw the end)
+      if (cur >= n_all) break;        // they left
+      if (cur < n_up && lane == 0)    // item j's groups are streamed: its expert counts them
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(L.done + cur / UPS), "r"(UPG) : "memory");
+      if (is_down(nxt)) publish(slot ^ 1, nxt);  // item j + 1: nothing is unsignalled now
+      const int after = nxt < n_all ? claim() : n_all;  // item j + 2, into the slot item j freed
+      if (!is_down(after) && nxt < n_all) publish(slot, after);
+      cur = nxt;
+      nxt = after;
+    }
+  } else {  // the SW streaming warps
+    const uint64_t pol = evict_first_policy();
+    for (int j = 0;; ++j) {
+      const int slot = j & 1;
+      named_sync(FULL + slot, ALL);
+      const int it = *(volatile int*)&s_item[slot];
+      if (it < n_up) {
+        const int a = it / UPS, g0 = (it % UPS) * UPG;
+        if constexpr (SW == 16) {
+          for (int g = warp; g < UPG; g += SW) acc += up_group(L, a, g0 + g, 0, 1, lane, pol);
+        } else {
+          for (int u = warp; u < UPG * UPB; u += SW) acc += up_group(L, a, g0 + u / UPB, u % UPB, UPB, lane, pol);
+        }
+      } else if (it < n_all) {
+        const int d = it - n_up, a = d / DNS, g0 = (d % DNS) * DNG;
+        if constexpr (SW == 16) {
+          for (int g = warp; g < DNG; g += SW) acc += down_group(L, a, g0 + g, 0, 1, lane, pol);
+        } else {
+          for (int u = warp; u < DNG * DNB; u += SW) acc += down_group(L, a, g0 + u / DNB, u % DNB, DNB, lane, pol);
+        }
+      }
+      __syncwarp();
+      named_arrive(EMPTY + slot, ALL);
+      if (it >= n_all) break;
+    }
+  }
+  if (acc == 0x12345678u) L.out[blockIdx.x] = acc;
+}
+
 // Per-warp: every warp claims one 16-row group at a time (lane 0, one atomic, the next claim in flight
 // while the group streams): up groups (expert-major), then down groups. An up group signals its
 // expert (red.release after __syncwarp); a down group's lane 0 waits (acquire) for its expert's 96
@@ -440,13 +558,19 @@ template <int R>
 static void launch_async(int sms, const Layer& L, int ns) {
   async_moe<R><<<sms, NT, PROBE_SMEM>>>(L, ns);
 }
+template <int UPG, int DNG, int SW>
+static void launch_prep(int sms, const Layer& L, int ns) {
+  prep_moe<UPG, DNG, SW><<<sms, (SW + 1) * 32, PROBE_SMEM>>>(L, ns);
+}
 
 // `moe_probe blocks`: the dynamic schedule on fewer blocks (the megakernel's MoE phase streams on
 // ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, session 18's timeline sums), with 12
 // k-steps per warp batch (192 KB in flight per block instead of 128), as two 256-thread blocks per
-// SM (full- and half-size items), with uniform items and warp-asynchronous items: how the phase's
-// HBM rate depends on the streaming SM count and the per-item fixed cost.
-static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* counters, double bytes) {
+// SM (full- and half-size items), with uniform items, warp-asynchronous items and items prepared by
+// a 17th warp: how the phase's HBM rate depends on the streaming SM count and the per-item fixed
+// cost. `moe_probe prep`: only the prepared items beside the uniform items of the same shapes and
+// the dynamic schedule, on 132 / 110 / 90 SMs (the first measurement of prep_moe).
+static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* counters, double bytes, bool prep_only) {
   cudaEvent_t ev0, ev1;
   CK(cudaEventCreate(&ev0));
   CK(cudaEventCreate(&ev1));
@@ -459,18 +583,34 @@ static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* cou
   CK(cudaFuncSetAttribute(uniform_moe<24, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
   CK(cudaFuncSetAttribute(async_moe<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
   CK(cudaFuncSetAttribute(async_moe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
-  const BlocksSchedule schedules[] = {
+  CK(cudaFuncSetAttribute(prep_moe<48, 64, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(prep_moe<48, 64, 15>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(prep_moe<32, 32, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  CK(cudaFuncSetAttribute(prep_moe<32, 32, 15>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
+  const BlocksSchedule all[] = {
       {"512 U 8", launch_dynamic<8>},          {"512 U 12", launch_dynamic<12>},
       {"2x256 U 8", launch_two_blocks<1>},     {"2x256 half", launch_two_blocks<2>},
       {"uniform 48/64", launch_uniform<48, 64>}, {"uniform 32/32", launch_uniform<32, 32>},
       {"uniform 24/32", launch_uniform<24, 32>}, {"async ring 2", launch_async<2>},
-      {"async ring 4", launch_async<4>},
+      {"async ring 4", launch_async<4>},       {"prep 48/64", launch_prep<48, 64, 16>},
+      {"prep15 48/64", launch_prep<48, 64, 15>}, {"prep 32/32", launch_prep<32, 32, 16>},
+      {"prep15 32/32", launch_prep<32, 32, 15>},
   };
+  const BlocksSchedule prep[] = {
+      {"512 U 8", launch_dynamic<8>},          {"uniform 48/64", launch_uniform<48, 64>},
+      {"prep 48/64", launch_prep<48, 64, 16>}, {"prep15 48/64", launch_prep<48, 64, 15>},
+      {"uniform 32/32", launch_uniform<32, 32>}, {"prep 32/32", launch_prep<32, 32, 16>},
+      {"prep15 32/32", launch_prep<32, 32, 15>},
+  };
+  const BlocksSchedule* first = prep_only ? prep : all;
+  const size_t count = prep_only ? sizeof(prep) / sizeof(prep[0]) : sizeof(all) / sizeof(all[0]);
+  const std::vector<int> block_counts = prep_only ? std::vector<int>{sms, 110, 90} : std::vector<int>{sms, 110, 90, 70, 50};
   printf("blocks probe: dynamic schedule over %zu layer copies (%.1f GB), 80 KB shared memory reserved, us per "
          "layer (median of 15) and TB/s, by blocks, schedule and fixed cost\n",
          layers.size(), layers.size() * 1.2);
-  for (int blocks : {sms, 110, 90, 70, 50}) {
-    for (const BlocksSchedule& sc : schedules) {
+  for (int blocks : block_counts) {
+    for (size_t i = 0; i < count; ++i) {
+      const BlocksSchedule& sc = first[i];
       for (int fixed_us : {0, 4, 8}) {
         const double us = time_layer(layers, counters, ev0, ev1,
                                      [&](const Layer& L) { sc.launch(blocks, L, fixed_us * 1000); });
@@ -513,7 +653,8 @@ int main(int argc, char** argv) {
   std::vector<Layer> layers;
   for (int c = 0; c < copies; ++c)
     layers.push_back(Layer{gate_up + c * gu, down + c * dn, experts + c * ACTIVE, counters, counters + ACTIVE, out});
-  if (argc > 1 && argv[1][0] == 'b') return blocks_probe(sms, layers, counters, bytes);  // `moe_probe blocks`
+  if (argc > 1 && (argv[1][0] == 'b' || argv[1][0] == 'p'))  // `moe_probe blocks` / `moe_probe prep`
+    return blocks_probe(sms, layers, counters, bytes, argv[1][0] == 'p');
   cudaEvent_t ev0, ev1;
   CK(cudaEventCreate(&ev0));
   CK(cudaEventCreate(&ev1));
