@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device-tool call: build the extension, run the GPU tests, benchmark, (optionally) sanitize.
 # Usage (from the repo root, on the GPU machine):
-#   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san]...  (decode: DECODE_BATCHES, default 1,8)
+#   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san|probe]...  (decode: DECODE_BATCHES, default 1,8;
+#                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
@@ -69,6 +70,9 @@ for stage in "${stages[@]}"; do
       tree_rounds bench "^BS [0-9]+ ctx|rror" trees . ${TREES:-} ;;
     abbench)  # gpu_check bench on ab_base/ and this tree (each batch size on its default tiling)
       VARIANTS=prefetch=0 tree_rounds bench "^BS [0-9]+ ctx" abbench ab_base . ;;
+    probe)  # a stand-alone probe (csrc/probes; PROBE, default moe_probe) with its arguments (PROBE_ARGS, default prep)
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a "csrc/probes/${PROBE:-moe_probe}.cu" -o "/tmp/${PROBE:-moe_probe}" &&
+        timeout ${T_PROBE:-120} "/tmp/${PROBE:-moe_probe}" ${PROBE_ARGS:-prep} 2>&1 | tee "$OUT/${PROBE:-moe_probe}.log" ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
