@@ -71,8 +71,9 @@ for stage in "${stages[@]}"; do
     abbench)  # gpu_check bench on ab_base/ and this tree (each batch size on its default tiling)
       VARIANTS=prefetch=0 tree_rounds bench "^BS [0-9]+ ctx" abbench ab_base . ;;
     probe)  # a stand-alone probe (csrc/probes; PROBE, default moe_probe) with its arguments (PROBE_ARGS, default prep)
-      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a "csrc/probes/${PROBE:-moe_probe}.cu" -o "/tmp/${PROBE:-moe_probe}" &&
-        timeout ${T_PROBE:-120} "/tmp/${PROBE:-moe_probe}" ${PROBE_ARGS:-prep} 2>&1 | tee "$OUT/${PROBE:-moe_probe}.log" ;;
+      probe=${PROBE:-moe_probe}
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a "csrc/probes/$probe.cu" -o "/tmp/$probe" &&
+        timeout ${T_PROBE:-120} "/tmp/$probe" ${PROBE_ARGS:-prep} 2>&1 | tee "$OUT/$probe.log" ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"

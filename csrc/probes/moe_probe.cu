@@ -48,8 +48,8 @@
 // 768 / 1024 rows) 3.43 / 3.87 / 3.63 / 3.63 (the last wave costs 11 % on 132, the fewer fixed costs
 // win 6-19 % below); 3 + 4 (32 / 32) 3.64 / 3.64 / 3.64 / 3.23; 4 + 4 (24 / 32) 3.63 / 3.42 / 3.63
 // / 3.23. (This call's medians fell on ~8-us steps: compare within it.)
-// `moe_probe prep` (session 30, compile-checked, not yet run): prep_moe, the uniform items with a 17th
-// warp that claims, pays the fixed cost and signals beside the streaming warps, against
+// `moe_probe prep` (session 30, compile-checked, not yet run): prep_moe, the uniform items with a
+// warp of their own that claims, pays the fixed cost and signals beside the streaming warps, against
 // uniform_moe of the same shapes and the dynamic schedule (docs/MEGAKERNEL.md, session 30).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe [blocks [copies] | prep]
@@ -333,7 +333,7 @@ __device__ __forceinline__ void named_sync(int id, int count) {
 // bytes in flight), each item's (group, 8-k-step batch) pairs dealt round-robin over the 15 warps
 // (98.5 % balanced for 48 up / 64 down groups, where whole groups would leave 3 warps a 4th). While
 // the streaming warps stream item j, the preparing warp signals item j - 1 (up items: red.release on the
-// expert's counter, once the 16 warps are done with it), then claims item j + 1, pays its fixed cost
+// expert's counter, once the streaming warps are done with it), then claims item j + 1, pays its fixed cost
 // (fixed_ns: the claim's table and token reads, the weight pointer, the activation staging and the
 // epilogue that the megakernel's items pay serially, ~6-8 us each) and, for a down item, waits for
 // its expert, so the streaming warps pay one barrier between items instead. Two shared-memory slots
@@ -364,18 +364,11 @@ __global__ void __launch_bounds__((SW + 1) * 32, 1) prep_moe(Layer L, int fixed_
       }
       return __shfl_sync(0xffffffffu, it, 0);
     };
+    auto is_down = [&](int it) { return it >= n_up && it < n_all; };
     // hand item `it` to the streaming warps in `slot`; a down item first waits for its expert
     auto publish = [&](int slot, int it) {
-      if (lane == 0) {
-        if (it >= n_up && it < n_all) {
-          const int a = (it - n_up) / DNS;
-          unsigned v;
-          do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(L.done + a) : "memory");
-          } while (v < (unsigned)UP_GROUPS);
-        }
-        *(volatile int*)&s_item[slot] = it;
-      }
+      if (is_down(it)) warp_wait_expert(L, (it - n_up) / DNS, lane);
+      if (lane == 0) *(volatile int*)&s_item[slot] = it;
       __syncwarp();
       named_arrive(FULL + slot, ALL);
     };
@@ -383,7 +376,6 @@ __global__ void __launch_bounds__((SW + 1) * 32, 1) prep_moe(Layer L, int fixed_
     // signalled: otherwise two blocks, each waiting for the expert whose last up item the other
     // holds unsignalled, would wait for ever. So an up item (or the end) is published as soon as
     // it is claimed, a down item only after the item before it was signalled.
-    auto is_down = [&](int it) { return it >= n_up && it < n_all; };
     int cur = claim();
     publish(0, cur);                            // nothing of this block is unsignalled yet
     int nxt = cur < n_all ? claim() : n_all;     // item 1 (none past the end marker)
@@ -537,6 +529,7 @@ static double time_layer(const std::vector<Layer>& layers, unsigned* counters, c
 struct BlocksSchedule {
   const char* name;
   void (*launch)(int sms, const Layer& L, int ns);
+  bool prep = false;  // also run by `moe_probe prep` (prep_moe and what it is compared with)
 };
 
 // the megakernel's ~80 KB of dynamic shared memory (unused here): its share of the SM's L1 / shared
@@ -567,7 +560,7 @@ static void launch_prep(int sms, const Layer& L, int ns) {
 // ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, session 18's timeline sums), with 12
 // k-steps per warp batch (192 KB in flight per block instead of 128), as two 256-thread blocks per
 // SM (full- and half-size items), with uniform items, warp-asynchronous items and items prepared by
-// a 17th warp: how the phase's HBM rate depends on the streaming SM count and the per-item fixed
+// a warp of their own: how the phase's HBM rate depends on the streaming SM count and the per-item fixed
 // cost. `moe_probe prep`: only the prepared items beside the uniform items of the same shapes and
 // the dynamic schedule, on 132 / 110 / 90 SMs (the first measurement of prep_moe).
 static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* counters, double bytes, bool prep_only) {
@@ -587,30 +580,28 @@ static int blocks_probe(int sms, const std::vector<Layer>& layers, unsigned* cou
   CK(cudaFuncSetAttribute(prep_moe<48, 64, 15>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
   CK(cudaFuncSetAttribute(prep_moe<32, 32, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
   CK(cudaFuncSetAttribute(prep_moe<32, 32, 15>, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_SMEM));
-  const BlocksSchedule all[] = {
-      {"512 U 8", launch_dynamic<8>},          {"512 U 12", launch_dynamic<12>},
-      {"2x256 U 8", launch_two_blocks<1>},     {"2x256 half", launch_two_blocks<2>},
-      {"uniform 48/64", launch_uniform<48, 64>}, {"uniform 32/32", launch_uniform<32, 32>},
-      {"uniform 24/32", launch_uniform<24, 32>}, {"async ring 2", launch_async<2>},
-      {"async ring 4", launch_async<4>},       {"prep 48/64", launch_prep<48, 64, 16>},
-      {"prep15 48/64", launch_prep<48, 64, 15>}, {"prep 32/32", launch_prep<32, 32, 16>},
-      {"prep15 32/32", launch_prep<32, 32, 15>},
+  const BlocksSchedule schedules[] = {
+      {"512 U 8", launch_dynamic<8>, true},
+      {"512 U 12", launch_dynamic<12>},
+      {"2x256 U 8", launch_two_blocks<1>},
+      {"2x256 half", launch_two_blocks<2>},
+      {"uniform 48/64", launch_uniform<48, 64>, true},
+      {"uniform 32/32", launch_uniform<32, 32>, true},
+      {"uniform 24/32", launch_uniform<24, 32>},
+      {"async ring 2", launch_async<2>},
+      {"async ring 4", launch_async<4>},
+      {"prep 48/64", launch_prep<48, 64, 16>, true},
+      {"prep15 48/64", launch_prep<48, 64, 15>, true},
+      {"prep 32/32", launch_prep<32, 32, 16>, true},
+      {"prep15 32/32", launch_prep<32, 32, 15>, true},
   };
-  const BlocksSchedule prep[] = {
-      {"512 U 8", launch_dynamic<8>},          {"uniform 48/64", launch_uniform<48, 64>},
-      {"prep 48/64", launch_prep<48, 64, 16>}, {"prep15 48/64", launch_prep<48, 64, 15>},
-      {"uniform 32/32", launch_uniform<32, 32>}, {"prep 32/32", launch_prep<32, 32, 16>},
-      {"prep15 32/32", launch_prep<32, 32, 15>},
-  };
-  const BlocksSchedule* first = prep_only ? prep : all;
-  const size_t count = prep_only ? sizeof(prep) / sizeof(prep[0]) : sizeof(all) / sizeof(all[0]);
   const std::vector<int> block_counts = prep_only ? std::vector<int>{sms, 110, 90} : std::vector<int>{sms, 110, 90, 70, 50};
   printf("blocks probe: dynamic schedule over %zu layer copies (%.1f GB), 80 KB shared memory reserved, us per "
          "layer (median of 15) and TB/s, by blocks, schedule and fixed cost\n",
          layers.size(), layers.size() * 1.2);
   for (int blocks : block_counts) {
-    for (size_t i = 0; i < count; ++i) {
-      const BlocksSchedule& sc = first[i];
+    for (const BlocksSchedule& sc : schedules) {
+      if (prep_only && !sc.prep) continue;
       for (int fixed_us : {0, 4, 8}) {
         const double us = time_layer(layers, counters, ev0, ev1,
                                      [&](const Layer& L) { sc.launch(blocks, L, fixed_us * 1000); });
