@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from mkcode.tools.protected import ProtectedPaths, Protection, protected_paths
 from mkcode.tools.text import display_path, unescape_display_path
 
 # Kernel pseudo-filesystems: never read, written or traversed by the file tools.
@@ -81,7 +82,12 @@ def describe_file_type(mode: int) -> str:
 class Workspace:
     """The roots the tools are confined to. The first root is the working directory."""
 
-    def __init__(self, root: str | os.PathLike[str], extra_roots: Sequence[str | os.PathLike[str]] = ()):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        extra_roots: Sequence[str | os.PathLike[str]] = (),
+        protected: ProtectedPaths | None = None,
+    ):
         roots: list[str] = []
         for r in (root, *extra_roots):
             real = os.path.realpath(os.fspath(r))
@@ -91,6 +97,12 @@ class Workspace:
                 raise ValueError(f"refusing {real!r} as a workspace root")
             roots.append(real)
         self.roots: tuple[str, ...] = tuple(roots)
+        self._protected = protected
+
+    @property
+    def protected(self) -> ProtectedPaths:
+        """Secret and read-only paths (tools/protected.py); from this process's $HOME when not given."""
+        return self._protected if self._protected is not None else protected_paths()
 
     @property
     def root(self) -> str:
@@ -212,6 +224,18 @@ class Workspace:
 
     def _check_access(self, given: str, rp: ResolvedPath, access: Access) -> None:
         shown = display_path(given)
+        protection = self.protected.classify(rp.path)
+        if protection is Protection.SECRET:
+            self._fail(
+                f"{shown} is a protected location (credentials, keys, tokens, histories or mkcode's own "
+                "configuration and sessions); the tools never read, list or write it"
+            )
+        if protection is Protection.READONLY and access is Access.WRITE:
+            self._fail(
+                f"{shown} is read-only to the tools: it is read by programs that later run on the host "
+                "(shell start-up files, git/pip/editor configuration, user site-packages, mkcode's own "
+                "installation); writes refused"
+            )
         st = rp.lstat
         if st is not None:
             mode = st.st_mode
@@ -241,3 +265,34 @@ class Workspace:
     @staticmethod
     def _fail(message: str) -> None:
         raise PathError(message)
+
+
+def broad_workspace_reason(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> str | None:
+    """Why `path` is too broad to be a workspace without asking ($HOME, `/`, a folder holding $HOME).
+
+    None for an ordinary project folder. The front ends ask (y/N) before starting with a reason, and
+    `-p` refuses unless --allow-broad-workspace is given.
+    """
+    env = os.environ if env is None else env
+    real = os.path.realpath(os.fspath(path))
+    if real == "/":
+        return (
+            "the workspace would be the whole filesystem (/): the model could read every file mkcode can "
+            "read, and its commands could write everywhere you can"
+        )
+    home = env.get("HOME") or os.path.expanduser("~")
+    home = os.path.realpath(home) if home else ""
+    if home in ("", "/"):
+        return None
+    if real == home:
+        return (
+            f"the workspace would be your home directory ({display_path(home)}): every project, document "
+            "and dotfile below it would be readable by the model and writable by its commands "
+            "(credentials and start-up files stay protected, but nothing else does)"
+        )
+    if home.startswith(real.rstrip("/") + "/"):
+        return (
+            f"the workspace {display_path(real)} contains your home directory ({display_path(home)}): "
+            "everything below it would be readable by the model and writable by its commands"
+        )
+    return None

@@ -6,27 +6,24 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from mkcode.tools.fdwalk import WalkStats, walk
 from mkcode.tools.globbing import compile_glob, literal_prefix
 from mkcode.tools.result import ToolResult
 from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
 from mkcode.tools.text import display_path
-from mkcode.tools.workspace import Access, PathError
+from mkcode.tools.workspace import Access, PathError, Workspace
 
 MAX_RESULTS = 1000
 SKIP_DIRS = frozenset({".git"})
 
 
-def walk_files(start: str) -> Iterator[str]:
-    """Files (and symlinks, not followed) under `start`, as paths relative to it; no .git."""
-    root = start
-    for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        # os.walk lists symlinks to directories in dirnames without entering them: report them.
-        for d in dirnames:
-            if os.path.islink(os.path.join(dirpath, d)):
-                yield os.path.relpath(os.path.join(dirpath, d), root)
-        for name in sorted(filenames):
-            yield os.path.relpath(os.path.join(dirpath, name), root)
+def walk_files(ws: Workspace, start: str, stats: WalkStats | None = None) -> Iterator[str]:
+    """Files (and symlinks, not followed) under the checked directory `start`, relative to it.
+
+    The walk goes through directory descriptors (fdwalk.walk): .git and secret entries are skipped.
+    """
+    for entry in walk(ws, start, skip_dirs=SKIP_DIRS, stats=stats):
+        yield entry.rel
 
 
 class Glob(Tool):
@@ -65,13 +62,19 @@ class Glob(Tool):
         regex = compile_glob(rest)
         matches: list[str] = []
         total = 0
-        for rel in walk_files(start):
-            if regex.fullmatch(rel):
-                total += 1
-                if len(matches) < MAX_RESULTS:
-                    matches.append(display_path(os.path.join(prefix, rel) if prefix else rel))
+        stats = WalkStats()
+        try:
+            for rel in walk_files(ws, start, stats):
+                if regex.fullmatch(rel):
+                    total += 1
+                    if len(matches) < MAX_RESULTS:
+                        matches.append(display_path(os.path.join(prefix, rel) if prefix else rel))
+        except PathError as e:
+            return ToolResult.failure(str(e))
+        notes = stats.notes()
+        meta = {"protected_skipped": stats.secret_skipped}
         if not matches:
-            return ToolResult.success(f"no files match {pattern}", matches=0)
+            return ToolResult.success("\n".join([f"no files match {pattern}", *notes]), matches=0, **meta)
         if total > len(matches):
             matches.append(f"[... {total - len(matches)} more matches not shown; narrow the pattern]")
-        return ToolResult.success("\n".join(matches), matches=total)
+        return ToolResult.success("\n".join(matches + notes), matches=total, **meta)

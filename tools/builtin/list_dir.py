@@ -6,6 +6,7 @@ import os
 import stat
 from typing import Any
 
+from mkcode.tools.fdwalk import SecretFilter, list_entries, open_dir
 from mkcode.tools.result import ToolResult
 from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
 from mkcode.tools.text import display_path
@@ -33,28 +34,33 @@ class ListDir(Tool):
         ws = ctx.workspace
         try:
             rp = ws.resolve(args.get("path", "."), Access.LIST)
-            fd = os.open(rp.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            shown = ws.display(rp.path)
+            hidden = SecretFilter.below(ws, rp.path)
+            with open_dir(ws, rp.path) as fd:
+                try:
+                    names = [n for n, _ in list_entries(fd)]
+                except OSError as e:
+                    return ToolResult.failure(f"cannot list {shown}: {e.strerror}")
+                visible = [n for n in names if not hidden.hides(os.path.join(rp.path, n))]
+                lines = [_describe(fd, name) for name in visible[:MAX_ENTRIES]]
         except PathError as e:
             return ToolResult.failure(str(e))
-        except OSError as e:
-            return ToolResult.failure(f"cannot open {args.get('path', '.')}: {e.strerror}")
-        try:
-            if not ws.contains(os.readlink(f"/proc/self/fd/{fd}")):
-                return ToolResult.failure("directory was redirected outside the workspace; refused")
-            names = sorted(os.listdir(fd), key=lambda n: os.fsencode(n))
-            lines: list[str] = []
-            for name in names[:MAX_ENTRIES]:
-                lines.append(_describe(fd, name))
-        except OSError as e:
-            return ToolResult.failure(f"cannot list {ws.display(rp.path)}: {e.strerror}")
-        finally:
-            os.close(fd)
-        shown = ws.display(rp.path)
-        if not names:
-            return ToolResult.success(f"{shown}/ is empty", path=shown, entries=0)
-        if len(names) > MAX_ENTRIES:
-            lines.append(f"[... {len(names) - MAX_ENTRIES} more entries not shown]")
-        return ToolResult.success("\n".join(lines), path=shown, entries=len(names))
+        skipped = len(names) - len(visible)
+        if not visible:
+            text = f"{shown}/ is empty" if not skipped else f"{shown}/ has no entries that may be shown"
+            return ToolResult.success(
+                "\n".join([text, *_skipped_note(skipped)]), path=shown, entries=0, protected_skipped=skipped
+            )
+        if len(visible) > MAX_ENTRIES:
+            lines.append(f"[... {len(visible) - MAX_ENTRIES} more entries not shown]")
+        lines += _skipped_note(skipped)
+        return ToolResult.success(
+            "\n".join(lines), path=shown, entries=len(visible), protected_skipped=skipped
+        )
+
+
+def _skipped_note(n: int) -> list[str]:
+    return [f"[{n} protected entries (credentials, keys, histories) not shown]"] if n else []
 
 
 def _describe(dfd: int, name: str) -> str:
