@@ -9,6 +9,10 @@ is asked: edits and shell commands are denied unless `--allow-edits` / `--allow-
 - `json`: one JSON object at the end (`result`, `subtype`, `session_id`, `usage`, ...);
 - `stream-json`: one JSON object per line: `session_started`, every agent event, then the result.
 
+Text output is made terminal-safe (`terminal_safe`: control and invisible format characters shown
+escaped, in a pipe too); JSON output keeps the exact text, with every such character written as a
+`\\uXXXX` escape, so neither format can drive the terminal it is printed on.
+
 Exit codes: 0 success, 1 error (backend failure, step limit, bad input), 3 when a tool call was
 denied (the answer may be incomplete: allow it with a flag), 130 when interrupted.
 """
@@ -39,6 +43,7 @@ from mkcode.app.tui.core.conversation import Conversation
 from mkcode.app.tui.core.sessions import SessionStore
 from mkcode.app.tui.core.toolview import tool_title
 from mkcode.tools import AllowRule
+from mkcode.tools.text import json_terminal_safe, terminal_safe
 
 EXIT_OK, EXIT_ERROR, EXIT_DENIED, EXIT_INTERRUPTED = 0, 1, 3, 130
 OUTPUT_FORMATS = ("text", "json", "stream-json")
@@ -124,7 +129,7 @@ class _Printer:
         self.fmt, self.out, self.err = fmt, out, err
 
     def json_line(self, obj: dict[str, Any]) -> None:
-        self.out.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+        self.out.write(json_terminal_safe(json.dumps(obj, ensure_ascii=False, default=str)) + "\n")
         self.out.flush()
 
     def event(self, ev: AgentEvent) -> None:
@@ -137,16 +142,18 @@ class _Printer:
             self.err.write(f"· {tool_title(ev.name, ev.arguments)}\n")
         elif isinstance(ev, ToolCallFinished) and not ev.ok:
             what = "denied" if ev.denied else "failed"
-            self.err.write(f"  {ev.name} {what}: {ev.output.splitlines()[0] if ev.output else ''}\n")
+            first = ev.output.splitlines()[0] if ev.output else ""
+            self.err.write(terminal_safe(f"  {ev.name} {what}: {first}") + "\n")
         elif isinstance(ev, Notice):
-            self.err.write(f"note: {ev.message}\n")
+            self.err.write(terminal_safe(f"note: {ev.message}") + "\n")
         elif isinstance(ev, AgentError):
-            self.err.write(f"error: {ev.message}\n")
+            self.err.write(terminal_safe(f"error: {ev.message}") + "\n")
         self.err.flush()
 
     def answer(self, text: str) -> None:
         if self.fmt != "text" or not text:
             return
+        text = terminal_safe(text)
         if self.out.isatty():
             from rich.console import Console
             from rich.markdown import Markdown
@@ -225,7 +232,7 @@ def run_oneshot(
             _error(opts, out, err, str(e))
             return EXIT_ERROR
     if backend.notice:
-        err.write(backend.notice + "\n")
+        err.write(terminal_safe(backend.notice) + "\n")
     try:
         conv = Conversation(
             backend,
@@ -247,7 +254,7 @@ def run_oneshot(
 
 def _error(opts: OneShotOptions, out: IO[str], err: IO[str], message: str) -> None:
     if opts.output_format == "text":
-        err.write(f"mkcode: {message}\n")
+        err.write(terminal_safe(f"mkcode: {message}") + "\n")
     else:
         obj = {"type": "result", "subtype": "error", "is_error": True, "exit_code": EXIT_ERROR}
         out.write(json.dumps({**obj, "result": "", "error": message}) + "\n")

@@ -3,7 +3,10 @@
 Input is prompt-toolkit (history shared with the TUI, completion of slash commands and `@file`s,
 Esc+Enter or a trailing backslash for a new line); output is rich, streamed inline so it stays in
 the terminal's scrollback. Approvals are inline questions with the diff or command printed first.
-Ctrl+C during a turn interrupts it; Ctrl+D on an empty prompt quits.
+Ctrl+C during a turn interrupts it; Ctrl+D on an empty prompt quits. Everything printed that did not
+come from mkcode itself (model text, tool output, diffs, titles, errors) goes through
+`terminal_safe` (via `safe_text` / `safe_syntax` / `TerminalStream`): control characters are shown
+escaped, never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from prompt_toolkit.document import Document
 from prompt_toolkit.history import History
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.text import Text
 
 from mkcode.app.agent import (
@@ -42,8 +44,9 @@ from mkcode.app.tui.core.history import ShownAssistant, ShownTool, ShownUser, sh
 from mkcode.app.tui.core.mentions import FileIndex, mention_at_cursor
 from mkcode.app.tui.core.prompt_history import PromptHistory
 from mkcode.app.tui.core.sessions import SessionStore
-from mkcode.app.tui.core.toolview import is_shell, output_excerpt, tool_title
+from mkcode.app.tui.core.toolview import is_shell, output_excerpt, safe_syntax, safe_text, tool_title
 from mkcode.tools import Decision
+from mkcode.tools.text import TerminalStream
 
 APPROVAL_ANSWERS = {
     "y": Decision.ALLOW_ONCE,
@@ -113,14 +116,17 @@ class PlainRepl:
         self.prompt = prompt
         self.console = console
         self._in_text = False  # the cursor is at the end of streamed answer text
+        self._streams: dict[str, tuple[TerminalStream, str]] = {}  # "text" / "reasoning", its style
 
     async def run(self) -> int:
-        self.console.print(
-            f"[bold]mkcode[/] · {self.conv.backend.model_name} ({self.conv.backend.label}) · "
-            f"mode {self.conv.mode} · {self.conv.cwd}"
+        backend = self.conv.backend
+        header = Text("mkcode", style="bold")
+        header.append_text(
+            safe_text(f" · {backend.model_name} ({backend.label}) · mode {self.conv.mode} · {self.conv.cwd}")
         )
-        if self.conv.backend.notice:
-            self.console.print(Text(self.conv.backend.notice, style="yellow"))
+        self.console.print(header)
+        if backend.notice:
+            self.console.print(safe_text(backend.notice, style="yellow"))
         if self.conv.session.messages:
             self.replay()
         self.console.print("[dim]/help for commands · Esc+Enter for a new line · Ctrl+D quits[/]")
@@ -162,7 +168,21 @@ class PlainRepl:
                 loop.remove_signal_handler(signal.SIGINT)
             self._end_text()
 
+    def _stream(self, kind: str, delta: str, style: str = "") -> None:
+        """Print a streamed delta made safe; switching between answer and reasoning ends the other."""
+        for other in [k for k in self._streams if k != kind]:
+            self._flush_stream(other)
+        stream, _ = self._streams.setdefault(kind, (TerminalStream(), style))
+        self.console.print(safe_text(stream.feed(delta), style=style), end="")
+        self._in_text = True
+
+    def _flush_stream(self, kind: str) -> None:
+        stream, style = self._streams.pop(kind)
+        self.console.print(safe_text(stream.flush(), style=style), end="")
+
     def _end_text(self) -> None:
+        for kind in list(self._streams):
+            self._flush_stream(kind)
         if self._in_text:
             self.console.print()
             self._in_text = False
@@ -170,11 +190,9 @@ class PlainRepl:
     async def show_event(self, ev) -> None:
         c = self.console
         if isinstance(ev, TextDelta):
-            c.print(Text(ev.text), end="")
-            self._in_text = True
+            self._stream("text", ev.text)
         elif isinstance(ev, ReasoningDelta):
-            c.print(Text(ev.text, style="dim italic"), end="")
-            self._in_text = True
+            self._stream("reasoning", ev.text, style="dim italic")
         elif isinstance(ev, ToolCallStarted):
             self._end_text()
             c.print(Text(f"● {tool_title(ev.name, ev.arguments)}", style="cyan"))
@@ -184,10 +202,10 @@ class PlainRepl:
             self.show_tool_result(ev.name, ev.ok, ev.denied, ev.output, ev.diff)
         elif isinstance(ev, Notice):
             self._end_text()
-            c.print(Text(f"note: {ev.message}", style="yellow"))
+            c.print(safe_text(f"note: {ev.message}", style="yellow"))
         elif isinstance(ev, AgentError):
             self._end_text()
-            c.print(Text(f"error: {ev.message}", style="bold red"))
+            c.print(safe_text(f"error: {ev.message}", style="bold red"))
         elif isinstance(ev, TurnFinished):
             self._end_text()
             if ev.reason == "interrupted":
@@ -198,26 +216,26 @@ class PlainRepl:
     def show_tool_result(self, name: str, ok: bool, denied: bool, output: str, diff: str | None) -> None:
         c = self.console
         if denied:
-            c.print(Text(f"  ⊘ denied: {output.splitlines()[0] if output else ''}", style="yellow"))
+            c.print(safe_text(f"  ⊘ denied: {output.splitlines()[0] if output else ''}", style="yellow"))
         elif diff and ok:
-            c.print(Syntax(diff.rstrip("\n"), "diff", background_color="default"))
+            c.print(safe_syntax(diff.rstrip("\n"), "diff", background_color="default"))
         elif is_shell(name) or not ok:
             excerpt = output_excerpt(output)
             if excerpt:
-                c.print(Text(excerpt, style="dim" if ok else "red"))
+                c.print(safe_text(excerpt, style="dim" if ok else "red"))
 
     async def ask(self, ev: ApprovalRequested) -> None:
         """Print what the tool wants to do and read y / a / n (the agent waits meanwhile)."""
         self._end_text()
         r = ev.request
         c = self.console
-        c.print(Text(f"? {tool_title(r.tool, r.args)} — {r.reason}", style="bold yellow"))
+        c.print(safe_text(f"? {tool_title(r.tool, r.args)} — {r.reason}", style="bold yellow"))
         if r.unsandboxed:
             c.print(Text("This runs OUTSIDE the sandbox, with your full permissions.", style="bold red"))
         if r.kind == "edit" and r.preview:
-            c.print(Syntax(r.preview.rstrip("\n"), "diff", background_color="default"))
+            c.print(safe_syntax(r.preview.rstrip("\n"), "diff", background_color="default"))
         elif r.kind == "shell":
-            c.print(Syntax(str(r.args.get("command", "")), "bash", background_color="default"))
+            c.print(safe_syntax(str(r.args.get("command", "")), "bash", background_color="default"))
         always = "" if r.unsandboxed else " / [a]lways"
         question = f"Allow? [y]es once{always} / [n]o: "
         answer_session: PromptSession[str] = PromptSession(input=self.prompt.input, output=self.prompt.output)
@@ -237,24 +255,24 @@ class PlainRepl:
     def show_reply(self, reply: CommandReply) -> None:
         c = self.console
         if reply.kind == "diff":
-            c.print(Syntax(reply.text.rstrip("\n"), "diff", background_color="default"))
+            c.print(safe_syntax(reply.text.rstrip("\n"), "diff", background_color="default"))
         elif reply.text:
-            c.print(Text(reply.text, style="red" if reply.kind == "error" else ""))
+            c.print(safe_text(reply.text, style="red" if reply.kind == "error" else ""))
         if reply.kind == "sessions" and reply.sessions:
             c.print("[dim]resume one with /resume ID[/]")
         if reply.resumed and not reply.undo:
             self.replay()
         if reply.prompt:
             self.prompt.default_buffer.text = reply.prompt  # shown again at the next prompt
-            c.print(Text(f"(your prompt is back in the input: {reply.prompt})", style="dim"))
+            c.print(safe_text(f"(your prompt is back in the input: {reply.prompt})", style="dim"))
 
     def replay(self) -> None:
         c = self.console
         for item in shown_items(self.conv.session):
             if isinstance(item, ShownUser):
-                c.print(Text(f"› {item.text}", style="bold"))
+                c.print(safe_text(f"› {item.text}", style="bold"))
             elif isinstance(item, ShownAssistant) and item.text:
-                c.print(Text(item.text))
+                c.print(safe_text(item.text))
             elif isinstance(item, ShownTool):
                 c.print(Text(f"● {tool_title(item.name, item.arguments)}", style="cyan"))
 
@@ -279,13 +297,13 @@ def run_plain(args: argparse.Namespace, settings: Settings) -> int:
     try:
         session = initial_session(store, cwd, args.continue_, args.resume, picker=True)
     except KeyError as e:
-        console.print(f"[red]mkcode: {str(e).strip(chr(34) + chr(39))}[/]")
+        console.print(safe_text(f"mkcode: {str(e).strip(chr(34) + chr(39))}", style="red"))
         return 1
     try:
         with console.status("starting the model…") as status:
             backend = open_backend(settings, lambda stage, _f: status.update(stage))
     except BackendError as e:
-        console.print(f"[red]mkcode: {e}[/]")
+        console.print(safe_text(f"mkcode: {e}", style="red"))
         return 1
     try:
         conv = Conversation(backend, settings, cwd=cwd, store=store, session=session)
@@ -293,7 +311,7 @@ def run_plain(args: argparse.Namespace, settings: Settings) -> int:
             conv, make_prompt_session(conv, PromptHistory(data_dir() / "prompt_history.jsonl")), console
         )
         if args.resume == "":
-            console.print(asyncio.run(conv.command("/sessions")).text)
+            console.print(safe_text(asyncio.run(conv.command("/sessions")).text))
         return asyncio.run(repl.run())
     finally:
         backend.close()

@@ -1,11 +1,44 @@
-"""How a tool call is summarised on one line, and which part of it is worth showing in full."""
+"""How a tool call is summarised on one line, which part of it is worth showing in full, and how
+untrusted text (tool output, diffs, model text) is made safe to show: `safe_text` and `safe_syntax`
+run it through `terminal_safe` and mark each escaped control character in a style of its own."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from rich.style import Style
+from rich.syntax import Syntax
+from rich.text import Text
+
+from mkcode.tools.text import terminal_safe, terminal_safe_marked
+
 MAX_TITLE = 100
+ESCAPE_STYLE = Style(bold=True, reverse=True)  # where a control character was: ␛, ␍, <U+202E> ...
+
+
+def safe_text(text: str, style: str | Style = "") -> Text:
+    """Untrusted text as a rich `Text`: controls escaped (and marked), no markup parsed."""
+    safe, spans = terminal_safe_marked(text)
+    out = Text(safe, style=style)
+    for start, end in spans:
+        out.stylize(ESCAPE_STYLE, start, end)
+    return out
+
+
+def safe_syntax(code: str, lexer: str, **kwargs: Any) -> Syntax:
+    """Untrusted code or a diff, highlighted, with controls escaped and marked."""
+    safe, spans = terminal_safe_marked(code)
+    syntax = Syntax(safe, lexer, **kwargs)
+    if spans:
+        line_starts = [0] + [i + 1 for i, ch in enumerate(safe) if ch == "\n"]
+        line = 0
+        for start, end in spans:  # a marker never spans a newline
+            while line + 1 < len(line_starts) and line_starts[line + 1] <= start:
+                line += 1
+            col = start - line_starts[line]
+            syntax.stylize_range(ESCAPE_STYLE, (line + 1, col), (line + 1, col + end - start))
+    return syntax
 
 
 def _arg(args: dict[str, Any] | str, key: str) -> str:
@@ -28,7 +61,7 @@ def tool_title(name: str, args: dict[str, Any] | str) -> str:
     else:
         shown = json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else str(args)
         title = f"{name} {shown}"
-    title = " ".join(title.split())
+    title = " ".join(terminal_safe(title).split())
     return title if len(title) <= MAX_TITLE else title[: MAX_TITLE - 1] + "…"
 
 

@@ -2,6 +2,8 @@
 
 Keys: y / Enter allow once, a allow always (remembers the suggested rule), n / Esc deny. A command
 that would leave the sandbox cannot be allowed "always" (the tools package never remembers it).
+Everything shown comes from the model, so it is shown terminal-safe: an escape sequence or a bidi
+override in a diff or a command is displayed as a marker, never acted on or hidden.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from mkcode.app.tui.core.toolview import tool_title
+from mkcode.app.tui.core.toolview import safe_syntax, safe_text, tool_title
 from mkcode.tools import ApprovalRequest, Decision
 
 
@@ -56,16 +58,16 @@ class ApprovalScreen(ModalScreen[Decision]):
         r = self.request
         with Vertical():
             yield Static(Text(f"Allow {tool_title(r.tool, r.args)}?"), classes="title")
-            yield Static(Text(r.reason), classes="reason")
+            yield Static(safe_text(r.reason), classes="reason")
             if r.unsandboxed:
                 yield Static("This runs OUTSIDE the sandbox, with your full permissions.", classes="danger")
             with VerticalScroll():
                 yield Static(self._preview())
             with Horizontal():
                 yield Button("Allow once (y)", id="allow_once", variant="success")
-                always = "Always (a)"
+                always = safe_text("Always (a)")
                 if r.suggested_rule is not None:
-                    always = f"Always (a): {r.suggested_rule.describe()}"
+                    always = safe_text(f"Always (a): {r.suggested_rule.describe()}")
                 yield Button(always, id="allow_always", variant="primary", disabled=r.unsandboxed)
                 yield Button("Deny (n)", id="deny", variant="error")
 
@@ -73,7 +75,7 @@ class ApprovalScreen(ModalScreen[Decision]):
         r = self.request
         if r.kind == "edit" and r.preview:
             dark = "light" not in str(self.app.theme)
-            return Syntax(
+            return safe_syntax(
                 r.preview.rstrip("\n"),
                 "diff",
                 theme="ansi_dark" if dark else "ansi_light",
@@ -81,10 +83,10 @@ class ApprovalScreen(ModalScreen[Decision]):
                 background_color="default",
             )
         if r.kind == "shell":
-            return Syntax(
+            return safe_syntax(
                 str(r.args.get("command", r.preview)), "bash", word_wrap=True, background_color="default"
             )
-        return Text(r.preview or str(r.args))
+        return safe_text(r.preview or str(r.args))
 
     def on_mount(self) -> None:
         self.query_one("#allow_once", Button).focus()

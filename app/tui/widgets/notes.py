@@ -1,10 +1,13 @@
-"""Small transcript entries: the user's prompt, notices, errors and command output."""
+"""Small transcript entries: the user's prompt, notices, errors and command output (shown
+terminal-safe: a prompt or session replayed from disk, an error or a diff may hold control codes)."""
 
 from __future__ import annotations
 
 from rich.syntax import Syntax
 from rich.text import Text
 from textual.widgets import Static
+
+from mkcode.app.tui.core.toolview import safe_syntax, safe_text
 
 
 class UserPrompt(Static):
@@ -18,7 +21,7 @@ class UserPrompt(Static):
     """
 
     def __init__(self, text: str) -> None:
-        super().__init__(Text(text), classes="user-prompt")
+        super().__init__(safe_text(text), classes="user-prompt")
         self.text = text
 
 
@@ -35,8 +38,8 @@ class Note(Static):
     def __init__(self, text: str, kind: str = "info") -> None:
         body: Text | Syntax
         if kind == "diff":
-            body = Syntax(text.rstrip("\n"), "diff", theme="ansi_dark", background_color="default")
+            body = safe_syntax(text.rstrip("\n"), "diff", theme="ansi_dark", background_color="default")
         else:
-            body = Text(text)
+            body = safe_text(text)
         super().__init__(body, classes=f"-{kind}")
         self.text = text

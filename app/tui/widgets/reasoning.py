@@ -1,8 +1,11 @@
-"""The model's reasoning: collapsed by default, one line saying how much there is."""
+"""The model's reasoning: collapsed by default, one line saying how much there is; shown
+terminal-safe."""
 
 from __future__ import annotations
 
 from textual.widgets import Collapsible, Static
+
+from mkcode.app.tui.core.toolview import safe_text
 
 
 class Reasoning(Collapsible):
@@ -20,7 +23,7 @@ class Reasoning(Collapsible):
 
     def __init__(self, text: str = "", *, done: bool = False) -> None:
         self.text = text
-        self._body = Static(text, markup=False)
+        self._body = Static(safe_text(text))
         super().__init__(self._body, title=self._heading(done), collapsed=True)
 
     def _heading(self, done: bool) -> str:
@@ -29,7 +32,7 @@ class Reasoning(Collapsible):
 
     def append(self, fragment: str) -> None:
         self.text += fragment
-        self._body.update(self.text)
+        self._body.update(safe_text(self.text))
         self.title = self._heading(False)
 
     def finish(self) -> None:

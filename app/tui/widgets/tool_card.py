@@ -2,7 +2,8 @@
 
 States: running (…), waiting for approval (?), finished (✓), failed (✗), denied (⊘),
 interrupted (■). Edits show their diff with syntax highlighting; shell commands show the tail of
-their output; reads show only the header (the model read it, the user rarely needs to).
+their output; reads show only the header (the model read it, the user rarely needs to). Output and
+diffs are shown terminal-safe (`safe_text` / `safe_syntax`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from mkcode.app.agent import ToolCallFinished
-from mkcode.app.tui.core.toolview import is_shell, output_excerpt, tool_title
+from mkcode.app.tui.core.toolview import is_shell, output_excerpt, safe_syntax, safe_text, tool_title
 
 SHOW_DURATION_S = 2.0  # shorter calls are not worth the noise
 ICONS = {"running": "…", "waiting": "?", "ok": "✓", "failed": "✗", "denied": "⊘", "interrupted": "■"}
 
 
 def diff_renderable(diff: str, theme: str = "ansi_dark") -> Syntax:
-    return Syntax(diff.rstrip("\n"), "diff", theme=theme, word_wrap=True, background_color="default")
+    return safe_syntax(diff.rstrip("\n"), "diff", theme=theme, word_wrap=True, background_color="default")
 
 
 class ToolCard(Vertical):
@@ -94,7 +95,7 @@ class ToolCard(Vertical):
             excerpt = output_excerpt(output)
             if not excerpt:
                 return
-            self._body.update(Text(excerpt))
+            self._body.update(safe_text(excerpt))
         else:
             return
         self._body.display = True
