@@ -42,7 +42,9 @@ def register(subparsers: Any) -> None:
 
 
 def _print(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=None) + "\n")
+    from mkcode.tools.text import json_terminal_safe  # C1 and bidi characters as \u escapes
+
+    sys.stdout.write(json_terminal_safe(json.dumps(obj, ensure_ascii=False, indent=None)) + "\n")
     sys.stdout.flush()
 
 

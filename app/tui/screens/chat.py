@@ -32,6 +32,7 @@ from mkcode.app.tui.core.conversation import CommandReply, Conversation
 from mkcode.app.tui.core.history import shown_items
 from mkcode.app.tui.core.mentions import mention_at_cursor
 from mkcode.app.tui.core.prompt_history import PromptHistory
+from mkcode.app.tui.core.toolview import safe_text
 from mkcode.app.tui.messages import AgentEventArrived, TurnEnded
 from mkcode.app.tui.screens.approval import ApprovalScreen
 from mkcode.app.tui.screens.sessions import SessionPicker
@@ -274,7 +275,7 @@ class ChatScreen(Screen[None]):
             at = mention_at_cursor(before)
             if at is not None:
                 fragment = "@" + at
-                options = [Option(f"@{p}", id=f"@{p}") for p in self.conv.files.complete(at)]
+                options = [Option(safe_text(f"@{p}"), id=f"@{p}") for p in self.conv.files.complete(at)]
         self._completion_fragment = fragment
         menu = self.completions
         menu.clear_options()

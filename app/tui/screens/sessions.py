@@ -13,6 +13,7 @@ from textual.widgets.option_list import Option
 
 from mkcode.app.tui.core.conversation import format_session
 from mkcode.app.tui.core.sessions import SessionInfo
+from mkcode.app.tui.core.toolview import safe_text
 
 
 class SessionPicker(ModalScreen[str | None]):
@@ -36,7 +37,8 @@ class SessionPicker(ModalScreen[str | None]):
         with Vertical():
             yield Static("Sessions in this directory (Enter resumes, Esc closes)", classes="title")
             options = [
-                Option(format_session(s, current=s.id == self.current), id=s.id) for s in self.sessions
+                Option(safe_text(format_session(s, current=s.id == self.current)), id=s.id)
+                for s in self.sessions
             ]
             yield OptionList(*options)
 

@@ -10,6 +10,8 @@ from textual.containers import Center, Vertical
 from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
 
+from mkcode.app.tui.core.toolview import safe_text
+
 LOGO = "mkcode"
 
 
@@ -34,7 +36,7 @@ class StartScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(LOGO, classes="logo")
-            yield Static(f"{self.workspace}", classes="where")
+            yield Static(safe_text(str(self.workspace)), classes="where")
             yield Static(f"starting {self.model}…", classes="stage", id="stage")
             with Center():
                 yield ProgressBar(total=1.0, show_eta=False, id="progress")
@@ -50,5 +52,5 @@ class StartScreen(Screen[None]):
 
     def show_error(self, error: str) -> None:
         self.query_one("#stage", Static).update("could not start")
-        self.query_one("#error", Static).update(f"{error}\n\nPress Esc to quit.")
+        self.query_one("#error", Static).update(safe_text(f"{error}\n\nPress Esc to quit."))
         self.query_one("#progress", ProgressBar).display = False
