@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mkcode.tools.arguments import ArgumentError, validate_arguments
 from mkcode.tools.builtin import default_tools
 from mkcode.tools.permissions.approval import ApprovalRequest, ApprovalResponse, Approver, Decision
 from mkcode.tools.permissions.audit import AuditEntry, AuditLog, loggable_args
@@ -25,15 +26,14 @@ from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolSpec
 from mkcode.tools.workspace import Workspace
 
 
-def _schema_errors(schema: dict[str, Any], args: dict[str, Any]) -> list[str]:
-    from jsonschema import Draft202012Validator  # imported on first use: keeps CLI start fast
-
-    validator = Draft202012Validator(schema)
-    messages = []
-    for err in sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path)):
-        where = ".".join(str(p) for p in err.absolute_path)
-        messages.append(f"{where}: {err.message}" if where else err.message)
-    return messages
+def _loggable(args: Any) -> dict[str, Any]:
+    """The arguments as the audit log keeps them; hostile ones (NaN, deep nesting) as a note."""
+    try:
+        logged = loggable_args(args)
+        json.dumps(logged, allow_nan=False)
+        return logged
+    except (ValueError, TypeError, RecursionError):
+        return {"_raw": f"<arguments that are not plain JSON: {type(args).__name__}>"}
 
 
 class ToolRegistry:
@@ -71,7 +71,7 @@ class ToolRegistry:
     def execute(self, name: str, args: dict[str, Any] | str | None = None) -> ToolResult:
         started = time.time()
         t0 = time.monotonic()
-        log = {"time": started, "tool": str(name), "args": loggable_args(args)}
+        log = {"time": started, "tool": str(name), "args": _loggable(args)}
         tool = self._tools.get(name)
         if tool is None:
             known = ", ".join(self._tools)
@@ -88,19 +88,10 @@ class ToolRegistry:
             return result
 
     def _parse_args(self, name: str, tool: Tool, args: Any) -> tuple[dict[str, Any] | None, str]:
-        if args is None:
-            args = {}
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as e:
-                return None, f"arguments for {name} are not valid JSON: {e}"
-        if not isinstance(args, dict):
-            return None, f"arguments for {name} must be a JSON object, got {type(args).__name__}"
-        errors = _schema_errors(tool.parameters, args)
-        if errors:
-            return None, f"invalid arguments for {name}: " + "; ".join(errors)
-        return args, ""
+        try:
+            return validate_arguments(tool.parameters, args), ""
+        except ArgumentError as e:
+            return None, f"invalid arguments for {name}: {e}"
 
     def _execute(self, tool: Tool, args: dict[str, Any], log: dict[str, Any], t0: float) -> ToolResult:
         kind = tool.kind.value

@@ -376,7 +376,7 @@ class Agent:
             self._call_seq += 1
             try:
                 parsed: dict[str, Any] | str = json.loads(ready.arguments) if ready.arguments.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):  # the registry refuses it with a clear message
                 parsed = ready.arguments
             calls.append(_Call(f"call_{self._call_seq}", ready.name, ready.arguments or "{}", parsed))
         if not (text or reasoning or calls):

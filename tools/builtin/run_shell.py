@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mkcode.tools.result import ToolResult
+from mkcode.tools.sandbox.limits import ShellLimits
 from mkcode.tools.sandbox.runner import ShellOutcome, run_shell_command, sandbox_status
 from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
+
+# One argv string may hold at most 128 KiB (MAX_ARG_STRLEN); 30k characters fit even at 4 UTF-8 bytes each.
+COMMAND_MAX_CHARS = 30_000
 
 
 class RunShell(Tool):
@@ -22,10 +27,16 @@ class RunShell(Tool):
     )
     parameters = object_schema(
         {
-            "command": {"type": "string", "description": "The bash command line."},
+            "command": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": COMMAND_MAX_CHARS,
+                "description": "The bash command line.",
+            },
             "timeout": {
                 "type": "number",
                 "exclusiveMinimum": 0,
+                "maximum": ShellLimits().max_timeout_s,
                 "description": "Wall-time limit in seconds.",
             },
         },
@@ -40,6 +51,8 @@ class RunShell(Tool):
             return ToolResult.failure("command contains a NUL byte")
         limits = ctx.sandbox.limits
         timeout = float(args.get("timeout", limits.default_timeout_s))
+        if not math.isfinite(timeout) or timeout <= 0:  # the schema refuses these; prepare() trusts no caller
+            return ToolResult.failure("timeout must be a finite number of seconds greater than 0")
         if timeout > limits.max_timeout_s:
             return ToolResult.failure(f"timeout {timeout:g}s is over the {limits.max_timeout_s:g}s maximum")
         roots = ctx.workspace.roots

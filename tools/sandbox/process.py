@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import selectors
 import signal
@@ -118,6 +119,8 @@ def run_captured(
     flood_bytes: int,
     cancel: threading.Event | None = None,
 ) -> ProcessOutcome:
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout must be a finite number of seconds greater than 0, not {timeout_s!r}")
     start = time.monotonic()
     deadline = start + timeout_s
     proc = subprocess.Popen(
