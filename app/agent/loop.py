@@ -154,6 +154,8 @@ class Agent:
                 self.cwd,
                 instructions=self.config.system_prompt,
                 include_agents_md=self.config.include_agents_md,
+                roots=self.tools.context.workspace.roots,
+                sandbox=self.tools.context.sandbox,
             )
         return self._system_prompt
 

@@ -1,11 +1,18 @@
-"""The system prompt: how to work, the environment (cwd, OS, date, git status) and AGENTS.md."""
+"""The system prompt: how to work, the environment (cwd, OS, date, git status) and AGENTS.md.
+
+The git status comes from tools/hostgit.py: git runs inside the sandbox (a repository's config can
+name programs git would run), or not at all.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
 import platform
-import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+
+from mkcode.tools.hostgit import GitInfo, workspace_git_info
+from mkcode.tools.sandbox.runner import SandboxSettings
 
 DEFAULT_INSTRUCTIONS = """\
 You are mkcode, a coding assistant working in the user's project through tools.
@@ -17,29 +24,13 @@ You are mkcode, a coding assistant working in the user's project through tools.
 - If a tool call is denied, do not retry it unchanged: adapt, or ask the user."""
 
 MAX_AGENTS_MD_CHARS = 20_000
-MAX_GIT_STATUS_LINES = 30
 
 
-def git_status(cwd: str | Path, timeout_s: float = 2.0) -> str | None:
-    """`git status --short --branch`, shortened; None outside a repository or without git."""
-    try:
-        out = subprocess.run(
-            ["git", "status", "--short", "--branch"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    lines = out.stdout.splitlines()
-    if len(lines) > MAX_GIT_STATUS_LINES:
-        more = len(lines) - MAX_GIT_STATUS_LINES
-        lines = [*lines[:MAX_GIT_STATUS_LINES], f"... and {more} more changed files"]
-    return "\n".join(lines) if lines else "(clean)"
+def git_info(
+    cwd: str | Path, roots: Sequence[str] | None = None, sandbox: SandboxSettings | None = None
+) -> GitInfo | None:
+    """The repository's status for the prompt; git runs inside the sandbox, never on the host."""
+    return workspace_git_info(str(cwd), roots, sandbox)
 
 
 def find_agents_md(cwd: str | Path) -> list[Path]:
@@ -80,6 +71,8 @@ def build_system_prompt(
     instructions: str | None = None,
     include_agents_md: bool = True,
     today: _dt.date | None = None,
+    roots: Sequence[str] | None = None,
+    sandbox: SandboxSettings | None = None,
 ) -> str:
     today = today or _dt.date.today()
     env = [
@@ -87,8 +80,8 @@ def build_system_prompt(
         f"Platform: {platform.system()} {platform.release()}",
         f"Date: {today.isoformat()}",
     ]
-    status = git_status(cwd)
-    env.append("Git repository: no" if status is None else f"Git status:\n{status}")
+    info = git_info(cwd, roots, sandbox)
+    env.append("Git repository: no" if info is None else info.describe())
     sections = [instructions or DEFAULT_INSTRUCTIONS, "# Environment\n" + "\n".join(env)]
     if include_agents_md:
         memo = agents_md_text(cwd)
