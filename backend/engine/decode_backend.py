@@ -24,6 +24,13 @@ class DecodeBatch:
     host_positions: the same positions on the host when the caller has them (the engine does); a
     backend that needs them there (the megakernel's schedule, the hybrid's choice) reads them here
     instead of copying the device tensor back, which waits for all queued GPU work.
+
+    seq_rows: rows per sequence, in row order (sum = B), when some sequence has several rows (a
+    speculative verify step); None means one row each. A sequence's rows are consecutive, at
+    consecutive positions (L, L+1, ..., L+k) over the same block table, and row i attends to every
+    position up to its own, including the K/V that rows before it write in this same step: a
+    backend must write all of a step's K/V before any row reads (backends that can say so set
+    `verify_rows = True`; the engine sends several rows of one sequence to no other).
     """
 
     token_ids: torch.Tensor
@@ -31,6 +38,7 @@ class DecodeBatch:
     block_tables: torch.Tensor
     kv_pool: torch.Tensor
     host_positions: tuple[int, ...] | None = None
+    seq_rows: tuple[int, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -46,10 +54,17 @@ class DecodeBatch:
             return list(self.host_positions)
         return [int(p) for p in self.positions.tolist()]
 
+    @property
+    def has_verify_rows(self) -> bool:
+        """Some sequence has several rows in this step."""
+        return self.seq_rows is not None and any(n > 1 for n in self.seq_rows)
+
 
 class DecodeBackend(Protocol):
     name: str
     max_batch: int  # the largest batch one call accepts; the engine splits larger batches
+    # optional `verify_rows: bool`: True when the backend honours DecodeBatch.seq_rows (several
+    # staggered rows of one sequence); a backend without it gets one row per sequence
 
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
         """Run one step; return fp32 logits [B, vocab]."""

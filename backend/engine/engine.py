@@ -6,6 +6,15 @@ backend's maximum → finished (pages released). Under KV pressure the youngest 
 preempted: its pages are freed now and it is recomputed later from its tokens (prompt + generated),
 so preemption never changes its output.
 
+Speculative decoding (`EngineOptions.speculative = "ngram"`): a decode-ready sequence whose recent
+tokens occurred earlier in it gets up to k drafts (backend.spec.drafter); its last token and the
+drafts run as k+1 rows of the same decode step at positions L..L+k over its block table, and the
+rows are read in order (backend.spec.acceptance): each accepted token is emitted as it is accepted,
+and the step ends at the first token that differs from its draft (or at a stop). The rejected rows'
+pages are unmapped (`SequenceKV.trim`); their K/V lies past the sequence's length, where nothing
+reads it and the next step overwrites it. Drafts are never appended to `tokens`, so prefix-cache
+keys, window releases and preemption only ever see accepted tokens.
+
 Invariants kept per sequence: `num_computed` tokens have KV in the cache; a decode-ready sequence
 has num_computed == len(tokens) - 1 (its last sampled token is fed next). All engine state is
 touched by one thread (the engine thread, or the caller of `step()` when run without one); other
@@ -30,6 +39,7 @@ from mkcode.backend.engine.request import (
     GenerationRequest,
     RequestError,
     RequestStream,
+    SpecUsage,
     TokenEvent,
     Usage,
 )
@@ -39,6 +49,10 @@ from mkcode.backend.kv.pool import KVPool
 from mkcode.backend.kv.sequence import SequenceKV
 from mkcode.backend.model.reference import ReferenceModel, Segment
 from mkcode.backend.sampling import sample_token
+from mkcode.backend.spec.acceptance import accept_drafts
+from mkcode.backend.spec.drafter import MAX_DRAFTS, AdaptiveK, DrafterConfig, NgramDrafter
+
+SPECULATIVE_MODES = ("off", "ngram")
 
 
 @dataclass
@@ -47,6 +61,21 @@ class EngineOptions:
     max_prefill_tokens: int = 512  # prefill tokens per engine step (chunk budget)
     max_running: int = 64  # sequences admitted at once
     enable_prefix_cache: bool = True
+    speculative: str = "ngram"  # "off" | "ngram" (prompt-lookup drafts verified in the decode step)
+    spec_k: int = MAX_DRAFTS  # most drafts per sequence and step (1..7); adapted down per sequence
+    spec_drafter: DrafterConfig = field(default_factory=DrafterConfig)
+
+    def __post_init__(self) -> None:
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(
+                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}; got {self.speculative!r}"
+            )
+        if (
+            isinstance(self.spec_k, bool)
+            or not isinstance(self.spec_k, int)
+            or not 1 <= self.spec_k <= MAX_DRAFTS
+        ):
+            raise ValueError(f"spec_k must be an integer in [1, {MAX_DRAFTS}]; got {self.spec_k!r}")
 
 
 @dataclass
@@ -63,10 +92,23 @@ class EngineMetrics:
     decode_tokens_per_s: float = 0.0
     preemptions: int = 0
     requests_finished: int = 0
+    spec_verify_steps: int = 0  # sequence-steps that carried drafts
+    spec_draft_tokens: int = 0  # drafts verified
+    spec_accepted_tokens: int = 0  # drafts accepted
 
     @property
     def kv_usage(self) -> float:
         return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def spec_tokens_per_verify(self) -> float:
+        """Tokens a sequence-step with drafts emitted on average (accepted drafts + 1)."""
+        steps = self.spec_verify_steps
+        return (self.spec_accepted_tokens + steps) / steps if steps else 0.0
 
 
 @dataclass(eq=False)  # identity semantics: `seq in list` must not compare fields
@@ -84,6 +126,9 @@ class _Seq:
     num_computed: int = 0
     generated: int = 0
     cached_tokens: int = 0
+    drafter: NgramDrafter | None = None  # None: this sequence does not speculate
+    spec_k: AdaptiveK | None = None
+    spec: SpecUsage = field(default_factory=lambda: SpecUsage())
 
     @property
     def prefill_target(self) -> int:
@@ -150,6 +195,15 @@ class Engine:
         self._prompt_rate, self._decode_rate = _Rate(), _Rate()
         self.stats = EngineMetrics(kv_pages_total=pool.num_pages, kv_tokens_capacity=pool.tokens_capacity)
         self._worst_case_pages_checked = self._worst_case_pages(self.max_model_len)
+        self.speculative = self.opts.speculative
+        if self.speculative != "off" and not getattr(decode_backend, "verify_rows", False):
+            name = getattr(decode_backend, "name", type(decode_backend).__name__)
+            self.speculative = "off"
+            self.spec_note = f"speculation off: the {name} decode backend runs no verify rows"
+        else:
+            self.spec_note = f"speculation: {self.speculative}" + (
+                f", k <= {self.opts.spec_k}" if self.speculative != "off" else ""
+            )
 
     # ---- public API (any thread) ---------------------------------------------------------------
 
@@ -181,6 +235,9 @@ class Engine:
             generator=req.sampling.make_generator(self.device),
             order=0,
         )
+        if self.speculative == "ngram" and req.constraint is None:  # a grammar cannot take back tokens
+            seq.drafter = NgramDrafter(self.opts.spec_drafter)
+            seq.spec_k = AdaptiveK(self.opts.spec_k)
         with self._wake:
             self._inbox.append(seq)
             self._wake.notify()
@@ -333,12 +390,39 @@ class Engine:
         self.stats.prompt_tokens_total += off
         return True
 
+    def _drafts(self, seq: _Seq) -> list[int]:
+        """Drafts for this step's verify rows: none when the sequence does not speculate, nothing
+        matches, or no token may follow the next one (max_tokens, the context)."""
+        if seq.drafter is None or seq.spec_k is None:
+            return []
+        room = min(seq.max_new - seq.generated - 1, self.max_model_len - len(seq.tokens))
+        k = min(seq.spec_k.k, room, self.backend.max_batch - 1)
+        return seq.drafter.propose(seq.tokens, k) if k > 0 else []
+
+    def _fit_rows(self, plan: list[tuple[_Seq, list[int]]]) -> None:
+        """Trim drafts so that the step stays one backend call: no drafts when the sequences alone
+        fill more than one call, else the longest draft lists lose a token until the rows fit."""
+        limit = self.backend.max_batch
+        if len(plan) > limit:
+            for _, drafts in plan:
+                drafts.clear()
+            return
+        rows = sum(1 + len(d) for _, d in plan)
+        while rows > limit:
+            longest = max(plan, key=lambda p: len(p[1]))[1]
+            longest.pop()
+            rows -= 1
+
     def _decode_step(self) -> bool:
         ready = [s for s in self._running if s.decode_ready]
-        batch: list[_Seq] = []
-        for seq in ready:
+        plan: list[tuple[_Seq, list[int]]] = [(s, self._drafts(s)) for s in ready]
+        self._fit_rows(plan)
+        batch: list[tuple[_Seq, list[int]]] = []
+        for seq, drafts in plan:
             if seq not in self._running:  # preempted below for an older sequence
                 continue
+            if drafts and not self.pool.ensure_free(seq.kv.pages_needed(len(seq.tokens) + len(drafts))):
+                drafts.clear()  # drafts never preempt anyone
             while not self.pool.ensure_free(seq.kv.pages_needed(len(seq.tokens))):
                 victim = self._running[-1]
                 self._preempt(victim)
@@ -346,40 +430,86 @@ class Engine:
                     break
             if seq not in self._running:
                 continue
-            seq.kv.ensure_capacity(self.pool, len(seq.tokens))
-            batch.append(seq)
-        batch = [s for s in batch if s in self._running]
+            seq.kv.ensure_capacity(self.pool, len(seq.tokens) + len(drafts))
+            batch.append((seq, drafts))
+        batch = [(s, d) for s, d in batch if s in self._running]
         if not batch:
             return False
         t0 = time.perf_counter()
-        for c in range(0, len(batch), self.backend.max_batch):
-            part = batch[c : c + self.backend.max_batch]
+        emitted = 0
+        calls: list[list[tuple[_Seq, list[int]]]] = [[]]
+        rows = 0
+        for item in batch:  # a sequence's rows never straddle two calls
+            n = 1 + len(item[1])
+            if rows + n > self.backend.max_batch:
+                calls.append([])
+                rows = 0
+            calls[-1].append(item)
+            rows += n
+        for part in calls:
             logits = self.backend.decode(self._decode_batch(part))
             greedy = logits.argmax(dim=-1).tolist()  # one device sync for every greedy row
-            for i, seq in enumerate(part):
-                seq.num_computed = len(seq.tokens)
-                self._after_compute(seq)
-                plain_greedy = seq.req.sampling.greedy and seq.req.constraint is None
-                self._accept(seq, greedy[i] if plain_greedy else self._sample(seq, logits[i]))
+            r = 0
+            for seq, drafts in part:
+                emitted += self._verify(seq, drafts, logits, greedy, r)
+                r += 1 + len(drafts)
         self._sync()
-        self._decode_rate.add(len(batch), time.perf_counter() - t0)
-        self.stats.decode_tokens_total += len(batch)
+        self._decode_rate.add(emitted, time.perf_counter() - t0)
+        self.stats.decode_tokens_total += emitted
         return True
 
-    def _decode_batch(self, seqs: list[_Seq]) -> DecodeBatch:
+    def _verify(self, seq: _Seq, drafts: list[int], logits: torch.Tensor, greedy: list[int], r0: int) -> int:
+        """Accept what rows r0..r0+len(drafts) of the step give this sequence; returns the tokens
+        emitted. Row i's K/V is kept only when every draft before it was accepted."""
+        L = len(seq.tokens) - 1  # position of row 0 (the fed token)
+        plain_greedy = seq.req.sampling.greedy and seq.req.constraint is None
+
+        def token_of_row(i: int) -> int:
+            return greedy[r0 + i] if plain_greedy else self._sample(seq, logits[r0 + i])
+
+        def emit(i: int, token: int) -> bool:
+            seq.num_computed = L + i + 1  # rows 0..i hold the sequence's own tokens
+            self._after_compute(seq)
+            self._accept(seq, token)
+            return seq.stream.finished
+
+        out = accept_drafts(drafts, token_of_row, emit)
+        if drafts:
+            seq.spec.verify_steps += 1
+            seq.spec.draft_tokens += len(drafts)
+            seq.spec.accepted_tokens += out.accepted
+            self.stats.spec_verify_steps += 1
+            self.stats.spec_draft_tokens += len(drafts)
+            self.stats.spec_accepted_tokens += out.accepted
+            if seq.spec_k is not None:
+                seq.spec_k.update(len(drafts), out.accepted)
+            if not out.finished:
+                seq.kv.trim(self.pool, len(seq.tokens))
+        return len(out.emitted)
+
+    def _decode_batch(self, part: list[tuple[_Seq, list[int]]]) -> DecodeBatch:
         L = self.cfg.num_hidden_layers
-        width = max(s.kv.num_blocks for s in seqs)
-        tables = np.full((L, len(seqs), width), NO_PAGE, dtype=np.int32)
-        for b, s in enumerate(seqs):
-            tables[:, b, : s.kv.num_blocks] = s.kv.array
+        width = max(s.kv.num_blocks for s, _ in part)
+        n_rows = sum(1 + len(d) for _, d in part)
+        tables = np.full((L, n_rows, width), NO_PAGE, dtype=np.int32)
+        ids: list[int] = []
+        positions: list[int] = []
+        r = 0
+        for s, drafts in part:
+            n = 1 + len(drafts)
+            tables[:, r : r + n, : s.kv.num_blocks] = s.kv.array[:, None, :]
+            ids += [s.tokens[-1], *drafts]
+            positions += range(len(s.tokens) - 1, len(s.tokens) - 1 + n)
+            r += n
         dev = self.device
-        positions = tuple(len(s.tokens) - 1 for s in seqs)
+        spans = tuple(1 + len(d) for _, d in part)
         return DecodeBatch(
-            token_ids=torch.tensor([s.tokens[-1] for s in seqs], device=dev),
+            token_ids=torch.tensor(ids, device=dev),
             positions=torch.tensor(positions, device=dev),
             block_tables=torch.from_numpy(tables).to(dev),
             kv_pool=self.pool.tensor,
-            host_positions=positions,
+            host_positions=tuple(positions),
+            seq_rows=spans if n_rows > len(part) else None,
         )
 
     def _after_compute(self, seq: _Seq) -> None:
@@ -426,7 +556,10 @@ class Engine:
         if seq in self._running:
             self._running.remove(seq)
         usage = Usage(
-            prompt_tokens=seq.prompt_len, completion_tokens=seq.generated, cached_tokens=seq.cached_tokens
+            prompt_tokens=seq.prompt_len,
+            completion_tokens=seq.generated,
+            cached_tokens=seq.cached_tokens,
+            speculative=seq.spec if seq.drafter is not None else None,
         )
         seq.stream.put(FinishEvent(reason, usage, error))
         self.stats.requests_finished += 1

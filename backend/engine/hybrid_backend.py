@@ -76,6 +76,8 @@ class HybridDecodeBackend:
         self.small, self.large, self.split = small, large, split
         self.from_position, self.below_position = from_position, below_position
         self.max_batch = large.max_batch  # batches from `split` rows on go to `large`
+        # several rows of one sequence (a speculative verify step) go to a backend that runs them
+        self.verify_rows = bool(getattr(large, "verify_rows", False))
         self.steps = {small.name: 0, large.name: 0}  # steps each backend ran (diagnostics)
 
     def backend_for(self, rows: int, longest_position: int) -> DecodeBackend:
@@ -93,6 +95,8 @@ class HybridDecodeBackend:
         window = self.from_position > 0 or self.below_position is not None
         longest = max(batch.positions_on_host()) if rows < self.split and window else 0
         backend = self.backend_for(rows, longest)
+        if batch.has_verify_rows and not getattr(backend, "verify_rows", False):
+            backend = self.large
         self.steps[backend.name] += 1
         return backend.decode(batch)
 

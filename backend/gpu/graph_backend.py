@@ -13,6 +13,13 @@ branches run on two streams so that one branch's kernel tails overlap the other'
 Batches are padded to the next bucket (1, 2, 4, 8, 16, 32); padding rows have no KV pages, write
 nothing and route to no expert. All inputs live in static buffers (block tables padded to
 `max_pages`), so each bucket's step is captured once per KV pool and replayed.
+
+Verify rows (speculative decoding: rows of one sequence at positions L..L+k over the same block
+table, `DecodeBatch.seq_rows`) need no special case, because each layer's KV write and attention
+are two kernels in stream order: `rope_kv_write` stores every row's K/V (one program per row and
+head) and only then does `paged_decode_attention` run, where row i reads keys up to its own
+position, the K/V of rows < i included. The MoE branch on the side stream never touches the pool.
+The captured graph keeps that order (both kernels on the capture stream, one after the other).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ def _mm_f32_supported(device: torch.device) -> bool:
 class GraphDecodeBackend:
     name = "graph"
     max_batch = BUCKETS[-1]
+    verify_rows = True  # KV write then attention, in stream order (module docstring)
 
     def __init__(
         self,

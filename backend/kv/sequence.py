@@ -101,6 +101,21 @@ class SequenceKV:
                     self._array[layer, b] = NO_PAGE
         self._released_blocks = upto
 
+    def trim(self, pool: KVPool, num_tokens: int) -> None:
+        """Unmap every block past the one holding position num_tokens - 1 (a verify step's rejected
+        drafts: their K/V sits past the sequence's length, in blocks it no longer needs). Such
+        blocks were never registered with the prefix cache (only fully computed blocks are) nor
+        released by the window (only blocks before the oldest visible key are)."""
+        keep = (num_tokens + PAGE_SIZE - 1) // PAGE_SIZE
+        if keep >= self.num_blocks:
+            return
+        assert self.registered_blocks <= keep and self._released_blocks <= keep
+        tail = self._array[:, keep : self.num_blocks]
+        for p in tail[tail != NO_PAGE].tolist():
+            pool.unref(p)
+        tail[:] = NO_PAGE
+        self.num_blocks = keep
+
     def free_all(self, pool: KVPool) -> None:
         for p in self.array[self.array != NO_PAGE].tolist():
             pool.unref(p)

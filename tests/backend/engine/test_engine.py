@@ -72,12 +72,14 @@ def test_join_mid_flight_and_cancel_mid_stream():
     assert engine.pool.num_free == engine.pool.num_pages
 
 
-def test_preemption_and_resume_give_identical_tokens():
+@pytest.mark.parametrize(("speculative", "num_pages"), [("off", 40), ("ngram", 24)])
+def test_preemption_and_resume_give_identical_tokens(speculative, num_pages):
     model = tiny_model()
     rng = random.Random(2)
     prompts = [_prompt(rng, n) for n in (100, 120, 90, 110)]
-    # a small pool: the four cannot all hold their full length at once -> preemption
-    engine = make_engine(model, num_pages=40, enable_prefix_cache=False)
+    # a small pool: the four cannot all hold their full length at once -> preemption (speculation
+    # finishes sequences in fewer steps, so it needs a smaller pool to get there)
+    engine = make_engine(model, num_pages=num_pages, enable_prefix_cache=False, speculative=speculative)
     streams = [engine.submit(_req(p, 60)) for p in prompts]
     engine.run_until_idle()
     assert engine.stats.preemptions > 0
