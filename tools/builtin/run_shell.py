@@ -106,6 +106,9 @@ def shell_result(outcome: ShellOutcome, timeout: float) -> ToolResult:
         status += f" [output truncated: {p.output_bytes} bytes total]"
     if not outcome.sandboxed:
         status += " [ran outside the sandbox]"
+    if outcome.env_secret_values:
+        names = ", ".join(outcome.env_secret_values)
+        status += f" [not passed, the value looked like a credential: {names}]"
     lines.append(status)
     output = "\n".join(lines)
     meta = {
@@ -118,6 +121,7 @@ def shell_result(outcome: ShellOutcome, timeout: float) -> ToolResult:
         "pid_limit_hits": outcome.pid_limit_hits,
         "processes_limited": outcome.processes_limited,
         "env_removed": list(outcome.env_removed),
+        "env_secret_values": list(outcome.env_secret_values),
         "notes": list(outcome.notes),
     }
     if problems:

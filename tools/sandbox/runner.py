@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mkcode.tools.sandbox.bwrap import build_argv
-from mkcode.tools.sandbox.env import scrub_environment
+from mkcode.tools.sandbox.env import filter_environment
 from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, wrap_with_limits
 from mkcode.tools.sandbox.probe import SandboxStatus, probe_sandbox
 from mkcode.tools.sandbox.process import ProcessOutcome, run_captured
@@ -22,6 +22,7 @@ class SandboxSettings:
     dangerously_no_sandbox: bool = False
     bwrap_path: str | None = None
     limits: ShellLimits = field(default_factory=ShellLimits)
+    env_allow: tuple[str, ...] = ()  # variable names (or PREFIX*) passed beside env.ALLOWED_NAMES
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ShellOutcome:
     processes_limited: bool  # a pids cgroup or RLIMIT_NPROC capped the process count
     pid_limit_hits: int  # forks refused by the process cap
     env_removed: tuple[str, ...]
+    env_secret_values: tuple[str, ...]  # allowed names dropped because the value looked like a secret
     notes: tuple[str, ...]
 
 
@@ -56,7 +58,8 @@ def run_shell_command(
 ) -> ShellOutcome:
     """Run `command` with bash -c. `sandboxed=False` must only come from an explicit approval."""
     limits = settings.limits
-    env, removed = scrub_environment(os.environ if environ is None else environ)
+    scrubbed = filter_environment(os.environ if environ is None else environ, settings.env_allow)
+    env = scrubbed.env
     env["TMPDIR"] = "/tmp"
     env["MKCODE_SANDBOX"] = "1" if sandboxed else "0"
     inner = [*_shell(), command]
@@ -93,6 +96,7 @@ def run_shell_command(
         sandboxed=sandboxed,
         processes_limited=jail.limits_processes or os.geteuid() != 0,
         pid_limit_hits=hits,
-        env_removed=tuple(removed),
+        env_removed=scrubbed.removed,
+        env_secret_values=scrubbed.secret_values,
         notes=tuple(notes),
     )
