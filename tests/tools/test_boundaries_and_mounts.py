@@ -48,12 +48,12 @@ def test_mount_plan_order_and_protections(tmp_path: Path, monkeypatch):
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".netrc").write_text("x")
+    (home / ".bashrc").write_text("# rc\n")
     monkeypatch.setenv("HOME", str(home))
-    ws = tmp_path / "ws"
+    ws = home  # the worst case: the workspace is $HOME
     (ws / ".git" / "hooks").mkdir(parents=True)
-    (ws / ".git" / "config").write_text("[core]\n")
-    (ws / "vendor" / "lib").mkdir(parents=True)
-    (ws / "vendor" / "lib" / ".git").mkdir()  # nested repo without hooks/: created, then protected
+    deep = ws / "a" / "b" / "c" / "d" / "e"
+    (deep / ".git").mkdir(parents=True)  # a nested repo five levels down
     (ws / "wt").mkdir()
     (ws / "wt" / ".git").write_text("gitdir: ../.git\n")  # a worktree-style pointer file
     (ws / ".mkcode").mkdir()
@@ -62,25 +62,57 @@ def test_mount_plan_order_and_protections(tmp_path: Path, monkeypatch):
     assert args[:3] == ["--ro-bind", "/", "/"]
     assert args.index("--tmpfs") < args.index("--bind")  # private /tmp first, then the workspace
     assert str(home / ".ssh") in _pairs(args, "--tmpfs")
-    assert ["--ro-bind", "/dev/null", str(home / ".netrc")] == args[
-        args.index("/dev/null") - 1 : args.index("/dev/null") + 2
-    ]
+    netrc = args.index(str(home / ".netrc"))
+    assert args[netrc - 2 : netrc + 1] == ["--ro-bind", "/dev/null", str(home / ".netrc")]
     ro = _pairs(args, "--ro-bind")
-    for p in (".git/hooks", ".git/config", "vendor/lib/.git/hooks", "wt/.git", ".mkcode"):
+    for p in (".git", "a/b/c/d/e/.git", "wt/.git", ".mkcode", ".bashrc"):
         assert str(ws / p) in ro, p
-    assert (ws / "vendor" / "lib" / ".git" / "hooks").is_dir()
     # Later mounts win in bwrap: every protection comes after the workspace's read-write bind.
-    ws_bind = args.index(str(ws))
-    assert all(args.index(str(ws / p)) > ws_bind for p in (".git/hooks", ".mkcode"))
+    ws_bind = args.index("--bind") + 1
+    assert args[ws_bind] == str(ws)
+    assert all(args.index(str(ws / p)) > ws_bind for p in (".git", ".mkcode", ".ssh", ".bashrc"))
+    # Absent protected paths inside the workspace are guarded (a mount would create them on the host).
+    assert (str(home / ".profile"), None) in plan.guarded
+    assert str(ws) in plan.writable
 
 
-def test_symlinked_hooks_make_git_dir_read_only(tmp_path: Path):
+def test_home_is_hidden_except_toolchains(tmp_path: Path, monkeypatch):
+    home = tmp_path / "h"
+    (home / ".cargo" / "bin").mkdir(parents=True)
+    (home / ".cargo" / "credentials.toml").write_text("token = 'x'\n")
+    (home / "Documents").mkdir()
+    monkeypatch.setenv("HOME", str(home))
     ws = tmp_path / "ws"
-    (ws / ".git").mkdir(parents=True)
-    (ws / "myhooks").mkdir()
-    (ws / ".git" / "hooks").symlink_to("../myhooks")
-    plan = mount_plan([str(ws)])
-    assert str(ws / ".git") in _pairs(plan.args, "--ro-bind") and plan.notes
+    ws.mkdir()
+    plan = mount_plan([str(ws)], home_allow_ro=["Documents"])
+    ro = _pairs(plan.args, "--ro-bind")
+    assert str(home / ".cargo") in ro and str(home / "Documents") in ro
+    cred = str(home / ".cargo" / "credentials.toml")
+    at = plan.args.index(cred)
+    assert plan.args[at - 2 : at + 1] == ["--ro-bind", "/dev/null", cred]  # a secret inside a toolchain
+    hidden = plan.args.index("/tmp")  # the home lies under the private /tmp here
+    assert plan.args[hidden - 1] == "--tmpfs" and hidden < plan.args.index(str(home / ".cargo"))
+    assert str(home) not in ro  # the rest of home stays hidden
+
+
+def test_worktree_gitdir_and_commondir_are_read_only(tmp_path: Path):
+    ws = tmp_path / "ws"
+    main_git = ws / "repo" / ".git"
+    wt_gitdir = main_git / "worktrees" / "wt"
+    wt_gitdir.mkdir(parents=True)
+    (wt_gitdir / "commondir").write_text("../..\n")
+    elsewhere = ws / "elsewhere-common"
+    elsewhere.mkdir()
+    planted = ws / "planted"
+    planted.mkdir()
+    (planted / "commondir").write_text("../elsewhere-common\n")
+    (ws / "wt").mkdir()
+    (ws / "wt" / ".git").write_text(f"gitdir: {wt_gitdir}\n")
+    (ws / "wt2").mkdir()
+    (ws / "wt2" / ".git").write_text("gitdir: ../planted\n")  # a gitdir with a commondir redirect
+    ro = _pairs(mount_plan([str(ws)]).args, "--ro-bind")
+    for p in ("repo/.git", "wt/.git", "wt2/.git", "planted", "elsewhere-common"):
+        assert str(ws / p) in ro, p
 
 
 def test_scrub_environment_keeps_ordinary_variables():

@@ -1,46 +1,119 @@
 """The bubblewrap command line for one sandboxed command.
 
-Layout inside the sandbox:
-  /                read-only bind of the host root (recursive)
-  /dev, /proc      fresh minimal devtmpfs and a procfs of the new PID namespace
-  /tmp, /run       private tmpfs (the host's /tmp is invisible; /run hides docker.sock, dbus...)
-  secrets in ~     ~/.ssh, ~/.aws, ... hidden behind empty tmpfs or /dev/null
-  workspace roots  read-write binds
-  .git             bound onto itself (a mount point cannot be renamed or deleted, so a fresh
-                   .git cannot be planted), with hooks/ and config re-bound read-only: code there
-                   would run outside the sandbox at the user's next git command
-  .mkcode          read-only (mkcode's own project settings)
-Namespaces: user (no capabilities, no nested user namespaces), PID, network (loopback only),
-IPC, UTS, cgroup. --die-with-parent and --new-session (no TIOCSTI into the user's terminal).
+Layout inside the sandbox (later mounts cover earlier ones):
+  /                  read-only bind of the host root (recursive)
+  /dev, /proc        a fresh minimal /dev and a procfs of the new PID namespace; /proc/sys,
+                     /proc/sysrq-trigger, /proc/irq, /proc/bus, /proc/fs read-only; kernel memory,
+                     keys, timers and the like (/proc/kcore, /proc/kmsg, ...) masked; /sys read-only
+                     with its firmware and debug trees masked
+  /tmp, /run         private tmpfs
+  /root, /home,      empty tmpfs: deny by default. Toolchains found there (~/.pyenv, ~/.cargo, ...),
+  $HOME              the user's `home_allow_ro` list and mkcode's own installation are bound back
+                     read-only
+  host root only     every non-world-readable file or folder of /etc, SYSTEM_SECRETS, and /var/log,
+                     /var/backups, /var/spool, /var/mail, /boot are masked: a user namespace keeps
+                     the host uid for permission checks, so root-only files would stay readable
+  workspace roots    read-write binds
+  protected paths    (tools/protected.py) inside anything bound: secrets masked (empty read-only
+                     tmpfs or /dev/null), read-only entries (start-up files, configs that run code,
+                     mkcode's installation, caches and interpreter) bound read-only
+  every .git         read-only, found by a full walk of each root, with the gitdir and commondir of
+                     worktree `.git` files; committing is a step outside the sandbox
+  .mkcode            read-only (mkcode's own project settings)
+Namespaces: user (mapped to a non-root uid/gid; no capabilities; no nested user namespaces), PID,
+network (loopback only), IPC, UTS, cgroup; --die-with-parent and --new-session. bubblewrap also
+installs the seccomp filter of seccomp.py, and the command starts under landlock.py's launcher
+where the kernel offers Landlock.
+
+Protected entries that are absent (or symlinks) inside a writable root cannot be pinned by a mount
+without creating them on the host, so the plan records them: `restore_guarded()` moves away
+whatever the command put there once it has ended.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 
-# Files and directories under $HOME hidden from sandboxed commands (credentials).
-HOME_SECRETS = (
-    ".ssh",
-    ".gnupg",
-    ".aws",
-    ".azure",
-    ".kube",
-    ".docker",
-    ".config/gcloud",
-    ".config/gh",
-    ".netrc",
-    ".git-credentials",
-    ".pypirc",
-    ".npmrc",
+from mkcode.tools.protected import SYSTEM_SECRETS, Protection, installation_paths, protected_paths
+from mkcode.tools.sandbox import landlock, seccomp
+
+# The uid/gid a command runs as inside the sandbox when mkcode runs as root.
+SANDBOX_ID_FOR_ROOT = 1000
+
+# Toolchains that live under $HOME, bound back read-only when present.
+HOME_TOOLCHAINS = (
+    ".pyenv",
+    ".rbenv",
+    ".nodenv",
+    ".goenv",
+    ".jenv",
+    ".asdf",
+    ".cargo",
+    ".rustup",
+    ".nvm",
+    ".volta",
+    ".bun",
+    ".deno",
+    "go",
+    ".sdkman",
+    ".ghcup",
+    ".opam",
+    ".elan",
+    ".juliaup",
+    ".conda",
+    "miniconda3",
+    "anaconda3",
+    "miniforge3",
+    ".local/bin",
+    ".local/share/uv",
+    ".local/share/mise",
+    ".local/share/fnm",
+    ".local/share/pnpm",
 )
-# How deep below each root to look for nested repositories (submodules, vendored repos).
-GIT_SCAN_DEPTH = 2
-_SKIP_SCAN = {"node_modules", ".venv", "venv", "__pycache__", ".tox", "target", "build", "dist"}
+
+# Read-only views of the new procfs (bound from the host's, which holds the same kernel state).
+PROC_READONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+# Masked in the new procfs: kernel memory and addresses, keyrings, timers, hardware details.
+PROC_MASKED = (
+    "/proc/kcore",
+    "/proc/kmsg",
+    "/proc/kallsyms",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/kpagecount",
+    "/proc/kpageflags",
+    "/proc/kpagecgroup",
+    "/proc/config.gz",
+    "/proc/vmallocinfo",
+    "/proc/acpi",
+    "/proc/scsi",
+    "/proc/asound",
+)
+SYS_MASKED = (
+    "/sys/firmware",
+    "/sys/kernel/debug",
+    "/sys/kernel/tracing",
+    "/sys/kernel/security",
+    "/sys/fs/bpf",
+)
+# Scanned when the host uid is 0: non-world-readable entries below are masked.
+ROOT_SCANNED = ("/etc",)
+# Hidden as a whole when the host uid is 0 (root-only logs, backups, mail, kernel images).
+ROOT_HIDDEN = ("/var/log", "/var/backups", "/var/spool", "/var/mail", "/boot")
+# Pseudo file systems the .git walk never enters (a workspace of "/" would otherwise walk them).
+_WALK_SKIP = ("/proc", "/sys", "/dev")
 
 
 @dataclass(frozen=True)
@@ -57,11 +130,22 @@ def bwrap_features(bwrap: str) -> BwrapFeatures:
     return BwrapFeatures(disable_userns="--disable-userns" in text)
 
 
+def sandbox_ids() -> tuple[int, int]:
+    """(uid, gid) inside the sandbox: the caller's, or SANDBOX_ID_FOR_ROOT in place of 0."""
+    uid, gid = os.getuid(), os.getgid()
+    return (uid or SANDBOX_ID_FOR_ROOT, gid or SANDBOX_ID_FOR_ROOT)
+
+
 def namespace_args(features: BwrapFeatures) -> list[str]:
+    uid, gid = sandbox_ids()
     args = [
         "--die-with-parent",
         "--new-session",
         "--unshare-user",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(gid),
         "--unshare-pid",
         "--unshare-net",
         "--unshare-ipc",
@@ -81,6 +165,10 @@ def namespace_args(features: BwrapFeatures) -> list[str]:
 class MountPlan:
     args: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # (path, symlink target or None for "absent"): protected paths a mount cannot pin
+    guarded: list[tuple[str, str | None]] = field(default_factory=list)
+    # writable beneath these (workspace roots, the private home): Landlock's allow list
+    writable: list[str] = field(default_factory=list)
 
     def ro(self, path: str) -> None:
         self.args += ["--ro-bind", path, path]
@@ -88,108 +176,329 @@ class MountPlan:
     def rw(self, path: str) -> None:
         self.args += ["--bind", path, path]
 
+    def mask(self, path: str) -> None:
+        """Hide `path`: an empty read-only tmpfs for a folder, /dev/null for anything else."""
+        if os.path.isdir(path):
+            self.args += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            self.args += ["--ro-bind", "/dev/null", path]
+
+
+def _under(path: str, top: str) -> bool:
+    return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
+
 
 def _inside(path: str, roots: Sequence[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+    return any(_under(path, r) for r in roots)
 
 
-def _git_dirs(root: str) -> list[str]:
-    """`.git` entries at the root and up to GIT_SCAN_DEPTH levels below it."""
+def _home(env: Mapping[str, str]) -> str | None:
+    home = env.get("HOME") or os.path.expanduser("~")
+    home = os.path.realpath(home) if home else ""
+    return home if home not in ("", "/") and os.path.isdir(home) else None
+
+
+def _real_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def find_git_entries(root: str) -> list[str]:
+    """Every `.git` (folder, file or symlink) at or below `root`: a full walk, no depth limit,
+    symlinked folders not followed, nothing below a `.git` entered."""
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        depth = dirpath[len(root) :].count("/")
-        if ".git" in dirnames or ".git" in filenames:
-            found.append(os.path.join(dirpath, ".git"))
-        dirnames[:] = [d for d in dirnames if d != ".git" and d not in _SKIP_SCAN and depth < GIT_SCAN_DEPTH]
-    return found
-
-
-def _protect_git_dir(plan: MountPlan, gitdir: str, roots: Sequence[str]) -> None:
-    """Keep a repository usable (commits work) but make hooks/ and config read-only."""
-    if not _inside(gitdir, roots):
-        return  # outside the writable roots: already read-only
-    hooks = os.path.join(gitdir, "hooks")
-    config = os.path.join(gitdir, "config")
-    if not os.path.lexists(hooks):
+    stack = [root]
+    while stack:
+        directory = stack.pop()
         try:
-            os.mkdir(hooks, 0o755)  # git expects it anyway; it must exist to be mounted over
-        except OSError as e:
-            plan.notes.append(f"could not create {hooks} ({e.strerror}); {gitdir} mounted read-only")
-            plan.ro(gitdir)
-            return
-    if os.path.islink(hooks) or os.path.islink(config):
-        # A bind mount would land on the link target and the link itself could be re-pointed.
-        plan.notes.append(f"{gitdir}/hooks or config is a symlink; {gitdir} mounted read-only")
-        plan.ro(gitdir)
-        return
-    plan.rw(gitdir)
-    plan.ro(hooks)
-    if os.path.lexists(config):
-        plan.ro(config)
+            it = os.scandir(directory)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                if entry.name == ".git":
+                    found.append(entry.path)
+                    continue
+                try:
+                    if entry.is_dir(follow_symlinks=False) and entry.path not in _WALK_SKIP:
+                        stack.append(entry.path)
+                except OSError:
+                    continue
+    return sorted(found)
 
 
-def _protect_git_entry(plan: MountPlan, entry: str, roots: Sequence[str]) -> None:
+def root_only_entries(tops: Sequence[str] = ROOT_SCANNED) -> list[str]:
+    """Files and folders below `tops` that others cannot read (folders: read or search): what a
+    sandboxed command running with the host's uid 0 could otherwise read by owner bits."""
+    found: list[str] = []
+    stack = [t for t in tops if _real_dir(t)]
+    while stack:
+        directory = stack.pop()
+        try:
+            it = os.scandir(directory)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if st.st_mode & 0o005 != 0o005:
+                        found.append(entry.path)
+                    else:
+                        stack.append(entry.path)
+                elif stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
+                    found.append(entry.path)
+    return sorted(found)
+
+
+def _git_targets(entry: str, notes: list[str]) -> list[str]:
+    """What to make read-only for one `.git`: the entry, and for a worktree/submodule `.git` file
+    or a symlink its git dir and that dir's commondir."""
+    targets = [entry]
+    gitdir: str | None = None
     if os.path.islink(entry):
-        target = os.path.realpath(entry)
-        plan.notes.append(f"{entry} is a symlink to {target}; protecting the target")
-        if os.path.isdir(target):
-            _protect_git_dir(plan, target, roots)
-        return
-    if os.path.isdir(entry):
-        _protect_git_dir(plan, entry, roots)
-        return
-    # A worktree or submodule: `.git` is a file "gitdir: PATH". Pin the file, protect the dirs.
-    plan.ro(entry)
-    try:
-        line = Path(entry).read_text(encoding="utf-8", errors="replace").split("\n", 1)[0].strip()
-    except OSError:
-        return
-    if not line.startswith("gitdir:"):
-        return
-    gitdir = os.path.realpath(os.path.join(os.path.dirname(entry), line[len("gitdir:") :].strip()))
-    if not os.path.isdir(gitdir):
-        return
-    _protect_git_dir(plan, gitdir, roots)
-    commondir_file = os.path.join(gitdir, "commondir")
-    if os.path.isfile(commondir_file):
-        common = Path(commondir_file).read_text(encoding="utf-8", errors="replace").strip()
-        common = os.path.realpath(os.path.join(gitdir, common))
-        if os.path.isdir(common):
-            _protect_git_dir(plan, common, roots)
+        gitdir = os.path.realpath(entry)
+        notes.append(f"{entry} is a symlink to {gitdir}; its target is read-only")
+        targets = []
+    elif os.path.isfile(entry):
+        try:
+            with open(entry, encoding="utf-8", errors="replace") as f:
+                line = f.readline().strip()
+        except OSError:
+            line = ""
+        if line.startswith("gitdir:"):
+            gitdir = os.path.realpath(os.path.join(os.path.dirname(entry), line[len("gitdir:") :].strip()))
+    elif os.path.isdir(entry):
+        gitdir = entry
+    if gitdir and os.path.isdir(gitdir):
+        if gitdir != entry:
+            targets.append(gitdir)
+        commondir_file = os.path.join(gitdir, "commondir")
+        if os.path.isfile(commondir_file) and not os.path.islink(commondir_file):
+            try:
+                with open(commondir_file, encoding="utf-8", errors="replace") as f:
+                    common = os.path.realpath(os.path.join(gitdir, f.readline().strip()))
+            except OSError:
+                common = ""
+            if common and os.path.isdir(common):
+                targets.append(common)
+    return targets
 
 
-def mount_plan(roots: Sequence[str], bwrap: str | None = None) -> MountPlan:
+def _proc_and_sys(plan: MountPlan) -> None:
+    for p in PROC_READONLY:
+        if os.path.lexists(p):
+            plan.ro(p)
+    for p in (*PROC_MASKED, *SYS_MASKED):
+        if os.path.lexists(p) and not os.path.islink(p):
+            plan.mask(p)
+
+
+def _hidden_areas(home: str | None) -> list[str]:
+    areas = ["/tmp"]
+    if _real_dir("/run"):
+        areas.append("/run")
+    for h in ("/root", "/home", home):
+        if h and _real_dir(h) and not _inside(h, areas):
+            areas.append(h)
+    return areas
+
+
+def _allowed_home_dirs(home: str | None, home_allow_ro: Sequence[str]) -> list[str]:
+    found: list[str] = []
+    if home:
+        found += [os.path.join(home, rel) for rel in HOME_TOOLCHAINS]
+    for p in home_allow_ro:
+        p = os.path.expanduser(p)
+        found.append(p if os.path.isabs(p) else os.path.join(home or "/", p))
+    return [os.path.realpath(p) for p in found if os.path.exists(p)]
+
+
+def mount_plan(
+    roots: Sequence[str],
+    bwrap: str | None = None,
+    *,
+    home_allow_ro: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> MountPlan:
+    env = os.environ if env is None else env
     plan = MountPlan()
-    plan.args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    if os.path.isdir("/run") and not os.path.islink("/run"):
-        plan.args += ["--tmpfs", "/run"]
-    home = os.path.expanduser("~")
-    if home not in ("", "/") and os.path.isdir(home):
-        for rel in HOME_SECRETS:
-            p = os.path.join(home, rel)
-            if not os.path.lexists(p) or _inside(p, roots) or os.path.islink(p):
-                continue
-            if os.path.isdir(p):
-                plan.args += ["--tmpfs", p, "--remount-ro", p]
-            else:
-                plan.args += ["--ro-bind", "/dev/null", p]
+    host_root = os.geteuid() == 0
+    home = _home(env)
+    prot = protected_paths(env)
+    roots = [os.path.realpath(r) for r in roots]
+
+    plan.args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    _proc_and_sys(plan)
+    hidden = _hidden_areas(home)
+    for area in hidden:
+        plan.args += ["--tmpfs", area]
+    if home and home in hidden:
+        plan.writable.append(home)
+    if host_root:
+        for p in ROOT_HIDDEN:
+            if _real_dir(p):
+                plan.mask(p)
+        for p in (*root_only_entries(), *SYSTEM_SECRETS):
+            if os.path.lexists(p) and not os.path.islink(p) and not _inside(p, hidden):
+                plan.mask(p)
+
+    # Read-only views back into the hidden areas: toolchains, the user's list, mkcode itself.
+    bound_ro: list[str] = []
+    install = installation_paths()
+    for p in [*_allowed_home_dirs(home, home_allow_ro), *install]:
+        if not _inside(p, hidden) or _inside(p, bound_ro) or _inside(p, roots):
+            continue
+        if p not in install and prot.classify(p) is Protection.SECRET:
+            plan.notes.append(f"{p} holds secrets (tools/protected.py); not made visible in the sandbox")
+            continue
+        plan.ro(p)
+        bound_ro.append(p)
+
+    writable_roots: list[str] = []
     for root in roots:
-        plan.rw(root)
-    for root in roots:
-        for entry in _git_dirs(root):
-            _protect_git_entry(plan, entry, roots)
+        kind = prot.classify(root)
+        if kind is None:
+            plan.rw(root)
+            writable_roots.append(root)
+        elif kind is Protection.READONLY:
+            plan.ro(root)
+            plan.notes.append(f"workspace root {root} is protected (tools/protected.py): read-only")
+        else:
+            plan.mask(root)
+            plan.notes.append(f"workspace root {root} holds secrets (tools/protected.py): hidden")
+    plan.writable += writable_roots
+
+    # Protected paths inside anything bound above: secrets masked, the rest read-only.
+    bound = [*writable_roots, *bound_ro]
+    for p in prot.secret:
+        if p in SYSTEM_SECRETS or not (_inside(p, bound) or not _inside(p, hidden)):
+            continue
+        _protect(plan, p, secret=True, writable=writable_roots)
+    for p in prot.readonly:
+        if _inside(p, writable_roots):
+            _protect(plan, p, secret=False, writable=writable_roots)
+
+    for root in writable_roots:
+        for entry in find_git_entries(root):
+            for target in _git_targets(entry, plan.notes):
+                if _inside(target, writable_roots) and not os.path.islink(target):
+                    plan.ro(target)
+            if os.path.islink(entry):
+                plan.guarded.append((entry, os.readlink(entry)))
         mk = os.path.join(root, ".mkcode")
-        if os.path.isdir(mk) and not os.path.islink(mk):
+        if _real_dir(mk):
             plan.ro(mk)
-    if bwrap is not None and _inside(bwrap, roots):
+    if bwrap is not None and _inside(bwrap, writable_roots):
         plan.ro(bwrap)
     return plan
+
+
+def _protect(plan: MountPlan, path: str, *, secret: bool, writable: Sequence[str]) -> None:
+    in_writable = _inside(path, writable)
+    if os.path.islink(path):
+        target = os.path.realpath(path)
+        if in_writable:
+            plan.guarded.append((path, os.readlink(path)))
+        if os.path.exists(target) and (secret or _inside(target, writable)):
+            _protect(plan, target, secret=secret, writable=writable)
+        return
+    if not os.path.lexists(path):
+        if in_writable:
+            plan.guarded.append((path, None))
+        return
+    if secret:
+        plan.mask(path)
+    elif in_writable:
+        plan.ro(path)
+
+
+def restore_guarded(guarded: Sequence[tuple[str, str | None]]) -> list[str]:
+    """After the command: move away anything it put at a guarded path (a protected path that was
+    absent, or a symlink it re-pointed), and put the symlink back. Returns notes."""
+    notes: list[str] = []
+    for path, link in guarded:
+        try:
+            now: str | None = os.readlink(path) if os.path.islink(path) else None
+            exists = os.path.lexists(path)
+        except OSError:
+            continue
+        if (link is None and not exists) or (link is not None and now == link):
+            continue
+        if exists:
+            aside = f"{path}.mkcode-quarantine-{int(time.time())}"
+            try:
+                os.rename(path, aside)
+            except OSError as e:
+                notes.append(
+                    f"the command created protected path {path}; could not move it away: {e.strerror}"
+                )
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                continue
+            notes.append(f"the command created protected path {path}; moved to {aside}")
+        if link is not None:
+            try:
+                os.symlink(link, path)
+            except OSError as e:
+                notes.append(f"could not restore symlink {path} -> {link}: {e.strerror}")
+    return notes
+
+
+@dataclass(frozen=True)
+class SandboxCommand:
+    argv: list[str]
+    notes: list[str]
+    guarded: list[tuple[str, str | None]]
+    landlock_abi: int
+
+    def restore_guarded(self) -> list[str]:
+        return restore_guarded(self.guarded)
+
+
+@lru_cache(maxsize=1)
+def host_landlock_abi() -> int:
+    try:
+        return landlock.landlock_abi()
+    except (OSError, AttributeError):
+        return 0
+
+
+def build_command(
+    bwrap: str,
+    roots: Sequence[str],
+    cwd: str,
+    inner: Sequence[str],
+    *,
+    home_allow_ro: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> SandboxCommand:
+    """The full command line (filter on fd 3, bwrap ..., launcher, inner) and its mount notes.
+    Raises seccomp.UnsupportedArchitecture where no filter exists for this machine."""
+    plan = mount_plan(roots, bwrap, home_allow_ro=home_allow_ro, env=env)
+    abi = host_landlock_abi()
+    command = list(inner)
+    if abi >= 1:
+        command = landlock.launcher_argv(os.path.realpath(sys.executable), plan.writable, command)
+    argv = [
+        bwrap,
+        *namespace_args(bwrap_features(bwrap)),
+        "--seccomp",
+        "3",
+        *plan.args,
+        "--chdir",
+        cwd,
+        "--",
+        *command,
+    ]
+    return SandboxCommand(seccomp.wrap_with_filter(argv, 3), plan.notes, plan.guarded, abi)
 
 
 def build_argv(
     bwrap: str, roots: Sequence[str], cwd: str, inner: Sequence[str]
 ) -> tuple[list[str], list[str]]:
-    """Full argv (bwrap ... -- inner) and notes about protections that were adjusted."""
-    plan = mount_plan(roots, bwrap)
-    argv = [bwrap, *namespace_args(bwrap_features(bwrap)), *plan.args, "--chdir", cwd, "--", *inner]
-    return argv, plan.notes
+    """Full argv and notes about protections that were adjusted (see build_command)."""
+    cmd = build_command(bwrap, roots, cwd, inner)
+    return cmd.argv, cmd.notes
