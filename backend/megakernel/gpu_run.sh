@@ -2,7 +2,8 @@
 # One device-tool call: build the extension, run the GPU tests, benchmark, (optionally) sanitize.
 # Usage (from the repo root, on the GPU machine):
 #   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san|probe]...  (decode: DECODE_BATCHES, default 1,8;
-#                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program)
+#                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program;
+#                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
@@ -21,8 +22,11 @@ mkdir -p /tmp/mkpp/mkcode && for d in app backend tools; do ln -sfn "$PWD/$d" /t
 touch /tmp/mkpp/mkcode/__init__.py
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
+only_probe=1; for s in "$@"; do [[ $s == probe ]] || only_probe=0; done  # a probe needs no extension
+if [[ $only_probe == 0 ]]; then
 python3 -c "from mkcode.backend.megakernel.build import build; r = build(); print('build', r.path, 'cached' if r.cached else f'{r.seconds:.0f}s'); print(r.log[-3000:])" 2>&1 | tee "$OUT/build.log" || exit 1
 echo "build done at +$(( $(date +%s) - t0 ))s"
+fi
 stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; each batch size runs on the engine's tiling for
@@ -70,10 +74,15 @@ for stage in "${stages[@]}"; do
       tree_rounds bench "^BS [0-9]+ ctx|rror" trees . ${TREES:-} ;;
     abbench)  # gpu_check bench on ab_base/ and this tree (each batch size on its default tiling)
       VARIANTS=prefetch=0 tree_rounds bench "^BS [0-9]+ ctx" abbench ab_base . ;;
-    probe)  # a stand-alone probe (csrc/probes; PROBE, default moe_probe) with its arguments (PROBE_ARGS, default prep)
+    probe)  # a stand-alone probe (csrc/probes; PROBE, default moe_probe) with its arguments (PROBE_ARGS, default
+      # prep; several runs: PROBE_ARGS="smoke geom", each under T_PROBE); ptxas -v into $OUT/$probe.ptxas
       probe=${PROBE:-moe_probe}
-      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a "csrc/probes/$probe.cu" -o "/tmp/$probe" &&
-        timeout ${T_PROBE:-120} "/tmp/$probe" ${PROBE_ARGS:-prep} 2>&1 | tee "$OUT/$probe.log" ;;
+      nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v "csrc/probes/$probe.cu" -o "/tmp/$probe" \
+        > "$OUT/$probe.ptxas" 2>&1 && grep -E "Compiling entry|registers|spill" "$OUT/$probe.ptxas" | sed "s/ptxas info    : //" &&
+        for arg in ${PROBE_ARGS:-prep}; do
+          timeout ${T_PROBE:-120} "/tmp/$probe" "$arg" 2>&1 | tee -a "$OUT/$probe.log"
+          rc=${PIPESTATUS[0]}; echo "$probe $arg: exit $rc"; [[ $rc == 0 ]] || break
+        done ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
