@@ -38,9 +38,11 @@ def test_writes_outside_workspace_are_contained(shell, outside: Path, target: st
     directory = str(outside) if target == "OUTSIDE" else target
     name = f"mkcode-escape-{uuid.uuid4().hex}"
     r = shell(f"echo pwned > {directory}/{name}; echo rc=$?")
-    # Read-only everywhere; a directory under the host's /tmp is not even visible.
-    assert "Read-only file system" in r.output or "No such file or directory" in r.output, r.output
-    assert "rc=1" in r.output
+    if target == "/root":  # an empty private tmpfs (deny by default): writable, thrown away after
+        assert "rc=0" in r.output, r.output
+    else:  # read-only everywhere; a directory under the host's /tmp is not even visible
+        assert "Read-only file system" in r.output or "No such file or directory" in r.output, r.output
+        assert "rc=1" in r.output
     assert not os.path.exists(os.path.join(directory, name))
 
 
@@ -168,7 +170,7 @@ def test_background_process_does_not_outlive_command(shell):
     assert processes_matching(f"sleep {marker}") == []
 
 
-def test_git_hooks_and_config_are_read_only(shell, ws_dir: Path):
+def test_git_dir_is_read_only(shell, ws_dir: Path):
     if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
         pytest.skip("git is not installed")
     subprocess.run(["git", "init", "-q", str(ws_dir)], check=True)
@@ -177,11 +179,13 @@ def test_git_hooks_and_config_are_read_only(shell, ws_dir: Path):
         "echo 'touch /tmp/pwned' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit;"
         "echo '[core] fsmonitor = evil' >> .git/config;"
         "rm -rf .git/hooks; rm -f .git/config; mv .git .git-moved;"
+        "git status --short && echo STATUS-OK;"
         "git -c user.email=a@b -c user.name=n add hello.txt && "
         "git -c user.email=a@b -c user.name=n commit -qm sandboxed && echo COMMITTED"
     )
     assert "Read-only file system" in r.output
-    assert "COMMITTED" in r.output, r.output  # ordinary git use still works
+    assert "STATUS-OK" in r.output, r.output  # reading the repository still works
+    assert "COMMITTED" not in r.output, r.output  # committing is a step outside the sandbox
     assert not (ws_dir / ".git" / "hooks" / "pre-commit").exists()
     assert (ws_dir / ".git" / "config").read_bytes() == config_before
     assert not (ws_dir / ".git-moved").exists()

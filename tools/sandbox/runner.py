@@ -8,7 +8,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from mkcode.tools.sandbox.bwrap import build_argv
+from mkcode.tools.sandbox.bwrap import SandboxCommand, build_command
 from mkcode.tools.sandbox.env import filter_environment
 from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, wrap_with_limits
 from mkcode.tools.sandbox.probe import SandboxStatus, probe_sandbox
@@ -22,6 +22,7 @@ class SandboxSettings:
     dangerously_no_sandbox: bool = False
     bwrap_path: str | None = None
     limits: ShellLimits = field(default_factory=ShellLimits)
+    home_allow_ro: tuple[str, ...] = ()  # folders under $HOME (caches, toolchains) visible read-only
     env_allow: tuple[str, ...] = ()  # variable names (or PREFIX*) passed beside env.ALLOWED_NAMES
 
 
@@ -64,12 +65,16 @@ def run_shell_command(
     env["MKCODE_SANDBOX"] = "1" if sandboxed else "0"
     inner = [*_shell(), command]
     notes: list[str] = []
+    sandbox_cmd: SandboxCommand | None = None
     if sandboxed:
         status = sandbox_status(settings, roots)
         if not status.available or status.bwrap is None:
             raise RuntimeError(status.explain())  # callers check first; this is a guard
-        argv, plan_notes = build_argv(status.bwrap, roots, cwd, inner)
-        notes += plan_notes
+        sandbox_cmd = build_command(
+            status.bwrap, roots, cwd, inner, home_allow_ro=settings.home_allow_ro, env=environ
+        )
+        argv = sandbox_cmd.argv
+        notes += sandbox_cmd.notes
     else:
         argv = inner
     jail = CgroupJail.create(limits)
@@ -90,6 +95,8 @@ def run_shell_command(
         hits = jail.pid_limit_hits()
     finally:
         jail.cleanup()
+        if sandbox_cmd is not None:  # protected paths a mount could not pin: undo what was planted
+            notes += sandbox_cmd.restore_guarded()
     notes += [n for n in jail.notes if n not in notes]
     return ShellOutcome(
         process=outcome,
