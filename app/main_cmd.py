@@ -54,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-edits", action="store_true", help="with -p: let the agent edit files")
     g.add_argument("--allow-shell", action="store_true", help="with -p: let the agent run shell commands")
     g.add_argument(
+        "--allow-broad-workspace",
+        action="store_true",
+        help="start in your home directory (or a folder above it) without asking; -p refuses it otherwise",
+    )
+    g.add_argument(
         "--dangerously-no-sandbox",
         action="store_true",
         help="run shell commands on the host, outside bubblewrap (never the default)",
@@ -68,7 +73,18 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as e:
         print(f"mkcode: {e}", file=sys.stderr)
         return 2
+    if Path.cwd().resolve() == Path("/"):  # the file tools refuse / as a workspace root anyway
+        print("mkcode: refusing to start in /: the workspace would be the whole filesystem", file=sys.stderr)
+        return 2
+    broad = _broad_workspace(args)
     if args.print_prompt is not None:
+        if broad:
+            print(
+                f"mkcode: refusing to start here: {broad}. Run it in a project folder, or pass "
+                "--allow-broad-workspace",
+                file=sys.stderr,
+            )
+            return 2
         return _oneshot(args, settings)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print(
@@ -76,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if broad and not confirm_broad_workspace(broad):
+        return 1
     if args.plain:
         from mkcode.app.plain.repl import run_plain
 
@@ -83,6 +101,23 @@ def run(args: argparse.Namespace) -> int:
     from mkcode.app.tui.launch import run_tui
 
     return run_tui(args, settings)
+
+
+def _broad_workspace(args: argparse.Namespace) -> str | None:
+    """Why the current directory is too broad a workspace (None when fine or explicitly allowed)."""
+    from mkcode.tools.workspace import broad_workspace_reason
+
+    return None if getattr(args, "allow_broad_workspace", False) else broad_workspace_reason(Path.cwd())
+
+
+def confirm_broad_workspace(reason: str, ask=None) -> bool:
+    """Ask y/N before the TUI or the plain REPL starts with a workspace that exposes too much."""
+    print(f"mkcode: {reason}.", file=sys.stderr)
+    try:
+        answer = (ask or input)("Start here anyway? [y/N] ")
+    except (EOFError, KeyboardInterrupt):
+        answer = ""
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _oneshot(args: argparse.Namespace, settings) -> int:
