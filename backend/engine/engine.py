@@ -50,7 +50,7 @@ from mkcode.backend.kv.sequence import SequenceKV
 from mkcode.backend.model.reference import ReferenceModel, Segment
 from mkcode.backend.sampling import sample_token
 from mkcode.backend.spec.acceptance import accept_drafts
-from mkcode.backend.spec.drafter import MAX_DRAFTS, AdaptiveK, DrafterConfig, NgramDrafter
+from mkcode.backend.spec.drafter import MAX_DRAFTS, AdaptiveK, Drafter, DrafterConfig, NgramDrafter
 
 SPECULATIVE_MODES = ("off", "ngram")
 
@@ -126,7 +126,7 @@ class _Seq:
     num_computed: int = 0
     generated: int = 0
     cached_tokens: int = 0
-    drafter: NgramDrafter | None = None  # None: this sequence does not speculate
+    drafter: Drafter | None = None  # None: this sequence does not speculate
     spec_k: AdaptiveK | None = None
     spec: SpecUsage = field(default_factory=lambda: SpecUsage())
 
@@ -170,6 +170,7 @@ class Engine:
         eos_token_ids: tuple[int, ...] = (),
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
         prefill_fn: Callable[[torch.Tensor, torch.Tensor, list[Segment]], torch.Tensor] | None = None,
+        drafter_factory: Callable[[GenerationRequest], Drafter] | None = None,
     ):
         self.model = model
         self.cfg = model.cfg
@@ -182,6 +183,8 @@ class Engine:
         self.eos = set(eos_token_ids or self.cfg.eos_token_ids)
         self.detok_factory = detokenizer_factory
         self.prefill_fn = prefill_fn or model.forward
+        # one drafter per request (default: the n-gram prompt lookup; benchmarks pass an oracle)
+        self.drafter_factory = drafter_factory or (lambda _req: NgramDrafter(self.opts.spec_drafter))
         self.device = model.device
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # admitted: prefilling or decoding, in admission order
@@ -236,7 +239,7 @@ class Engine:
             order=0,
         )
         if self.speculative == "ngram" and req.constraint is None:  # a grammar cannot take back tokens
-            seq.drafter = NgramDrafter(self.opts.spec_drafter)
+            seq.drafter = self.drafter_factory(req)
             seq.spec_k = AdaptiveK(self.opts.spec_k)
         with self._wake:
             self._inbox.append(seq)
@@ -483,8 +486,8 @@ class Engine:
             self.stats.spec_accepted_tokens += out.accepted
             if seq.spec_k is not None:
                 seq.spec_k.update(len(drafts), out.accepted)
-            if not out.finished:
-                seq.kv.trim(self.pool, len(seq.tokens))
+            if not out.finished:  # as after a plain step: blocks for the computed positions only
+                seq.kv.trim(self.pool, seq.num_computed)
         return len(out.emitted)
 
     def _decode_batch(self, part: list[tuple[_Seq, list[int]]]) -> DecodeBatch:

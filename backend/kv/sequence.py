@@ -102,8 +102,8 @@ class SequenceKV:
         self._released_blocks = upto
 
     def trim(self, pool: KVPool, num_tokens: int) -> None:
-        """Unmap every block past the one holding position num_tokens - 1 (a verify step's rejected
-        drafts: their K/V sits past the sequence's length, in blocks it no longer needs). Such
+        """Unmap every block past the one holding position num_tokens - 1 (after a verify step: the
+        blocks that only rejected drafts' K/V reached, past the sequence's computed tokens). Such
         blocks were never registered with the prefix cache (only fully computed blocks are) nor
         released by the window (only blocks before the oldest visible key are)."""
         keep = (num_tokens + PAGE_SIZE - 1) // PAGE_SIZE

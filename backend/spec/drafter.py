@@ -20,8 +20,17 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 MAX_DRAFTS = 7  # a verify step has at most 8 rows: the fed token and 7 drafts
+
+
+class Drafter(Protocol):
+    """Proposes drafts for one sequence (the engine makes one per request)."""
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens predicted to follow `tokens` (the sequence's accepted tokens so far)."""
+        ...
 
 
 @dataclass(frozen=True)
