@@ -229,3 +229,39 @@ def test_symlink_inside_workspace_pointing_inside_is_followed_by_read(scene: Sce
     (scene.ws / "alias.txt").symlink_to("sub/data.txt")
     r = scene.run("read_file", {"path": "alias.txt"})
     assert r.ok and "workspace data" in r.output
+
+
+def _undo_registry(scene: Scene):
+    from mkcode.app.tui.core.undo import SnapshottingRegistry, UndoStack
+
+    reg = SnapshottingRegistry(Workspace(scene.ws), mode=PermissionMode("full-auto"), audit=AuditLog())
+    stack = UndoStack()
+    reg.checkpoint = stack.begin("turn", 0)
+    return reg, reg.checkpoint
+
+
+def test_undo_restore_after_directory_swapped(scene: Scene):
+    """The turn edited sub/notes.txt; a sandboxed command then made sub a link to $HOME; /undo
+    must not write the workspace file's old bytes over $HOME/notes.txt."""
+    from mkcode.app.tui.core.undo import restore_files
+
+    (scene.ws / "sub" / "notes.txt").write_text("attacker-chosen bytes\n")
+    reg, checkpoint = _undo_registry(scene)
+    r = reg.execute("edit_file", {"path": "sub/notes.txt", "old_string": "attacker", "new_string": "x"})
+    assert r.ok
+    scene.swap_dir()
+    restore_files(checkpoint)
+    assert (scene.home / "notes.txt").read_text() == f"{SECRET} notes\n"
+    scene.home_unchanged()
+
+
+def test_undo_remove_after_directory_swapped(scene: Scene):
+    """The turn created sub/data.txt's sibling; after the swap, /undo must not delete $HOME's file."""
+    from mkcode.app.tui.core.undo import restore_files
+
+    reg, checkpoint = _undo_registry(scene)
+    assert reg.execute("write_file", {"path": "sub/homeonly.md", "content": "new\n"}).ok
+    scene.swap_dir()
+    restore_files(checkpoint)
+    assert (scene.home / "homeonly.md").exists()
+    scene.home_unchanged()

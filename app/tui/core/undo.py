@@ -14,8 +14,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from mkcode.tools import ToolRegistry
-from mkcode.tools.workspace import Access, PathError
+from mkcode.tools import ToolRegistry, fdwalk
+from mkcode.tools.safe_io import atomic_write, read_bytes
+from mkcode.tools.workspace import Access, PathError, Workspace
 
 FILE_TOOLS = ("edit_file", "write_file")
 
@@ -27,9 +28,19 @@ class TurnCheckpoint:
     prompt: str
     messages_before: int
     files: dict[str, bytes | None] = field(default_factory=dict)  # abs path -> old bytes (None: absent)
+    # Set by SnapshottingRegistry: snapshots and restores then go through the workspace's checks
+    # and directory descriptors, so a directory swapped for a symlink cannot redirect them.
+    workspace: Workspace | None = None
 
     def snapshot(self, path: str) -> None:
         if path in self.files:
+            return
+        if self.workspace is not None:
+            try:
+                rp = self.workspace.resolve(path, Access.WRITE)
+                self.files[path] = read_bytes(self.workspace, rp) if rp.exists else None
+            except PathError:
+                pass  # the tool refuses it too
             return
         try:
             with open(path, "rb") as f:
@@ -65,6 +76,7 @@ class SnapshottingRegistry(ToolRegistry):
                     resolved = None  # the tool will refuse it too
                 if resolved is not None:
                     with self._snap_lock:
+                        checkpoint.workspace = self.workspace
                         checkpoint.snapshot(resolved)
         return super().execute(name, args)
 
@@ -95,7 +107,15 @@ class UndoStack:
 def restore_files(checkpoint: TurnCheckpoint) -> tuple[list[str], list[str]]:
     """Write the snapshots back; returns (restored, removed) paths."""
     restored, removed = [], []
+    ws = checkpoint.workspace
     for path, data in checkpoint.files.items():
+        if ws is not None:
+            try:
+                done = _restore_confined(ws, path, data)
+            except PathError:
+                continue  # now outside the workspace or protected: left alone
+            (restored if data is not None else removed).extend([path] if done else [])
+            continue
         if data is None:
             if os.path.exists(path):
                 os.unlink(path)
@@ -109,6 +129,20 @@ def restore_files(checkpoint: TurnCheckpoint) -> tuple[list[str], list[str]]:
             os.replace(tmp, path)
             restored.append(path)
     return restored, removed
+
+
+def _restore_confined(ws: Workspace, path: str, data: bytes | None) -> bool:
+    rp = ws.resolve(path, Access.WRITE)
+    if data is None:
+        if not rp.exists:
+            return False
+        with fdwalk.open_parent(ws, rp.path) as (dfd, name):
+            os.unlink(name, dir_fd=dfd)
+        return True
+    if rp.exists and read_bytes(ws, rp) == data:
+        return False
+    atomic_write(ws, rp, data)
+    return True
 
 
 def session_diff(changed: dict[str, bytes | None], root: str) -> str:
