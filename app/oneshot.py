@@ -142,7 +142,7 @@ class _Printer:
             self.err.write(f"· {tool_title(ev.name, ev.arguments)}\n")
         elif isinstance(ev, ToolCallFinished) and not ev.ok:
             what = "denied" if ev.denied else "failed"
-            first = ev.output.splitlines()[0] if ev.output else ""
+            first = ev.output.split("\n")[0]
             self.err.write(terminal_safe(f"  {ev.name} {what}: {first}") + "\n")
         elif isinstance(ev, Notice):
             self.err.write(terminal_safe(f"note: {ev.message}") + "\n")

@@ -216,7 +216,7 @@ class PlainRepl:
     def show_tool_result(self, name: str, ok: bool, denied: bool, output: str, diff: str | None) -> None:
         c = self.console
         if denied:
-            c.print(safe_text(f"  ⊘ denied: {output.splitlines()[0] if output else ''}", style="yellow"))
+            c.print(safe_text(f"  ⊘ denied: {output.split(chr(10))[0]}", style="yellow"))
         elif diff and ok:
             c.print(safe_syntax(diff.rstrip("\n"), "diff", background_color="default"))
         elif is_shell(name) or not ok:

@@ -70,8 +70,9 @@ def is_shell(name: str) -> bool:
 
 
 def output_excerpt(output: str, max_lines: int = 12) -> str:
-    """The last lines of a tool's output (a card shows the tail, where errors usually are)."""
-    lines = output.rstrip("\n").splitlines()
+    """The last lines of a tool's output (a card shows the tail, where errors usually are). Lines
+    end at LF only: a lone CR, FS/GS/RS, NEL or U+2028 is shown escaped, not taken as a line end."""
+    lines = output.rstrip("\n").split("\n")
     if len(lines) <= max_lines:
         return "\n".join(lines)
     return f"… {len(lines) - max_lines} more lines\n" + "\n".join(lines[-max_lines:])
