@@ -311,7 +311,8 @@ def _allowed_home_dirs(home: str | None, home_allow_ro: Sequence[str]) -> list[s
     if home:
         found += [os.path.join(home, rel) for rel in HOME_TOOLCHAINS]
     for p in home_allow_ro:
-        p = os.path.expanduser(p)
+        if p == "~" or p.startswith("~/"):
+            p = p[2:]  # relative to the sandbox's $HOME (the command's environment)
         found.append(p if os.path.isabs(p) else os.path.join(home or "/", p))
     return [os.path.realpath(p) for p in found if os.path.exists(p)]
 
