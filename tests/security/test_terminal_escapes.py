@@ -42,11 +42,13 @@ from mkcode.app.tui.core.prompt_history import PromptHistory
 from mkcode.app.tui.core.sessions import SessionStore
 from mkcode.app.tui.core.toolview import tool_title
 from mkcode.app.tui.screens.approval import ApprovalScreen
+from mkcode.app.tui.screens.sessions import SessionPicker
+from mkcode.app.tui.screens.start import StartScreen
 from mkcode.app.tui.widgets.assistant_text import AssistantText
 from mkcode.app.tui.widgets.notes import Note
 from mkcode.app.tui.widgets.reasoning import Reasoning
 from mkcode.app.tui.widgets.tool_card import ToolCard
-from mkcode.tools import ApprovalRequest
+from mkcode.tools import AllowRule, ApprovalRequest
 from mkcode.tools.text import TerminalStream, json_terminal_safe, terminal_safe, terminal_safe_marked
 from tests.app.tui.scripted_engine import scripted_backend, text_step, tool_step
 
@@ -345,6 +347,19 @@ async def test_repl_sessions_list_shows_a_hostile_title_escaped(tmp_path, worksp
     assert_visible(out.getvalue(), "title ␛]52;c;", "<U+009B>2J")
 
 
+@pytest.mark.asyncio
+async def test_repl_approval_question_shows_a_hostile_reason_escaped(tmp_path, workspace):
+    repl, out = _repl(tmp_path, workspace, [])
+    request = ApprovalRequest(tool="mcp_x", args={}, kind="other", preview="", reason=f"why {OSC_TITLE}")
+    ev = ApprovalRequested("c1", request)
+    with create_pipe_input() as pipe, create_app_session(input=pipe, output=DummyOutput()):
+        pipe.send_text("n\r")
+        repl.prompt = make_prompt_session(repl.conv, PromptHistory(None), input=pipe, output=DummyOutput())
+        await asyncio.wait_for(repl.ask(ev), timeout=20)
+    assert_clean(out.getvalue())
+    assert_visible(out.getvalue(), "why ␛]0;pwned title␇")
+
+
 def test_tool_title_is_one_safe_line():
     title = tool_title("run_shell", {"command": f"ls {OSC_TITLE}\n{C1_CSI}"})
     assert_clean(title)
@@ -488,6 +503,7 @@ async def test_tui_approval_request_of_another_tool_and_its_rule():
         kind="other",
         preview=f"preview {CSI_CLEAR}",
         reason=f"because {DCS}",
+        suggested_rule=AllowRule("run_shell", (f"x{RIS_RESET}",)),
     )
     app = App()
     async with app.run_test(size=(160, 40)) as pilot:
@@ -495,7 +511,7 @@ async def test_tui_approval_request_of_another_tool_and_its_rule():
         await pilot.pause(0.1)
         text = screen_text(app)
     assert_clean(text)
-    assert_visible(text, "␛]0;pwned title␇", "preview ␛[2J␛[H", "because ␛P1$r0m")
+    assert_visible(text, "␛]0;pwned title␇", "preview ␛[2J␛[H", "because ␛P1$r0m", "run_shell('x␛c' *)")
 
 
 @pytest.mark.asyncio
@@ -512,6 +528,45 @@ async def test_tui_failed_tool_card_in_a_turn(app_factory):
         text = screen_text(app)
     assert_clean(text)
     assert text.count("missing␛]52;c;") >= 2  # the card's title and its error line
+
+
+@pytest.mark.asyncio
+async def test_tui_file_name_completion_menu(app_factory, workspace):
+    (workspace / f"evil{OSC52_CLIPBOARD}{C1_CSI}.py").write_text("x = 1\n")
+    app = app_factory([])
+    async with app.run_test(size=(160, 40)) as pilot:
+        prompt = app.screen.query_one("#prompt")
+        prompt.text = "look at @evil"
+        prompt.move_cursor(prompt.document.end)
+        await pilot.pause(0.2)
+        text = screen_text(app)
+    assert_clean(text)
+    assert_visible(text, "@evil␛]52;c;", "<U+009B>2J")
+
+
+@pytest.mark.asyncio
+async def test_tui_session_picker_and_start_screen(workspace, tmp_path):
+    store = SessionStore(tmp_path / "data")
+    conv = Conversation(scripted_backend([text_step("ok")]), Settings(), cwd=workspace, store=store)
+    async for _ in conv.turn(f"title {OSC_TITLE} {C1_CSI}"):
+        pass
+    conv.save()
+    app = App()
+    async with app.run_test(size=(160, 40)) as pilot:
+        app.push_screen(SessionPicker(store.list()))
+        await pilot.pause(0.1)
+        picker = screen_text(app)
+        app.pop_screen()
+        start = StartScreen(f"/w/dir{CSI_CLEAR}", "model")
+        app.push_screen(start)
+        await pilot.pause(0.1)
+        start.show_error(f"cannot load {RIS_RESET}")
+        await pilot.pause(0.1)
+        shown = screen_text(app)
+    for text in (picker, shown):
+        assert_clean(text)
+    assert_visible(picker, "title ␛]0;pwned title␇ <U+009B>2J")
+    assert_visible(shown, "dir␛[2J␛[H", "cannot load ␛c")
 
 
 # -- mkcode -p -------------------------------------------------------------------------------------
