@@ -11,7 +11,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from mkcode.app.settings import DECODES, MODES, THEMES, SettingsError, data_dir, load_settings
+from mkcode.app.settings import (
+    DECODES,
+    MODES,
+    THEMES,
+    SettingsError,
+    add_speculative_flags,
+    data_dir,
+    load_settings,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mode", choices=MODES, help="permission mode (default: ask)")
     g.add_argument("--decode", choices=DECODES, help=argparse.SUPPRESS)
     g.add_argument("--theme", choices=THEMES, help="colour theme (default: dark)")
+    add_speculative_flags(g, default=False)
     g.add_argument("--allow-edits", action="store_true", help="with -p: let the agent edit files")
     g.add_argument("--allow-shell", action="store_true", help="with -p: let the agent run shell commands")
     g.add_argument(

@@ -26,6 +26,8 @@ from typing import Any
 MODES = ("ask", "auto-edit", "full-auto")
 THEMES = ("dark", "light")
 DECODES = ("auto", "torch", "graph", "megakernel", "hybrid")  # = backend.runtime.DECODE_BACKENDS
+SPECULATIVE = ("off", "ngram")  # = backend.engine.engine.SPECULATIVE_MODES
+SPEC_K_MAX = 7  # = backend.spec.drafter.MAX_DRAFTS
 
 # config.toml key / settings field -> environment variable.
 ENV_VARS: dict[str, str] = {
@@ -39,6 +41,8 @@ ENV_VARS: dict[str, str] = {
     "theme": "MKCODE_THEME",
     "context_window": "MKCODE_CONTEXT_WINDOW",
     "max_tokens": "MKCODE_MAX_TOKENS",
+    "speculative": "MKCODE_SPECULATIVE",
+    "spec_k": "MKCODE_SPEC_K",
 }
 
 
@@ -58,6 +62,8 @@ class Settings:
     theme: str = "dark"
     context_window: int = 32_768  # used for remote endpoints (the local engine knows its own)
     max_tokens: int = 4096  # answer tokens per model call
+    speculative: str = "ngram"  # in-process engine: prompt-lookup drafts (off | ngram)
+    spec_k: int = SPEC_K_MAX  # most drafts per step (1..7)
     dangerously_no_sandbox: bool = False  # flag only: never read from a file or the environment
     sources: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -92,17 +98,19 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Check and convert one value; errors name the field and where it came from."""
-    if name in ("context_window", "max_tokens"):
+    if name in ("context_window", "max_tokens", "spec_k"):
         try:
             n = int(value)
         except (TypeError, ValueError):
             raise SettingsError(f"{source}: {name} must be an integer, got {value!r}") from None
         if n < 1 or (name == "context_window" and n < 256):
             raise SettingsError(f"{source}: {name} is too small ({n})")
+        if name == "spec_k" and n > SPEC_K_MAX:
+            raise SettingsError(f"{source}: spec_k must be at most {SPEC_K_MAX} ({n})")
         return n
     if not isinstance(value, str):
         raise SettingsError(f"{source}: {name} must be a string, got {type(value).__name__}")
-    allowed = {"mode": MODES, "theme": THEMES, "decode": DECODES}.get(name)
+    allowed = {"mode": MODES, "theme": THEMES, "decode": DECODES, "speculative": SPECULATIVE}.get(name)
     if allowed is not None and value not in allowed:
         raise SettingsError(f"{source}: {name} must be one of {', '.join(allowed)}; got {value!r}")
     if name == "model":
@@ -141,6 +149,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
         "device": getattr(args, "device", None),
         "mode": getattr(args, "mode", None),
         "theme": getattr(args, "theme", None),
+        "speculative": getattr(args, "speculative", None),
+        "spec_k": getattr(args, "spec_k", None),
     }
 
 
@@ -164,9 +174,38 @@ def load_settings(
         _apply(settings, flags, "flag")
         for name in flags:
             if settings.sources.get(name) == "flag":
-                settings.sources[name] = f"--{name}"
+                settings.sources[name] = f"--{name.replace('_', '-')}"
         settings.dangerously_no_sandbox = bool(getattr(args, "dangerously_no_sandbox", False))
     return settings
+
+
+def spec_k_arg(value: str) -> int:
+    """argparse type of --spec-k: an integer in [1, SPEC_K_MAX]."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--spec-k must be an integer, got {value!r}") from None
+    if not 1 <= n <= SPEC_K_MAX:
+        raise argparse.ArgumentTypeError(f"--spec-k must be in [1, {SPEC_K_MAX}], got {n}")
+    return n
+
+
+def add_speculative_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: bool) -> None:
+    """`--speculative off|ngram` and `--spec-k N`, the same on every entry point (defaults: ngram,
+    7; `default=False` leaves them None so that config.toml and the environment can fill them)."""
+    parser.add_argument(
+        "--speculative",
+        choices=SPECULATIVE,
+        default="ngram" if default else None,
+        help="speculative decoding: ngram (prompt-lookup drafts, the default) or off",
+    )
+    parser.add_argument(
+        "--spec-k",
+        type=spec_k_arg,
+        default=SPEC_K_MAX if default else None,
+        metavar="N",
+        help=f"most draft tokens verified per step (1..{SPEC_K_MAX}, default {SPEC_K_MAX})",
+    )
 
 
 def setting_names() -> list[str]:

@@ -31,6 +31,8 @@ class RuntimeOptions:
     kv_memory_gb: float | None = None  # KV pool size; default: 1 GB on CPU, from utilization on GPU
     max_model_len: int | None = None
     max_prefill_tokens: int | None = None
+    speculative: str = "ngram"  # "off" | "ngram": prompt-lookup drafts verified in the decode step
+    spec_k: int = 7  # most drafts per sequence and step (1..7)
     progress: bool | Callable[[int, int], None] = True  # or callback(done_bytes, total_bytes)
 
 
@@ -153,7 +155,9 @@ def build_runtime(opts: RuntimeOptions) -> Runtime:
     pool = KVPool(
         int(n_pages), cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype
     )
-    eng_opts = EngineOptions(max_model_len=opts.max_model_len)
+    eng_opts = EngineOptions(
+        max_model_len=opts.max_model_len, speculative=opts.speculative, spec_k=opts.spec_k
+    )
     if opts.max_prefill_tokens:
         eng_opts.max_prefill_tokens = opts.max_prefill_tokens
     prefill_fn = None

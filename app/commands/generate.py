@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mkcode.app.settings import DECODES
+from mkcode.app.settings import DECODES, add_speculative_flags
 
 SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 REQUEST_KEYS = {"id", "prompt", "prompt_ids", "messages", "tools", "stop", "ignore_eos", *SAMPLING_FLAGS}
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dtype", default=None, choices=["float32", "bfloat16"], help="default: bf16 on GPU, fp32 on CPU"
     )
     p.add_argument("--decode", default="auto", choices=list(DECODES))
+    add_speculative_flags(p, default=True)
     p.add_argument("--json", action="store_true", help="print JSON instead of streaming text")
     p.set_defaults(func=run)
 
@@ -111,7 +112,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rt = build_runtime(
         RuntimeOptions(
-            model=args.model, device=args.device, dtype=args.dtype, decode=args.decode, progress=not args.json
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            decode=args.decode,
+            progress=not args.json,
+            speculative=args.speculative,
+            spec_k=args.spec_k,
         )
     )
     engine = rt.engine.start()
@@ -160,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
                             "completion_tokens": final.usage.completion_tokens,
                         },
                         "decode_backend": rt.decode_backend,
+                        "speculative": _speculative(rt, final.usage),
                     },
                     ensure_ascii=False,
                 )
@@ -172,6 +180,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         engine.shutdown()
+
+
+def _speculative(rt, usage) -> dict[str, Any]:
+    """The `speculative` object of a --json result: the mode the engine ran and this request's
+    drafted / accepted counts."""
+    engine = rt.engine
+    out: dict[str, Any] = {"mode": engine.speculative, "k": engine.opts.spec_k}
+    if usage is not None and usage.speculative is not None:
+        out.update(usage.speculative.as_dict())
+    else:
+        out.update(
+            verify_steps=0, draft_tokens=0, accepted_tokens=0, acceptance_rate=0.0, tokens_per_verify=0.0
+        )
+    return out
 
 
 def _run_file(rt, engine, requests: list[dict[str, Any]], args: argparse.Namespace) -> int:
@@ -193,7 +215,13 @@ def _run_file(rt, engine, requests: list[dict[str, Any]], args: argparse.Namespa
             rec = {"id": rid, "error": str(s), "token_ids": [], "text": "", "finish_reason": "error"}
         else:
             r = s.result()
-            rec = {"id": rid, "token_ids": r.token_ids, "text": r.text, "finish_reason": r.finish_reason}
+            rec = {
+                "id": rid,
+                "token_ids": r.token_ids,
+                "text": r.text,
+                "finish_reason": r.finish_reason,
+                "speculative": _speculative(rt, r.usage),
+            }
             if r.error:
                 rec["error"] = r.error
                 status = 1

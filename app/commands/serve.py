@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mkcode.app.settings import DECODES
+from mkcode.app.settings import DECODES, add_speculative_flags
 
 DEFAULT_PORT = 8080
 DEFAULT_OUTPUT_TOKENS = 16384
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     p.add_argument("--decode", default="auto", choices=list(DECODES))
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    add_speculative_flags(p, default=True)
     p.add_argument(
         "--tensor-parallel",
         type=int,
@@ -122,6 +123,8 @@ def _runtime_options(args: argparse.Namespace):
         dtype=args.dtype,
         decode=args.decode,
         max_model_len=args.max_model_len,
+        speculative=args.speculative,
+        spec_k=args.spec_k,
     )
 
 

@@ -92,6 +92,7 @@ class EngineMetrics:
     decode_tokens_per_s: float = 0.0
     preemptions: int = 0
     requests_finished: int = 0
+    decode_sequence_steps: int = 0  # (sequence, decode step) pairs; decode_tokens_total / this = tokens a step
     spec_verify_steps: int = 0  # sequence-steps that carried drafts
     spec_draft_tokens: int = 0  # drafts verified
     spec_accepted_tokens: int = 0  # drafts accepted
@@ -459,6 +460,7 @@ class Engine:
         self._sync()
         self._decode_rate.add(emitted, time.perf_counter() - t0)
         self.stats.decode_tokens_total += emitted
+        self.stats.decode_sequence_steps += len(batch)
         return True
 
     def _verify(self, seq: _Seq, drafts: list[int], logits: torch.Tensor, greedy: list[int], r0: int) -> int:

@@ -7,7 +7,16 @@ from dataclasses import fields
 from mkcode.backend.server.state import ServerState
 
 # EngineMetrics fields that only grow; the rest are gauges.
-_COUNTERS = {"prompt_tokens_total", "decode_tokens_total", "preemptions", "requests_finished"}
+_COUNTERS = {
+    "prompt_tokens_total",
+    "decode_tokens_total",
+    "preemptions",
+    "requests_finished",
+    "decode_sequence_steps",
+    "spec_verify_steps",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+}
 _HELP = {
     "running": "sequences admitted (prefilling or decoding)",
     "waiting": "requests queued for admission",
@@ -21,6 +30,10 @@ _HELP = {
     "decode_tokens_per_s": "recent decode throughput",
     "preemptions": "sequences preempted under KV pressure",
     "requests_finished": "requests finished (any reason)",
+    "decode_sequence_steps": "sequence-steps of decode (a speculative verify step counts once)",
+    "spec_verify_steps": "sequence-steps that verified speculative drafts",
+    "spec_draft_tokens": "speculative draft tokens verified",
+    "spec_accepted_tokens": "speculative draft tokens accepted",
 }
 
 
@@ -41,6 +54,9 @@ def prometheus_text(state: ServerState) -> str:
     lines.append("# HELP mkcode_engine_kv_usage share of KV pages in use")
     lines.append("# TYPE mkcode_engine_kv_usage gauge")
     lines.append(f"mkcode_engine_kv_usage {m.kv_usage:g}")
+    lines.append("# HELP mkcode_engine_spec_acceptance_rate share of speculative drafts accepted")
+    lines.append("# TYPE mkcode_engine_spec_acceptance_rate gauge")
+    lines.append(f"mkcode_engine_spec_acceptance_rate {m.spec_acceptance_rate:g}")
     steps = getattr(getattr(state.engine, "backend", None), "steps", None)
     if isinstance(steps, dict):  # a hybrid decode backend: the steps each of its backends ran
         lines.append("# HELP mkcode_engine_decode_steps_total decode steps, by the backend that ran them")

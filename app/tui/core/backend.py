@@ -137,7 +137,12 @@ def _local(settings: Settings, progress: ProgressFn, *, demo: bool) -> Backend:
     try:
         runtime = build_runtime(
             RuntimeOptions(
-                model=model_dir, device=settings.device, decode=settings.decode, progress=weights_progress
+                model=model_dir,
+                device=settings.device,
+                decode=settings.decode,
+                progress=weights_progress,
+                speculative=settings.speculative,
+                spec_k=settings.spec_k,
             )
         )
     except (RuntimeError, ValueError, OSError) as e:
