@@ -59,10 +59,17 @@ def _components(ws: Workspace, path: str) -> tuple[str, list[str]]:
 
 
 def _open_root(ws: Workspace, root: str) -> int:
+    """The root's descriptor; refused if the root is no longer the directory the session began in."""
     try:
-        return os.open(root, DIR_FLAGS)
+        fd = os.open(root, DIR_FLAGS)
     except OSError as e:
         raise PathError(f"cannot open the workspace root {ws.display(root)}: {e.strerror}") from None
+    st = os.fstat(fd)
+    expected = ws.root_ids.get(root)
+    if expected is not None and (st.st_dev, st.st_ino) != expected:
+        os.close(fd)
+        raise PathError(f"the workspace root {ws.display(root)} was replaced by another directory; refused")
+    return fd
 
 
 def _descend(ws: Workspace, root: str, parts: list[str], shown_path: str) -> int:

@@ -98,6 +98,11 @@ class Workspace:
             roots.append(real)
         self.roots: tuple[str, ...] = tuple(roots)
         self._protected = protected
+        # (device, inode) of each root when the session began: fdwalk checks the root it opens.
+        self.root_ids: dict[str, tuple[int, int]] = {}
+        for r in self.roots:
+            st = os.stat(r)
+            self.root_ids[r] = (st.st_dev, st.st_ino)
 
     @property
     def protected(self) -> ProtectedPaths:

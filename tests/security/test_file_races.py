@@ -265,3 +265,17 @@ def test_undo_remove_after_directory_swapped(scene: Scene):
     restore_files(checkpoint)
     assert (scene.home / "homeonly.md").exists()
     scene.home_unchanged()
+
+
+def test_workspace_root_replaced_is_refused(scene: Scene, tmp_path: Path):
+    ws = Workspace(scene.ws)
+    scene.ws.rename(tmp_path / "ws.moved")
+    scene.ws.mkdir()  # a different directory at the same path (the root itself can't be a symlink)
+    (scene.ws / "top.txt").write_text(f"{SECRET}\n")
+    reg = ToolRegistry(ws, mode=PermissionMode("full-auto"), audit=AuditLog())
+    r = reg.execute("read_file", {"path": "top.txt"})
+    assert not r.ok and "was replaced" in r.error and SECRET not in _text_of(r)
+
+
+def _text_of(r) -> str:
+    return r.output + (r.error or "")
