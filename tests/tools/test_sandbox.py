@@ -38,10 +38,12 @@ def test_writes_outside_workspace_are_contained(shell, outside: Path, target: st
     directory = str(outside) if target == "OUTSIDE" else target
     name = f"mkcode-escape-{uuid.uuid4().hex}"
     r = shell(f"echo pwned > {directory}/{name}; echo rc=$?")
-    if target == "/root":  # an empty private tmpfs (deny by default): writable, thrown away after
-        assert "rc=0" in r.output, r.output
-    else:  # read-only everywhere; a directory under the host's /tmp is not even visible
-        assert "Read-only file system" in r.output or "No such file or directory" in r.output, r.output
+    if target == "/root" and os.path.realpath(os.path.expanduser("~")) == "/root":
+        assert "rc=0" in r.output, r.output  # the private, empty home (deny by default), thrown away after
+    else:  # read-only everywhere (Landlock: denied); a directory under the host's /tmp is not even visible
+        assert any(
+            e in r.output for e in ("Read-only file system", "No such file or directory", "Permission denied")
+        ), r.output
         assert "rc=1" in r.output
     assert not os.path.exists(os.path.join(directory, name))
 
@@ -122,8 +124,11 @@ def test_fork_bomb_is_contained(workspace: Workspace):
     t0 = time.monotonic()
     r = reg.execute("run_shell", {"command": "bomb() { bomb | bomb & }; bomb; sleep 1", "timeout": 4})
     assert time.monotonic() - t0 < 10
-    assert not r.ok and "process limit" in (r.error or ""), r
-    assert r.meta["pid_limit_hits"] > 0
+    if jail.limits_processes:
+        assert not r.ok and "process limit" in (r.error or ""), r
+        assert r.meta["pid_limit_hits"] > 0
+    else:  # RLIMIT_NPROC (a non-root user without a writable pids cgroup): forks fail, uncounted
+        assert "Resource temporarily unavailable" in r.output, r
     # The host is fine: it can still start processes, and nothing of the bomb is left.
     assert subprocess.run(["true"], check=False).returncode == 0
     time.sleep(0.2)

@@ -300,9 +300,11 @@ def _hidden_areas(home: str | None) -> list[str]:
     areas = ["/tmp"]
     if _real_dir("/run"):
         areas.append("/run")
-    for h in ("/root", "/home", home):
-        if h and _real_dir(h) and not _inside(h, areas):
+    for h in ("/root", "/home"):
+        if _real_dir(h):
             areas.append(h)
+    if home and home not in areas:  # its own tmpfs: it must exist inside, even below a hidden area
+        areas.append(home)
     return areas
 
 
