@@ -46,6 +46,7 @@ class BackendMetrics:
     kv_usage: float | None = None
     gpu_memory_used_gb: float | None = None
     gpu_memory_total_gb: float | None = None
+    speculative: str | None = None  # "spec 812/1140": drafts accepted / verified (in-process engine)
 
 
 @dataclass
@@ -81,6 +82,8 @@ def runtime_metrics(runtime: Any) -> BackendMetrics:
     """Decode speed and KV use from the engine; GPU memory when the runtime is on CUDA."""
     m = runtime.engine.metrics()
     out = BackendMetrics(decode_tokens_per_s=m.decode_tokens_per_s, kv_usage=m.kv_usage)
+    if getattr(runtime.engine, "speculative", "off") != "off":
+        out.speculative = f"spec {m.spec_accepted_tokens}/{m.spec_draft_tokens}"
     device = getattr(runtime, "device", None)
     if device is not None and getattr(device, "type", "") == "cuda":
         import torch  # already imported by the runtime

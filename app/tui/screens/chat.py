@@ -131,6 +131,7 @@ class ChatScreen(Screen[None]):
                 context_window=self.conv.context_window,
                 gpu_used_gb=m.gpu_memory_used_gb,
                 gpu_total_gb=m.gpu_memory_total_gb,
+                spec=m.speculative or "",
                 busy=self.conv.busy,
                 hint=self._hint,
             )

@@ -20,6 +20,7 @@ class Status:
     gpu_total_gb: float | None = None
     busy: bool = False
     hint: str = ""  # short transient message ("press Ctrl+C again to quit")
+    spec: str = ""  # speculative decoding: "spec accepted/drafted"
 
 
 class StatusBar(Static):
@@ -43,6 +44,7 @@ def render_status(s: Status, width: int) -> Text:
         (0, Text(s.model, style="bold")),
         (4, Text(s.backend)),
         (1, Text(f"{s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else "– tok/s")),
+        (4, Text(s.spec)),
         (2, Text(f"ctx {pct:.0f}%", style="bold red" if pct >= 80 else "")),
         (
             5,

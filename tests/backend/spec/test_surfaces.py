@@ -105,3 +105,16 @@ def test_metrics_export_the_speculative_counters():
     assert "mkcode_engine_spec_accepted_tokens_total 30" in text
     assert "mkcode_engine_spec_verify_steps_total 10" in text
     assert "mkcode_engine_spec_acceptance_rate 0.6" in text
+
+
+def test_tui_status_bar_shows_accepted_over_drafted():
+    from mkcode.app.tui.core.backend import runtime_metrics
+    from mkcode.app.tui.widgets.status_bar import Status, render_status
+
+    m = EngineMetrics(spec_draft_tokens=1140, spec_accepted_tokens=812)
+    rt = SimpleNamespace(engine=SimpleNamespace(metrics=lambda: m, speculative="ngram"), device=None)
+    spec = runtime_metrics(rt).speculative
+    assert spec == "spec 812/1140"
+    assert "spec 812/1140" in render_status(Status(model="m", spec=spec), 200).plain
+    off = SimpleNamespace(engine=SimpleNamespace(metrics=lambda: m, speculative="off"), device=None)
+    assert runtime_metrics(off).speculative is None
