@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import signal
 from typing import Any
 
 from mkcode.tools.result import ToolResult
+from mkcode.tools.sandbox.disk import human_bytes
 from mkcode.tools.sandbox.limits import ShellLimits
 from mkcode.tools.sandbox.runner import ShellOutcome, run_shell_command, sandbox_status
 from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
@@ -94,6 +96,13 @@ def shell_result(outcome: ShellOutcome, timeout: float) -> ToolResult:
         problems.append(f"stopped after writing {p.output_bytes} bytes of output (output flood); killed")
     if p.cancelled:
         problems.append("cancelled by the user; killed")
+    if p.disk is not None and p.disk.exceeded:
+        problems.append(p.disk.describe())
+    elif p.exit_code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ) and outcome.file_limit_bytes:
+        problems.append(
+            f"killed by SIGXFSZ: a file reached the per-file size limit "
+            f"({human_bytes(outcome.file_limit_bytes)}, the disk budget)"
+        )
     if outcome.pid_limit_hits:
         problems.append(
             f"hit the sandbox's process limit ({outcome.pid_limit_hits} forks refused; fork bomb or runaway "
@@ -123,6 +132,8 @@ def shell_result(outcome: ShellOutcome, timeout: float) -> ToolResult:
         "env_removed": list(outcome.env_removed),
         "env_secret_values": list(outcome.env_secret_values),
         "notes": list(outcome.notes),
+        "disk_used_bytes": p.disk.used_bytes if p.disk is not None else None,
+        "disk_budget_bytes": p.disk.budget_bytes if p.disk is not None else None,
     }
     if problems:
         return ToolResult.failure("; ".join(problems), output=output, **meta)

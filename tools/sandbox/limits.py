@@ -1,4 +1,4 @@
-"""Resource limits for one shell command: wall time, output, processes, memory, file size.
+"""Resource limits for one shell command: wall time, output, processes, memory, file size, disk.
 
 Process counts: RLIMIT_NPROC is ignored by the kernel for uid 0, and mkcode (and CI) often run
 as root, so the process cap is a fresh cgroup with `pids.max` (cgroup v1 or v2), created as a
@@ -31,6 +31,17 @@ class ShellLimits:
     max_processes: int = 512
     memory_bytes: int | None = 8 * GIB
     file_size_bytes: int | None = 8 * GIB  # RLIMIT_FSIZE: one runaway file cannot fill the disk
+    # Net growth of the workspace's filesystems while one command runs (disk.DiskWatch), in bytes
+    # and in files (inodes); a single file is also capped at disk_bytes by RLIMIT_FSIZE.
+    disk_bytes: int | None = 2 * GIB
+    disk_files: int | None = 1_000_000
+    tmp_bytes: int | None = 1 * GIB  # size of each tmpfs the sandbox mounts (/tmp, the empty $HOME...)
+
+    @property
+    def file_limit_bytes(self) -> int | None:
+        """RLIMIT_FSIZE: the per-file cap, never above the disk budget."""
+        caps = [c for c in (self.file_size_bytes, self.disk_bytes) if c]
+        return min(caps) if caps else None
 
 
 def _cgroup_mounts() -> tuple[dict[str, tuple[str, str]], tuple[str, str] | None]:
@@ -197,21 +208,30 @@ def wrap_with_limits(
         steps += [
             f"{{ echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))}; }} 2>/dev/null" for d in jail.dirs
         ]
-    prlimit = shutil.which("prlimit")
+    prlimit = trusted_prlimit()
     prefix: list[str] = []
     if prlimit is None:
         notes.append("prlimit (util-linux) not found: file-size and process rlimits not set")
         steps.append("ulimit -c 0 2>/dev/null")
     else:
         prefix = [prlimit, "--core=0"]
-        if limits.file_size_bytes:
-            prefix.append(f"--fsize={_capped(resource.RLIMIT_FSIZE, limits.file_size_bytes)}")
+        if limits.file_limit_bytes:
+            prefix.append(f"--fsize={_capped(resource.RLIMIT_FSIZE, limits.file_limit_bytes)}")
         if os.geteuid() != 0:  # the kernel ignores RLIMIT_NPROC for root
             budget = _user_process_count(os.geteuid()) + limits.max_processes
             prefix.append(f"--nproc={_capped(resource.RLIMIT_NPROC, budget)}")
         prefix.append("--")
     script = "; ".join([*steps, 'exec "$@"'])
     return ["/bin/sh", "-c", script, "mkcode-limits", *prefix, *argv], notes
+
+
+def trusted_prlimit() -> str | None:
+    """prlimit from the system's own directories only. It runs on the host, before the sandbox
+    exists, so one found through $PATH (an activated workspace .venv/bin, say) could be a file a
+    sandboxed command planted there."""
+    system_path = os.pathsep.join([os.confstr("CS_PATH") or "/bin:/usr/bin", "/usr/sbin", "/sbin"])
+    found = shutil.which("prlimit", path=system_path)
+    return os.path.realpath(found) if found else None
 
 
 def _capped(which: int, value: int) -> int:

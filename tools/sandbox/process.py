@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mkcode.tools.sandbox.disk import DiskUse, DiskWatch
+
 # How long to keep reading after the main process exited (background children holding the pipe).
 _DRAIN_GRACE_S = 0.5
 
@@ -27,6 +29,11 @@ class ProcessOutcome:
     flooded: bool  # stopped because it wrote more than the flood limit
     cancelled: bool
     duration_s: float
+    disk: DiskUse | None = None  # what the disk watcher saw; disk.exceeded: stopped by the disk budget
+
+    @property
+    def disk_exceeded(self) -> bool:
+        return self.disk is not None and self.disk.exceeded is not None
 
 
 class _CappedBuffer:
@@ -118,6 +125,7 @@ def run_captured(
     output_chars: int,
     flood_bytes: int,
     cancel: threading.Event | None = None,
+    disk: DiskWatch | None = None,
 ) -> ProcessOutcome:
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout must be a finite number of seconds greater than 0, not {timeout_s!r}")
@@ -133,6 +141,8 @@ def run_captured(
         start_new_session=True,  # its own process group, killed as a whole
         close_fds=True,
     )
+    if disk is not None:
+        disk.start(lambda: _stop_now(proc))
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
@@ -152,6 +162,8 @@ def run_captured(
                 break
             if cancel is not None and cancel.is_set():
                 cancelled = True
+                break
+            if disk is not None and disk.exceeded:
                 break
             wait = min(0.1, max(deadline - now, 0))
             if eof:  # output closed but the process lives on: just wait for it
@@ -173,6 +185,9 @@ def run_captured(
                 break
     killed = not _exited(proc)
     kill_tree(proc)  # before reaping: the pid (and so the process group id) cannot be reused yet
+    disk_use = disk.stop() if disk is not None else None
+    if disk_use is not None and disk_use.exceeded:
+        killed = True  # the watcher's kill, not an exit of its own
     proc.wait()
     proc.stdout.close()
     text, truncated = buf.text()
@@ -185,4 +200,13 @@ def run_captured(
         flooded=flooded,
         cancelled=cancelled,
         duration_s=time.monotonic() - start,
+        disk=disk_use,
     )
+
+
+def _stop_now(proc: subprocess.Popen[bytes]) -> None:
+    """The disk watcher's kill: the process group at once (bwrap with it, and so its whole PID
+    namespace), then every descendant. Runs on the watcher's thread; the pid is not reaped yet."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mkcode.tools.sandbox.bwrap import SandboxCommand, build_command
+from mkcode.tools.sandbox.disk import DiskWatch, cap_tmpfs
 from mkcode.tools.sandbox.env import filter_environment
 from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, wrap_with_limits
 from mkcode.tools.sandbox.probe import SandboxStatus, probe_sandbox
@@ -35,6 +36,7 @@ class ShellOutcome:
     env_removed: tuple[str, ...]
     env_secret_values: tuple[str, ...]  # allowed names dropped because the value looked like a secret
     notes: tuple[str, ...]
+    file_limit_bytes: int | None = None  # RLIMIT_FSIZE the command ran under
 
 
 def _shell() -> list[str]:
@@ -77,6 +79,8 @@ def run_shell_command(
         notes += sandbox_cmd.notes
     else:
         argv = inner
+    if sandboxed:  # every tmpfs the sandbox mounts is memory a command could fill: give each a size
+        argv = cap_tmpfs(argv, status.bwrap, limits.tmp_bytes)
     jail = CgroupJail.create(limits)
     notes += jail.notes
     argv, limit_notes = wrap_with_limits(argv, limits, jail)
@@ -90,6 +94,7 @@ def run_shell_command(
             output_chars=limits.output_chars,
             flood_bytes=limits.flood_bytes,
             cancel=cancel,
+            disk=DiskWatch(roots, limits.disk_bytes, limits.disk_files),
         )
         jail.kill_all()
         hits = jail.pid_limit_hits()
@@ -106,4 +111,5 @@ def run_shell_command(
         env_removed=scrubbed.removed,
         env_secret_values=scrubbed.secret_values,
         notes=tuple(notes),
+        file_limit_bytes=limits.file_limit_bytes,
     )
