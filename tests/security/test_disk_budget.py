@@ -114,6 +114,18 @@ def test_one_big_file_stops_exactly_at_the_budget(ws):
     assert (ws / "one").stat().st_size <= BUDGET
 
 
+def test_file_size_limit_is_reported_in_the_sandbox(ws):
+    # Inside the sandbox too the writer dies of SIGXFSZ (no launcher may leave it ignored), and the
+    # result says why.
+    if not sandbox_status(SandboxSettings(), [str(ws)]).available:
+        pytest.skip("bubblewrap is not usable here")
+    limits = ShellLimits(disk_bytes=BUDGET, file_size_bytes=16 * MiB)
+    reg = ToolRegistry(Workspace(ws), mode=PermissionMode.FULL_AUTO, sandbox=SandboxSettings(limits=limits))
+    r = reg.execute("run_shell", {"command": "dd if=/dev/zero of=one bs=1M count=512 status=none"})
+    assert not r.ok and "SIGXFSZ" in (r.error or "") and "16.0 MiB" in (r.error or ""), r.error
+    assert (ws / "one").stat().st_size == 16 * MiB
+
+
 def test_private_tmp_is_size_capped(ws):
     if not sandbox_status(SandboxSettings(), [str(ws)]).available:
         pytest.skip("bubblewrap is not usable here")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import struct
 import sys
 
@@ -156,6 +157,8 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # the host saw Landlock, so failing here is unexpected: fail closed
         print(f"mkcode sandbox: Landlock could not be applied ({e}); command not run", file=sys.stderr)
         return 126
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; the command must not inherit it
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvp(command[0], command)
     except OSError as e:
