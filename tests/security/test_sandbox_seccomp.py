@@ -33,6 +33,8 @@ def run_filter(prog: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> i
             acc = struct.unpack_from("=I", data, k)[0]
         elif code == seccomp.BPF_RET | seccomp.BPF_K:
             return k
+        elif code == seccomp.BPF_JMP | seccomp.BPF_JA:
+            pc += k
         elif code & 0x07 == seccomp.BPF_JMP:
             op = code & 0xF0
             hit = {seccomp.BPF_JEQ: acc == k, seccomp.BPF_JGE: acc >= k, seccomp.BPF_JSET: bool(acc & k)}[op]
@@ -66,7 +68,10 @@ def test_filter_refuses_every_listed_call(machine: str):
     assert run_filter(prog, nr["ioctl"], audit, (1, seccomp.TIOCLINUX)) == EPERM
     assert run_filter(prog, nr["ioctl"], audit, (1, 0x5401)) == ALLOW  # TCGETS
     assert run_filter(prog, nr["socket"], audit, (socket.AF_UNIX, socket.SOCK_STREAM)) == EPERM
-    assert run_filter(prog, nr["socket"], audit, (socket.AF_INET, socket.SOCK_STREAM)) == ALLOW
+    for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+        assert run_filter(prog, nr["socket"], audit, (family, socket.SOCK_STREAM)) == ALLOW, family
+    for family in (0, 3, socket.AF_PACKET, socket.AF_VSOCK, socket.AF_ALG, 0xFFFFFFFF):
+        assert run_filter(prog, nr["socket"], audit, (family, socket.SOCK_STREAM)) == EPERM, family
     assert run_filter(prog, 0, audit) == ALLOW  # read (x86_64) / io_setup (aarch64)
 
 
@@ -141,6 +146,10 @@ rec('ptrace PTRACE_SEIZE', call(N['ptrace'], 0x4206, child, 0, 0))
 os.kill(child, 9); os.waitpid(child, 0)
 rec('socket AF_UNIX', call(N['socket'], 1, 1, 0))
 rec('socket AF_UNIX datagram', call(N['socket'], 1, 2, 0))
+rec('socket AF_VSOCK', call(N['socket'], 40, 1, 0))
+rec('socket AF_ALG', call(N['socket'], 38, 5, 0))
+out['ok socket AF_INET6'] = [0 if call(N['socket'], 10, 1, 0)[0] > 0 else -1, 0]
+out['ok socket AF_NETLINK'] = [0 if call(N['socket'], 16, 3, 0)[0] > 0 else -1, 0]
 # TIOCSTI needs the terminal to be the caller's controlling terminal (else EPERM regardless).
 rd, wr = os.pipe()
 child = os.fork()
@@ -234,6 +243,8 @@ REFUSED = [
     "ptrace PTRACE_SEIZE",
     "socket AF_UNIX",
     "socket AF_UNIX datagram",
+    "socket AF_VSOCK",
+    "socket AF_ALG",
     "ioctl TIOCSTI",
     "ioctl TIOCLINUX",
 ]
@@ -252,7 +263,16 @@ def test_clone3_answers_enosys_so_libc_falls_back(inside: dict[str, list[int]]):
 
 
 @pytest.mark.parametrize(
-    "name", ["ok ptrace PTRACE_TRACEME", "ok fork", "ok socketpair", "ok tcp loopback", "ok thread"]
+    "name",
+    [
+        "ok ptrace PTRACE_TRACEME",
+        "ok fork",
+        "ok socketpair",
+        "ok tcp loopback",
+        "ok thread",
+        "ok socket AF_INET6",
+        "ok socket AF_NETLINK",
+    ],
 )
 def test_ordinary_calls_still_work(inside: dict[str, list[int]], name: str):
     assert inside[name] == [0, 0], (name, inside[name])

@@ -3,9 +3,12 @@
 A classic-BPF program, assembled here (no library): it refuses the system calls that reach past
 the namespaces and mounts (new namespaces, mounts, kernel keyrings, eBPF, perf, module and kexec
 loading, io_uring, handle-based opens, ptrace attach, terminal input injection) and the creation
-of unix-domain sockets, so no host daemon's socket is reachable whatever its path (socketpair(2)
-stays allowed: pipes between processes of the command). Refused calls fail with EPERM, except
-clone3, which fails with ENOSYS so that libc falls back to clone(2), whose flags the filter reads.
+of sockets outside the families the network namespace confines (AF_INET, AF_INET6, AF_NETLINK):
+no unix-domain socket, so no host daemon's socket is reachable whatever its path or name
+(socketpair(2) stays allowed: pipes between processes of the command), and no AF_VSOCK, which a
+network namespace does not isolate (a VM guest would reach its host). Refused calls fail with
+EPERM, except clone3, which fails with ENOSYS so that libc falls back to clone(2), whose flags the
+filter reads.
 
 Architectures: x86_64 and aarch64. A call made with any other audit architecture (i386 via int
 0x80, x32) kills the process: the syscall numbers below would not mean the same calls.
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 # <linux/filter.h>
 BPF_LD, BPF_JMP, BPF_RET = 0x00, 0x05, 0x06
 BPF_W, BPF_ABS, BPF_K = 0x00, 0x20, 0x00
-BPF_JEQ, BPF_JGE, BPF_JSET = 0x10, 0x30, 0x40
+BPF_JA, BPF_JEQ, BPF_JGE, BPF_JSET = 0x00, 0x10, 0x30, 0x40
 # <linux/seccomp.h>
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
@@ -53,7 +56,9 @@ CLONE_NEW_FLAGS = (
 )
 PTRACE_ATTACH, PTRACE_SEIZE = 16, 0x4206
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
-AF_UNIX = 1
+AF_UNIX, AF_INET, AF_NETLINK, AF_INET6 = 1, 2, 16, 10
+# socket(2) families allowed; everything else (AF_UNIX, AF_VSOCK, AF_ALG, AF_PACKET, ...) refused.
+SOCKET_FAMILIES_ALLOWED = (AF_INET, AF_INET6, AF_NETLINK)
 
 # Syscall numbers: (x86_64, aarch64). Calls added after 5.x share one number on every arch.
 _NUMBERS: dict[str, tuple[int, int]] = {
@@ -129,19 +134,20 @@ DENIED_CALLS = (
 @dataclass(frozen=True)
 class ArgRule:
     """Refuse `call` when the low 32 bits of argument `arg` equal one of `values` (or, with
-    `any_bits`, share a bit with it); otherwise allow it."""
+    `any_bits`, share a bit with it; or, with `allowed`, equal none of those); else allow it."""
 
     call: str
     arg: int
     values: tuple[int, ...] = ()
     any_bits: int = 0
+    allowed: tuple[int, ...] = ()
 
 
 ARG_RULES = (
     ArgRule("clone", 0, any_bits=CLONE_NEW_FLAGS),  # flags: any CLONE_NEW*
     ArgRule("ptrace", 0, values=(PTRACE_ATTACH, PTRACE_SEIZE)),  # TRACEME (strace, gdb run) stays
     ArgRule("ioctl", 1, values=(TIOCSTI, TIOCLINUX)),
-    ArgRule("socket", 0, values=(AF_UNIX,)),
+    ArgRule("socket", 0, allowed=SOCKET_FAMILIES_ALLOWED),
 )
 
 
@@ -186,6 +192,10 @@ def build_filter(machine: str | None = None) -> bytes:
         body = [_ld(_arg_low(rule.arg))]
         if rule.any_bits:
             body += [_insn(BPF_JMP | BPF_JSET | BPF_K, rule.any_bits, 1, 0)]
+        elif rule.allowed:
+            n = len(rule.allowed)  # a match jumps over the JA to ALLOW; no match: JA to EPERM
+            body += [_jeq(v, n - i, 0) for i, v in enumerate(rule.allowed)]
+            body += [_insn(BPF_JMP | BPF_JA, 1)]
         else:
             n = len(rule.values)
             body += [_jeq(v, n - i, 0) for i, v in enumerate(rule.values)]
