@@ -27,6 +27,7 @@ from mkcode.tools.workspace import PathError, Workspace, describe_file_type
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+MAX_DEPTH = 256  # directory levels a walk enters
 
 # Called as race_hook(event, absolute_path) between a check and its use; None outside tests.
 race_hook: Callable[[str, str], None] | None = None
@@ -238,50 +239,61 @@ def walk(
     """Every entry below the checked directory `start`, depth first, sorted by name.
 
     Subdirectories are entered by open(name, O_NOFOLLOW | O_DIRECTORY, dir_fd=parent); symlinks are
-    yielded (kind "symlink") and never followed; secret entries are skipped and counted.
+    yielded (kind "symlink") and never followed; secret entries are skipped and counted. Iterative,
+    holding one descriptor per level, at most MAX_DEPTH levels (deeper directories are counted as
+    unreadable): a hostile tree cannot exhaust the stack or the descriptor table.
     """
     stats = stats if stats is not None else WalkStats()
     secrets_below = SecretFilter.below(ws, start)
     with open_dir(ws, start) as top:
-        yield from _walk_fd(ws, os.dup(top), start, "", skip_dirs, secrets_below, stats)
-
-
-def _walk_fd(
-    ws: Workspace,
-    fd: int,
-    path: str,
-    rel: str,
-    skip_dirs: frozenset[str],
-    secrets_below: SecretFilter,
-    stats: WalkStats,
-) -> Iterator[Entry]:
+        fd = os.dup(top)
+    # One frame per open directory: (fd, absolute path, relative path, remaining entries).
+    stack: list[tuple[int, str, str, Iterator[tuple[str, str]]]] = []
     try:
         try:
-            entries = list_entries(fd)
+            stack.append((fd, start, "", iter(list_entries(fd))))
         except OSError:
+            os.close(fd)
             stats.unreadable += 1
             return
-        for name, kind in entries:
+        while stack:
+            dfd, path, rel, remaining = stack[-1]
+            item = next(remaining, None)
+            if item is None:
+                os.close(dfd)
+                stack.pop()
+                continue
+            name, kind = item
             child = os.path.join(path, name)
             child_rel = f"{rel}/{name}" if rel else name
             if secrets_below.hides(child):
                 stats.secret_skipped += 1
                 continue
-            if kind == "dir":
-                if name in skip_dirs:
-                    continue
-                _race("walk_enter", child)
-                try:
-                    sub = os.open(name, DIR_FLAGS, dir_fd=fd)
-                except OSError:
-                    # Gone, unreadable, or swapped for a symlink since it was listed: not entered.
-                    stats.unreadable += 1
-                    continue
-                yield from _walk_fd(ws, sub, child, child_rel, skip_dirs, secrets_below, stats)
-            else:
-                yield Entry(child_rel, child, name, fd, kind)
+            if kind != "dir":
+                yield Entry(child_rel, child, name, dfd, kind)
+                continue
+            if name in skip_dirs:
+                continue
+            if len(stack) >= MAX_DEPTH:
+                stats.unreadable += 1
+                continue
+            _race("walk_enter", child)
+            try:
+                sub = os.open(name, DIR_FLAGS, dir_fd=dfd)
+            except OSError:
+                # Gone, unreadable, or swapped for a symlink since it was listed: not entered.
+                stats.unreadable += 1
+                continue
+            try:
+                entries = list_entries(sub)
+            except OSError:
+                os.close(sub)
+                stats.unreadable += 1
+                continue
+            stack.append((sub, child, child_rel, iter(entries)))
     finally:
-        os.close(fd)
+        for dfd, *_ in stack:
+            os.close(dfd)
 
 
 def open_entry_file(entry: Entry) -> int | None:

@@ -9,6 +9,7 @@ nothing outside the workspace may be read, listed or created, and the fake home 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -279,3 +280,24 @@ def test_workspace_root_replaced_is_refused(scene: Scene, tmp_path: Path):
 
 def _text_of(r) -> str:
     return r.output + (r.error or "")
+
+
+def test_hostile_deep_tree_does_not_break_the_walk(scene: Scene):
+    """1200 nested directories (what a sandboxed command can make in a second): glob and grep
+    still answer, stopping at fdwalk.MAX_DEPTH levels, and say that they did."""
+    fd = os.open(scene.ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(leaf, b"needle\n")
+        os.close(leaf)
+    finally:
+        os.close(fd)
+    r = scene.run("glob", {"pattern": "**/leaf.txt"})
+    assert r.ok and "could not be read" in r.output
+    g = _python_grep(scene, {"pattern": "needle"})
+    assert g.ok
