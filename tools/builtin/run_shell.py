@@ -25,7 +25,8 @@ class RunShell(Tool):
         "read-only, /tmp is private and empty, there is no network, .git hooks and config are "
         "read-only, and secrets are removed from the environment. No stdin (do not run "
         "interactive programs). timeout: seconds (default 120, max 600); the whole process tree "
-        "is killed when it expires. Long output keeps its beginning and end."
+        "is killed when it expires, or when the command fills the disk past its budget (2 GiB "
+        "written to the workspace by default). Long output keeps its beginning and end."
     )
     parameters = object_schema(
         {
