@@ -5,7 +5,8 @@ are accepted only when they are a JSON object that
   - parses as strict JSON: no NaN / Infinity literals (Python's json accepts them), no number that
     overflows to infinity (`1e999`), nothing nested deeper than MAX_DEPTH, at most MAX_JSON_CHARS;
   - holds only finite numbers, at any depth (JSON Schema cannot say this: NaN compares false with
-    every bound, so `{"timeout": NaN}` passes `exclusiveMinimum`, `maximum` and every range check);
+    every bound, so `{"timeout": NaN}` passes `exclusiveMinimum`, `maximum` and every range check),
+    and only strings that are valid Unicode (no lone surrogates: they cannot become a path or a file);
   - validates against the tool's JSON schema (types, required, enums, lengths, sizes, ranges,
     no unknown properties where the schema closes the object).
 Every refusal is a short message naming the argument and the rule; never a value, never a trace.
@@ -56,19 +57,35 @@ def parse_arguments(text: str) -> Any:
 
 
 def check_finite(value: Any) -> None:
-    """Raise ArgumentError for a NaN or infinite number (or nesting past MAX_DEPTH) anywhere in value."""
+    """Raise ArgumentError for a NaN or infinite number, a string that is not valid Unicode (a lone
+    surrogate, which json.loads accepts from a \\ud800 escape), or nesting past MAX_DEPTH, anywhere."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         item, where, depth = stack.pop()
+        name = where or "the arguments"
         if isinstance(item, float) and not math.isfinite(item):
-            name = where or "the arguments"
             raise ArgumentError(f"{name}: {item!r} is not a finite number; give a finite number")
+        if isinstance(item, str) and not _is_unicode(item):
+            raise ArgumentError(f"{name}: the string holds a lone surrogate (not valid Unicode)")
         if isinstance(item, (dict, list, tuple)):
             if depth >= MAX_DEPTH:
                 raise ArgumentError(f"arguments are nested more than {MAX_DEPTH} levels deep")
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in pairs:
-                stack.append((child, f"{where}.{key}" if where else str(key), depth + 1))
+                if isinstance(key, str) and not _is_unicode(key):
+                    raise ArgumentError(
+                        f"{name}: an argument name holds a lone surrogate (not valid Unicode)"
+                    )
+                label = _short(str(key))
+                stack.append((child, f"{where}.{label}" if where else label, depth + 1))
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _short(text: str) -> str:

@@ -149,6 +149,12 @@ def test_huge_integer_literal_is_a_clear_error(registry, ws):
     )
 
 
+def test_lone_surrogates_are_refused(registry, ws):
+    # json.loads turns "\\ud800" into a str that no path, file or pipe can carry.
+    _refused(registry, ws, '{"command": "' + RUN + ' # \\ud800"}', "lone surrogate")
+    _refused(registry, ws, {"command": RUN, "\udcff": 1}, "lone surrogate")
+
+
 def test_audit_log_of_a_hostile_call_is_strict_json(registry, ws, tmp_path):
     log = tmp_path / "audit.jsonl"
     registry.audit = AuditLog(log)
