@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from mkcode.tools.sandbox.runner import SandboxSettings, run_shell_command, sandbox_status
 
 MAX_STATUS_LINES = 30
-GIT_TIMEOUT_S = 5.0
+GIT_TIMEOUT_S = 3.0
 _MAX_HEAD_BYTES = 512
 _SHA = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 _REF = re.compile(r"ref: refs/heads/([^\x00-\x1f\x7f ~^:?*\[\\]{1,200})")
