@@ -179,21 +179,29 @@ class TerminalStream:
         self._held = ""
 
     def feed(self, chunk: str) -> str:
+        return self.feed_marked(chunk)[0]
+
+    def flush(self) -> str:
+        return self.flush_marked()[0]
+
+    def feed_marked(self, chunk: str) -> tuple[str, list[tuple[int, int]]]:
+        """The safe text `chunk` completes, and the offsets of its markers (see terminal_safe_marked)."""
         buf = self._before + self._held + chunk
         first = len(self._before)
         cut = _stable_end(buf, first)
-        safe, _ = _sanitise(buf, first, cut)
         if cut > first:
             self._before = buf[cut - 1]
         self._held = buf[cut:]
-        return safe
+        return _sanitise(buf, first, cut)
 
-    def flush(self) -> str:
+    def flush_marked(self) -> tuple[str, list[tuple[int, int]]]:
         """Everything held back, the stream being complete."""
-        safe, _ = _sanitise(self._before + self._held, len(self._before), len(self._before + self._held))
-        self._before = self._before if not self._held else self._held[-1]
+        buf = self._before + self._held
+        first = len(self._before)
+        if self._held:
+            self._before = self._held[-1]
         self._held = ""
-        return safe
+        return _sanitise(buf, first, len(buf))
 
 
 def _stable_end(buf: str, first: int) -> int:

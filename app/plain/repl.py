@@ -44,7 +44,14 @@ from mkcode.app.tui.core.history import ShownAssistant, ShownTool, ShownUser, sh
 from mkcode.app.tui.core.mentions import FileIndex, mention_at_cursor
 from mkcode.app.tui.core.prompt_history import PromptHistory
 from mkcode.app.tui.core.sessions import SessionStore
-from mkcode.app.tui.core.toolview import is_shell, output_excerpt, safe_syntax, safe_text, tool_title
+from mkcode.app.tui.core.toolview import (
+    is_shell,
+    marked_text,
+    output_excerpt,
+    safe_syntax,
+    safe_text,
+    tool_title,
+)
 from mkcode.tools import Decision
 from mkcode.tools.text import TerminalStream
 
@@ -173,12 +180,12 @@ class PlainRepl:
         for other in [k for k in self._streams if k != kind]:
             self._flush_stream(other)
         stream, _ = self._streams.setdefault(kind, (TerminalStream(), style))
-        self.console.print(safe_text(stream.feed(delta), style=style), end="")
+        self.console.print(marked_text(stream.feed_marked(delta), style=style), end="")
         self._in_text = True
 
     def _flush_stream(self, kind: str) -> None:
         stream, style = self._streams.pop(kind)
-        self.console.print(safe_text(stream.flush(), style=style), end="")
+        self.console.print(marked_text(stream.flush_marked(), style=style), end="")
 
     def _end_text(self) -> None:
         for kind in list(self._streams):

@@ -266,6 +266,9 @@ async def test_repl_colour_terminal_gets_only_its_own_colour_codes(tmp_path, wor
     text = SGR.sub("", raw)
     assert_clean(text)  # ... and every other escape was the payload's, now shown escaped
     assert_all_visible(text)
+    # The markers stand out (reverse video), in streamed text as in tool output.
+    marked = re.findall(r"\x1b\[([0-9;]*)m(␛|<U\+202E>)", raw)
+    assert len(marked) >= 2 and all("7" in codes.split(";") for codes, _ in marked), marked
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -428,8 +431,11 @@ async def test_tui_streamed_answer_and_reasoning():
         for i in range(0, len(ALL_HOSTILE), 3):
             reasoning.append(OSC_TITLE_ST[i % len(OSC_TITLE_ST) : i % len(OSC_TITLE_ST) + 3])
             answer.add_fragment(ALL_HOSTILE[i : i + 3])
-        await pilot.pause(0.2)
-        streamed = screen_text(pilot.app)
+        for _ in range(100):  # the answer is written on a 50 ms timer: wait for its last piece
+            await pilot.pause(0.05)
+            streamed = screen_text(pilot.app)
+            if "ok<U+E0069>" in streamed:
+                break
         await answer.finish()
         await pilot.pause(0.1)
         final = screen_text(pilot.app)

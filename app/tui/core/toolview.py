@@ -19,7 +19,13 @@ ESCAPE_STYLE = Style(bold=True, reverse=True)  # where a control character was: 
 
 def safe_text(text: str, style: str | Style = "") -> Text:
     """Untrusted text as a rich `Text`: controls escaped (and marked), no markup parsed."""
-    safe, spans = terminal_safe_marked(text)
+    return marked_text(terminal_safe_marked(text), style)
+
+
+def marked_text(marked: tuple[str, list[tuple[int, int]]], style: str | Style = "") -> Text:
+    """Text already made safe (`terminal_safe_marked`, `TerminalStream.feed_marked`) with its
+    markers styled."""
+    safe, spans = marked
     out = Text(safe, style=style)
     for start, end in spans:
         out.stylize(ESCAPE_STYLE, start, end)

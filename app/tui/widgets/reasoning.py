@@ -3,9 +3,11 @@ terminal-safe."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.widgets import Collapsible, Static
 
-from mkcode.app.tui.core.toolview import safe_text
+from mkcode.app.tui.core.toolview import marked_text
+from mkcode.tools.text import TerminalStream
 
 
 class Reasoning(Collapsible):
@@ -23,7 +25,11 @@ class Reasoning(Collapsible):
 
     def __init__(self, text: str = "", *, done: bool = False) -> None:
         self.text = text
-        self._body = Static(safe_text(text))
+        self._safe = TerminalStream()  # made safe piece by piece, not all of it again per delta
+        self._shown = marked_text(self._safe.feed_marked(text))
+        if done:
+            self._shown.append_text(marked_text(self._safe.flush_marked()))
+        self._body = Static(self._shown.copy())
         super().__init__(self._body, title=self._heading(done), collapsed=True)
 
     def _heading(self, done: bool) -> str:
@@ -32,8 +38,14 @@ class Reasoning(Collapsible):
 
     def append(self, fragment: str) -> None:
         self.text += fragment
-        self._body.update(safe_text(self.text))
+        self._show(marked_text(self._safe.feed_marked(fragment)))
         self.title = self._heading(False)
 
     def finish(self) -> None:
+        self._show(marked_text(self._safe.flush_marked()))
         self.title = self._heading(True)
+
+    def _show(self, piece: Text) -> None:
+        if piece.plain:
+            self._shown.append_text(piece)
+            self._body.update(self._shown.copy())
