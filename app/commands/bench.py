@@ -1,4 +1,4 @@
-"""`mkcode bench decode|prefill`: speed figures at the full geometry with random weights made on
+"""`mkcode bench decode|prefill|spec`: speed figures at the full geometry with random weights made on
 the GPU (no checkpoint needed). Writes JSON and a PNG (matplotlib, optional) under --out."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from pathlib import Path
 
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +31,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--hf-reference", action="store_true", help="also time transformers at BS=1, 8K")
     d.add_argument("--out", type=Path, default=Path("docs/perf"))
     d.set_defaults(func=run_decode)
+
+    s = bsub.add_parser(
+        "spec", help="speculative verify-step cost at k = 1..7 and effective tok/s per acceptance rate"
+    )
+    s.add_argument("--ctx", type=_ints, default=[8192, 32768])
+    s.add_argument("--k", type=_ints, default=list(range(1, 8)), help="draft counts (1..7)")
+    s.add_argument("--alpha", type=_floats, default=[0.5, 0.7, 0.9, 1.0], help="per-draft acceptance rates")
+    s.add_argument("--batch", type=_ints, default=[1], help="sequences per step, each with k+1 rows")
+    s.add_argument("--routing", choices=["uniform", "skewed"], default="uniform")
+    s.add_argument("--steps", type=int, default=50, help="timed steps per point (median reported)")
+    s.add_argument("--warmup", type=int, default=5)
+    s.add_argument("--drafter-only", action="store_true", help="only the drafter's CPU cost (no GPU)")
+    s.add_argument("--out", type=Path, default=Path("docs/perf"))
+    s.set_defaults(func=run_spec)
 
     f = bsub.add_parser("prefill", help="GPU prefill tok/s for 1K-32K prompts")
     f.add_argument("--lengths", type=_ints, default=[1024, 4096, 8192, 16384, 32768])
@@ -74,4 +92,32 @@ def run_prefill(args: argparse.Namespace) -> int:
     run_prefill_bench(
         PrefillBenchOptions(lengths=args.lengths, chunk_tokens=args.chunk, repeats=args.repeats, out=args.out)
     )
+    return 0
+
+
+def run_spec(args: argparse.Namespace) -> int:
+    from mkcode.backend.bench.spec import SpecBenchOptions, run_drafter_only, run_spec_bench
+
+    if any(not 1 <= k <= 7 for k in args.k):
+        print("mkcode bench spec: --k values must be in 1..7")
+        return 2
+    if any(not 0 <= a <= 1 for a in args.alpha):
+        print("mkcode bench spec: --alpha values must be in [0, 1]")
+        return 2
+    if args.drafter_only:
+        run_drafter_only()
+        return 0
+    if not _need_cuda():
+        return 2
+    opts = SpecBenchOptions(
+        contexts=args.ctx,
+        ks=args.k,
+        alphas=args.alpha,
+        batches=args.batch,
+        routing=args.routing,
+        steps=args.steps,
+        warmup=args.warmup,
+        out=args.out,
+    )
+    run_spec_bench(opts)
     return 0
