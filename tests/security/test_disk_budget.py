@@ -126,10 +126,11 @@ def test_file_size_limit_is_reported_in_the_sandbox(ws):
     assert (ws / "one").stat().st_size == 16 * MiB
 
 
-def test_private_tmp_is_size_capped(ws):
+@pytest.mark.parametrize("directory", ["/tmp", "/dev/shm"])
+def test_sandbox_memory_filesystems_are_size_capped(ws, directory):
     if not sandbox_status(SandboxSettings(), [str(ws)]).available:
         pytest.skip("bubblewrap is not usable here")
-    outcome = _run(ws, "dd if=/dev/zero of=/tmp/fill bs=1M count=256 2>&1; ls -l /tmp/fill")
+    outcome = _run(ws, f"dd if=/dev/zero of={directory}/fill bs=1M count=256 2>&1; ls -l {directory}/fill")
     out = outcome.process.output
     assert "No space left on device" in out, out
     size = int(out.strip().splitlines()[-1].split()[4])
@@ -167,10 +168,13 @@ def test_cap_tmpfs_sizes_every_tmpfs_and_only_options():
         pytest.skip("no bwrap")
     argv = ["launcher", bwrap, "--bind", "--tmpfs", "/x", "--tmpfs", "/tmp", "--perms", "0700"]
     argv += ["--tmpfs", "/home", "--remount-ro", "/home", "--", "sh", "--tmpfs", "/y"]
+    argv[2:2] = ["--dev", "/dev"]
     out = cap_tmpfs(argv, bwrap, 1000)
-    assert out[:5] == ["launcher", bwrap, "--bind", "--tmpfs", "/x"]  # an operand, not the option
-    assert out.count("--size") == 2
-    assert out[5:9] == ["--size", "1000", "--tmpfs", "/tmp"]
+    assert out[:4] == ["launcher", bwrap, "--dev", "/dev"]
+    assert out[4:8] == ["--size", "1000", "--tmpfs", "/dev/shm"]
+    assert out[8:11] == ["--bind", "--tmpfs", "/x"]  # an operand, not the option
+    assert out.count("--size") == 3
+    assert out[11:15] == ["--size", "1000", "--tmpfs", "/tmp"]
     assert out[-3:] == ["sh", "--tmpfs", "/y"]  # the inner command is untouched
 
 

@@ -175,7 +175,8 @@ def cap_tmpfs(argv: Sequence[str], bwrap: str | None, size_bytes: int | None) ->
     """`argv` with `--size N` before every `--tmpfs` of the bwrap command line in it.
 
     Every tmpfs the sandbox mounts (/tmp, /run, the empty $HOME, ...) is memory the command could
-    fill; bwrap (0.10+) sets a size for the next --tmpfs. Options are read as bwrap reads them, up
+    fill; bwrap (0.10+) sets a size for the next --tmpfs. bwrap's own /dev (--dev) is a tmpfs
+    without a size whose shm/ is writable, so a sized tmpfs is mounted over DEV/shm. Options are read as bwrap reads them, up
     to its `--`, so a path that happens to be spelled `--tmpfs` is never taken for the option.
     """
     out = list(argv)
@@ -190,6 +191,12 @@ def cap_tmpfs(argv: Sequence[str], bwrap: str | None, size_bytes: int | None) ->
         if opt == "--tmpfs":
             out[i:i] = ["--size", str(size_bytes)]
             i += 4  # --size N --tmpfs PATH
+            continue
+        if opt == "--dev" and i + 1 < len(out):
+            # bwrap's /dev is an unsized tmpfs whose shm/ is writable: a sized tmpfs over shm/
+            shm = out[i + 1].rstrip("/") + "/shm"
+            out[i + 2 : i + 2] = ["--size", str(size_bytes), "--tmpfs", shm]
+            i += 6
             continue
         i += 1 + _BWRAP_OPERANDS.get(opt, 0)
     return out
