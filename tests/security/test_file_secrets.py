@@ -18,7 +18,7 @@ import pytest
 from mkcode.app import main_cmd
 from mkcode.tools import AuditLog, PermissionMode, ToolRegistry, Workspace
 from mkcode.tools.builtin.grep import Grep
-from mkcode.tools.protected import _protected_cached, installation_paths
+from mkcode.tools.protected import ProtectedPaths, _protected_cached, installation_paths
 from mkcode.tools.spec import ToolContext
 from mkcode.tools.workspace import broad_workspace_reason
 
@@ -272,3 +272,24 @@ def test_project_folder_does_not_ask(tmp_path: Path, monkeypatch: pytest.MonkeyP
     called: list[object] = []
     monkeypatch.setattr(main_cmd, "_oneshot", lambda *a: called.append(a) or 0)
     assert main_cmd.run(_args(argv=["-p", "x"])) == 0 and called
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("glob", ["{vault,*.txt}", "vault/**", "**", "*"])
+def test_grep_glob_cannot_reinclude_a_secret(tmp_path: Path, engine: str, glob: str):
+    """A secret the sandbox does not know about (only the workspace's list has it), so only the
+    tool's own exclusion protects it: the model's glob must not be able to override it."""
+    ws = tmp_path / "ws"
+    (ws / "vault").mkdir(parents=True)
+    (ws / "vault" / "key.txt").write_text(f"{KEY}\n")
+    (ws / "a.txt").write_text("needle\n")
+    before = snapshot(ws)
+    workspace = Workspace(ws, protected=ProtectedPaths(secret=(str(ws / "vault"),), readonly=()))
+    grep = Grep(use_ripgrep=engine == "ripgrep")
+    if engine == "ripgrep" and grep.ripgrep(workspace) is None:
+        pytest.skip("ripgrep (rg) is not installed")
+    r = grep.prepare(ToolContext(workspace), {"pattern": f"{KEY_RE}|needle", "glob": glob}).run()  # type: ignore[union-attr]
+    assert KEY not in _text(r)
+    if engine == "ripgrep":
+        assert r.meta.get("engine") in ("ripgrep", "python")
+    assert snapshot(ws) == before

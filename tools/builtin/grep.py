@@ -125,11 +125,12 @@ class Grep(Tool):
         argv = [rg, "--no-config", "--line-number", "--no-heading", "--with-filename", "--color=never"]
         argv += [f"--max-columns={MAX_LINE_CHARS}", "--max-columns-preview", "--hidden", "--glob=!.git"]
         argv += [f"--max-filesize={MAX_FILE_BYTES}", f"--max-count={MAX_MATCHES + 1}"]
-        hidden = fdwalk.SecretFilter.below(ws, rp.path)
-        # Anchored globs ('!/x') match relative to rg's working directory, the target's root.
-        argv += [f"--glob=!/{os.path.relpath(p, rp.root)}" for p in sorted(hidden.entries)]
         if glob:
             argv.append(f"--glob={glob}")
+        hidden = fdwalk.SecretFilter.below(ws, rp.path)
+        # Anchored globs ('!/x') match relative to rg's working directory, the target's root. They
+        # come after the model's glob: rg lets a later glob win, and '{.ssh,x}' would re-include.
+        argv += [f"--glob=!/{os.path.relpath(p, rp.root)}" for p in sorted(hidden.entries)]
         argv += ["--regexp", pattern, "--", os.path.relpath(rp.path, rp.root)]
         rg_cmd = " ".join(shlex.quote(a) for a in argv)
         command = f"set -o pipefail; {rg_cmd} 2>/dev/null | head -c {RG_OUTPUT_CAP} | base64 -w0"
