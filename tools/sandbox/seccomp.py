@@ -211,23 +211,26 @@ _lock = threading.Lock()
 _cached: dict[str, str] = {}
 
 
-def filter_file() -> str:
-    """A file holding this machine's filter, written once per process into a private (0700)
-    directory; bwrap reads it through an inherited descriptor. Rewritten if removed."""
+def private_dir() -> str:
+    """A 0700 folder of this process for the filter file and per-command bwrap info files."""
     with _lock:
-        path = _cached.get("path")
-        if path and os.path.isfile(path):
+        d = _cached.get("dir")
+        if d is None or not os.path.isdir(d):
+            d = tempfile.mkdtemp(prefix="mkcode-sandbox-")
+            _cached["dir"] = d
+        return d
+
+
+def filter_file() -> str:
+    """A file holding this machine's filter, written once per process into private_dir(); bwrap
+    reads it through an inherited descriptor. Rewritten if removed."""
+    path = os.path.join(private_dir(), "filter.bpf")
+    with _lock:
+        if _cached.get("filter") == path and os.path.isfile(path):
             return path
         data = build_filter()
-        directory = tempfile.mkdtemp(prefix="mkcode-seccomp-")
-        path = os.path.join(directory, "filter.bpf")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        _cached["path"] = path
+        _cached["filter"] = path
         return path
-
-
-def wrap_with_filter(argv: list[str], fd: int = 3) -> list[str]:
-    """`argv` (a bwrap command line that says `--seccomp {fd}`) run with the filter open on `fd`."""
-    return ["/bin/sh", "-c", f'exec "$@" {fd}< "$0"', filter_file(), *argv]
