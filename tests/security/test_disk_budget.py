@@ -195,6 +195,25 @@ def test_prlimit_planted_on_path_is_not_run(ws, monkeypatch):
     assert not (ws / "pwned").exists()
 
 
+def test_a_filesystem_mounted_inside_the_workspace_is_watched_too(ws):
+    # The workspace bind is recursive: a disk mounted below it is writable from the sandbox.
+    sub = ws / "data"
+    sub.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(sub)]).returncode
+    ):
+        pytest.skip("mounting needs root")
+    try:
+        outcome = _run(
+            ws, "for i in $(seq 64); do head -c 8388608 /dev/zero > data/w$i; done", sandboxed=False
+        )
+        assert outcome.process.disk is not None and outcome.process.disk.exceeded == "bytes"
+        assert _bytes_in(sub) <= BUDGET + TOLERANCE
+    finally:
+        subprocess.run(["umount", "-l", str(sub)], check=False)
+
+
 def test_watcher_stops_a_writer_outside_run_shell(ws):
     """The watcher on its own (no rlimit, no sandbox): a plain process writing 512 MiB is killed."""
     watch = DiskWatch([str(ws)], BUDGET)

@@ -15,6 +15,7 @@ in memory, not on the watched filesystems.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ MIN_SAMPLE_S = 0.002
 MAX_SAMPLE_S = 0.02
 ASSUMED_RATE = 10 * 1024**3  # bytes per second: page-cache writes on a fast machine
 ASSUMED_FILE_RATE = 200_000  # files created per second
+MAX_FILESYSTEMS = 64
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,36 @@ def human_bytes(n: int) -> str:
 
 
 def _filesystems(paths: Sequence[str]) -> list[str]:
-    """One path per distinct filesystem (st_dev) among `paths`."""
+    """One path per distinct filesystem (st_dev) among `paths` and the mounts below them (a
+    workspace bind is recursive: a filesystem mounted inside the workspace is writable too)."""
     seen: dict[int, str] = {}
-    for p in paths:
+    for p in [*paths, *_mounts_below(paths)]:
         try:
             seen.setdefault(os.stat(p).st_dev, p)
         except OSError:
             continue
+        if len(seen) >= MAX_FILESYSTEMS:
+            break
     return list(seen.values())
+
+
+def _mounts_below(paths: Sequence[str]) -> list[str]:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    roots = [os.path.realpath(p).rstrip("/") + "/" for p in paths]
+    found: list[str] = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        # mountinfo escapes space, tab, newline and backslash as octal
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if any(point.startswith(r) for r in roots):
+            found.append(point)
+    return found
 
 
 def _free(path: str) -> tuple[int, int, bool]:
