@@ -53,7 +53,7 @@ from mkcode.app.tui.core.toolview import (
     tool_title,
 )
 from mkcode.tools import Decision
-from mkcode.tools.text import TerminalStream
+from mkcode.tools.text import TerminalStream, terminal_safe
 
 APPROVAL_ANSWERS = {
     "y": Decision.ALLOW_ONCE,
@@ -94,8 +94,8 @@ class MkcodeCompleter(Completer):
             return
         at = mention_at_cursor(before)
         if at is not None:
-            for path in self.files.complete(at):
-                yield Completion(f"@{path}", start_position=-len(at) - 1)
+            for path in self.files.complete(at):  # shown escaped (prompt-toolkit misses bidi)
+                yield Completion(f"@{path}", start_position=-len(at) - 1, display=terminal_safe(f"@{path}"))
 
 
 def key_bindings() -> KeyBindings:

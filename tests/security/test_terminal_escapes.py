@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from prompt_toolkit.application import create_app_session
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
@@ -34,7 +36,7 @@ from mkcode.app.agent.events import (
     ToolCallStarted,
 )
 from mkcode.app.oneshot import OneShotOptions, run_oneshot
-from mkcode.app.plain.repl import PlainRepl, make_prompt_session
+from mkcode.app.plain.repl import MkcodeCompleter, PlainRepl, make_prompt_session
 from mkcode.app.settings import Settings
 from mkcode.app.tui.app import MkcodeApp
 from mkcode.app.tui.core.conversation import Conversation
@@ -361,6 +363,18 @@ async def test_repl_approval_question_shows_a_hostile_reason_escaped(tmp_path, w
         await asyncio.wait_for(repl.ask(ev), timeout=20)
     assert_clean(out.getvalue())
     assert_visible(out.getvalue(), "why ␛]0;pwned title␇")
+
+
+def test_repl_file_name_completion_is_shown_escaped(tmp_path, workspace):
+    name = f"evil\u202egnp.{OSC_TITLE}.py"  # RLO: it would seem to end in ".png"
+    (workspace / name).write_text("")
+    repl, _ = _repl(tmp_path, workspace, [])
+    [completion] = MkcodeCompleter(repl.conv.files).get_completions(
+        Document("look at @evil"), CompleteEvent()
+    )
+    assert completion.text == f"@{name}"  # what is inserted: the real name
+    assert_clean(completion.display_text)
+    assert_visible(completion.display_text, "<U+202E>", "␛]0;pwned title␇")
 
 
 def test_tool_title_is_one_safe_line():
