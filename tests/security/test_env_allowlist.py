@@ -19,7 +19,7 @@ from mkcode.tools.sandbox.env import (
     filter_environment,
     is_secret_value,
 )
-from mkcode.tools.sandbox.runner import run_shell_command, sandbox_status
+from mkcode.tools.sandbox.runner import ShellOutcome, run_shell_command, sandbox_status
 
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjaS1qb2IiLCJwcm9qZWN0IjoibWtjb2RlIn0.c2lnbmF0dXJlLXNpZ25hdHVyZQ"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYZEXAMPLEKEY"
@@ -144,7 +144,9 @@ def ws(tmp_path: Path) -> Path:
     return d
 
 
-def _sandboxed_env(ws: Path, environ: dict[str, str], allow: tuple[str, ...] = ()) -> tuple[str, object]:
+def _sandboxed_env(
+    ws: Path, environ: dict[str, str], allow: tuple[str, ...] = ()
+) -> tuple[str, ShellOutcome]:
     settings = SandboxSettings(env_allow=allow)
     if not sandbox_status(settings, [str(ws)]).available:
         pytest.skip("bubblewrap is not usable here")
@@ -177,8 +179,11 @@ def test_bash_env_from_the_host_is_not_run(ws):
     # BASH_ENV is read by every non-interactive bash before its command: a planted script would run.
     hook = ws / "hook.sh"
     hook.write_text(f"echo pwned > {ws}/pwned\n")
-    _sandboxed_env(ws, {**ORDINARY, "BASH_ENV": str(hook), "ENV": str(hook)}, allow=("BASH_ENV", "ENV"))
+    _, outcome = _sandboxed_env(
+        ws, {**ORDINARY, "BASH_ENV": str(hook), "ENV": str(hook)}, allow=("BASH_ENV", "ENV")
+    )
     assert not (ws / "pwned").exists()
+    assert any("BASH_ENV is never passed" in n for n in outcome.notes)  # the user learns why
 
 
 def test_tool_result_names_the_dropped_variable_never_its_value(ws, monkeypatch):

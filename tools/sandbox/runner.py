@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from mkcode.tools.sandbox.bwrap import SandboxCommand, build_command
 from mkcode.tools.sandbox.disk import DiskWatch, cap_tmpfs
-from mkcode.tools.sandbox.env import filter_environment
+from mkcode.tools.sandbox.env import check_allow_list, filter_environment
 from mkcode.tools.sandbox.limits import CgroupJail, ShellLimits, wrap_with_limits
 from mkcode.tools.sandbox.probe import SandboxStatus, probe_sandbox
 from mkcode.tools.sandbox.process import ProcessOutcome, run_captured
@@ -66,7 +66,7 @@ def run_shell_command(
     env["TMPDIR"] = "/tmp"
     env["MKCODE_SANDBOX"] = "1" if sandboxed else "0"
     inner = [*_shell(), command]
-    notes: list[str] = []
+    notes: list[str] = [f"env_allow: {p}" for p in check_allow_list(settings.env_allow)]
     sandbox_cmd: SandboxCommand | None = None
     if sandboxed:
         status = sandbox_status(settings, roots)
