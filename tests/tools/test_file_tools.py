@@ -102,10 +102,12 @@ def test_non_utf8_file_names(registry: ToolRegistry, ws_dir: Path):
     hit = registry.execute("grep", {"pattern": "needle"})
     assert hit.ok and "bad\\xff\\xfename.txt:1:needle" in hit.output
     _json_safe(hit)
-    # The displayed (escaped) name and the surrogate-escaped name both reach the file.
-    for name in ("bad\\xff\\xfename.txt", os.fsdecode(BAD_NAME)):
-        r = registry.execute("read_file", {"path": name})
-        assert r.ok and "needle" in r.output, r
+    # The displayed (escaped) name reaches the file; a surrogate-escaped string is not valid
+    # Unicode and is refused by the argument check with a clear message.
+    r = registry.execute("read_file", {"path": "bad\\xff\\xfename.txt"})
+    assert r.ok and "needle" in r.output, r
+    r = registry.execute("read_file", {"path": os.fsdecode(BAD_NAME)})
+    assert not r.ok and "surrogate" in (r.error or ""), r
     r = registry.execute(
         "edit_file", {"path": "bad\\xff\\xfename.txt", "old_string": "needle", "new_string": "pin"}
     )
@@ -286,10 +288,10 @@ def test_write_limits(registry: ToolRegistry):
 
 
 def test_write_lone_surrogates(registry: ToolRegistry, ws_dir: Path):
-    r = registry.execute("write_file", {"path": "s.txt", "content": "raw \udcff byte"})
-    assert r.ok and (ws_dir / "s.txt").read_bytes() == b"raw \xff byte"
-    r = registry.execute("write_file", {"path": "s2.txt", "content": "bad \ud800 surrogate"})
-    assert not r.ok and "surrogate" in (r.error or "")
+    for i, content in enumerate(("raw \udcff byte", "bad \ud800 surrogate")):
+        r = registry.execute("write_file", {"path": f"s{i}.txt", "content": content})
+        assert not r.ok and "surrogate" in (r.error or "")
+        assert not (ws_dir / f"s{i}.txt").exists()
 
 
 def test_every_tool_has_a_schema_and_description():
