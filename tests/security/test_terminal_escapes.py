@@ -14,7 +14,6 @@ import io
 import json
 import random
 import re
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -664,7 +663,3 @@ def test_approval_event_in_stream_json_has_no_raw_controls(tmp_path):
     line = json_terminal_safe(json.dumps(ev.to_dict(), ensure_ascii=False))
     assert_clean(line)
     assert json.loads(line)["args"]["command"] == C1_CSI
-
-
-if sys.platform == "win32":  # pragma: no cover
-    pytest.skip("terminal tests assume a POSIX terminal", allow_module_level=True)
