@@ -95,6 +95,7 @@ _NUMBERS: dict[str, tuple[int, int]] = {
     "open_by_handle_at": (304, 265),
     "ioctl": (16, 29),
     "socket": (41, 198),
+    "fallocate": (285, 47),
 }
 _ARCHES = {"x86_64": (AUDIT_ARCH_X86_64, 0), "aarch64": (AUDIT_ARCH_AARCH64, 1)}
 
@@ -129,6 +130,10 @@ DENIED_CALLS = (
     "io_uring_register",
     "open_by_handle_at",
 )
+# Fail with EOPNOTSUPP, as on a filesystem without them: fallocate(2) reserves gigabytes in one
+# call, too fast for the disk budget's sampling; libc's posix_fallocate falls back to writing,
+# which the budget sees.
+UNSUPPORTED_CALLS = ("fallocate",)
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,8 @@ def build_filter(machine: str | None = None) -> bytes:
     prog += [_jeq(nr["clone3"], 0, 1), _ret(SECCOMP_RET_ERRNO | errno.ENOSYS)]
     for name in DENIED_CALLS:
         prog += [_jeq(nr[name], 0, 1), eperm]
+    for name in UNSUPPORTED_CALLS:
+        prog += [_jeq(nr[name], 0, 1), _ret(SECCOMP_RET_ERRNO | errno.EOPNOTSUPP)]
     for rule in ARG_RULES:
         # nr matches: load the argument, test it, then return (each call has one rule at most)
         body = [_ld(_arg_low(rule.arg))]
