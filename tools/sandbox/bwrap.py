@@ -205,28 +205,65 @@ def _real_dir(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path)
 
 
+@dataclass(frozen=True)
+class _ScannedDir:
+    key: tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns of the folder when it was listed
+    subdirs: tuple[str, ...]
+    git: str | None
+
+
+# Folder listings of earlier walks. A folder's ctime changes whenever an entry is created, removed
+# or renamed in it, and no unprivileged process can set a ctime: a listing whose folder still has
+# the same (device, inode, ctime) is still right. Folders changed in the last
+# _FRESH_NS are listed again regardless (ctime granularity is a clock tick).
+_scan_cache: dict[str, _ScannedDir] = {}
+_SCAN_CACHE_MAX = 500_000
+_FRESH_NS = 2_000_000_000
+
+
 def find_git_entries(root: str) -> list[str]:
     """Every `.git` (folder, file or symlink) at or below `root`: a full walk, no depth limit,
-    symlinked folders not followed, nothing below a `.git` entered."""
+    symlinked folders not followed, nothing below a `.git` entered. Unchanged folders are not
+    listed again (one lstat each, see _scan_cache)."""
+    if len(_scan_cache) > _SCAN_CACHE_MAX:
+        _scan_cache.clear()
     found: list[str] = []
     stack = [root]
+    now = time.time_ns()
     while stack:
         directory = stack.pop()
         try:
-            it = os.scandir(directory)
+            st = os.lstat(directory)
         except OSError:
             continue
-        with it:
+        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        scanned = _scan_cache.get(directory)
+        if scanned is None or scanned.key != key or now - st.st_ctime_ns < _FRESH_NS:
+            scanned = _list_dir(directory, key)
+            _scan_cache[directory] = scanned
+        if scanned.git is not None:
+            found.append(scanned.git)
+        stack.extend(scanned.subdirs)
+    return sorted(found)
+
+
+def _list_dir(directory: str, key: tuple[int, int, int]) -> _ScannedDir:
+    subdirs: list[str] = []
+    git: str | None = None
+    try:
+        with os.scandir(directory) as it:
             for entry in it:
                 if entry.name == ".git":
-                    found.append(entry.path)
+                    git = entry.path
                     continue
                 try:
                     if entry.is_dir(follow_symlinks=False) and entry.path not in _WALK_SKIP:
-                        stack.append(entry.path)
+                        subdirs.append(entry.path)
                 except OSError:
                     continue
-    return sorted(found)
+    except OSError:
+        pass
+    return _ScannedDir(key, tuple(subdirs), git)
 
 
 def root_only_entries(tops: Sequence[str] = ROOT_SCANNED) -> list[str]:
