@@ -12,9 +12,9 @@ Only the standard library is imported (the script runs without site-packages); t
 
 from __future__ import annotations
 
+import _signal  # the C module: `signal` would import enum, a few ms per command
 import ctypes
 import os
-import signal
 import struct
 import sys
 
@@ -157,8 +157,8 @@ def main(argv: list[str]) -> int:
     except OSError as e:  # the host saw Landlock, so failing here is unexpected: fail closed
         print(f"mkcode sandbox: Landlock could not be applied ({e}); command not run", file=sys.stderr)
         return 126
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; the command must not inherit it
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # Python ignores these; the command must not inherit it
+        _signal.signal(sig, _signal.SIG_DFL)
     try:
         os.execvp(command[0], command)
     except OSError as e:
