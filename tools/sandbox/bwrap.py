@@ -327,13 +327,18 @@ def _git_targets(entry: str, notes: list[str]) -> list[str]:
     return targets
 
 
-def _proc_and_sys(plan: MountPlan) -> None:
+def _proc_and_sys(plan: MountPlan, host_root: bool) -> None:
     for p in PROC_READONLY:
         if os.path.lexists(p):
             plan.ro(p)
     for p in (*PROC_MASKED, *SYS_MASKED):
-        if os.path.lexists(p) and not os.path.islink(p):
-            plan.mask(p)
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or (not host_root and not st.st_mode & 0o004):
+            continue  # a non-root uid cannot read it anyway: one mount less per command
+        plan.mask(p)
 
 
 def _hidden_areas(home: str | None) -> list[str]:
@@ -374,7 +379,7 @@ def mount_plan(
     roots = [os.path.realpath(r) for r in roots]
 
     plan.args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    _proc_and_sys(plan)
+    _proc_and_sys(plan, host_root)
     hidden = _hidden_areas(home)
     for area in hidden:
         plan.args += ["--tmpfs", area]
@@ -384,9 +389,11 @@ def mount_plan(
         for p in ROOT_HIDDEN:
             if _real_dir(p):
                 plan.mask(p)
-        for p in (*root_only_entries(), *SYSTEM_SECRETS):
-            if os.path.lexists(p) and not os.path.islink(p) and not _inside(p, hidden):
+        masked: list[str] = []
+        for p in dict.fromkeys((*root_only_entries(), *SYSTEM_SECRETS)):
+            if os.path.lexists(p) and not os.path.islink(p) and not _inside(p, [*hidden, *masked]):
                 plan.mask(p)
+                masked.append(p)
 
     # Read-only views back into the hidden areas: toolchains, the user's list, mkcode itself.
     bound_ro: list[str] = []
