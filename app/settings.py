@@ -9,6 +9,8 @@ came from, so the UI can say "model from config.toml" or "endpoint from MKCODE_E
     endpoint_model = "north-mini-code"
     mode = "ask"                         # ask | auto-edit | full-auto
     theme = "dark"                       # dark | light
+    sandbox_env_allow = ["AWS_REGION", "MYAPP_*"]  # more variables for sandboxed commands
+    sandbox_home_allow_ro = ["~/.m2/repository"]  # more of $HOME visible (read-only) in the sandbox
 
 Imports stay light (no torch, no textual): this module is on the `mkcode --help` path.
 """
@@ -46,6 +48,10 @@ ENV_VARS: dict[str, str] = {
 }
 
 
+# List settings: config.toml only (a list has no unambiguous environment spelling).
+LIST_KEYS = ("sandbox_env_allow", "sandbox_home_allow_ro")
+
+
 class SettingsError(ValueError):
     """A bad value in the config file, the environment or the flags; the message names the source."""
 
@@ -65,6 +71,8 @@ class Settings:
     speculative: str = "ngram"  # in-process engine: prompt-lookup drafts (off | ngram)
     spec_k: int = SPEC_K_MAX  # most drafts per step (1..7)
     dangerously_no_sandbox: bool = False  # flag only: never read from a file or the environment
+    sandbox_env_allow: tuple[str, ...] = ()  # variable names (or PREFIX*) passed to sandboxed commands
+    sandbox_home_allow_ro: tuple[str, ...] = ()  # folders under $HOME visible read-only in the sandbox
     sources: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -98,6 +106,16 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Check and convert one value; errors name the field and where it came from."""
+    if name in LIST_KEYS:
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise SettingsError(f"{source}: {name} must be a list of non-empty strings, got {value!r}")
+        if name == "sandbox_env_allow":
+            from mkcode.tools.sandbox.env import check_allow_list
+
+            problems = check_allow_list(value)
+            if problems:
+                raise SettingsError(f"{source}: sandbox_env_allow: {'; '.join(problems)}")
+        return tuple(value)
     if name in ("context_window", "max_tokens", "spec_k"):
         try:
             n = int(value)
@@ -134,7 +152,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SettingsError(f"{path}: not valid TOML ({e})") from None
-    known = set(ENV_VARS)
+    known = set(ENV_VARS) | set(LIST_KEYS)
     unknown = sorted(set(data) - known)
     if unknown:
         raise SettingsError(f"{path}: unknown setting(s) {unknown}; known: {sorted(known)}")

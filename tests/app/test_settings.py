@@ -63,3 +63,17 @@ def test_sandbox_escape_is_a_flag_only(tmp_path):
     s = load_settings(_flags(dangerously_no_sandbox=True), env={}, path=tmp_path / "none.toml")
     assert s.dangerously_no_sandbox
     assert not load_settings(_flags(), env={"MKCODE_DANGEROUSLY_NO_SANDBOX": "1"}).dangerously_no_sandbox
+
+
+def test_sandbox_lists_come_from_the_config_file_and_are_checked(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('sandbox_env_allow = ["AWS_REGION", "MYAPP_*"]\nsandbox_home_allow_ro = ["~/.m2"]\n')
+    s = load_settings(env={}, path=p)
+    assert s.sandbox_env_allow == ("AWS_REGION", "MYAPP_*")
+    assert s.sandbox_home_allow_ro == ("~/.m2",)
+    p.write_text('sandbox_env_allow = ["LD_PRELOAD"]\n')
+    with pytest.raises(SettingsError, match="never passed"):
+        load_settings(env={}, path=p)
+    p.write_text('sandbox_env_allow = "X"\n')
+    with pytest.raises(SettingsError, match="list of non-empty strings"):
+        load_settings(env={}, path=p)

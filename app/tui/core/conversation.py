@@ -90,7 +90,11 @@ class Conversation:
         return self._agent.busy
 
     def _new_agent(self, session: Session | None) -> Agent:
-        sandbox = SandboxSettings(dangerously_no_sandbox=self.settings.dangerously_no_sandbox)
+        sandbox = SandboxSettings(
+            dangerously_no_sandbox=self.settings.dangerously_no_sandbox,
+            env_allow=self.settings.sandbox_env_allow,
+            home_allow_ro=self.settings.sandbox_home_allow_ro,
+        )
         registry = SnapshottingRegistry(Workspace(self.cwd), policy=self.policy, sandbox=sandbox)
         session = session or Session(cwd=str(self.cwd), model=self.backend.model_name)
         return Agent(
