@@ -172,6 +172,8 @@ class MountPlan:
     guarded: list[tuple[str, str | None]] = field(default_factory=list)
     # writable beneath these (workspace roots, the private home): Landlock's allow list
     writable: list[str] = field(default_factory=list)
+    # folders inside writable roots made read-only or masked whole: nothing can be planted there
+    pinned: list[str] = field(default_factory=list)
 
     def ro(self, path: str) -> None:
         self.args += ["--ro-bind", path, path]
@@ -221,10 +223,11 @@ _SCAN_CACHE_MAX = 500_000
 _FRESH_NS = 2_000_000_000
 
 
-def find_git_entries(root: str) -> list[str]:
+def find_git_entries(root: str, skip: frozenset[str] = frozenset()) -> list[str]:
     """Every `.git` (folder, file or symlink) at or below `root`: a full walk, no depth limit,
-    symlinked folders not followed, nothing below a `.git` entered. Unchanged folders are not
-    listed again (one lstat each, see _scan_cache)."""
+    symlinked folders not followed, nothing below a `.git` entered, nor below a folder in `skip`
+    (mounted read-only or masked whole, e.g. a .venv: read-only already, nothing can be planted
+    there). Unchanged folders are not listed again (one lstat each, see _scan_cache)."""
     if len(_scan_cache) > _SCAN_CACHE_MAX:
         _scan_cache.clear()
     found: list[str] = []
@@ -232,6 +235,8 @@ def find_git_entries(root: str) -> list[str]:
     now = time.time_ns()
     while stack:
         directory = stack.pop()
+        if directory in skip:
+            continue
         try:
             st = os.lstat(directory)
         except OSError:
@@ -432,7 +437,7 @@ def mount_plan(
             _protect(plan, p, secret=False, writable=writable_roots)
 
     for root in writable_roots:
-        for entry in find_git_entries(root):
+        for entry in find_git_entries(root, skip=frozenset(plan.pinned)):
             for target in _git_targets(entry, plan.notes):
                 if _inside(target, writable_roots) and not os.path.islink(target):
                     plan.ro(target)
@@ -465,6 +470,10 @@ def _protect(plan: MountPlan, path: str, *, secret: bool, writable: Sequence[str
         plan.mask(path)
     elif in_writable:
         plan.ro(path)
+    else:
+        return
+    if in_writable and os.path.isdir(path):
+        plan.pinned.append(path)
 
 
 def restore_guarded(guarded: Sequence[tuple[str, str | None]]) -> list[str]:
