@@ -137,3 +137,12 @@ def test_shell_plumbing_works(sandbox: SandboxRun, ws: Path):
     )
     for s in ("out", "err", "via-fifo", "shm ok", "hello"):
         assert s in r.output, r.output
+
+
+def test_git_status_works_in_a_worktree(sandbox: SandboxRun, repo: Path):
+    """A worktree's `.git` is a file pointing into the main repository; both stay read-only and
+    git still reads them (a known failure point of other sandboxes)."""
+    subprocess.run(["git", "worktree", "add", "-q", "wt"], cwd=repo, check=True, capture_output=True)
+    (repo / "wt" / "hello.txt").write_text("hello\nin worktree\n")
+    r = sandbox("cd wt && git status --short && git diff --stat && git log --oneline | head -1", repo)
+    assert r.exit_code == 0 and " M hello.txt" in r.output and "first commit" in r.output, r.output
