@@ -369,6 +369,16 @@ def _allowed_home_dirs(home: str | None, home_allow_ro: Sequence[str]) -> list[s
     return [os.path.realpath(p) for p in found if os.path.exists(p)]
 
 
+def _home_command_dirs(home: str, env: Mapping[str, str]) -> list[str]:
+    """PATH entries below $HOME (present or not) and the toolchains' folders that exist: what
+    the host's shell runs commands from."""
+    found = [p for p in (os.path.join(home, rel) for rel in HOME_TOOLCHAINS) if os.path.lexists(p)]
+    for entry in env.get("PATH", "").split(":"):
+        if os.path.isabs(entry) and _under(os.path.normpath(entry), home) and os.path.normpath(entry) != home:
+            found.append(os.path.normpath(entry))
+    return list(dict.fromkeys(found))
+
+
 def mount_plan(
     roots: Sequence[str],
     bwrap: str | None = None,
@@ -435,17 +445,27 @@ def mount_plan(
     for p in prot.readonly:
         if _inside(p, writable_roots):
             _protect(plan, p, secret=False, writable=writable_roots)
+    # With the workspace at (or above) $HOME, the folders the host's shell runs commands from
+    # (PATH entries below $HOME, toolchains' bin folders) are read-only too, or guarded if absent.
+    home_roots = [r for r in writable_roots if home and _under(home, r)]
+    if home_roots:
+        for p in _home_command_dirs(home, env):
+            if _inside(p, home_roots):
+                _protect(plan, p, secret=False, writable=writable_roots)
 
     for root in writable_roots:
+        mk = os.path.join(root, ".mkcode")
+        if _real_dir(mk):
+            plan.ro(mk)
+            plan.pinned.append(mk)
+        elif os.path.islink(mk) or not os.path.lexists(mk):  # cannot be pinned: guarded instead
+            plan.guarded.append((mk, os.readlink(mk) if os.path.islink(mk) else None))
         for entry in find_git_entries(root, skip=frozenset(plan.pinned)):
             for target in _git_targets(entry, plan.notes):
                 if _inside(target, writable_roots) and not os.path.islink(target):
                     plan.ro(target)
             if os.path.islink(entry):
                 plan.guarded.append((entry, os.readlink(entry)))
-        mk = os.path.join(root, ".mkcode")
-        if _real_dir(mk):
-            plan.ro(mk)
     if bwrap is not None and _inside(bwrap, writable_roots):
         plan.ro(bwrap)
     return plan
