@@ -120,3 +120,32 @@ def test_scrub_environment_keeps_ordinary_variables():
     clean, removed = scrub_environment(env)
     assert clean == {"PATH": "/bin", "LANG": "C.UTF-8", "HOME": "/root"}
     assert removed == ["AWS_SECRET_ACCESS_KEY", "NPM_TOKEN"]
+
+
+def test_bwrap_planted_in_the_workspace_is_not_preferred(tmp_path: Path, monkeypatch):
+    from mkcode.tools.sandbox import locate
+
+    ws = tmp_path / "ws"
+    planted = ws / "bin" / "bwrap"
+    planted.parent.mkdir(parents=True)
+    planted.write_text('#!/bin/sh\nexec "$@"\n')  # would run the command unsandboxed
+    planted.chmod(0o755)
+    real = tmp_path / "sys" / "bwrap"
+    real.parent.mkdir()
+    real.write_text("#!/bin/sh\n")
+    real.chmod(0o755)
+    monkeypatch.setattr(locate, "_candidates", lambda explicit: [str(planted), str(real)])
+    assert locate.find_bwrap(None, [str(ws)])[0] == str(real)
+    monkeypatch.setattr(locate, "installation_paths", lambda: (str(ws / "bin"),))
+    assert locate.find_bwrap(None, [str(ws)]) == (str(planted), [])  # read-only in the sandbox
+
+
+def test_probe_names_the_layers_and_a_missing_landlock():
+    from mkcode.tools.sandbox.probe import SandboxStatus, describe_layers
+
+    without = describe_layers(0)
+    assert any(line.startswith("landlock: not offered by this kernel") for line in without)
+    assert any(line.startswith("seccomp: filter for") for line in without)
+    assert "scoped" in describe_layers(6)[-1] and "scoped" not in describe_layers(5)[-1]
+    text = SandboxStatus(True, "/usr/bin/bwrap", layers=without).explain()
+    assert "landlock: not offered" in text and "namespaces: user (uid" in text

