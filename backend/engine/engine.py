@@ -51,6 +51,9 @@ from mkcode.backend.model.reference import ReferenceModel, Segment
 from mkcode.backend.sampling import sample_token
 from mkcode.backend.spec.acceptance import accept_drafts
 from mkcode.backend.spec.drafter import MAX_DRAFTS, AdaptiveK, Drafter, DrafterConfig, NgramDrafter
+from mkcode.backend.spec.policy import choose_draft_counts
+
+PROBE_EVERY = 8  # a sequence whose drafts the cost policy declined this often verifies one anyway
 
 SPECULATIVE_MODES = ("off", "ngram")
 
@@ -92,7 +95,9 @@ class EngineMetrics:
     decode_tokens_per_s: float = 0.0
     preemptions: int = 0
     requests_finished: int = 0
-    decode_sequence_steps: int = 0  # (sequence, decode step) pairs; decode_tokens_total / this = tokens a step
+    decode_sequence_steps: int = (
+        0  # (sequence, decode step) pairs; decode_tokens_total / this = tokens a step
+    )
     spec_verify_steps: int = 0  # sequence-steps that carried drafts
     spec_draft_tokens: int = 0  # drafts verified
     spec_accepted_tokens: int = 0  # drafts accepted
@@ -200,6 +205,8 @@ class Engine:
         self.stats = EngineMetrics(kv_pages_total=pool.num_pages, kv_tokens_capacity=pool.tokens_capacity)
         self._worst_case_pages_checked = self._worst_case_pages(self.max_model_len)
         self.speculative = self.opts.speculative
+        # relative step time by rows, when the backend knows it (None: rows cost about the same)
+        self._row_cost: Callable[[int], float] | None = getattr(decode_backend, "row_cost", None)
         if self.speculative != "off" and not getattr(decode_backend, "verify_rows", False):
             name = getattr(decode_backend, "name", type(decode_backend).__name__)
             self.speculative = "off"
@@ -400,17 +407,31 @@ class Engine:
         if seq.drafter is None or seq.spec_k is None:
             return []
         room = min(seq.max_new - seq.generated - 1, self.max_model_len - len(seq.tokens))
-        k = min(seq.spec_k.k, room, self.backend.max_batch - 1)
+        # with a cost model the policy picks the count; without one, the adaptive k
+        k = seq.spec_k.k_max if self._row_cost is not None else seq.spec_k.k
+        k = min(k, room, self.backend.max_batch - 1)
         return seq.drafter.propose(seq.tokens, k) if k > 0 else []
 
     def _fit_rows(self, plan: list[tuple[_Seq, list[int]]]) -> None:
         """Trim drafts so that the step stays one backend call: no drafts when the sequences alone
-        fill more than one call, else the longest draft lists lose a token until the rows fit."""
+        fill more than one call; where the backend gives its step time by rows (`row_cost`), the
+        counts that maximise expected tokens per step time (backend.spec.policy), with one draft
+        verified now and then for a sequence whose drafts keep being declined; else the longest
+        draft lists lose a token until the rows fit."""
         limit = self.backend.max_batch
         if len(plan) > limit:
             for _, drafts in plan:
                 drafts.clear()
             return
+        if self._row_cost is not None and any(d for _, d in plan):
+            alphas = [s.spec_k.alpha if s.spec_k is not None else 0.0 for s, _ in plan]
+            counts = choose_draft_counts(alphas, [len(d) for _, d in plan], self._row_cost, limit)
+            for (seq, drafts), n in zip(plan, counts):
+                if drafts and n == 0 and seq.spec_k is not None:
+                    seq.spec_k.skipped += 1
+                    if seq.spec_k.skipped >= PROBE_EVERY:
+                        seq.spec_k.skipped, n = 0, 1
+                del drafts[n:]
         rows = sum(1 + len(d) for _, d in plan)
         while rows > limit:
             longest = max(plan, key=lambda p: len(p[1]))[1]

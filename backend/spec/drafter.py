@@ -103,17 +103,32 @@ class NgramDrafter:
 
 
 class AdaptiveK:
-    """Drafts to ask for next: one more than the recent mean accepted run (an exponential moving
-    average over verify steps), between 1 and `k_max`. A step that accepted every draft counts as
-    a run one longer than its drafts (it might have gone on), so full acceptance grows k by about
-    one a step; a rejection at the first draft halves the average."""
+    """A sequence's recent acceptance, two ways.
 
-    def __init__(self, k_max: int, decay: float = 0.5):
+    `k`: drafts to ask for next where step time hardly depends on rows: one more than the recent
+    mean accepted run (an exponential moving average over verify steps), between 1 and `k_max`. A
+    step that accepted every draft counts as a run one longer than its drafts (it might have gone
+    on), so full acceptance grows k by about one a step; a rejection at the first draft halves the
+    average.
+
+    `alpha`: the per-draft acceptance probability (accepted drafts over accepted drafts plus
+    rejections, moving averages), for `policy.choose_draft_counts` where the backend's step time
+    depends on its rows. Optimistic at the start (0.8). `skipped` counts steps whose drafts the
+    policy declined, so the engine can verify one now and then and let alpha recover."""
+
+    def __init__(self, k_max: int, decay: float = 0.5, alpha_decay: float = 0.7):
         if not 1 <= k_max <= MAX_DRAFTS:
             raise ValueError(f"k must be in [1, {MAX_DRAFTS}], got {k_max}")
         self.k_max = k_max
         self.decay = decay
         self.mean_run = float(k_max)  # optimistic start: the first match gets every draft
+        self.alpha_decay = alpha_decay
+        self._hits, self._trials = 4.0, 5.0
+        self.skipped = 0
+
+    @property
+    def alpha(self) -> float:
+        return self._hits / self._trials
 
     @property
     def k(self) -> int:
@@ -124,3 +139,5 @@ class AdaptiveK:
             return
         run = accepted + 1 if accepted == drafted else accepted
         self.mean_run = self.decay * self.mean_run + (1 - self.decay) * run
+        self._hits = self.alpha_decay * self._hits + accepted
+        self._trials = self.alpha_decay * self._trials + accepted + (accepted < drafted)
