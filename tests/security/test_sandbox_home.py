@@ -378,3 +378,47 @@ def test_mkcode_settings_planted_in_a_workspace_are_moved_away(sandbox: SandboxR
     r = sandbox("mkdir .mkcode && echo \"mode = 'full-auto'\" > .mkcode/settings.toml && echo PLANTED", ws)
     assert "PLANTED" in r.output
     assert not (ws / ".mkcode").exists()
+
+
+def test_symlinked_config_folder_cannot_be_repointed(sandbox: SandboxRun, fake_home: Path):
+    """~/.config is a symlink into a dotfiles folder: re-pointing it at a planted folder with a
+    git config would reach the host's next git command. The link is put back."""
+    (fake_home / "dotfiles" / "config" / "git").mkdir(parents=True)
+    (fake_home / "dotfiles" / "config" / "git" / "config").write_text("[user]\n\tname = me\n")
+    (fake_home / ".config" / "mkcode" / "config.toml").unlink()
+    (fake_home / ".config" / "mkcode").rmdir()
+    (fake_home / ".config").rmdir()
+    (fake_home / ".config").symlink_to("dotfiles/config")
+    before = _snapshot(fake_home)
+    r = sandbox(
+        "echo '[core] fsmonitor = evil' >> ~/.config/git/config; echo rc=$?;"
+        "mkdir -p evil/git && echo '[core] fsmonitor = evil' > evil/git/config && rm ~/.config && "
+        "ln -s evil ~/.config && echo RELINKED",
+        fake_home,
+        home=fake_home,
+    )
+    assert "rc=1" in r.output, r.output
+    assert os.readlink(fake_home / ".config") == "dotfiles/config"
+    assert (fake_home / "dotfiles" / "config" / "git" / "config").read_text() == "[user]\n\tname = me\n"
+    after = {
+        k: v for k, v in _snapshot(fake_home).items() if ".mkcode-quarantine-" not in k and "/evil" not in k
+    }
+    assert after == before
+
+
+def test_private_filter_folder_is_masked_when_inside_the_workspace(
+    sandbox: SandboxRun, ws: Path, monkeypatch
+):
+    """A workspace containing mkcode's private folder (say the workspace is the temp folder) must
+    not reach the seccomp filter file the next command loads."""
+    from mkcode.tools.sandbox import seccomp
+
+    private = ws / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setitem(seccomp._cached, "dir", str(private))
+    monkeypatch.delitem(seccomp._cached, "filter", raising=False)
+    before = Path(seccomp.filter_file()).read_bytes()
+    r = sandbox("ls -A private; echo LISTED; : > private/filter.bpf; echo rc=$?", ws)
+    assert r.output.startswith("LISTED"), r.output  # an empty folder inside
+    assert "rc=1" in r.output, r.output
+    assert Path(seccomp.filter_file()).read_bytes() == before

@@ -468,11 +468,35 @@ def mount_plan(
                 plan.guarded.append((entry, os.readlink(entry)))
     if bwrap is not None and _inside(bwrap, writable_roots):
         plan.ro(bwrap)
+    private = seccomp.private_dir()  # the filter the next command loads: never reachable inside
+    if _inside(private, writable_roots):
+        plan.mask(private)
     return plan
+
+
+def _symlinked_ancestors(path: str, roots: Sequence[str]) -> list[str]:
+    """Symlinks among `path`'s folders below the writable root holding it: re-pointing one
+    would swap what `path` names on the host, so each is guarded."""
+    root = max((r for r in roots if _under(path, r)), key=len, default=None)
+    if root is None:
+        return []
+    found: list[str] = []
+    current = root
+    for part in os.path.relpath(os.path.dirname(path), root).split(os.sep):
+        if part in ("", "."):
+            continue
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            found.append(current)
+    return found
 
 
 def _protect(plan: MountPlan, path: str, *, secret: bool, writable: Sequence[str]) -> None:
     in_writable = _inside(path, writable)
+    if in_writable:
+        for link in _symlinked_ancestors(path, writable):
+            if not any(g[0] == link for g in plan.guarded):
+                plan.guarded.append((link, os.readlink(link)))
     if os.path.islink(path):
         target = os.path.realpath(path)
         if in_writable:
