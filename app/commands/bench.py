@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--steps", type=int, default=50, help="timed steps per point (median reported)")
     s.add_argument("--warmup", type=int, default=5)
     s.add_argument("--drafter-only", action="store_true", help="only the drafter's CPU cost (no GPU)")
+    s.add_argument(
+        "--engine-tokens", type=int, default=0, help="also time the engine end to end at BS 1 for N tokens"
+    )
     s.add_argument("--out", type=Path, default=Path("docs/perf"))
     s.set_defaults(func=run_spec)
 
@@ -118,6 +121,7 @@ def run_spec(args: argparse.Namespace) -> int:
         steps=args.steps,
         warmup=args.warmup,
         out=args.out,
+        engine_tokens=args.engine_tokens,
     )
     run_spec_bench(opts)
     return 0

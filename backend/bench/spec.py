@@ -42,6 +42,7 @@ class SpecBenchOptions:
     config: ModelConfig | None = None
     seed: int = 0
     device: str = "cuda"  # "cpu": the graph backend's torch twins, timed on the host (tests only)
+    engine_tokens: int = 0  # > 0: also time the engine end to end (BS 1, greedy) for this many tokens
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -200,6 +201,10 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
                 f"B={nb} ctx={ctx:<6} k={k} rows={nb * rows:<2} {ms:7.3f} ms ({r['cost_vs_plain']:.3f}x plain) "
                 f"{r['pct_sol']:5.1f}% SOL  {effs}"
             )
+    engine_runs = []
+    if opts.engine_tokens > 0:
+        for ctx in opts.contexts:
+            engine_runs.append(engine_speeds(model, backend, ctx, opts.engine_tokens, opts.seed, log))
     report = {
         "kind": "spec",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -212,6 +217,7 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
         "config": cfg.to_dict(),
         "results": results,
         "drafter": [drafter_cost(c) for c in (1024, 32768, 131072)],
+        "engine": engine_runs,
     }
     for d in report["drafter"]:
         log(_drafter_line(d))
@@ -219,6 +225,78 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
         opts.out.mkdir(parents=True, exist_ok=True)
         (opts.out / "spec.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def engine_speeds(model, backend, ctx: int, new_tokens: int, seed: int, log=print) -> dict:
+    """The engine end to end at BS 1 (greedy, random prompt of `ctx` tokens): decode tok/s without
+    speculation, with the n-gram drafter, and with an oracle drafter (the plain run's own tokens:
+    every draft accepted), timed from the first decode step to the last (host work included)."""
+    from mkcode.backend.bench.spec_workload import OracleDrafter
+    from mkcode.backend.engine.engine import Engine, EngineOptions
+    from mkcode.backend.engine.request import GenerationRequest
+    from mkcode.backend.kv.layout import pages_for
+    from mkcode.backend.kv.pool import KVPool
+    from mkcode.backend.sampling import SamplingParams
+
+    cfg, dev = model.cfg, model.device
+    prefill = None
+    if dev.type == "cuda":
+        from mkcode.backend.gpu.prefill import GpuPrefill
+
+        prefill = GpuPrefill(model)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
+    pages = cfg.num_hidden_layers * (pages_for(ctx + new_tokens + MAX_DRAFTS) + 1)
+    pool = KVPool(
+        pages, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, device=dev, dtype=model.dtype
+    )
+    out: dict = {"context": ctx}
+    plain: list[int] = []
+    for mode in ("off", "ngram", "oracle"):
+        factory = (lambda _r, p=plain: OracleDrafter(ctx, p)) if mode == "oracle" else None
+        engine = Engine(
+            model,
+            pool,
+            backend,
+            options=EngineOptions(
+                speculative="off" if mode == "off" else "ngram",
+                max_prefill_tokens=ctx,
+                enable_prefix_cache=False,
+            ),
+            prefill_fn=prefill,
+            drafter_factory=factory,
+        )
+        sp = SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)
+        stream = engine.submit(GenerationRequest(list(prompt), sp))
+        while not (engine._running and engine._running[0].decode_ready):
+            engine.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        while engine.has_work():
+            engine.step()
+        dt = time.perf_counter() - t0
+        toks = stream.result().token_ids
+        if mode == "off":
+            plain = toks
+        st = engine.stats
+        out[mode] = {
+            "tokens": len(toks) - 1,
+            "seconds": dt,
+            "tok_per_s": (len(toks) - 1) / dt,
+            "same_tokens": toks == plain,
+            "verify_steps": st.spec_verify_steps,
+            "draft_tokens": st.spec_draft_tokens,
+            "accepted_tokens": st.spec_accepted_tokens,
+            "sequence_steps": st.decode_sequence_steps,
+        }
+        r = out[mode]
+        log(
+            f"engine ctx={ctx} {mode:>6}: {r['tok_per_s']:7.1f} tok/s ({r['tokens']} tokens in "
+            f"{r['sequence_steps']} steps; {r['accepted_tokens']}/{r['draft_tokens']} drafts accepted; "
+            f"same tokens as plain: {r['same_tokens']})"
+        )
+    return out
 
 
 def _time_host(fn, steps: int, warmup: int) -> list[float]:

@@ -78,6 +78,8 @@ class HybridDecodeBackend:
         self.max_batch = large.max_batch  # batches from `split` rows on go to `large`
         # several rows of one sequence (a speculative verify step) go to a backend that runs them
         self.verify_rows = bool(getattr(large, "verify_rows", False))
+        # steps of several rows run on `large`: its step time by rows stands for the hybrid's
+        self.row_cost = getattr(large, "row_cost", None)
         self.steps = {small.name: 0, large.name: 0}  # steps each backend ran (diagnostics)
 
     def backend_for(self, rows: int, longest_position: int) -> DecodeBackend:

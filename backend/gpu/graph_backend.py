@@ -37,6 +37,11 @@ from mkcode.backend.kv.layout import NO_PAGE, pages_for
 from mkcode.backend.model.reference import ReferenceModel
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
+# A step's time by bucket, relative to one row (the engine's speculation policy weighs drafts with
+# it: backend.spec.policy). H200, 8K context, random weights, uniform routing: 1-8 rows from
+# `mkcode bench decode` (docs/PERF.md: 3.218 / 3.948 / 5.702 / 8.179 ms); 16 and 32 rows pending
+# their measurement (extrapolated).
+ROW_COST = {1: 1.0, 2: 1.227, 4: 1.772, 8: 2.542, 16: 3.6, 32: 5.0}
 
 
 def bucket_for(batch: int) -> int:
@@ -187,6 +192,10 @@ class GraphDecodeBackend:
             self.logits[:bb].mul_(cfg.logit_scale)
 
     # ---- the DecodeBackend interface ------------------------------------------------------
+
+    def row_cost(self, rows: int) -> float:
+        """Relative time of a step of `rows` rows (its bucket's, ROW_COST)."""
+        return ROW_COST[bucket_for(rows)]
 
     def _load_inputs(self, batch: DecodeBatch, bb: int) -> None:
         B = batch.size

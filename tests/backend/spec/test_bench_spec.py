@@ -57,6 +57,7 @@ def test_bench_runs_on_the_graph_twins():
                 warmup=0,
                 config=reduced_config(2),
                 device="cpu",
+                engine_tokens=24,
             ),
             log=lambda _s: None,
         )
@@ -77,6 +78,10 @@ def test_bench_runs_on_the_graph_twins():
         assert full["tokens_per_step"] == r["k"] + 1
         assert abs(full["pct_of_plain"] - 100 * (r["k"] + 1) / r["cost_vs_plain"]) < 1e-6
     assert [d["context"] for d in rep["drafter"]] == [1024, 32768, 131072]
+    eng = rep["engine"][0]
+    assert eng["off"]["tokens"] == 24 and eng["off"]["verify_steps"] == 0
+    assert eng["oracle"]["same_tokens"] and eng["ngram"]["same_tokens"]
+    assert eng["oracle"]["accepted_tokens"] == eng["oracle"]["draft_tokens"] > 0
 
 
 def test_command_checks_and_drafter_only(capsys):
