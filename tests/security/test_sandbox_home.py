@@ -422,3 +422,21 @@ def test_private_filter_folder_is_masked_when_inside_the_workspace(
     assert r.output.startswith("LISTED"), r.output  # an empty folder inside
     assert "rc=1" in r.output, r.output
     assert Path(seccomp.filter_file()).read_bytes() == before
+
+
+def test_repo_in_another_users_private_folder_does_not_break_the_sandbox(sandbox: SandboxRun, ws: Path):
+    """As root, the host walk finds a .git the sandbox cannot reach (another owner's 0700 folder):
+    it is left out of the mounts, the command runs, and the repository stays unreachable."""
+    from .conftest import IS_ROOT
+
+    if not IS_ROOT:
+        pytest.skip("only root can create another user's folder here")
+    private = ws / "other-user"
+    (private / "repo" / ".git").mkdir(parents=True)
+    (private / "repo" / ".git" / "config").write_text("[core]\n")
+    for p in (private, private / "repo", private / "repo" / ".git", private / "repo" / ".git" / "config"):
+        os.chown(p, 65534, 65534)
+    private.chmod(0o700)
+    r = sandbox("echo RAN; echo evil >> other-user/repo/.git/config; echo rc=$?", ws)
+    assert "RAN" in r.output and "rc=1" in r.output, r.output
+    assert (private / "repo" / ".git" / "config").read_text() == "[core]\n"

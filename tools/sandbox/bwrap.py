@@ -462,7 +462,11 @@ def mount_plan(
             plan.guarded.append((mk, os.readlink(mk) if os.path.islink(mk) else None))
         for entry in find_git_entries(root, skip=frozenset(plan.pinned)):
             for target in _git_targets(entry, plan.notes):
-                if _inside(target, writable_roots) and not os.path.islink(target):
+                if (
+                    _inside(target, writable_roots)
+                    and not os.path.islink(target)
+                    and reachable_inside(target)
+                ):
                     plan.ro(target)
             if os.path.islink(entry):
                 plan.guarded.append((entry, os.readlink(entry)))
@@ -472,6 +476,34 @@ def mount_plan(
     if _inside(private, writable_roots):
         plan.mask(private)
     return plan
+
+
+def reachable_inside(path: str) -> bool:
+    """Can the sandboxed command reach `path` at all (search every folder above it)?
+
+    As host root it keeps uid 0 for permission checks but has no capability over files of other
+    owners (their uids are not mapped in its namespace): only owner bits of root's folders, group
+    bits of gid 0's and the others' bits apply. bubblewrap itself cannot mount what its sandbox
+    cannot reach (it fails), and what cannot be reached needs no protection. A non-root caller's
+    own check is the same as the sandbox's."""
+    if os.geteuid() != 0:
+        return os.access(os.path.dirname(path) or "/", os.X_OK)
+    d = os.path.dirname(path)
+    while True:
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        ok = (
+            (st.st_uid == 0 and st.st_mode & 0o100)
+            or (st.st_gid == 0 and st.st_mode & 0o010)
+            or st.st_mode & 0o001
+        )
+        if not ok:
+            return False
+        if d == "/":
+            return True
+        d = os.path.dirname(d)
 
 
 def _symlinked_ancestors(path: str, roots: Sequence[str]) -> list[str]:
@@ -492,6 +524,8 @@ def _symlinked_ancestors(path: str, roots: Sequence[str]) -> list[str]:
 
 
 def _protect(plan: MountPlan, path: str, *, secret: bool, writable: Sequence[str]) -> None:
+    if not reachable_inside(path):
+        return
     in_writable = _inside(path, writable)
     if in_writable:
         for link in _symlinked_ancestors(path, writable):
