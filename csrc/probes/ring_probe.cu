@@ -842,6 +842,18 @@ int main(int argc, char** argv) {
                 if (go({fl, NB, 256, S, D, G, DEP_GLOB, 0, 8.0}, nullptr)) return 1;
               }
   }
+  if (!strcmp(mode, "persm") || !strcmp(mode, "all")) {
+    // what one SM pulls when few stream (a layer's head): 1 MB items, no fixed cost, no dependency
+    printf("== per SM ==\n");
+    for (int G : {16, 32})
+      for (int NB : {1, 8}) {
+        if (go({2, NB, 256, 0, 0, G, DEP_NONE, 0, 0.0}, nullptr)) return 1;
+        const int geo[3][2] = {{32768, 4}, {65536, 2}, {65536, 3}};
+        for (int fl : {(int)BULK, (int)TMA})
+          for (const auto& sd : geo)
+            if (go({fl, NB, 256, sd[0], sd[1], G, DEP_NONE, 0, 0.0}, nullptr)) return 1;
+      }
+  }
   if (!strcmp(mode, "grid") || !strcmp(mode, "all")) {
     // the main table: item sizes x SMs x F x dependency, ring (two geometries per NB) against base
     printf("== grid ==\n");
