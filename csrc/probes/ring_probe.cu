@@ -34,7 +34,7 @@
 // for activations / for a full stage, the loader waiting for a free stage; base: the pre-GEMV time),
 // and the check (max |y - ref| / max |ref|).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   csrc/probes/ring_probe.cu -o /tmp/ring_probe && /tmp/ring_probe [smoke|geom|grid|all]
+//   csrc/probes/ring_probe.cu -o /tmp/ring_probe && /tmp/ring_probe [smoke|geom|persm|grid|all]
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -855,7 +855,7 @@ int main(int argc, char** argv) {
       }
   }
   if (!strcmp(mode, "grid") || !strcmp(mode, "all")) {
-    // the main table: item sizes x SMs x F x dependency, ring (two geometries per NB) against base
+    // the main table: item sizes x SMs x F x dependency, the ring (32 KB x 4) against base
     printf("== grid ==\n");
     for (int NB : {1, 8}) {
       const int S = 32768, D = 4;  // 128 KB of ring: what an engine with BS 8 activations can afford
