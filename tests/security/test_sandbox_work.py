@@ -146,3 +146,17 @@ def test_git_status_works_in_a_worktree(sandbox: SandboxRun, repo: Path):
     (repo / "wt" / "hello.txt").write_text("hello\nin worktree\n")
     r = sandbox("cd wt && git status --short && git diff --stat && git log --oneline | head -1", repo)
     assert r.exit_code == 0 and " M hello.txt" in r.output and "first commit" in r.output, r.output
+
+
+def test_git_works_in_a_repository_of_another_owner(sandbox: SandboxRun, repo: Path):
+    """Files of owners the user namespace does not map show as 'nobody' inside; git would call
+    the repository of dubious ownership. Inside the sandbox every repository is trusted."""
+    from .conftest import IS_ROOT
+
+    if not IS_ROOT:
+        pytest.skip("only root can hand the repository to another owner here")
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for name in [".", *dirnames, *filenames]:
+            os.lchown(os.path.join(dirpath, name), 65534, 65534)
+    r = sandbox("git status --short && git log --oneline", repo)
+    assert r.exit_code == 0 and " M hello.txt" in r.output and "first commit" in r.output, r.output

@@ -661,9 +661,18 @@ def build_command(
     if abi >= 1:
         command = landlock.launcher_argv(os.path.realpath(sys.executable), plan.writable, command)
     info_path = os.path.join(seccomp.private_dir(), f"info-{uuid.uuid4().hex}.json") if track else os.devnull
+    env = os.environ if env is None else env
+    git_env: list[str] = []
+    if "GIT_CONFIG_COUNT" not in env:
+        # Inside, every repository is trusted: the uid map shows files of unmapped owners as
+        # "nobody", and git would refuse them as of dubious ownership; what a repository's config
+        # runs, it runs in the sandbox.
+        git_env = ["--setenv", "GIT_CONFIG_COUNT", "1", "--setenv", "GIT_CONFIG_KEY_0", "safe.directory"]
+        git_env += ["--setenv", "GIT_CONFIG_VALUE_0", "*"]
     argv = [
         bwrap,
         *namespace_args(bwrap_features(bwrap)),
+        *git_env,
         "--seccomp",
         "3",
         "--info-fd",
