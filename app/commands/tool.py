@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 "reason": status.reason,
                 "fix": status.fix,
                 "notes": list(status.notes),
+                "layers": list(status.layers),  # namespaces, seccomp, Landlock (or why it is absent)
             }
         )
         return EXIT_OK if status.available else EXIT_TOOL_ERROR

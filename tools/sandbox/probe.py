@@ -102,7 +102,7 @@ def describe_layers(landlock_abi: int) -> tuple[str, ...]:
         f"namespaces: user (uid {_sandbox_uid()}, no capabilities, no nested namespaces), pid, "
         "net (loopback only), ipc, uts, cgroup",
         f"seccomp: filter for {platform.machine()} (namespaces, mounts, ptrace attach, keyrings, bpf, perf, "
-        "io_uring, module/kexec loading, TIOCSTI, AF_UNIX sockets refused)",
+        "io_uring, module/kexec loading, TIOCSTI, sockets other than IPv4/IPv6/netlink refused)",
         landlock,
     )
 
