@@ -137,6 +137,7 @@ rec('delete_module', call(N['delete_module'], b'mkcode_none', 0))
 rec('io_uring_setup', call(N['io_uring_setup'], 1, bytes(120)))
 rec('io_uring_enter', call(N['io_uring_enter'], 0, 0, 0, 0, None, 0))
 rec('io_uring_register', call(N['io_uring_register'], 0, 0, None, 0))
+rec('syslog', call(N['syslog'], 3, ctypes.create_string_buffer(4096), 4096))
 rec('open_by_handle_at', call(N['open_by_handle_at'], -100, struct.pack('=Ii', 8, 1) + bytes(8), 0))
 child = os.fork()
 if child == 0:
@@ -239,6 +240,7 @@ REFUSED = [
     "io_uring_enter",
     "io_uring_register",
     "open_by_handle_at",
+    "syslog",
     "ptrace PTRACE_ATTACH",
     "ptrace PTRACE_SEIZE",
     "socket AF_UNIX",

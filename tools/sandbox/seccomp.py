@@ -2,7 +2,8 @@
 
 A classic-BPF program, assembled here (no library): it refuses the system calls that reach past
 the namespaces and mounts (new namespaces, mounts, kernel keyrings, eBPF, perf, module and kexec
-loading, io_uring, handle-based opens, ptrace attach, terminal input injection) and the creation
+loading, io_uring, handle-based opens, the kernel log, ptrace attach, terminal input injection)
+and the creation
 of sockets outside the families the network namespace confines (AF_INET, AF_INET6, AF_NETLINK):
 no unix-domain socket, so no host daemon's socket is reachable whatever its path or name
 (socketpair(2) stays allowed: pipes between processes of the command), and no AF_VSOCK, which a
@@ -93,6 +94,7 @@ _NUMBERS: dict[str, tuple[int, int]] = {
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
     "open_by_handle_at": (304, 265),
+    "syslog": (103, 116),
     "ioctl": (16, 29),
     "socket": (41, 198),
     "fallocate": (285, 47),
@@ -129,6 +131,7 @@ DENIED_CALLS = (
     "io_uring_enter",
     "io_uring_register",
     "open_by_handle_at",
+    "syslog",  # the kernel log (masked in /proc too); readable by anyone where dmesg_restrict=0
 )
 # Fail with EOPNOTSUPP, as on a filesystem without them: fallocate(2) reserves gigabytes in one
 # call, too fast for the disk budget's sampling; libc's posix_fallocate falls back to writing,
