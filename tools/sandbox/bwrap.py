@@ -16,18 +16,21 @@ Layout inside the sandbox (later mounts cover earlier ones):
   workspace roots    read-write binds
   protected paths    (tools/protected.py) inside anything bound: secrets masked (empty read-only
                      tmpfs or /dev/null), read-only entries (start-up files, configs that run code,
-                     mkcode's installation, caches and interpreter) bound read-only
+                     mkcode's installation, caches and interpreter) bound read-only; with the
+                     workspace at or above $HOME also the PATH folders below $HOME and toolchains
   every .git         read-only, found by a full walk of each root, with the gitdir and commondir of
                      worktree `.git` files; committing is a step outside the sandbox
   .mkcode            read-only (mkcode's own project settings)
+  mkcode's private   (the seccomp filter file) masked if a workspace contains it
 Namespaces: user (mapped to a non-root uid/gid; no capabilities; no nested user namespaces), PID,
 network (loopback only), IPC, UTS, cgroup; --die-with-parent and --new-session. bubblewrap also
 installs the seccomp filter of seccomp.py, and the command starts under landlock.py's launcher
-where the kernel offers Landlock.
+where the kernel offers Landlock. Inside, git trusts every repository (safe.directory=*).
 
-Protected entries that are absent (or symlinks) inside a writable root cannot be pinned by a mount
-without creating them on the host, so the plan records them: `restore_guarded()` moves away
-whatever the command put there once it has ended.
+Protected entries that are absent inside a writable root, symlinks there, and symlinked folders
+above them cannot be pinned by a mount without creating them on the host, so the plan records
+them: `SandboxCommand.restore_guarded()` waits until the sandbox's PID namespace is gone, then
+moves away whatever the command put there and puts symlinks back.
 """
 
 from __future__ import annotations
