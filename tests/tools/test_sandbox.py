@@ -110,7 +110,9 @@ def test_secrets_are_scrubbed_from_environment(shell, monkeypatch):
     assert r.ok
     for k, v in secrets.items():
         assert k not in r.output and v not in r.output, k
-    assert "VIRTUAL_ENV=/opt/visible-venv" in r.output and "PATH=" in r.output and "MKCODE_SANDBOX=1" in r.output
+    assert (
+        "VIRTUAL_ENV=/opt/visible-venv" in r.output and "PATH=" in r.output and "MKCODE_SANDBOX=1" in r.output
+    )
     assert set(secrets) <= set(r.meta["env_removed"])
 
 
