@@ -1,8 +1,8 @@
 """`mkcode doctor`: what this machine can run, and why not.
 
-Reports the GPU and driver (nvidia-smi), torch and its CUDA, the megakernel toolchain, whether the
+Reports the shell sandbox and its layers (bubblewrap, namespaces, seccomp, Landlock), the GPU and driver (nvidia-smi), torch and its CUDA, the megakernel toolchain, whether the
 extension is built, whether it loads and sees the GPU, and what `--decode auto` will run. Exit code 0
-when the megakernel can run.
+when the sandbox and the megakernel can run.
 """
 
 from __future__ import annotations
@@ -28,8 +28,27 @@ def _line(name: str, ok: bool | None, detail: str) -> None:
     print(f"[{mark:>4}] {name:<18} {detail}")
 
 
+def _sandbox() -> bool:
+    """The shell sandbox and each of its layers (docs/SECURITY.md); the fix when it cannot run."""
+    import os
+
+    from mkcode.tools.sandbox.probe import probe_sandbox
+
+    status = probe_sandbox(None, [os.getcwd()])
+    if not status.available:
+        _line("sandbox", False, f"{status.reason}; fix: {status.fix}")
+        return False
+    _line("sandbox", True, f"bubblewrap at {status.bwrap}")
+    for layer in status.layers:
+        name, _, detail = layer.partition(": ")
+        _line(f"  {name}", None if detail.startswith("not offered") else True, detail)
+    for note in status.notes:
+        _line("  note", None, note)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
-    healthy = True
+    healthy = _sandbox()
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
