@@ -5,24 +5,21 @@ request need `Authorization: Bearer <key>`. `--print-opencode-config` / `--print
 print a client configuration for this server and exit (no model is loaded).
 
 `--tensor-parallel N` / `--expert-parallel N` split the model over N GPUs of this host. Typed
-directly, the command re-launches itself as N ranks through torchrun (in a session of its own, so
-Ctrl+C reaches only this process, which then stops rank 0 and, through it, the others); under
-torchrun (WORLD_SIZE set) rank 0 serves HTTP over the parallel runtime and the other ranks run its
-steps.
+directly, the command re-launches itself as N ranks through torchrun (supervised by
+backend/parallel/supervise.py: Ctrl+C reaches only this process, which then stops rank 0 and,
+through it, the others); under torchrun (WORLD_SIZE set) rank 0 serves HTTP over the parallel
+runtime and the other ranks run its steps.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -245,86 +242,26 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _children(pid: int) -> list[int]:
-    """Direct child processes of `pid` (Linux /proc)."""
-    kids: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
-            kids.append(int(entry))
-    return kids
-
-
 def _launch_ranks(args: argparse.Namespace, n: int, name: str, api_key: str | None) -> int:
-    """Re-run this command as `n` ranks under torchrun and wait; Ctrl+C / SIGTERM stop them in order
-    (the ranks get SIGTERM: rank 0 shuts the server down and releases the others)."""
-    from mkcode.backend.parallel.launch import NCCL_SAFE_ENV
-    from mkcode.backend.parallel.torchrun import LAUNCHER_PID_ENV
+    """Re-run this command as `n` ranks under torchrun (backend/parallel/supervise.py owns the
+    start, the wait and the ordered stop); the API key travels in the environment, not argv."""
+    from mkcode.backend.parallel.supervise import RankLaunch, run_ranks
 
     if not _port_free(args.host, args.port):
         print(f"mkcode serve: {args.host}:{args.port} is already in use", file=sys.stderr)
         return 2
-    env = dict(os.environ)
-    for k, v in NCCL_SAFE_ENV.items():
-        env.setdefault(k, v)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    env[LAUNCHER_PID_ENV] = str(os.getpid())
-    if api_key:
-        env["MKCODE_API_KEY"] = api_key
-    cmd = [
-        sys.executable,
-        "-m",
-        "mkcode.backend.parallel.torchrun",
-        "--standalone",
-        "--nproc-per-node",
-        str(n),
-        "-m",
-        "mkcode.app.cli",
-        "serve",
-        *_forwarded_argv(args, name),
-    ]
+    launch = RankLaunch(
+        n=n,
+        module="mkcode.app.cli",
+        args=["serve", *_forwarded_argv(args, name)],
+        env={"MKCODE_API_KEY": api_key} if api_key else {},
+    )
     print(
         f"mkcode serve: starting {n} ranks (tensor-parallel {args.tensor_parallel}, "
         f"expert-parallel {args.expert_parallel})",
         file=sys.stderr,
     )
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    stopping: list[float] = []
-
-    def stop(signum: int, frame: object) -> None:
-        if stopping:
-            return  # torchrun kills what is left after its grace period
-        stopping.append(time.monotonic())
-        print("mkcode serve: stopping the ranks…", file=sys.stderr)
-        workers = _children(proc.pid)
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        if not workers:
-            proc.send_signal(signal.SIGTERM)
-
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, stop) for s in handled}
-    try:
-        while True:
-            try:
-                rc = proc.wait(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                if stopping and time.monotonic() - stopping[0] > 60:
-                    proc.send_signal(signal.SIGTERM)  # torchrun: SIGTERM the ranks, then SIGKILL
-                    stopping[0] = float("inf")
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return 0 if stopping and rc == 0 else rc
+    return run_ranks(launch, log=lambda line: print(f"mkcode serve: {line}", file=sys.stderr))
 
 
 def _serve_rank(args: argparse.Namespace, name: str, api_key: str | None, base_url: str) -> int:

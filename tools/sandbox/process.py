@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import psutil
+
 from mkcode.tools.sandbox.disk import DiskUse, DiskWatch
 
 # How long to keep reading after the main process exited (background children holding the pipe).
@@ -68,25 +70,11 @@ class _CappedBuffer:
 
 
 def _descendants(root_pid: int) -> list[int]:
-    """All live descendants of root_pid, from a scan of /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-            ppid = int(data[data.rindex(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    stack = [root_pid]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            out.append(c)
-            stack.append(c)
-    return out
+    """All live descendants of root_pid (psutil walks the process table)."""
+    try:
+        return [child.pid for child in psutil.Process(root_pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:
