@@ -1,6 +1,8 @@
-"""Glob patterns (`*`, `?`, `[...]`, `**`) compiled to regular expressions over relative paths.
+"""Glob patterns (`*`, `?`, `[...]`, `**`, `{a,b}`) over '/'-separated relative paths, through wcmatch.
 
-Used by the glob tool and by grep's file filter; Python 3.11's fnmatch has no `**`.
+Used by the glob tool and by grep's file filter (Python 3.11's fnmatch has no `**`). `*` and `?`
+never cross '/', and match names starting with a dot too (ripgrep's --hidden, as grep runs it);
+`**` as a whole component matches zero or more components; `{a,b}` expands as in ripgrep's --glob.
 """
 
 from __future__ import annotations
@@ -8,7 +10,16 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-GLOB_CHARS = frozenset("*?[")
+from wcmatch import glob as wcglob
+from wcmatch._wcparse import PatternLimitException
+
+GLOB_CHARS = frozenset("*?[{")
+FLAGS = wcglob.GLOBSTAR | wcglob.DOTGLOB | wcglob.BRACE
+BRACE_LIMIT = 1000  # expansions of one pattern ('{a,b}{c,d}' is 4)
+
+
+class GlobError(ValueError):
+    """A pattern that cannot be compiled (too many brace expansions)."""
 
 
 def has_magic(part: str) -> bool:
@@ -17,52 +28,12 @@ def has_magic(part: str) -> bool:
 
 @lru_cache(maxsize=256)
 def compile_glob(pattern: str) -> re.Pattern[str]:
-    """Regex matching a whole '/'-separated relative path against `pattern`.
-
-    `*` and `?` never cross '/', `**` as a whole component matches zero or more components.
-    """
-    parts = pattern.strip("/").split("/")
-    out: list[str] = []
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if part == "**":
-            out.append(".*" if last else "(?:[^/]*/)*")
-            continue
-        out.append(_translate_part(part) + ("" if last else "/"))
-    return re.compile("".join(out), re.DOTALL)
-
-
-def _translate_part(part: str) -> str:
-    res: list[str] = []
-    i, n = 0, len(part)
-    while i < n:
-        c = part[i]
-        i += 1
-        if c == "*":
-            while i < n and part[i] == "*":
-                i += 1
-            res.append("[^/]*")
-        elif c == "?":
-            res.append("[^/]")
-        elif c == "[":
-            j = i
-            if j < n and part[j] in "!^":
-                j += 1
-            if j < n and part[j] == "]":
-                j += 1
-            while j < n and part[j] != "]":
-                j += 1
-            if j >= n:
-                res.append(re.escape("["))
-                continue
-            body = part[i:j].replace("\\", "\\\\")
-            i = j + 1
-            if body[:1] in ("!", "^"):
-                body = "^" + body[1:]
-            res.append(f"(?!/)[{body}]")
-        else:
-            res.append(re.escape(c))
-    return "".join(res)
+    """Regex matching a whole '/'-separated relative path against `pattern` (use .fullmatch)."""
+    try:
+        include, _ = wcglob.translate(pattern.strip("/"), flags=FLAGS, limit=BRACE_LIMIT)
+    except PatternLimitException as e:
+        raise GlobError(f"glob {pattern!r} expands to too many patterns (limit {BRACE_LIMIT})") from e
+    return re.compile("|".join(f"(?:{r})" for r in include))
 
 
 def literal_prefix(pattern: str) -> str:
@@ -70,7 +41,7 @@ def literal_prefix(pattern: str) -> str:
     parts = pattern.strip("/").split("/")
     prefix: list[str] = []
     for part in parts[:-1]:
-        if has_magic(part):
+        if has_magic(part) or "\\" in part:
             break
         prefix.append(part)
     return "/".join(prefix)

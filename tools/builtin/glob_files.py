@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mkcode.tools.fdwalk import WalkStats, walk
-from mkcode.tools.globbing import compile_glob, literal_prefix
+from mkcode.tools.globbing import GlobError, compile_glob, literal_prefix
 from mkcode.tools.result import ToolResult
 from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
 from mkcode.tools.text import display_path
@@ -59,7 +59,10 @@ class Glob(Tool):
             return ToolResult.failure(str(e))
         # Match the rest of the pattern below the (resolved) literal prefix directory.
         rest = pattern.strip("/")[len(prefix) :].lstrip("/")
-        regex = compile_glob(rest)
+        try:
+            regex = compile_glob(rest)
+        except GlobError as e:
+            return ToolResult.failure(str(e))
         matches: list[str] = []
         total = 0
         stats = WalkStats()

@@ -4,8 +4,8 @@ ripgrep respects .gitignore; it runs inside the bubblewrap sandbox (like a shell
 only what a sandboxed command sees, so a symlink swapped in during its walk cannot lead it to the
 host's files) with --no-follow (its default) and the protected entries below the search path
 excluded. Without the sandbox, the Python walk goes through directory descriptors (fdwalk): no
-symlink is followed, secret entries are skipped and counted. Both skip binary files; the Python
-walk skips only .git (it does not read .gitignore).
+symlink is followed, secret entries are skipped and counted. Both skip binary files, .git and
+what the repository's .gitignore files exclude (tools/gitignore.py for the Python walk).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 from mkcode.tools import fdwalk
 from mkcode.tools.builtin.glob_files import SKIP_DIRS
-from mkcode.tools.globbing import compile_glob
+from mkcode.tools.gitignore import GitIgnore
+from mkcode.tools.globbing import GlobError, compile_glob
 from mkcode.tools.result import ToolResult
 from mkcode.tools.sandbox.runner import run_shell_command, sandbox_status
 from mkcode.tools.spec import Prepared, Tool, ToolContext, ToolKind, object_schema
@@ -170,7 +171,11 @@ class Grep(Tool):
         ws: Workspace, rp: ResolvedPath, regex: re.Pattern[str], glob: str | None
     ) -> tuple[list[str], int]:
         """Search through directory descriptors; (lines, protected entries skipped)."""
-        g = compile_glob(glob) if glob else None
+        try:
+            g = compile_glob(glob) if glob else None
+        except GlobError as e:
+            raise PathError(str(e)) from None
+        ignore = GitIgnore.for_walk(ws, rp.path)
         lines: list[str] = []
         deadline = time.monotonic() + TIMEOUT_S
         if rp.lstat is not None and os.path.isfile(rp.path):
@@ -190,7 +195,7 @@ class Grep(Tool):
         for entry in fdwalk.walk(ws, rp.path, skip_dirs=SKIP_DIRS, stats=stats):
             if len(lines) > MAX_MATCHES or time.monotonic() > deadline:
                 break
-            if entry.kind != "file" or not wanted(entry):
+            if entry.kind != "file" or not wanted(entry) or ignore.ignored(entry.path):
                 continue
             fd = fdwalk.open_entry_file(entry)
             if fd is None:
