@@ -1,5 +1,9 @@
 """`OpenAICompatClient`: the agent's model backend over any OpenAI-compatible chat completions URL
-(a remote `mkcode serve`, vLLM, llama.cpp, ...), streamed over SSE with httpx.
+(a remote `mkcode serve`, vLLM, llama.cpp, ...), streamed over SSE (httpx with httpx-sse).
+
+A request that fails before its stream begins (the server unreachable, HTTP 429 or 5xx) is tried
+again after a backoff (`RetryPolicy`: doubling delays, or the server's Retry-After when it sends
+one, capped); once events have been yielded nothing is retried, since the turn has begun.
 
 Tool calls arrive as deltas keyed by `index`: the first carries `id` and `function.name`, later ones
 append to `function.arguments`. They are assembled and checked when the stream ends; a call without
@@ -10,12 +14,14 @@ estimated (about 4 characters per token) until the server reports real usage.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from mkcode.app.agent.client import (
     ChatRequest,
@@ -29,6 +35,26 @@ from mkcode.app.agent.client import (
     estimate_tokens,
 )
 from mkcode.app.agent.events import Usage
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+SSE_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Tries per request and the backoff between them (delay n: base * 2**n, at most max)."""
+
+    attempts: int = 4
+    base_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        if retry_after is not None:
+            try:
+                return min(max(float(retry_after), 0.0), self.max_delay_s)
+            except ValueError:
+                pass  # an HTTP date: the usual backoff
+        return min(self.base_delay_s * (2**attempt), self.max_delay_s)
 
 
 @dataclass
@@ -60,8 +86,10 @@ class OpenAICompatClient:
         context_window: int = 32_768,
         timeout_s: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._retry = retry or RetryPolicy()
         self._model = model
         self._context_window = context_window
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -100,6 +128,27 @@ class OpenAICompatClient:
             body["seed"] = request.seed
         return body
 
+    async def _send(self, url: str, body: dict[str, Any]) -> tuple[httpx.Response, int]:
+        """POST with retries: the first response not worth retrying (its body unread) and the
+        number of attempts it took. Raises the last connect error when every attempt failed."""
+        policy = self._retry
+        req = self._http.build_request("POST", url, json=body, headers=SSE_HEADERS)
+        attempt = 1
+        while True:
+            try:
+                resp = await self._http.send(req, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                if attempt >= policy.attempts:
+                    raise
+                wait = policy.delay(attempt - 1)
+            else:
+                if resp.status_code not in RETRY_STATUS or attempt >= policy.attempts:
+                    return resp, attempt
+                await resp.aclose()
+                wait = policy.delay(attempt - 1, resp.headers.get("retry-after"))
+            await asyncio.sleep(wait)
+            attempt += 1
+
     async def stream(self, request: ChatRequest) -> AsyncIterator[ModelEvent]:
         url = f"{self.base_url}/chat/completions"
         estimated = self.count_tokens(request.messages, request.tools)
@@ -107,51 +156,57 @@ class OpenAICompatClient:
         usage = Usage()
         finish: str | None = None
         try:
-            async with self._http.stream("POST", url, json=self._body(request)) as resp:
-                if resp.status_code != 200:
-                    body = (await resp.aread()).decode("utf-8", "replace")
-                    yield ModelDone(
-                        "error", usage, f"HTTP {resp.status_code} from {url}: {_error_text(body)}"
-                    )
-                    return
-                async for data in _sse_data(resp):
-                    if data.startswith("[DONE]"):
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        yield ModelDone(
-                            "error", usage, f"the server sent an unreadable event: {data[:200]!r}"
-                        )
-                        return
-                    if isinstance(chunk, dict) and chunk.get("error"):
-                        yield ModelDone("error", usage, _error_text(json.dumps(chunk)))
-                        return
-                    if chunk.get("usage"):
-                        u = chunk["usage"]
-                        details = u.get("prompt_tokens_details") or {}
-                        usage = Usage(
-                            u.get("prompt_tokens", 0) or 0,
-                            u.get("completion_tokens", 0) or 0,
-                            details.get("cached_tokens", 0) or 0,
-                        )
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                        if isinstance(reasoning, str) and reasoning:
-                            yield ReasoningChunk(reasoning)
-                        if isinstance(delta.get("content"), str) and delta["content"]:
-                            yield TextChunk(delta["content"])
-                        for tc in delta.get("tool_calls") or []:
-                            for ev in _tool_delta(calls, tc):
-                                yield ev
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
+            resp, attempts = await self._send(url, self._body(request))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            n = self._retry.attempts
+            yield ModelDone(
+                "error",
+                usage,
+                f"cannot reach the model server at {url} ({n} attempt{'s' * (n > 1)}): {type(e).__name__}: {e}",
+            )
+            return
         except httpx.HTTPError as e:
             yield ModelDone(
                 "error", usage, f"cannot reach the model server at {url}: {type(e).__name__}: {e}"
             )
             return
+        try:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                tried = f" (after {attempts} attempts)" if attempts > 1 else ""
+                yield ModelDone(
+                    "error", usage, f"HTTP {resp.status_code} from {url}{tried}: {_error_text(text)}"
+                )
+                return
+            async for event in EventSource(resp).aiter_sse():
+                data = event.data
+                if data.startswith("[DONE]"):
+                    break
+                if not data:
+                    continue  # an event without data (a keep-alive)
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    yield ModelDone("error", usage, f"the server sent an unreadable event: {data[:200]!r}")
+                    return
+                if isinstance(chunk, dict) and chunk.get("error"):
+                    yield ModelDone("error", usage, _error_text(json.dumps(chunk)))
+                    return
+                if chunk.get("usage"):
+                    usage = _usage(chunk["usage"])
+                for ev in _choice_events(calls, chunk):
+                    if isinstance(ev, str):
+                        finish = ev
+                    else:
+                        yield ev
+        except SSEError as e:
+            yield ModelDone("error", usage, f"the server at {url} did not stream events: {e}")
+            return
+        except httpx.HTTPError as e:
+            yield ModelDone("error", usage, f"the stream from {url} broke off: {type(e).__name__}: {e}")
+            return
+        finally:
+            await resp.aclose()
         ready = False
         for index in sorted(calls):
             ev = _complete(index, calls[index])
@@ -166,21 +221,30 @@ class OpenAICompatClient:
         await self._http.aclose()
 
 
-async def _sse_data(resp: httpx.Response) -> AsyncIterator[str]:
-    """The `data:` payloads of an SSE stream (multi-line data joined with newlines)."""
-    lines: list[str] = []
-    async for line in resp.aiter_lines():
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-            continue
-        if line.startswith(":"):
-            continue
-        if line.startswith("data:"):
-            lines.append(line[5:].lstrip(" "))
-    if lines:
-        yield "\n".join(lines)
+def _usage(u: Mapping[str, Any]) -> Usage:
+    details = u.get("prompt_tokens_details") or {}
+    return Usage(
+        u.get("prompt_tokens", 0) or 0,
+        u.get("completion_tokens", 0) or 0,
+        details.get("cached_tokens", 0) or 0,
+    )
+
+
+def _choice_events(calls: dict[int, _PartialCall], chunk: Mapping[str, Any]) -> list[ModelEvent | str]:
+    """The events of one chunk's choices, in order; a finish reason comes as a plain string."""
+    out: list[ModelEvent | str] = []
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            out.append(ReasoningChunk(reasoning))
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            out.append(TextChunk(delta["content"]))
+        for tc in delta.get("tool_calls") or []:
+            out.extend(_tool_delta(calls, tc))
+        if choice.get("finish_reason"):
+            out.append(str(choice["finish_reason"]))
+    return out
 
 
 def _tool_delta(calls: dict[int, _PartialCall], tc: Mapping[str, Any]) -> list[ModelEvent]:
