@@ -15,7 +15,7 @@ from fastapi.responses import PlainTextResponse
 
 from mkcode.backend.server import chat, completions, responses
 from mkcode.backend.server.errors import APIError, install_error_handlers
-from mkcode.backend.server.guards import GuardMiddleware
+from mkcode.backend.server.guards import ApiKeyMiddleware, BodyLimitMiddleware, ResponseCounter
 from mkcode.backend.server.metrics import prometheus_text
 from mkcode.backend.server.options import ServerOptions
 from mkcode.backend.server.state import ServerState
@@ -71,14 +71,16 @@ def create_app(
     async def metrics():
         return PlainTextResponse(prometheus_text(state), media_type="text/plain; version=0.0.4")
 
-    # Outermost: refuse bad keys and oversize bodies before anything parses them.
     def count(path: str, status: int) -> None:
         if path in _COUNTED:
             state.requests_total[(path, status)] = state.requests_total.get((path, status), 0) + 1
 
-    app.add_middleware(
-        GuardMiddleware, api_key=options.api_key, max_body_bytes=options.max_body_bytes, on_response=count
-    )
+    # The last added runs first: the key check, then the body limit (bad keys and oversize bodies
+    # are refused before anything parses them), then the count of what reaches the routes.
+    app.add_middleware(ResponseCounter, on_response=count)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes)
+    if options.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
     return app
 
 

@@ -1,6 +1,7 @@
-"""ASGI middleware run before routing: API-key check and request-body size limit.
+"""ASGI middlewares run before routing, each owning one concern: the API-key check, the
+request-body size limit, and the response count for /metrics.
 
-Both answer with OpenAI error bodies. The size limit is enforced on the bytes actually received
+The first two answer with OpenAI error bodies. The size limit is enforced on the bytes actually received
 (a client may lie about or omit Content-Length), by wrapping `receive`.
 """
 
@@ -26,26 +27,21 @@ async def _send_error(send: Send, status: int, message: str, code: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class GuardMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        api_key: str | None,
-        max_body_bytes: int,
-        on_response: Callable[[str, int], None] | None = None,
-    ):
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+class ApiKeyMiddleware:
+    """Every HTTP request but OPEN_PATHS needs `Authorization: Bearer <key>` (or `x-api-key`)."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str) -> None:
+        if not api_key:
+            raise ValueError("ApiKeyMiddleware needs a non-empty key (leave it out to serve without one)")
         self.app = app
-        self.on_response = on_response
         self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key and scope.get("path") not in OPEN_PATHS and not self._authorized(headers):
+        if scope["type"] == "http" and scope.get("path") not in OPEN_PATHS and not self._authorized(scope):
             await _send_error(
                 send,
                 401,
@@ -53,8 +49,28 @@ class GuardMiddleware:
                 "invalid_api_key",
             )
             return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        headers = _headers(scope)
+        auth = headers.get("authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+        return hmac.compare_digest(token.encode(), self.api_key.encode())
+
+
+class BodyLimitMiddleware:
+    """Refuses a request body over `max_body_bytes` (413) before the app sees any of it."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         limit = self.max_body_bytes
-        declared = headers.get("content-length")
+        declared = _headers(scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _send_error(
                 send,
@@ -93,16 +109,25 @@ class GuardMiddleware:
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
             return await receive()
 
+        await self.app(scope, replay_receive, send)
+
+
+class ResponseCounter:
+    """Calls `on_response(path, status)` as each HTTP response starts."""
+
+    def __init__(self, app: ASGIApp, *, on_response: Callable[[str, int], None]) -> None:
+        self.app = app
+        self.on_response = on_response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         path = scope.get("path", "")
 
         async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and self.on_response is not None:
+            if message["type"] == "http.response.start":
                 self.on_response(path, int(message["status"]))
             await send(message)
 
-        await self.app(scope, replay_receive, counting_send)
-
-    def _authorized(self, headers: dict[str, str]) -> bool:
-        auth = headers.get("authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
-        return hmac.compare_digest(token.encode(), self.api_key.encode())
+        await self.app(scope, receive, counting_send)
