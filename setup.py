@@ -16,4 +16,9 @@ for folder in ("app", "backend", "tools"):
         packages.append(f"{name}.{sub}")
         package_dir[f"{name}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir, package_data={"mkcode.backend": ["**/*.jinja"]})
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    # The chat templates, and the demo model's checkpoint (weights, tokenizer, SHA256SUMS, REPORT.md).
+    package_data={"mkcode.backend": ["**/*.jinja"], "mkcode.backend.demo": ["checkpoint/*"]},
+)

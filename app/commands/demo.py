@@ -1,7 +1,9 @@
-"""`mkcode demo-model`: train (or fetch from the cache) the tiny demo checkpoint that speaks cmd4 tool calls.
+"""`mkcode demo-model`: the tiny demo checkpoint that ships with mkcode (cmd4 tool calls, CPU).
 
-    mkcode demo-model                 # train once, cache, print the directory
-    mkcode demo-model --out DIR       # and copy it to DIR (a normal HF checkpoint directory)
+    mkcode demo-model                       # verify the shipped checkpoint, print its directory
+    mkcode demo-model --out DIR             # and copy it to DIR (a normal HF checkpoint directory)
+    mkcode demo-model --evaluate            # run the held-out request set on it, print the rates
+    mkcode demo-model --train --out DIR     # retrain one from scratch (one CPU thread, ~12 min)
     mkcode generate --model "$(mkcode demo-model)" ...
 
 Torch is imported only inside the handler.
@@ -10,7 +12,6 @@ Torch is imported only inside the handler.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -21,59 +22,65 @@ from typing import Any
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo-model",
-        help="train the tiny demo checkpoint (cmd4 tool calling, CPU, ~2-3.5 min) and print its path",
+        help="print the shipped tiny demo checkpoint's path (cmd4 tool calling on the CPU); --train retrains",
         description=(
-            "Train a tiny North Mini Code checkpoint on generated tool-use dialogues (list, read, grep, "
-            "edit, run, answer) with a fixed seed, on the CPU. The result is cached under "
-            "$XDG_CACHE_HOME/mkcode/demo-model/<hash of the trainer>, so later calls are instant."
+            "The demo model is a tiny North Mini Code checkpoint trained on generated tool-use dialogues "
+            "(list, read, grep, edit, run, answer). It ships inside the package with checksums, verified "
+            "on every use. --train retrains one with the project's fixed-seed script, on one CPU thread."
         ),
     )
     add_arguments(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The demo trainer's flags; also used by `mkcode checkpoint demo`."""
-    p.add_argument("--out", type=Path, help="also copy the checkpoint to this directory")
-    p.add_argument("--steps", type=int, help="training steps (default: the trainer's; changes the cache key)")
-    p.add_argument("--seed", type=int, help="training seed (default 0; changes the cache key)")
+    """The demo model's flags; also used by `mkcode checkpoint demo`."""
+    p.add_argument(
+        "--out", type=Path, help="copy the checkpoint to this directory (with --train: train into it)"
+    )
+    p.add_argument("--train", action="store_true", help="train a new checkpoint into --out (~12 min, CPU)")
+    p.add_argument("--steps", type=int, help="with --train: training steps (default: the trainer's)")
+    p.add_argument("--seed", type=int, help="with --train: training seed (default 0)")
+    p.add_argument("--evaluate", action="store_true", help="run the held-out request set and print the rates")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    from mkcode.backend.demo import DemoModelError, ensure_demo_model
 
-    from mkcode.backend.demo import DemoTrainConfig, ensure_demo_model
-
-    config = DemoTrainConfig()
-    if args.steps is not None:
-        config = replace(config, steps=args.steps)
-    if args.seed is not None:
-        config = replace(config, seed=args.seed)
-
-    def progress(msg: str) -> None:
+    def say(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
+    if args.out is not None and args.out.exists():
+        if not args.force:
+            print(f"error: {args.out} exists (use --force to overwrite)", file=sys.stderr)
+            return 2
+        shutil.rmtree(args.out)
+    if args.train:
+        if args.out is None:
+            print("error: --train needs --out DIR", file=sys.stderr)
+            return 2
+        from mkcode.backend.demo.trainer import train_to
+
+        return train_to(args.out, args.steps, args.seed, evaluate=args.evaluate)
+    if args.steps is not None or args.seed is not None:
+        print("error: --steps and --seed apply to --train", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
-    path = ensure_demo_model(config, progress)
-    report_file = path / "demo_report.json"
-    if report_file.exists() and not args.quiet:
-        report = json.loads(report_file.read_text())
-        ev = report.get("eval", {})
-        print(
-            f"demo model: trained in {report['train_seconds']}s ({report['steps']} steps); fresh dialogues "
-            f"with a valid tool call: {ev.get('valid', '?')}/{ev.get('total', '?')}; ready in {time.monotonic() - t0:.1f}s",
-            file=sys.stderr,
-        )
+    try:
+        path = ensure_demo_model(progress=lambda msg: say(f"demo model: {msg}"))
+    except DemoModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    say(f"demo model: ready in {time.monotonic() - t0:.2f}s")
     if args.out is not None:
-        if args.out.exists():
-            if not args.force:
-                print(f"error: {args.out} exists (use --force to overwrite)", file=sys.stderr)
-                return 2
-            shutil.rmtree(args.out)
         shutil.copytree(path, args.out)
         path = args.out
+    if args.evaluate:
+        from mkcode.backend.demo.evaluate import evaluate_checkpoint
+
+        print(evaluate_checkpoint(path).summary(), file=sys.stderr)
     print(path)
     return 0

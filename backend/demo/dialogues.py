@@ -29,7 +29,13 @@ FUNCS = [
     "check", "merge", "split", "count", "total", "area", "scale", "reset", "greet", "send", "read",
 ]  # fmt: skip
 NOUNS = ["items", "value", "name", "path", "data", "size", "user", "text", "line", "rows", "key", "port"]
-OTHER_FILES = ["README.md", "pyproject.toml", "Makefile", "notes.txt", "setup.cfg", ".gitignore"]
+OTHER_FILES = ["README.md", "pyproject.toml", "Makefile", "notes.txt", "setup.cfg", ".gitignore", "LICENSE",
+               "requirements.txt", "todo.md", "data.json", "CHANGES.md", "config.toml"]  # fmt: skip
+# Syllables for made-up names: half of the files and functions get one, so that the model learns to
+# copy names from the tool output instead of recalling the ones it saw in training.
+SYLLABLES = ["ka", "lo", "mi", "ren", "tor", "vu", "zel", "pa", "qui", "dor", "fen", "gal", "ish", "ux", "bri",
+             "sto", "wen", "yar", "hol", "nex", "cy", "jo", "mar", "tes", "ol", "pin", "rak", "sa", "te", "vo"]  # fmt: skip
+EXTENSIONS = [".txt", ".md", ".json", ".toml", ".cfg", ".csv", ".sh", ".yaml"]
 INSTRUCTIONS = [
     "You are mkcode, a coding assistant working in the user's project through tools.\n"
     "- Look before you change: list, glob, grep and read the relevant files first.\n"
@@ -67,6 +73,22 @@ class Project:
         return sorted(p for p in self.files if p.endswith(".py"))
 
 
+def made_up(rng: random.Random) -> str:
+    """A name no dialogue is likely to repeat: two or three syllables, sometimes with an underscore."""
+    parts = [rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))]
+    if rng.random() < 0.25:
+        parts.insert(rng.randint(1, len(parts) - 1), "_")
+    return "".join(parts)
+
+
+def stem(rng: random.Random) -> str:
+    return made_up(rng) if rng.random() < 0.5 else rng.choice(STEMS)
+
+
+def func_name(rng: random.Random) -> str:
+    return made_up(rng) if rng.random() < 0.4 else rng.choice(FUNCS)
+
+
 def _function(rng: random.Random, name: str) -> str:
     a, b = rng.sample(NOUNS, 2)
     body = rng.choice(
@@ -79,16 +101,15 @@ def _function(rng: random.Random, name: str) -> str:
 def make_project(rng: random.Random) -> Project:
     files: dict[str, str] = {}
     dirs = rng.sample(DIRS, rng.randint(0, 2))
-    for _ in range(rng.randint(2, 5)):
-        stem = rng.choice(STEMS)
+    for _ in range(rng.randint(1, 5)):
         where = rng.choice([*dirs, "."]) if dirs else "."
-        path = f"{stem}.py" if where == "." else f"{where}/{stem}.py"
-        names = rng.sample(FUNCS, rng.randint(1, 3))
+        path = f"{stem(rng)}.py" if where == "." else f"{where}/{stem(rng)}.py"
+        names = list(dict.fromkeys(func_name(rng) for _ in range(rng.randint(1, 3))))
         files[path] = "\n\n".join(_function(rng, n) for n in names)
-    for other in rng.sample(OTHER_FILES, rng.randint(1, 2)):
-        files[other] = (
-            f"# {rng.choice(STEMS)} project\n" if other.endswith(".md") else "[tool]\nname = 'demo'\n"
-        )
+    others = rng.sample(OTHER_FILES, rng.randint(0, 2))
+    others += [made_up(rng) + rng.choice(EXTENSIONS) for _ in range(rng.randint(0, 2))]
+    for other in others:
+        files[other] = f"# {stem(rng)} project\n" if other.endswith(".md") else "[tool]\nname = 'demo'\n"
     return Project(files)
 
 
@@ -141,10 +162,22 @@ def _names(listing: str) -> str:
     return ", ".join(line.split("  ")[0] for line in listing.split("\n"))
 
 
+LIST_ASKS = ["List the files in the project.", "What files are here?", "Show me the project files.",
+             "list the files", "What is in this directory?", "Which files does this project have?",
+             "ls", "What files are in this project?", "Show the files.", "list files please",
+             "What's in the current folder?", "Can you list the files?", "show me what files exist"]  # fmt: skip
+
+
 def task_list(rng: random.Random, p: Project, system: str) -> list[Message]:
-    user = rng.choice(["List the files in the project.", "What files are here?", "Show me the project files.",
-                       "list the files", "What is in this directory?", "Which files does this project have?"])  # fmt: skip
-    b = _Builder(rng, system, user)
+    dirs = sorted({f.split("/")[0] for f in p.files if "/" in f})
+    if dirs and rng.random() < 0.25:
+        d = rng.choice(dirs)
+        user = rng.choice([f"List the files in {d}.", f"What is in {d}/?", f"Show me the files in {d}."])
+        b = _Builder(rng, system, user)
+        listing = p.listing(d)
+        b.call(f"I will list {d}.", "list_dir", {"path": d}, listing)
+        return b.answer(f"{d} contains: {_names(listing)}.")
+    b = _Builder(rng, system, rng.choice(LIST_ASKS))
     listing = p.listing()
     b.call("I will list the project directory.", "list_dir", {"path": "."}, listing)
     return b.answer(f"The project contains: {_names(listing)}.")
@@ -152,7 +185,9 @@ def task_list(rng: random.Random, p: Project, system: str) -> list[Message]:
 
 def task_read(rng: random.Random, p: Project, system: str) -> list[Message]:
     path = rng.choice(p.py_files())
-    user = rng.choice([f"Show me {path}.", f"What is in {path}?", f"Read {path}.", f"What does {path} do?"])
+    user = rng.choice([f"Show me {path}.", f"What is in {path}?", f"Read {path}.", f"What does {path} do?",
+                       f"Open {path}.", f"cat {path}", f"Print the contents of {path}.",
+                       f"read {path} please", f"Can you read {path}?"])  # fmt: skip
     b = _Builder(rng, system, user)
     b.call(f"I will read {path}.", "read_file", {"path": path}, numbered(p.files[path]))
     funcs = [n for f, _, n in defined(p) if f == path]
@@ -176,7 +211,9 @@ def task_explore(rng: random.Random, p: Project, system: str) -> list[Message]:
 
 def task_find(rng: random.Random, p: Project, system: str) -> list[Message]:
     path, line, name = rng.choice(defined(p))
-    user = rng.choice([f"Where is {name} defined?", f"Find the function {name}.", f"Which file has {name}?"])
+    user = rng.choice([f"Where is {name} defined?", f"Find the function {name}.", f"Which file has {name}?",
+                       f"Search for {name}.", f"grep for {name}", f"Find {name} in the code.",
+                       f"Where is the {name} function?"])  # fmt: skip
     b = _Builder(rng, system, user)
     hits = "\n".join(
         f"{f}:{i}:def {n}(" + p.files[f].split("\n")[i - 1][5 + len(n) :]
@@ -195,12 +232,19 @@ def task_glob(rng: random.Random, p: Project, system: str) -> list[Message]:
     return b.answer(f"There are {len(p.py_files())} Python files: {', '.join(p.py_files())}.")
 
 
+EDIT_ASKS = ["In {path}, rename {name} to {new}.", "Rename the function {name} in {path} to {new}.",
+             "Rename {name} to {new} in {path}.", "Change the name of {name} to {new} in {path}.",
+             "In {path} change {name} to {new}.", "Please rename {name} in {path} to {new}.",
+             "Edit {path}: rename {name} to {new}.", "Replace {name} with {new} in {path}.",
+             "rename {name} to {new} in {path}", "Can you rename {name} to {new} in {path}?"]  # fmt: skip
+
+
 def task_edit(rng: random.Random, p: Project, system: str) -> list[Message]:
     path, line, name = rng.choice(defined(p))
-    new = rng.choice([f for f in FUNCS if f != name]) + rng.choice(["_all", "_one", "2", "_new"])
-    user = rng.choice(
-        [f"In {path}, rename {name} to {new}.", f"Rename the function {name} in {path} to {new}."]
-    )
+    new = func_name(rng)
+    while new == name:
+        new = func_name(rng) + "_new"
+    user = rng.choice(EDIT_ASKS).format(path=path, name=name, new=new)
     b = _Builder(rng, system, user)
     b.call(f"I will read {path} first.", "read_file", {"path": path}, numbered(p.files[path]))
     old_line = p.files[path].split("\n")[line - 1]
@@ -218,7 +262,9 @@ def task_edit(rng: random.Random, p: Project, system: str) -> list[Message]:
 def task_run(rng: random.Random, p: Project, system: str) -> list[Message]:
     cmd, user = rng.choice(
         [("python -m pytest -q", "Run the tests."), ("python -m pytest -q", "Do the tests pass?"),
-         ("git status --short", "What is the git status?"), ("ls", "Run ls.")]
+         ("python -m pytest -q", "run the test suite"), ("python -m pytest -q", "Run pytest."),
+         ("git status --short", "What is the git status?"), ("git status --short", "Run git status."),
+         ("ls", "Run ls."), ("ls", "Run the ls command.")]
     )  # fmt: skip
     b = _Builder(rng, system, user)
     if cmd.startswith("python"):
@@ -239,12 +285,12 @@ def task_run(rng: random.Random, p: Project, system: str) -> list[Message]:
 
 TASKS: list[tuple[Callable[[random.Random, Project, str], list[Message]], float]] = [
     (task_list, 3.0),
-    (task_read, 2.0),
-    (task_explore, 1.5),
+    (task_read, 2.5),
+    (task_explore, 1.0),
     (task_find, 1.5),
-    (task_glob, 1.0),
-    (task_edit, 1.0),
-    (task_run, 1.0),
+    (task_glob, 0.8),
+    (task_edit, 2.0),
+    (task_run, 1.2),
 ]
 
 

@@ -3,23 +3,25 @@
 The model has the `tiny` preset's architecture (parallel block, dense layer 0, routed experts, GQA,
 sliding and full attention, tied embeddings) in a smaller geometry, trained from the synthetic
 initialisation with AdamW on generated dialogues (`dialogues.py`), loss on the assistant's tokens
-only. With the fixed seed it is deterministic for a given torch build; about 2 minutes on two
-free CPU cores (3.5 on a busy machine). The result is a normal HF checkpoint directory (config.json, safetensors shards + index,
-tokenizer files with the chat template), loadable by `build_runtime`.
+only, on one CPU thread. With the fixed seed it is deterministic for a given torch build; about
+12 minutes on one free core. The result is a normal HF checkpoint directory (config.json, bf16
+safetensors + index, tokenizer files with the chat template, `VERSION`, `SHA256SUMS`), loadable
+by `build_runtime`.
 
-`ensure_demo_model()` caches it under `$XDG_CACHE_HOME/mkcode/demo-model/<key>`, the key being a
-hash of this package's source, the tool schemas it was trained with, the chat template and the
-training config, so the app and the tests share one trained copy.
+This is how the checkpoint in `backend/demo/checkpoint/` was made; the app never trains:
+`ensure_demo_model()` returns that shipped, checksum-verified copy. To retrain:
+
+    python -m mkcode.backend.demo.trainer --out DIR      # or: mkcode demo-model --train --out DIR
 """
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import json
 import math
 import os
 import random
-import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,29 +44,29 @@ DEMO_GEOMETRY: dict[str, Any] = {
     "num_attention_heads": 2,  # Q width 64 != hidden 128; GQA 2:1
     "num_key_value_heads": 1,
     "head_dim": 32,
-    "max_position_embeddings": 8192,
+    "max_position_embeddings": 32768,  # holds 10K-token system prompts (OpenCode, Codex CLI)
 }
+
+
+DEMO_MODEL_VERSION = "2"  # bumped whenever the shipped checkpoint is retrained
 
 
 @dataclass(frozen=True)
 class DemoTrainConfig:
     seed: int = 0
-    steps: int = 320  # ~2 min on two free cores; fresh dialogues decode to valid calls from ~200 on
+    steps: int = 1200  # ~12 min on one free core
     batch_size: int = 4  # dialogues per step (they share the tool-schema prefix)
+    threads: int = 1  # torch CPU threads; one is several times faster per step than two on a 2-core machine
     lr: float = 4e-3
     warmup_steps: int = 15
     weight_decay: float = 0.01
     geometry: dict[str, Any] = field(default_factory=lambda: dict(DEMO_GEOMETRY))
+    version: str = DEMO_MODEL_VERSION
     eval_dialogues: int = 8  # fresh dialogues decoded greedily after training (report only)
 
     def key(self) -> dict[str, Any]:
         """What the trained weights depend on (the evaluation is report-only)."""
-        return {k: v for k, v in asdict(self).items() if k != "eval_dialogues"}
-
-
-def demo_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mkcode" / "demo-model"
+        return {k: v for k, v in asdict(self).items() if k not in ("eval_dialogues", "threads")}
 
 
 def _tool_schemas() -> list[dict[str, Any]]:
@@ -75,38 +77,14 @@ def _tool_schemas() -> list[dict[str, Any]]:
         return ToolRegistry(Workspace(d)).openai_tools()
 
 
-def cache_key(config: DemoTrainConfig) -> str:
-    from mkcode.backend.chat.template import chat_template
+def ensure_demo_model(progress: Progress | None = None) -> Path:
+    """The demo checkpoint that ships with the package, its checksums verified (no training)."""
+    from mkcode.backend.demo.shipped import demo_model_version, shipped_demo_model
 
-    h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    h.update(json.dumps(_tool_schemas(), sort_keys=True).encode())
-    h.update(chat_template().encode())
-    h.update(json.dumps(config.key(), sort_keys=True).encode())
-    return h.hexdigest()[:16]
-
-
-def ensure_demo_model(config: DemoTrainConfig | None = None, progress: Progress | None = None) -> Path:
-    """The cached demo checkpoint, trained now if absent (safe against concurrent trainers: the
-    directory appears atomically)."""
-    config = config or DemoTrainConfig()
-    target = demo_cache_dir() / cache_key(config)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".train-", dir=target.parent))
-    try:
-        train_demo_model(tmp, config, progress)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    path = shipped_demo_model()
+    if progress is not None:
+        progress(f"version {demo_model_version(path)}, checksums verified")
+    return path
 
 
 @dataclass
@@ -156,14 +134,25 @@ def train_demo_model(
     (loss curve, time, and how many fresh dialogues decode to a valid tool call)."""
     import torch
 
+    config = config or DemoTrainConfig()
+    say = progress or (lambda _msg: None)
+    t0 = time.monotonic()
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _train(out_dir, config, say, t0)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progress, t0: float) -> Path:
+    import torch
+
     from mkcode.backend.chat.template import chat_template
     from mkcode.backend.chat.tokenizer import ChatTokenizer
     from mkcode.backend.checkpoint.synth import synthetic_config, synthetic_tokenizer, synthetic_weights
     from mkcode.backend.demo.forward import PackedBatch, hidden_states, logits_at
 
-    config = config or DemoTrainConfig()
-    say = progress or (lambda _msg: None)
-    t0 = time.monotonic()
     torch.manual_seed(config.seed)
     raw_tok = synthetic_tokenizer(4096, 0)
     tok = ChatTokenizer.from_tokenizer(raw_tok, chat_template())
@@ -208,7 +197,15 @@ def train_demo_model(
         p.requires_grad_(False)
     out = Path(out_dir)
     write_checkpoint(out, cfg, weights, raw_tok)
-    report: dict[str, Any] = {"train_seconds": round(train_s, 1), "steps": config.steps, "losses": losses}
+    from mkcode.backend.demo.shipped import seal_checkpoint
+
+    seal_checkpoint(out, config.version)
+    report: dict[str, Any] = {
+        "version": config.version,
+        "train_seconds": round(train_s, 1),
+        "config": config.key(),
+        "losses": losses,
+    }
     if config.eval_dialogues:
         from mkcode.backend.demo.evaluate import tool_call_rate
 
@@ -218,14 +215,20 @@ def train_demo_model(
     return out
 
 
-def write_checkpoint(out: Path, cfg: Any, weights: Any, raw_tok: Any) -> None:
-    """A normal HF checkpoint directory, through the checkpoint package's writers."""
+def write_checkpoint(out: Path, cfg: Any, weights: Any, raw_tok: Any, dtype: Any = None) -> None:
+    """A normal HF checkpoint directory, through the checkpoint package's writers; weights stored in
+    bfloat16 (half the size; the CPU runtime computes in float32)."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
     from mkcode.backend.chat.template import chat_template
     from mkcode.backend.chat.tokenizer_synth import save_tokenizer_files
     from mkcode.backend.checkpoint.writer import TensorSpec, write_safetensors_shards
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     eos: Any = list(cfg.eos_token_ids) if len(cfg.eos_token_ids) != 1 else cfg.eos_token_ids[0]
     gen = {
         "bos_token_id": cfg.bos_token_id,
@@ -237,6 +240,43 @@ def write_checkpoint(out: Path, cfg: Any, weights: Any, raw_tok: Any) -> None:
     save_tokenizer_files(raw_tok, out, chat_template())
     specs = []
     for name, t in weights.state_dict(cfg).items():
-        t = t.detach().contiguous()
+        t = t.detach().to(dtype).contiguous()
         specs.append(TensorSpec(name, tuple(t.shape), t.dtype, lambda t=t: t))
     write_safetensors_shards(specs, out, shard_bytes=64 << 20)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mkcode.backend.demo.trainer --out DIR`: train, seal and evaluate a demo checkpoint."""
+    p = argparse.ArgumentParser(prog="python -m mkcode.backend.demo.trainer", description=main.__doc__)
+    p.add_argument("--out", type=Path, required=True, help="directory to write (must not exist)")
+    p.add_argument("--steps", type=int, help="training steps (default: the trainer's)")
+    p.add_argument("--seed", type=int, help="training seed (default 0)")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation (REPORT.md)")
+    args = p.parse_args(argv)
+    return train_to(args.out, args.steps, args.seed, evaluate=not args.no_eval)
+
+
+def train_to(out: Path, steps: int | None, seed: int | None, *, evaluate: bool = True) -> int:
+    from dataclasses import replace
+
+    if out.exists():
+        print(f"error: {out} exists; choose a new directory", file=sys.stderr)
+        return 2
+    config = DemoTrainConfig()
+    if steps is not None:
+        config = replace(config, steps=steps)
+    if seed is not None:
+        config = replace(config, seed=seed)
+    train_demo_model(out, config, lambda msg: print(msg, file=sys.stderr, flush=True))
+    if evaluate:
+        from mkcode.backend.demo.evaluate import evaluate_checkpoint, write_report
+
+        result = evaluate_checkpoint(out)
+        write_report(out, result)
+        print(result.summary(), file=sys.stderr)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

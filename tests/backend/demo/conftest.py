@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
-    """The cached demo checkpoint (trained on first use: 2-3.5 minutes on two cores)."""
-    from mkcode.backend.demo import ensure_demo_model
+    """The demo checkpoint that ships with the package (verified; never trained here)."""
+    from mkcode.backend.demo import shipped_demo_model
 
-    return ensure_demo_model()
+    return shipped_demo_model()

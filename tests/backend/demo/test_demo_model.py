@@ -1,5 +1,6 @@
-"""The demo model: its data is valid cmd4, its training forward is the model's forward, and the
-trained checkpoint (shared cache) really emits tool calls the parser reads."""
+"""The demo model's training side: its data is valid cmd4 and its training forward is the model's
+forward; the shipped checkpoint really emits tool calls the parser reads. (Shipping, checksums and
+the command are in test_shipped.py.)"""
 
 from __future__ import annotations
 
@@ -16,13 +17,7 @@ from mkcode.backend.chat.tokenizer import ChatTokenizer
 from mkcode.backend.checkpoint.synth import synthetic_config, synthetic_tokenizer, synthetic_weights
 from mkcode.backend.demo.dialogues import make_dialogue
 from mkcode.backend.demo.forward import PackedBatch, hidden_states, logits_at
-from mkcode.backend.demo.trainer import (
-    DEMO_GEOMETRY,
-    DemoTrainConfig,
-    _tool_schemas,
-    cache_key,
-    demo_cache_dir,
-)
+from mkcode.backend.demo.trainer import DEMO_GEOMETRY, _tool_schemas
 from mkcode.backend.model.reference import ReferenceModel
 
 
@@ -72,12 +67,20 @@ def test_dialogues_are_well_formed_cmd4() -> None:
     assert seen >= {"list_dir", "read_file", "grep", "glob", "edit_file", "run_shell"}
 
 
-def test_cache_key_and_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert demo_cache_dir() == tmp_path / "mkcode" / "demo-model"
-    base = DemoTrainConfig()
-    assert cache_key(base) == cache_key(DemoTrainConfig())
-    assert cache_key(base) != cache_key(DemoTrainConfig(steps=base.steps + 1))
+def test_dialogues_vary_file_names_so_answers_must_copy_them() -> None:
+    """Half the names are made up per dialogue: the list answer names exactly the listed entries."""
+    from mkcode.backend.demo.dialogues import STEMS, make_project, system_prompt, task_list
+
+    rng = random.Random(11)
+    stems: set[str] = set()
+    for _ in range(60):
+        p = make_project(rng)
+        stems |= {f.rsplit("/", 1)[-1].removesuffix(".py") for f in p.py_files()}
+        messages = task_list(rng, p, system_prompt(rng))
+        listing, answer = messages[-2]["content"], messages[-1]["content"]
+        names = [line.split("  ")[0] for line in listing.split("\n")]
+        assert answer.endswith(", ".join(names) + ".")
+    assert len(stems - set(STEMS)) > 30
 
 
 @pytest.mark.slow
@@ -92,17 +95,3 @@ def test_trained_demo_model_emits_parseable_tool_calls(demo_model: Path) -> None
     tok = ChatTokenizer(demo_model)
     result = tool_call_rate(ck.config, ck.weights, tok, _tool_schemas(), seed=4242, n=6)
     assert result["valid"] >= 5, json.dumps(result["samples"], indent=1)
-
-
-@pytest.mark.slow
-def test_demo_model_command_copies_the_cached_checkpoint(
-    demo_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from mkcode.app.cli import main
-
-    out = tmp_path / "demo"
-    assert main(["demo-model", "--out", str(out), "-q"]) == 0
-    assert capsys.readouterr().out.strip() == str(out)
-    assert (out / "config.json").read_text() == (demo_model / "config.json").read_text()
-    assert main(["demo-model", "--out", str(out), "-q"]) == 2  # exists, no --force
-    assert main(["demo-model", "--out", str(out), "-q", "--force"]) == 0
