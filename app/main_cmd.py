@@ -130,8 +130,8 @@ def confirm_broad_workspace(reason: str, ask=None) -> bool:
 
 
 def _oneshot(args: argparse.Namespace, settings) -> int:
+    from mkcode.app.core.sessions import SessionStore, initial_session
     from mkcode.app.oneshot import OneShotOptions, read_prompt, run_oneshot
-    from mkcode.app.tui.core.sessions import SessionStore
 
     store = SessionStore(data_dir())
     try:
@@ -147,20 +147,3 @@ def _oneshot(args: argparse.Namespace, settings) -> int:
         session=session,
     )
     return run_oneshot(settings, opts, store=store)
-
-
-def initial_session(store, cwd: Path, continue_: bool, resume: str | None, *, picker: bool):
-    """The session `--continue` / `--resume ID` ask for, or None for a new one.
-
-    `--resume` without an ID returns None when `picker` (the front end shows a list); otherwise it
-    is an error. Raises KeyError with a message when the session cannot be found."""
-    if resume:
-        return store.load(resume)
-    if resume == "" and not picker:
-        raise KeyError("--resume needs a session ID here; list them with /sessions in mkcode")
-    if continue_:
-        latest = store.latest(str(cwd))
-        if latest is None:
-            raise KeyError(f"no saved session to continue in {cwd}")
-        return store.load(latest.id)
-    return None

@@ -37,11 +37,11 @@ from mkcode.app.agent import (
     ToolCallStarted,
     TurnFinished,
 )
+from mkcode.app.core.backend import Backend, BackendError, open_backend
+from mkcode.app.core.conversation import Conversation
+from mkcode.app.core.sessions import SessionStore
+from mkcode.app.core.toolview import tool_title
 from mkcode.app.settings import Settings, data_dir
-from mkcode.app.tui.core.backend import Backend, BackendError, open_backend
-from mkcode.app.tui.core.conversation import Conversation
-from mkcode.app.tui.core.sessions import SessionStore
-from mkcode.app.tui.core.toolview import tool_title
 from mkcode.tools import AllowRule
 from mkcode.tools.text import json_terminal_safe, terminal_safe
 

@@ -36,15 +36,14 @@ from mkcode.app.agent import (
     ToolCallStarted,
     TurnFinished,
 )
-from mkcode.app.settings import Settings, data_dir
-from mkcode.app.tui.core import slash
-from mkcode.app.tui.core.backend import BackendError, open_backend
-from mkcode.app.tui.core.conversation import CommandReply, Conversation
-from mkcode.app.tui.core.history import ShownAssistant, ShownTool, ShownUser, shown_items
-from mkcode.app.tui.core.mentions import FileIndex, mention_at_cursor
-from mkcode.app.tui.core.prompt_history import PromptHistory
-from mkcode.app.tui.core.sessions import SessionStore
-from mkcode.app.tui.core.toolview import (
+from mkcode.app.core import slash
+from mkcode.app.core.backend import BackendError, open_backend
+from mkcode.app.core.conversation import CommandReply, Conversation
+from mkcode.app.core.history import ShownAssistant, ShownTool, ShownUser, shown_items
+from mkcode.app.core.mentions import FileIndex, mention_at_cursor
+from mkcode.app.core.prompt_history import PromptHistory
+from mkcode.app.core.sessions import SessionStore
+from mkcode.app.core.toolview import (
     is_shell,
     marked_text,
     output_excerpt,
@@ -52,6 +51,7 @@ from mkcode.app.tui.core.toolview import (
     safe_text,
     tool_title,
 )
+from mkcode.app.settings import Settings, data_dir
 from mkcode.tools import Decision
 from mkcode.tools.text import TerminalStream, terminal_safe
 
@@ -296,7 +296,7 @@ def make_prompt_session(conv: Conversation, history: PromptHistory, **io) -> Pro
 
 
 def run_plain(args: argparse.Namespace, settings: Settings) -> int:
-    from mkcode.app.main_cmd import initial_session
+    from mkcode.app.core.sessions import initial_session
 
     console = Console()
     cwd = Path.cwd()

@@ -12,11 +12,11 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 
 from mkcode.app.agent import Session
+from mkcode.app.core.backend import Backend, BackendError, ProgressFn, open_backend
+from mkcode.app.core.conversation import Conversation
+from mkcode.app.core.prompt_history import PromptHistory
+from mkcode.app.core.sessions import SessionStore
 from mkcode.app.settings import Settings
-from mkcode.app.tui.core.backend import Backend, BackendError, ProgressFn, open_backend
-from mkcode.app.tui.core.conversation import Conversation
-from mkcode.app.tui.core.prompt_history import PromptHistory
-from mkcode.app.tui.core.sessions import SessionStore
 from mkcode.app.tui.messages import BackendFailed, BackendReady, LoadProgress
 from mkcode.app.tui.screens.chat import ChatScreen
 from mkcode.app.tui.screens.sessions import SessionPicker

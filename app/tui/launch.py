@@ -10,10 +10,9 @@ from mkcode.app.settings import Settings, data_dir
 
 
 def run_tui(args: argparse.Namespace, settings: Settings) -> int:
-    from mkcode.app.main_cmd import initial_session
+    from mkcode.app.core.prompt_history import PromptHistory
+    from mkcode.app.core.sessions import SessionStore, initial_session
     from mkcode.app.tui.app import MkcodeApp
-    from mkcode.app.tui.core.prompt_history import PromptHistory
-    from mkcode.app.tui.core.sessions import SessionStore
 
     cwd = Path.cwd()
     store = SessionStore(data_dir())

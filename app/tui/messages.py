@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from mkcode.app.agent import AgentEvent
-from mkcode.app.tui.core.backend import Backend
+from mkcode.app.core.backend import Backend
 
 
 @dataclass

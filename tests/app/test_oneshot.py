@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from mkcode.app.core.sessions import SessionStore
 from mkcode.app.oneshot import EXIT_DENIED, EXIT_ERROR, EXIT_OK, OneShotOptions, read_prompt, run_oneshot
 from mkcode.app.settings import Settings
-from mkcode.app.tui.core.sessions import SessionStore
 from tests.app.tui.scripted_engine import scripted_backend, text_step, tool_step
 
 

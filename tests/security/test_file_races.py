@@ -235,7 +235,7 @@ def test_symlink_inside_workspace_pointing_inside_is_followed_by_read(scene: Sce
 
 
 def _undo_registry(scene: Scene):
-    from mkcode.app.tui.core.undo import SnapshottingRegistry, UndoStack
+    from mkcode.app.core.undo import SnapshottingRegistry, UndoStack
 
     reg = SnapshottingRegistry(Workspace(scene.ws), mode=PermissionMode("full-auto"), audit=AuditLog())
     stack = UndoStack()
@@ -246,7 +246,7 @@ def _undo_registry(scene: Scene):
 def test_undo_restore_after_directory_swapped(scene: Scene):
     """The turn edited sub/notes.txt; a sandboxed command then made sub a link to $HOME; /undo
     must not write the workspace file's old bytes over $HOME/notes.txt."""
-    from mkcode.app.tui.core.undo import restore_files
+    from mkcode.app.core.undo import restore_files
 
     (scene.ws / "sub" / "notes.txt").write_text("attacker-chosen bytes\n")
     reg, checkpoint = _undo_registry(scene)
@@ -260,7 +260,7 @@ def test_undo_restore_after_directory_swapped(scene: Scene):
 
 def test_undo_remove_after_directory_swapped(scene: Scene):
     """The turn created sub/data.txt's sibling; after the swap, /undo must not delete $HOME's file."""
-    from mkcode.app.tui.core.undo import restore_files
+    from mkcode.app.core.undo import restore_files
 
     reg, checkpoint = _undo_registry(scene)
     assert reg.execute("write_file", {"path": "sub/homeonly.md", "content": "new\n"}).ok

@@ -34,14 +34,14 @@ from mkcode.app.agent.events import (
     TextDelta,
     ToolCallStarted,
 )
+from mkcode.app.core.conversation import Conversation
+from mkcode.app.core.prompt_history import PromptHistory
+from mkcode.app.core.sessions import SessionStore
+from mkcode.app.core.toolview import tool_title
 from mkcode.app.oneshot import OneShotOptions, run_oneshot
 from mkcode.app.plain.repl import MkcodeCompleter, PlainRepl, make_prompt_session
 from mkcode.app.settings import Settings
 from mkcode.app.tui.app import MkcodeApp
-from mkcode.app.tui.core.conversation import Conversation
-from mkcode.app.tui.core.prompt_history import PromptHistory
-from mkcode.app.tui.core.sessions import SessionStore
-from mkcode.app.tui.core.toolview import tool_title
 from mkcode.app.tui.screens.approval import ApprovalScreen
 from mkcode.app.tui.screens.sessions import SessionPicker
 from mkcode.app.tui.screens.start import StartScreen

@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from mkcode.app.tui.core.toolview import safe_syntax, safe_text, tool_title
+from mkcode.app.core.toolview import safe_syntax, safe_text, tool_title
 from mkcode.tools import ApprovalRequest, Decision
 
 

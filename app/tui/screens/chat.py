@@ -27,12 +27,12 @@ from mkcode.app.agent import (
     ToolCallStarted,
     TurnFinished,
 )
-from mkcode.app.tui.core import slash
-from mkcode.app.tui.core.conversation import CommandReply, Conversation
-from mkcode.app.tui.core.history import shown_items
-from mkcode.app.tui.core.mentions import mention_at_cursor
-from mkcode.app.tui.core.prompt_history import PromptHistory
-from mkcode.app.tui.core.toolview import safe_text
+from mkcode.app.core import slash
+from mkcode.app.core.conversation import CommandReply, Conversation
+from mkcode.app.core.history import shown_items
+from mkcode.app.core.mentions import mention_at_cursor
+from mkcode.app.core.prompt_history import PromptHistory
+from mkcode.app.core.toolview import safe_text
 from mkcode.app.tui.messages import AgentEventArrived, TurnEnded
 from mkcode.app.tui.screens.approval import ApprovalScreen
 from mkcode.app.tui.screens.sessions import SessionPicker

@@ -11,9 +11,9 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from mkcode.app.tui.core.conversation import format_session
-from mkcode.app.tui.core.sessions import SessionInfo
-from mkcode.app.tui.core.toolview import safe_text
+from mkcode.app.core.conversation import format_session
+from mkcode.app.core.sessions import SessionInfo
+from mkcode.app.core.toolview import safe_text
 
 
 class SessionPicker(ModalScreen[str | None]):

@@ -10,7 +10,7 @@ from textual.containers import Center, Vertical
 from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
 
-from mkcode.app.tui.core.toolview import safe_text
+from mkcode.app.core.toolview import safe_text
 
 LOGO = "mkcode"
 

@@ -7,7 +7,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 from textual.widgets import Static
 
-from mkcode.app.tui.core.toolview import safe_syntax, safe_text
+from mkcode.app.core.toolview import safe_syntax, safe_text
 
 
 class UserPrompt(Static):

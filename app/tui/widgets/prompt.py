@@ -10,7 +10,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-from mkcode.app.tui.core.prompt_history import PromptHistory
+from mkcode.app.core.prompt_history import PromptHistory
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
 COMPLETION_KEYS = ("up", "down", "tab", "enter", "escape")

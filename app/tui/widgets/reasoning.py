@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Collapsible, Static
 
-from mkcode.app.tui.core.toolview import marked_text
+from mkcode.app.core.toolview import marked_text
 from mkcode.tools.text import TerminalStream
 
 

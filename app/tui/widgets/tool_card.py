@@ -17,7 +17,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from mkcode.app.agent import ToolCallFinished
-from mkcode.app.tui.core.toolview import is_shell, output_excerpt, safe_syntax, safe_text, tool_title
+from mkcode.app.core.toolview import is_shell, output_excerpt, safe_syntax, safe_text, tool_title
 
 SHOW_DURATION_S = 2.0  # shorter calls are not worth the noise
 ICONS = {"running": "…", "waiting": "?", "ok": "✓", "failed": "✗", "denied": "⊘", "interrupted": "■"}

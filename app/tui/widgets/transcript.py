@@ -12,7 +12,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 
 from mkcode.app.agent import ToolCallFinished
-from mkcode.app.tui.core.history import ShownAssistant, ShownItem, ShownTool, ShownUser
+from mkcode.app.core.history import ShownAssistant, ShownItem, ShownTool, ShownUser
 from mkcode.app.tui.widgets.assistant_text import AssistantText
 from mkcode.app.tui.widgets.notes import Note, UserPrompt
 from mkcode.app.tui.widgets.reasoning import Reasoning

@@ -15,11 +15,11 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
+from mkcode.app.core.conversation import Conversation
+from mkcode.app.core.prompt_history import PromptHistory
+from mkcode.app.core.sessions import SessionStore
 from mkcode.app.plain.repl import MkcodeCompleter, PlainRepl, make_prompt_session
 from mkcode.app.settings import Settings
-from mkcode.app.tui.core.conversation import Conversation
-from mkcode.app.tui.core.prompt_history import PromptHistory
-from mkcode.app.tui.core.sessions import SessionStore
 from tests.app.tui.scripted_engine import scripted_backend, text_step, tool_step
 
 pytestmark = pytest.mark.asyncio
@@ -85,7 +85,7 @@ async def test_ctrl_d_quits(tmp_path, workspace):
 
 
 async def test_completion_of_commands_and_files(workspace):
-    from mkcode.app.tui.core.mentions import FileIndex
+    from mkcode.app.core.mentions import FileIndex
 
     completer = MkcodeCompleter(FileIndex(workspace))
     names = [c.text for c in completer.get_completions(Document("/re"), CompleteEvent())]

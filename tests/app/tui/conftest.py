@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from mkcode.app.core.sessions import SessionStore
 from mkcode.app.settings import Settings
 from mkcode.app.tui.app import MkcodeApp
-from mkcode.app.tui.core.sessions import SessionStore
 from tests.app.tui.scripted_engine import scripted_backend
 
 

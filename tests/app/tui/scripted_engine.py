@@ -27,7 +27,7 @@ from mkcode.app.agent.client import (
     estimate_tokens,
 )
 from mkcode.app.agent.events import Usage
-from mkcode.app.tui.core.backend import Backend, BackendMetrics
+from mkcode.app.core.backend import Backend, BackendMetrics
 
 Step = list[Any]
 

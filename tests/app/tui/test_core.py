@@ -8,17 +8,17 @@ import sys
 import pytest
 
 from mkcode.app.agent import Session
+from mkcode.app.core import backend as backend_mod
+from mkcode.app.core.sessions import SessionStore
+from mkcode.app.core.undo import TurnCheckpoint, restore_files, session_diff
 from mkcode.app.settings import Settings
-from mkcode.app.tui.core import backend as backend_mod
-from mkcode.app.tui.core.sessions import SessionStore
-from mkcode.app.tui.core.undo import TurnCheckpoint, restore_files, session_diff
 from mkcode.app.tui.widgets.status_bar import Status, render_status
 
 
 def test_core_and_oneshot_do_not_import_textual_or_torch():
     code = (
         "import sys\n"
-        "import mkcode.app.tui.core.conversation, mkcode.app.oneshot, mkcode.app.main_cmd\n"
+        "import mkcode.app.core.conversation, mkcode.app.oneshot, mkcode.app.main_cmd\n"
         "heavy = [m for m in ('torch', 'textual', 'prompt_toolkit') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

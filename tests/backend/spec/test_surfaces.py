@@ -108,7 +108,7 @@ def test_metrics_export_the_speculative_counters():
 
 
 def test_tui_status_bar_shows_accepted_over_drafted():
-    from mkcode.app.tui.core.backend import runtime_metrics
+    from mkcode.app.core.backend import runtime_metrics
     from mkcode.app.tui.widgets.status_bar import Status, render_status
 
     m = EngineMetrics(spec_draft_tokens=1140, spec_accepted_tokens=812)

@@ -146,3 +146,20 @@ def _info(path: Path) -> SessionInfo | None:
         title=title,
         messages=messages,
     )
+
+
+def initial_session(store: SessionStore, cwd: Path, continue_: bool, resume: str | None, *, picker: bool):
+    """The session `--continue` / `--resume ID` ask for, or None for a new one.
+
+    `--resume` without an ID returns None when `picker` (the front end shows a list); otherwise it
+    is an error. Raises KeyError with a message when the session cannot be found."""
+    if resume:
+        return store.load(resume)
+    if resume == "" and not picker:
+        raise KeyError("--resume needs a session ID here; list them with /sessions in mkcode")
+    if continue_:
+        latest = store.latest(str(cwd))
+        if latest is None:
+            raise KeyError(f"no saved session to continue in {cwd}")
+        return store.load(latest.id)
+    return None

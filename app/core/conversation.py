@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mkcode.app.agent import Agent, AgentConfig, AgentEvent, Session, ToolCallFinished, TurnFinished
+from mkcode.app.core import slash
+from mkcode.app.core.backend import Backend
+from mkcode.app.core.mentions import FileIndex, expand_mentions
+from mkcode.app.core.sessions import SessionInfo, SessionStore
+from mkcode.app.core.undo import SnapshottingRegistry, UndoResult, UndoStack, restore_files, session_diff
 from mkcode.app.settings import MODES, Settings
-from mkcode.app.tui.core import slash
-from mkcode.app.tui.core.backend import Backend
-from mkcode.app.tui.core.mentions import FileIndex, expand_mentions
-from mkcode.app.tui.core.sessions import SessionInfo, SessionStore
-from mkcode.app.tui.core.undo import SnapshottingRegistry, UndoResult, UndoStack, restore_files, session_diff
 from mkcode.tools import AllowRule, PermissionPolicy, SandboxSettings, Workspace
 
 
@@ -180,7 +180,7 @@ class Conversation:
         lines = [f"model: {b.model_name}", f"backend: {b.kind} · {b.label}"]
         lines.append(f"context window: {self.context_window} tokens")
         if b.kind == "demo":
-            from mkcode.app.tui.core.backend import DEMO_HINT
+            from mkcode.app.core.backend import DEMO_HINT
 
             lines.append(DEMO_HINT)
         return CommandReply("\n".join(lines))
