@@ -15,9 +15,38 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from mkcode.app.agent.events import Usage
+from mkcode.backend.turn.events import (
+    MalformedOutput,
+    ModelDone,
+    ModelEvent,
+    ModelFinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallBegin,
+    ToolCallReady,
+)
+
+__all__ = [
+    "ChatRequest",
+    "EngineClient",
+    "MalformedOutput",
+    "Message",
+    "ModelDone",
+    "ModelEvent",
+    "ModelFinishReason",
+    "ReasoningChunk",
+    "ReasoningDelta",
+    "TextChunk",
+    "TextDelta",
+    "ToolCallArgsDelta",
+    "ToolCallBegin",
+    "ToolCallReady",
+    "ToolSchema",
+    "estimate_tokens",
+]
 
 Message = dict[str, Any]  # OpenAI-shaped chat message (role, content, tool_calls, tool_call_id, ...)
 ToolSchema = dict[str, Any]  # OpenAI-shaped tool: {"type": "function", "function": {...}}
@@ -33,53 +62,10 @@ class ChatRequest:
     seed: int | None = None
 
 
-@dataclass(frozen=True)
-class TextChunk:
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningChunk:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallBegin:
-    """A tool call starts streaming (best effort: for showing progress early)."""
-
-    index: int
-    call_id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallReady:
-    """A complete tool call; `arguments` is a JSON object serialised as a string."""
-
-    index: int
-    call_id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class MalformedOutput:
-    """The model wrote something that is not a valid tool call; `message` is written for the model."""
-
-    message: str
-
-
-ModelFinishReason = Literal["stop", "tool_calls", "length", "cancelled", "error"]
-
-
-@dataclass(frozen=True)
-class ModelDone:
-    finish_reason: ModelFinishReason
-    usage: Usage
-    error: str | None = None
-
-
-ModelEvent = TextChunk | ReasoningChunk | ToolCallBegin | ToolCallReady | MalformedOutput | ModelDone
+# The model stream's events are the turn pipeline's (one vocabulary for the server and the agent).
+# TextChunk / ReasoningChunk are the names this module gave them before; kept for existing callers.
+TextChunk = TextDelta
+ReasoningChunk = ReasoningDelta
 
 
 @runtime_checkable

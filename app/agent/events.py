@@ -5,72 +5,36 @@ One `Agent.run(prompt)` yields these in order: text/reasoning deltas while the m
 the permission policy asks the user), `Notice`s for things the user should know (malformed model
 output, truncated tool output, compaction), and exactly one `TurnFinished` at the end. Every event is
 a frozen dataclass with a `type` tag, and `to_dict()` gives a JSON-ready form (stream-json output).
+`TextDelta`, `ReasoningDelta` and `Usage` are the turn pipeline's own (`mkcode.backend.turn.events`,
+`mkcode.backend.usage`), re-exported here: the model's text reaches the user as the same objects.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from mkcode.backend.turn.events import Event as _Event
+from mkcode.backend.turn.events import ReasoningDelta, TextDelta
+from mkcode.backend.usage import Usage
 from mkcode.tools import ApprovalRequest, ApprovalResponse, Decision
 
-
-@dataclass
-class Usage:
-    """Token counts: per model call, or summed over a turn or a session."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens served from a prefix cache, when the backend says
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def add(self, other: Usage) -> None:
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.cached_tokens += other.cached_tokens
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "total_tokens": self.total_tokens,
-        }
-
-
-class _Event:
-    type: ClassVar[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name.startswith("_"):
-                continue
-            value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
-        return out
-
-
-@dataclass(frozen=True)
-class TextDelta(_Event):
-    """More of the assistant's answer text."""
-
-    type: ClassVar[str] = "text_delta"
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningDelta(_Event):
-    """More of the assistant's reasoning ("thinking") text."""
-
-    type: ClassVar[str] = "reasoning_delta"
-    text: str
+__all__ = [
+    "AgentError",
+    "AgentEvent",
+    "ApprovalRequested",
+    "FinishReason",
+    "Notice",
+    "NoticeKind",
+    "ReasoningDelta",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "TurnFinished",
+    "Usage",
+]
 
 
 @dataclass(frozen=True)

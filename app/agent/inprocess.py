@@ -13,12 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from mkcode.app.agent.client import (
     ChatRequest,
-    MalformedOutput,
     ModelDone,
     ModelEvent,
-    ReasoningChunk,
-    TextChunk,
-    ToolCallBegin,
+    ToolCallArgsDelta,
     ToolCallReady,
 )
 from mkcode.app.agent.events import Usage
@@ -103,7 +100,7 @@ class InProcessClient:
             async for ev in stream:
                 if isinstance(ev, FinishEvent):
                     finished = True
-                    for out in _convert(parser.finish(), p):
+                    for out in _convert(parser.finish()):
                         saw_call |= isinstance(out, ToolCallReady)
                         yield out
                     reason = ev.reason
@@ -112,7 +109,7 @@ class InProcessClient:
                     usage = Usage(ev.usage.prompt_tokens, ev.usage.completion_tokens, ev.usage.cached_tokens)
                     yield ModelDone(reason, usage, ev.error)  # type: ignore[arg-type]
                     return
-                for out in _convert(parser.feed(ev.text), p):
+                for out in _convert(parser.feed(ev.text)):
                     saw_call |= isinstance(out, ToolCallReady)
                     yield out
         finally:
@@ -123,17 +120,6 @@ class InProcessClient:
         return None
 
 
-def _convert(events: list[Any], p: Any) -> list[ModelEvent]:
-    out: list[ModelEvent] = []
-    for ev in events:
-        if isinstance(ev, p.TextDelta):
-            out.append(TextChunk(ev.text))
-        elif isinstance(ev, p.ReasoningDelta):
-            out.append(ReasoningChunk(ev.text))
-        elif isinstance(ev, p.ToolCallStarted):
-            out.append(ToolCallBegin(ev.index, ev.id, ev.name))
-        elif isinstance(ev, p.ToolCallDone):
-            out.append(ToolCallReady(ev.index, ev.id, ev.name, ev.arguments))
-        elif isinstance(ev, p.ParseError):
-            out.append(MalformedOutput(ev.message))
-    return out
+def _convert(events: list[Any]) -> list[ModelEvent]:
+    """The parser's events, less the argument deltas (the agent acts on complete calls only)."""
+    return [ev for ev in events if not isinstance(ev, ToolCallArgsDelta)]

@@ -7,15 +7,16 @@ A cmd4 chatbot turn is ``<|START_THINKING|>plan<|END_THINKING|>`` followed by ei
 ``Cmd4StreamParser`` feeds text deltas (from ``IncrementalDetokenizer``) to ``cohere_melody.PyFilter``
 (cmd4 options), which splits reasoning, answer text and tool-call pieces as they stream. On top of it,
 each action block is checked when it closes (or when the stream ends): its JSON is parsed, and every call
-is reported once as ``ToolCallDone`` with canonical JSON ``arguments``. ``ToolCallDone`` is the
-authoritative result; ``ToolCallStarted``/``ToolCallArgsDelta`` are the early, best-effort stream (for
+is reported once as ``ToolCallReady`` with canonical JSON ``arguments``. ``ToolCallReady`` is the
+authoritative result; ``ToolCallBegin``/``ToolCallArgsDelta`` are the early, best-effort stream (for
 OpenAI-style streaming). When the filter streamed no arguments for a call, one ``ToolCallArgsDelta``
-with the full arguments precedes its ``ToolCallDone``.
+with the full arguments precedes its ``ToolCallReady``.
 
 Malformed or truncated output — a block that is not JSON, a call without a name, arguments that are not
-a JSON object, a stream that ends inside an action — becomes ``ParseError`` events with a readable
+a JSON object, a stream that ends inside an action — becomes ``MalformedOutput`` events with a readable
 message (for the agent to show the model), never an exception. A call whose arguments are not valid
-JSON gets a ``ParseError`` and no ``ToolCallDone``.
+JSON gets a ``MalformedOutput`` and no ``ToolCallReady``. The event types are the turn's one vocabulary
+(``mkcode.backend.turn.events``); ``call_id`` here is the id the model wrote (``"0"``, ``"1"``…).
 """
 
 from __future__ import annotations
@@ -27,70 +28,19 @@ from typing import Any
 import cohere_melody
 
 from mkcode.backend.chat import special_tokens as st
+from mkcode.backend.turn.events import (
+    MalformedOutput,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallBegin,
+    ToolCallReady,
+)
 
-__all__ = [
-    "Cmd4StreamParser",
-    "ParseError",
-    "ParseEvent",
-    "ParsedGeneration",
-    "ReasoningDelta",
-    "TextDelta",
-    "ToolCallArgsDelta",
-    "ToolCallDone",
-    "ToolCallStarted",
-    "parse_full",
-]
+__all__ = ["Cmd4StreamParser", "ParseEvent", "ParsedGeneration", "parse_full"]
 
 
-@dataclass(frozen=True)
-class TextDelta:
-    """New answer text."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    """New reasoning ("thinking") text."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallStarted:
-    """A tool call begins; ``index`` counts calls in this generation from 0."""
-
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ToolCallArgsDelta:
-    """More of the JSON arguments of call ``index`` (best effort; ``ToolCallDone`` is authoritative)."""
-
-    index: int
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDone:
-    """A complete, valid tool call; ``arguments`` is a JSON object serialised with ``json.dumps``."""
-
-    index: int
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class ParseError:
-    """The generation is malformed here; ``message`` says how, in words fit to show the model."""
-
-    message: str
-
-
-ParseEvent = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallArgsDelta | ToolCallDone | ParseError
+ParseEvent = TextDelta | ReasoningDelta | ToolCallBegin | ToolCallArgsDelta | ToolCallReady | MalformedOutput
 
 
 @dataclass
@@ -99,7 +49,7 @@ class ParsedGeneration:
 
     content: str
     reasoning: str
-    tool_calls: list[ToolCallDone]
+    tool_calls: list[ToolCallReady]
     errors: list[str]
 
 
@@ -154,7 +104,7 @@ class Cmd4StreamParser:
                 result = self._filter.write_decoded(text_delta)
             except BaseException as exc:
                 self._broken = True
-                events.append(ParseError(f"the output could not be parsed incrementally ({exc})"))
+                events.append(MalformedOutput(f"the output could not be parsed incrementally ({exc})"))
             else:
                 events += self._convert(result)
         events += self._scan_actions(text_delta)
@@ -170,7 +120,7 @@ class Cmd4StreamParser:
             try:
                 events += self._convert(self._filter.flush_partials())
             except BaseException as exc:
-                events.append(ParseError(f"the output could not be parsed ({exc})"))
+                events.append(MalformedOutput(f"the output could not be parsed ({exc})"))
         if self._in_action:
             events += self._finish_block("".join(self._action_text) + self._tail, truncated=True)
             self._in_action = False
@@ -212,7 +162,7 @@ class Cmd4StreamParser:
         if state.started:
             return []
         state.started = True
-        events: list[ParseEvent] = [ToolCallStarted(index, state.id or str(index), state.name)]
+        events: list[ParseEvent] = [ToolCallBegin(index, state.id or str(index), state.name)]
         events += [ToolCallArgsDelta(index, text) for text in state.pending]
         state.pending.clear()
         return events
@@ -253,13 +203,15 @@ class Cmd4StreamParser:
         except ValueError as exc:
             if truncated:
                 events.append(
-                    ParseError(
+                    MalformedOutput(
                         "the output ended inside a tool-call block (<|START_ACTION|> without <|END_ACTION|>)"
                     )
                 )
             else:
                 events.append(
-                    ParseError(f"the tool-call block is not valid JSON ({exc}): {_short(block.strip())!r}")
+                    MalformedOutput(
+                        f"the tool-call block is not valid JSON ({exc}): {_short(block.strip())!r}"
+                    )
                 )
             streamed = [i for i in sorted(self._calls) if i >= base and not self._calls[i].done]
             for index in streamed:
@@ -279,18 +231,18 @@ class Cmd4StreamParser:
         state.done = True
         if not isinstance(item, dict):
             return [
-                ParseError(
+                MalformedOutput(
                     f"tool call {index} is not a JSON object: {_short(json.dumps(item, ensure_ascii=False))}"
                 )
             ]
         name = item.get("tool_name")
         if not isinstance(name, str) or not name:
-            return [ParseError(f'tool call {index} has no "tool_name" string')]
+            return [MalformedOutput(f'tool call {index} has no "tool_name" string')]
         params = item.get("parameters", {})
         if params is None:
             params = {}
         if not isinstance(params, dict):
-            return [ParseError(f'tool call {index} ({name}): "parameters" must be a JSON object')]
+            return [MalformedOutput(f'tool call {index} ({name}): "parameters" must be a JSON object')]
         raw_id = item.get("tool_call_id")
         call_id = str(raw_id) if isinstance(raw_id, str | int) and str(raw_id) else str(index)
         arguments = json.dumps(params, ensure_ascii=False)
@@ -300,7 +252,7 @@ class Cmd4StreamParser:
             events += self._start(index)
         if not state.args:
             events.append(ToolCallArgsDelta(index, arguments))
-        events.append(ToolCallDone(index, call_id, name, arguments))
+        events.append(ToolCallReady(index, call_id, name, arguments))
         return events
 
     def _fallback_call(self, index: int) -> list[ParseEvent]:
@@ -310,22 +262,22 @@ class Cmd4StreamParser:
             return []
         state.done = True
         if not state.name:
-            return [ParseError(f"tool call {index} has no tool name")]
+            return [MalformedOutput(f"tool call {index} has no tool name")]
         events: list[ParseEvent] = []
         args = state.args.strip() or "{}"
         try:
             params = json.loads(args)
         except ValueError as exc:
             return [
-                ParseError(
+                MalformedOutput(
                     f"tool call {index} ({state.name}): arguments are not valid JSON ({exc}): {_short(args)!r}"
                 )
             ]
         if not isinstance(params, dict):
-            return [ParseError(f"tool call {index} ({state.name}): arguments must be a JSON object")]
+            return [MalformedOutput(f"tool call {index} ({state.name}): arguments must be a JSON object")]
         events += self._start(index)
         events.append(
-            ToolCallDone(index, state.id or str(index), state.name, json.dumps(params, ensure_ascii=False))
+            ToolCallReady(index, state.id or str(index), state.name, json.dumps(params, ensure_ascii=False))
         )
         return events
 
@@ -336,15 +288,15 @@ def parse_full(text: str, start_in_answer: bool = False) -> ParsedGeneration:
     events = parser.feed(text) + parser.finish()
     content: list[str] = []
     reasoning: list[str] = []
-    calls: list[ToolCallDone] = []
+    calls: list[ToolCallReady] = []
     errors: list[str] = []
     for event in events:
         if isinstance(event, TextDelta):
             content.append(event.text)
         elif isinstance(event, ReasoningDelta):
             reasoning.append(event.text)
-        elif isinstance(event, ToolCallDone):
+        elif isinstance(event, ToolCallReady):
             calls.append(event)
-        elif isinstance(event, ParseError):
+        elif isinstance(event, MalformedOutput):
             errors.append(event.message)
     return ParsedGeneration("".join(content), "".join(reasoning), calls, errors)

@@ -17,6 +17,8 @@ from typing import Literal, Protocol
 import torch
 
 from mkcode.backend.sampling import SamplingParams
+from mkcode.backend.usage import SpecUsage as SpecUsage  # re-exported for the engine
+from mkcode.backend.usage import Usage
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 _ids = itertools.count(1)
@@ -55,45 +57,6 @@ class GenerationRequest:
             raise RequestError("empty prompt: a request needs at least one prompt token")
         if any(isinstance(t, bool) or not isinstance(t, int) for t in self.prompt_ids):
             raise RequestError("prompt_ids must be a list of integers")
-
-
-@dataclass
-class SpecUsage:
-    """One request's speculative decoding: its steps with drafts, drafts verified and accepted."""
-
-    verify_steps: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-    @property
-    def tokens_per_verify(self) -> float:
-        """Tokens emitted per step with drafts (accepted drafts + the one the step always gives)."""
-        return (self.accepted_tokens + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "verify_steps": self.verify_steps,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "acceptance_rate": round(self.acceptance_rate, 4),
-            "tokens_per_verify": round(self.tokens_per_verify, 4),
-        }
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    speculative: SpecUsage | None = None  # None: the request did not speculate
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass

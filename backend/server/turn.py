@@ -15,14 +15,7 @@ import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from mkcode.backend.chat.parser import (
-    Cmd4StreamParser,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallDone,
-    ToolCallStarted,
-)
+from mkcode.backend.chat.parser import Cmd4StreamParser
 from mkcode.backend.engine.request import (
     FinishEvent,
     GenerationRequest,
@@ -33,6 +26,13 @@ from mkcode.backend.engine.request import (
 )
 from mkcode.backend.sampling import SamplingError
 from mkcode.backend.server.errors import bad_request
+from mkcode.backend.turn.events import (
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallBegin,
+    ToolCallReady,
+)
 
 log = logging.getLogger("mkcode.server")
 
@@ -110,14 +110,14 @@ async def run_turn(engine, stream: RequestStream, *, tools: bool) -> AsyncIterat
                 out.append(ReasoningOut(ev.text))
             elif not tools:
                 continue
-            elif isinstance(ev, ToolCallStarted):
+            elif isinstance(ev, ToolCallBegin):
                 ids[ev.index] = new_call_id()
                 streamed[ev.index] = []
                 out.append(CallStart(ev.index, ids[ev.index], ev.name))
             elif isinstance(ev, ToolCallArgsDelta) and ev.index in ids:
                 streamed[ev.index].append(ev.text)
                 out.append(CallArgs(ev.index, ev.text))
-            elif isinstance(ev, ToolCallDone) and ev.index in ids:
+            elif isinstance(ev, ToolCallReady) and ev.index in ids:
                 sent = "".join(streamed[ev.index])
                 try:
                     same = json.loads(sent) == json.loads(ev.arguments)

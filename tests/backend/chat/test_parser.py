@@ -1,4 +1,4 @@
-"""Cmd4StreamParser: never raises, reports malformed output as ParseError, round-trips rendered calls."""
+"""Cmd4StreamParser: never raises, reports malformed output as MalformedOutput, round-trips rendered calls."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from mkcode.backend.chat import special_tokens as st
-from mkcode.backend.chat.parser import (
-    Cmd4StreamParser,
-    ParseError,
-    ParseEvent,
+from mkcode.backend.chat.parser import Cmd4StreamParser, ParseEvent, parse_full
+from mkcode.backend.chat.template import chat_template, render_chat
+from mkcode.backend.turn.events import (
+    MalformedOutput,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
-    ToolCallDone,
-    ToolCallStarted,
-    parse_full,
+    ToolCallBegin,
+    ToolCallReady,
 )
-from mkcode.backend.chat.template import chat_template, render_chat
 
 from .strategies import json_objects_of, marker_free_text
 
@@ -61,10 +59,10 @@ def stream(text_: str, cuts: list[int]) -> list[ParseEvent]:
 def test_never_raises_on_garbage(data: hs.DataObject, garbage: str) -> None:
     cuts = data.draw(hs.lists(hs.integers(0, len(garbage)), max_size=8))
     events = stream(garbage, cuts)
-    done = [e for e in events if isinstance(e, ToolCallDone)]
+    done = [e for e in events if isinstance(e, ToolCallReady)]
     for call in done:
         assert isinstance(json.loads(call.arguments), dict)
-    started = {e.index for e in events if isinstance(e, ToolCallStarted)}
+    started = {e.index for e in events if isinstance(e, ToolCallBegin)}
     assert {c.index for c in done} <= started
     parse_full(garbage)
 
@@ -104,16 +102,16 @@ def test_rendered_tool_calls_parse_back(
     generation = _assistant_turn(openai_calls, reasoning)
     cuts = data.draw(hs.lists(hs.integers(0, len(generation)), max_size=10))
     events = stream(generation, cuts)
-    assert not [e for e in events if isinstance(e, ParseError)]
-    done = [e for e in events if isinstance(e, ToolCallDone)]
-    assert [(d.index, d.id, d.name) for d in done] == [(i, str(i), n) for i, (n, _) in enumerate(calls)]
+    assert not [e for e in events if isinstance(e, MalformedOutput)]
+    done = [e for e in events if isinstance(e, ToolCallReady)]
+    assert [(d.index, d.call_id, d.name) for d in done] == [(i, str(i), n) for i, (n, _) in enumerate(calls)]
     assert [json.loads(d.arguments) for d in done] == [a for _, a in calls]
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == reasoning.strip()
     assert not [e for e in events if isinstance(e, TextDelta)]
     # Each call is announced once, before its arguments and its completion.
     for d in done:
         kinds = [type(e) for e in events if getattr(e, "index", None) == d.index]
-        assert kinds[0] is ToolCallStarted and kinds[-1] is ToolCallDone and kinds.count(ToolCallStarted) == 1
+        assert kinds[0] is ToolCallBegin and kinds[-1] is ToolCallReady and kinds.count(ToolCallBegin) == 1
         assert ToolCallArgsDelta in kinds
 
 
@@ -152,7 +150,7 @@ def test_key_order_and_unterminated_block() -> None:
     parsed = parse_full(
         f'{st.START_ACTION}[{{"tool_name": "f", "tool_call_id": "7", "parameters": {{"x": 1}}}}]{st.END_ACTION}'
     )
-    assert parsed.tool_calls == [ToolCallDone(0, "7", "f", '{"x": 1}')] and parsed.errors == []
+    assert parsed.tool_calls == [ToolCallReady(0, "7", "f", '{"x": 1}')] and parsed.errors == []
     # A complete JSON list whose <|END_ACTION|> never came is still a valid call.
     parsed = parse_full(f'{st.START_ACTION}[{{"tool_call_id": "0", "tool_name": "f", "parameters": {{}}}}]')
-    assert parsed.tool_calls == [ToolCallDone(0, "0", "f", "{}")]
+    assert parsed.tool_calls == [ToolCallReady(0, "0", "f", "{}")]
