@@ -82,3 +82,12 @@ def output_excerpt(output: str, max_lines: int = 12) -> str:
     if len(lines) <= max_lines:
         return "\n".join(lines)
     return f"… {len(lines) - max_lines} more lines\n" + "\n".join(lines[-max_lines:])
+
+
+def output_head(output: str, max_lines: int = 12) -> str:
+    """The first lines of a tool's output (a listing or a file reads from the top). Lines end at
+    LF only, as in `output_excerpt`."""
+    lines = output.rstrip("\n").split("\n")
+    if len(lines) <= max_lines:
+        return "\n".join(lines)
+    return "\n".join(lines[:max_lines]) + f"\n… {len(lines) - max_lines} more lines"

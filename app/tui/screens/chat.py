@@ -43,7 +43,8 @@ from mkcode.tools import Decision
 
 KEYS_HELP = (
     "Enter send · Shift+Enter/Ctrl+J newline · ↑/↓ history · Tab complete /commands and @files\n"
-    "Esc or Ctrl+C interrupt · Ctrl+C twice quit · Ctrl+T theme · PgUp/PgDn scroll"
+    "Esc or Ctrl+C interrupt · Ctrl+C twice quit · Ctrl+T theme · PgUp/PgDn scroll · "
+    "Ctrl+O tool output"
 )
 QUIT_WINDOW_S = 2.0
 
@@ -62,6 +63,7 @@ class ChatScreen(Screen[None]):
         Binding("escape", "interrupt", "interrupt", show=False),
         Binding("ctrl+c", "ctrl_c", "interrupt/quit", show=False, priority=True),
         Binding("ctrl+d", "quit", "quit", show=False),
+        Binding("ctrl+o", "toggle_tool_output", "tool output", show=False),
         Binding("pageup", "scroll_transcript(-1)", show=False),
         Binding("pagedown", "scroll_transcript(1)", show=False),
     ]
@@ -234,15 +236,27 @@ class ChatScreen(Screen[None]):
         card = self.transcript.cards.get(ev.call_id)
         if card is not None:
             card.set_waiting()
-        screen = ApprovalScreen(ev.request)
+        screen = ApprovalScreen(ev.request, type_ahead=self.take_type_ahead)
         self._approvals[ev.call_id] = screen
 
         def answered(decision: Decision | None) -> None:
             self._approvals.pop(ev.call_id, None)
-            ev.answer(decision or Decision.DENY)
+            decision = decision or Decision.DENY
+            if not ev.answered:
+                ev.answer(decision)
+                if decision is not Decision.DENY and card is not None:
+                    card.set_running()
             self.prompt.focus()
+            if screen.interrupt_requested and self.conv.busy:
+                self.conv.interrupt()
 
         self.app.push_screen(screen, answered)
+
+    def take_type_ahead(self, text: str) -> None:
+        """Keys typed while an approval opened: they belong to the prompt, at its end."""
+        prompt = self.prompt
+        prompt.move_cursor(prompt.document.end)
+        prompt.insert(text)
 
     def _close_approval(self, call_id: str) -> None:
         """The call was answered elsewhere (interrupt): take its modal down."""
@@ -336,6 +350,14 @@ class ChatScreen(Screen[None]):
         self._last_ctrl_c = now
         self._hint = "press Ctrl+C again to quit"
         self.refresh_status()
+
+    def action_toggle_tool_output(self) -> None:
+        """Expand every collapsed tool output, or collapse them all when any is expanded."""
+        cards = [c for c in self.transcript.cards.values() if c.collapsible]
+        expand = not any(c.expanded for c in cards)
+        for card in cards:
+            if card.expanded != expand:
+                card.toggle()
 
     def action_quit(self) -> None:
         self.app.exit()

@@ -33,3 +33,11 @@ def make_app(workspace: Path, store: SessionStore):
         return MkcodeApp(settings, cwd=workspace, store=store, backend=backend, **kwargs)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def no_approval_guard(monkeypatch):
+    """Flow tests answer approvals at once; the guard itself is tested with its own interval."""
+    import mkcode.app.tui.screens.approval as approval
+
+    monkeypatch.setattr(approval, "GUARD_S", 0.0)

@@ -96,7 +96,8 @@ async def test_answer_80x24(workspace, store):
 
 
 async def test_tool_cards_120x36_light(workspace, store):
-    """Light theme, auto-edit mode. Two tool cards: "✓ read_file greet.py" (header only) and
+    """Light theme, auto-edit mode. Two tool cards: "✓ read_file greet.py" with the file's two
+    numbered lines (what the tool returned) and
     "✓ write_file hello.txt" with its green "+hello" diff; then the answer "Created hello.txt."
     The status bar shows "mode auto-edit" highlighted."""
     steps = [
@@ -115,7 +116,8 @@ async def test_tool_cards_120x36_light(workspace, store):
 async def test_approval_80x24(workspace, store):
     """The approval modal over the transcript: "Allow edit_file greet.py?", the reason (file
     edits need approval in mode ask), the diff with -"hello" / +"hello, world", and three buttons:
-    Allow once (y), Always (a): edit_file, Deny (n)."""
+    Allow once (y), Always (a): edit_file, Deny (n), none focused; under them the key hint
+    "y allow once · a always (shows the rule, asks again) · n or Esc deny · …"."""
     edit = {"path": "greet.py", "old_string": '"hello"', "new_string": '"hello, world"'}
     app = _app(workspace, store, [tool_step("edit_file", edit), text_step("ok")])
     async with app.run_test(size=(80, 24)) as pilot:
