@@ -9,7 +9,6 @@ then `data: [DONE]`.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -20,18 +19,17 @@ from fastapi import APIRouter, Request
 from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_disconnect
 from mkcode.backend.server.errors import APIError, bad_request, error_body, error_response
 from mkcode.backend.server.messages import chat_messages
-from mkcode.backend.server.plan import ChatPlan, prepare
 from mkcode.backend.server.schemas import ChatCompletionRequest, NamedToolChoice
-from mkcode.backend.server.turn import (
-    CallArgs,
-    CallDone,
-    CallStart,
-    ReasoningOut,
-    TextOut,
-    TurnEnd,
-    run_turn,
-    submit,
+from mkcode.backend.server.turn import start_turn
+from mkcode.backend.turn.events import (
+    ModelDone,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallBegin,
+    ToolCallReady,
 )
+from mkcode.backend.turn.request import TurnRequest
 
 router = APIRouter()
 SYSTEM_FINGERPRINT = "mkcode"
@@ -46,7 +44,7 @@ def usage_dict(usage) -> dict[str, Any]:
     }
 
 
-def chat_plan(body: ChatCompletionRequest) -> ChatPlan:
+def chat_plan(body: ChatCompletionRequest) -> TurnRequest:
     if body.n not in (None, 1):
         raise bad_request("n > 1 is not supported by this server (one choice per request)", param="n")
     if body.logprobs:
@@ -63,7 +61,7 @@ def chat_plan(body: ChatCompletionRequest) -> ChatPlan:
             raise bad_request("response_format json_schema needs json_schema.schema", param="response_format")
         schema = fmt.json_schema.schema_
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return ChatPlan(
+    return TurnRequest(
         messages=chat_messages(body.messages),
         tools=[
             t.function.model_dump(exclude_none=True, include={"name", "description", "parameters"})
@@ -84,10 +82,7 @@ def chat_plan(body: ChatCompletionRequest) -> ChatPlan:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.mkcode
-    plan = chat_plan(body)
-    prepared = await asyncio.to_thread(prepare, state, plan)
-    stream = submit(state.engine, prepared.request)
-    turn = run_turn(state.engine, stream, tools=prepared.tools_enabled)
+    turn = (await start_turn(state, chat_plan(body))).events()
     cid = "chatcmpl-" + secrets.token_hex(12)
     model = body.model or state.model_name
     created = int(time.time())
@@ -116,16 +111,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     }
 
 
-async def _collect(turn) -> tuple[TurnEnd, str, str, list[CallDone]]:
+async def _collect(turn) -> tuple[ModelDone, str, str, list[ToolCallReady]]:
     text: list[str] = []
     reasoning: list[str] = []
+    calls: list[ToolCallReady] = []
     async for ev in turn:
-        if isinstance(ev, TextOut):
+        if isinstance(ev, TextDelta):
             text.append(ev.text)
-        elif isinstance(ev, ReasoningOut):
+        elif isinstance(ev, ReasoningDelta):
             reasoning.append(ev.text)
-        elif isinstance(ev, TurnEnd):
-            return ev, "".join(text), "".join(reasoning), ev.calls
+        elif isinstance(ev, ToolCallReady):
+            calls.append(ev)
+        elif isinstance(ev, ModelDone):
+            return ev, "".join(text), "".join(reasoning), calls
     raise APIError(500, "generation ended without a finish event")
 
 
@@ -146,11 +144,11 @@ async def _stream(turn, cid: str, model: str, created: int, include_usage: bool)
     yield chunk({"role": "assistant", "content": ""})
     try:
         async for ev in turn:
-            if isinstance(ev, TextOut):
+            if isinstance(ev, TextDelta):
                 yield chunk({"content": ev.text})
-            elif isinstance(ev, ReasoningOut):
+            elif isinstance(ev, ReasoningDelta):
                 yield chunk({"reasoning_content": ev.text})
-            elif isinstance(ev, CallStart):
+            elif isinstance(ev, ToolCallBegin):
                 call = {
                     "index": ev.index,
                     "id": ev.call_id,
@@ -158,9 +156,9 @@ async def _stream(turn, cid: str, model: str, created: int, include_usage: bool)
                     "function": {"name": ev.name, "arguments": ""},
                 }
                 yield chunk({"tool_calls": [call]})
-            elif isinstance(ev, CallArgs):
+            elif isinstance(ev, ToolCallArgsDelta):
                 yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]})
-            elif isinstance(ev, TurnEnd):
+            elif isinstance(ev, ModelDone):
                 if ev.finish_reason == "error":
                     yield sse_data(error_body(500, f"generation failed: {ev.error}"))
                 else:

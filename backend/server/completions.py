@@ -14,10 +14,9 @@ from mkcode.backend.engine.request import FinishEvent, GenerationRequest, TokenE
 from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_disconnect
 from mkcode.backend.server.chat import SYSTEM_FINGERPRINT, usage_dict
 from mkcode.backend.server.errors import bad_request, error_body, error_response
-from mkcode.backend.server.plan import sampling_params
 from mkcode.backend.server.schemas import CompletionRequest
 from mkcode.backend.server.state import ServerState
-from mkcode.backend.server.turn import submit
+from mkcode.backend.server.turn import sampling_params, submit
 
 router = APIRouter()
 
@@ -75,7 +74,7 @@ def _build(state: ServerState, body: CompletionRequest) -> GenerationRequest:
 async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.mkcode
     req = await asyncio.to_thread(_build, state, body)
-    stream = submit(state.engine, req)
+    stream = submit(state, req)
     cid = "cmpl-" + secrets.token_hex(12)
     model = body.model or state.model_name
     created = int(time.time())

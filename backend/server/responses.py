@@ -13,7 +13,6 @@ carrying the whole response with its usage. Nothing is stored: `previous_respons
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -24,19 +23,18 @@ from fastapi import APIRouter, Request
 from mkcode.backend.server.asgi import SSEResponse, sse_event, until_disconnect
 from mkcode.backend.server.errors import bad_request, error_response
 from mkcode.backend.server.messages import responses_messages
-from mkcode.backend.server.plan import ChatPlan, prepare
 from mkcode.backend.server.schemas import ResponsesNamedChoice, ResponsesRequest
-from mkcode.backend.server.turn import (
-    CallArgs,
-    CallDone,
-    CallStart,
-    ReasoningOut,
-    TextOut,
-    TurnEnd,
-    TurnEvent,
-    run_turn,
-    submit,
+from mkcode.backend.server.turn import start_turn
+from mkcode.backend.turn.events import (
+    ModelDone,
+    ModelEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallBegin,
+    ToolCallReady,
 )
+from mkcode.backend.turn.request import TurnRequest
 
 router = APIRouter()
 
@@ -45,7 +43,7 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def responses_plan(body: ResponsesRequest) -> ChatPlan:
+def responses_plan(body: ResponsesRequest) -> TurnRequest:
     if body.previous_response_id:
         raise bad_request(
             "previous_response_id is not supported: this server stores no responses; send the whole input",
@@ -71,7 +69,7 @@ def responses_plan(body: ResponsesRequest) -> ChatPlan:
         if fmt.schema_ is None:
             raise bad_request("text.format json_schema needs a schema", param="text.format")
         schema = fmt.schema_
-    return ChatPlan(
+    return TurnRequest(
         messages=responses_messages(body.instructions, body.input),
         tools=tools,
         tool_choice=choice or "auto",
@@ -207,10 +205,10 @@ class ResponseBuilder:
             item["content"].append(part)
         return events
 
-    def feed(self, ev: TurnEvent) -> list[tuple[str, dict[str, Any]]]:
+    def feed(self, ev: ModelEvent) -> list[tuple[str, dict[str, Any]]]:
         events: list[tuple[str, dict[str, Any]]] = []
-        if isinstance(ev, ReasoningOut | TextOut):
-            kind = "reasoning" if isinstance(ev, ReasoningOut) else "message"
+        if isinstance(ev, ReasoningDelta | TextDelta):
+            kind = "reasoning" if isinstance(ev, ReasoningDelta) else "message"
             if self._open is None or self._open["type"] != kind:
                 events += self._open_item(kind)
             item = self._open
@@ -223,7 +221,7 @@ class ResponseBuilder:
                     name, item_id=item["id"], output_index=index, content_index=0, delta=ev.text, **extra
                 )
             )
-        elif isinstance(ev, CallStart):
+        elif isinstance(ev, ToolCallBegin):
             events += self._close_open()
             item = {
                 "type": "function_call",
@@ -238,7 +236,7 @@ class ResponseBuilder:
             events.append(
                 self.event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))
             )
-        elif isinstance(ev, CallArgs) and ev.index in self._calls:
+        elif isinstance(ev, ToolCallArgsDelta) and ev.index in self._calls:
             item = self._calls[ev.index]
             item["arguments"] += ev.text
             events.append(
@@ -249,7 +247,7 @@ class ResponseBuilder:
                     delta=ev.text,
                 )
             )
-        elif isinstance(ev, CallDone) and ev.index in self._calls:
+        elif isinstance(ev, ToolCallReady) and ev.index in self._calls:
             item = self._calls[ev.index]
             item["arguments"] = ev.arguments
             item["status"] = "completed"
@@ -264,7 +262,7 @@ class ResponseBuilder:
                 )
             )
             events.append(self.event("response.output_item.done", output_index=index, item=dict(item)))
-        elif isinstance(ev, TurnEnd):
+        elif isinstance(ev, ModelDone):
             events += self._close_open()
             # a call cut off by max_output_tokens stays in the output as incomplete
             for item in self._calls.values():
@@ -272,7 +270,7 @@ class ResponseBuilder:
                     item["status"] = "incomplete"
         return events
 
-    def final(self, end: TurnEnd) -> tuple[str, dict[str, Any]]:
+    def final(self, end: ModelDone) -> tuple[str, dict[str, Any]]:
         usage = {
             "input_tokens": end.usage.prompt_tokens,
             "input_tokens_details": {"cached_tokens": end.usage.cached_tokens},
@@ -300,18 +298,15 @@ def _snapshot(item: dict[str, Any]) -> dict[str, Any]:
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request):
     state = request.app.state.mkcode
-    plan = responses_plan(body)
-    prepared = await asyncio.to_thread(prepare, state, plan)
-    stream = submit(state.engine, prepared.request)
-    turn = run_turn(state.engine, stream, tools=prepared.tools_enabled)
+    turn = (await start_turn(state, responses_plan(body))).events()
     builder = ResponseBuilder(body, body.model or state.model_name)
     if body.stream:
         return SSEResponse(_stream(builder, turn))
 
-    async def collect() -> TurnEnd:
+    async def collect() -> ModelDone:
         async for ev in turn:
             builder.feed(ev)
-            if isinstance(ev, TurnEnd):
+            if isinstance(ev, ModelDone):
                 return ev
         raise RuntimeError("generation ended without a finish event")
 
@@ -328,7 +323,7 @@ async def _stream(builder: ResponseBuilder, turn) -> AsyncIterator[bytes]:
         async for ev in turn:
             for kind, payload in builder.feed(ev):
                 yield sse_event(kind, payload)
-            if isinstance(ev, TurnEnd):
+            if isinstance(ev, ModelDone):
                 yield sse_event(*builder.final(ev))
                 return
     finally:

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mkcode.backend.server.constraint import GrammarConstraints
 from mkcode.backend.server.options import ServerOptions
+from mkcode.backend.turn.constraint import GrammarConstraints
 
 
 @dataclass

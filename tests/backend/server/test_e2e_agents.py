@@ -1,11 +1,11 @@
 """End to end with the real agents: OpenCode (`opencode run`, Chat Completions through
 `@ai-sdk/openai-compatible`) and Codex CLI (`codex exec`, Responses API), offline against the server.
 
-The tiny checkpoint's weights are random, so its decoding is *scripted* (test-only
-`ServerOptions.scripted_output`): the script picks the turn (a shell tool call, then a closing
-answer) and the engine is forced to emit it token by token, so the engine, the cmd4 parser, the
-SSE framing and the agent's own client code all run for real. The agents' long system prompts are
-cut to their last 64 tokens before prefill (`scripted_prompt_tokens`): the output does not depend
+The tiny checkpoint's weights are random, so its decoding is *scripted* (the injected
+`ScriptedPipeline` of tests/backend/turn/fakes.py): the script picks the turn (a shell tool call,
+then a closing answer) and the engine is forced to emit it token by token, so the engine, the cmd4
+parser, the SSE framing and the agent's own client code all run for real. The agents' long system prompts are
+cut to their last 64 tokens before prefill (`keep_prompt_tokens`): the output does not depend
 on them and a 10k-token CPU prefill would dominate the suite. The tool schemas each agent sent
 are then compiled into the tool-call grammar and walked, to show real agent schemas compile.
 
@@ -28,8 +28,10 @@ from mkcode.backend.checkpoint.testing import tiny_checkpoint
 from mkcode.backend.runtime import RuntimeOptions, build_runtime
 from mkcode.backend.server import ServerOptions, create_app
 from mkcode.backend.server.client_config import codex_config, opencode_config
-from mkcode.backend.server.grammar import ToolSpec, TurnSpec
 from mkcode.backend.server.runner import ServerThread
+from mkcode.backend.turn.grammar import ToolSpec, TurnSpec
+
+from ..turn.fakes import install_scripted
 
 MODEL = "tiny-agent"
 CACHE = Path(os.environ.get("MKCODE_E2E_CACHE", Path.home() / ".cache" / "mkcode-e2e"))
@@ -100,8 +102,9 @@ def agent_runtime(tmp_path_factory):
 
 
 def _serve(rt, script: Script) -> ServerThread:
-    options = ServerOptions(served_model_name=MODEL, scripted_output=script, scripted_prompt_tokens=64)
-    return ServerThread(create_app(rt, options=options))
+    app = create_app(rt, options=ServerOptions(served_model_name=MODEL))
+    install_scripted(app, script, keep_prompt_tokens=64)
+    return ServerThread(app)
 
 
 def _home_env(tmp: Path) -> dict[str, str]:

@@ -8,13 +8,14 @@ A constraint is driven by the engine thread only: `allowed_tokens` â†’ sample â†
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
-from mkcode.backend.server.grammar import ANY_OBJECT, TurnSpec, turn_grammar, with_json_options
+from mkcode.backend.turn.grammar import ANY_OBJECT, TurnSpec, turn_grammar, with_json_options
 
 _BITS = torch.arange(32, dtype=torch.int32)
 
@@ -54,29 +55,6 @@ class LLGuidanceConstraint:
 
     def is_finished(self) -> bool:
         return self._matcher.is_stopped()
-
-
-class ScriptedConstraint:
-    """Test-only: forces one exact token sequence, then the end of the turn."""
-
-    def __init__(self, token_ids: list[int], eos_ids: tuple[int, ...]):
-        self._ids = list(token_ids)
-        self._eos = eos_ids
-        self._pos = 0
-
-    def allowed_tokens(self, vocab_size: int) -> torch.Tensor | None:
-        mask = torch.zeros(vocab_size, dtype=torch.bool)
-        if self._pos < len(self._ids):
-            mask[self._ids[self._pos]] = True
-        else:
-            mask[list(self._eos)] = True
-        return mask
-
-    def advance(self, token_id: int) -> None:
-        self._pos += 1
-
-    def is_finished(self) -> bool:
-        return self._pos >= len(self._ids)
 
 
 class GrammarConstraints:
@@ -133,8 +111,5 @@ class GrammarConstraints:
             tools = tuple(
                 t if not self.schema_error(t.parameters) else type(t)(t.name, ANY_OBJECT) for t in spec.tools
             )
-            spec = TurnSpec(tools, spec.mode, spec.parallel, spec.answer_schema, spec.thinking_tokens)
+            spec = dataclasses.replace(spec, tools=tools)
         return LLGuidanceConstraint(self._matcher(turn_grammar(spec)), self.vocab_size)
-
-    def scripted(self, text: str) -> ScriptedConstraint:
-        return ScriptedConstraint(self._chat_tok.encode(text), self.eos_ids)
