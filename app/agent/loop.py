@@ -31,11 +31,10 @@ from mkcode.app.agent.client import (
     EngineClient,
     MalformedOutput,
     ModelDone,
-    ReasoningChunk,
-    TextChunk,
     ToolCallBegin,
     ToolCallReady,
 )
+from mkcode.app.agent.compaction import Compactor
 from mkcode.app.agent.config import AgentConfig
 from mkcode.app.agent.events import (
     AgentError,
@@ -131,6 +130,7 @@ class Agent:
         self._pending_lock = threading.Lock()
         self._running = False
         self._system_prompt: str | None = None
+        self._compactor = Compactor(client, self.config, self.session, self.system_prompt)
         if interactive:
             tools.approver = self._approve
         tools.audit.subscribe(self._on_audit)
@@ -220,7 +220,13 @@ class Agent:
 
     async def compact(self) -> Notice | None:
         """Compact the history now (the `/compact` command); returns what was done, None if nothing."""
-        return await self._compact(force=True)
+        return await self._compactor.run(self.tools.openai_tools(), force=True)
+
+    async def acontext_tokens(self) -> int:
+        """`context_tokens()` counted in a worker thread (rendering and tokenising is CPU work)."""
+        return await asyncio.to_thread(
+            self.client.count_tokens, self._request_messages(), self.tools.openai_tools()
+        )
 
     # -- the turn -------------------------------------------------------------------------------------
 
@@ -254,7 +260,7 @@ class Agent:
                     self._emit(Notice("step_limit", msg))
                     self.session.record_event("notice", kind="step_limit", message=msg)
                     break
-                notice = await self._compact(force=False)
+                notice = await self._compactor.run(self.tools.openai_tools())
                 if notice is not None:
                     self._emit(notice)
                 steps += 1
@@ -298,7 +304,7 @@ class Agent:
         if reason == "interrupted":
             self.session.record_event("interrupted")
         try:
-            context_tokens = self.context_tokens()
+            context_tokens = await self.acontext_tokens()
         except Exception:
             context_tokens = 0
         self._emit(
@@ -311,10 +317,10 @@ class Agent:
     def _request_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self.system_prompt()}, *self.session.messages]
 
-    def _request(self) -> ChatRequest:
+    async def _request(self) -> ChatRequest:
         messages = self._request_messages()
         tools = self.tools.openai_tools()
-        prompt_tokens = self.client.count_tokens(messages, tools)
+        prompt_tokens = await asyncio.to_thread(self.client.count_tokens, messages, tools)
         room = self.client.context_window - prompt_tokens
         return ChatRequest(
             messages=messages,
@@ -327,16 +333,16 @@ class Agent:
 
     async def _model_step(self) -> _Step:
         step = _Step()
-        stream = self.client.stream(self._request())
+        stream = self.client.stream(await self._request())
 
         async def consume() -> None:
             async for ev in stream:
-                if isinstance(ev, TextChunk):
+                if isinstance(ev, TextDelta):
                     step.text.append(ev.text)
-                    self._emit(TextDelta(ev.text))
-                elif isinstance(ev, ReasoningChunk):
+                    self._emit(ev)
+                elif isinstance(ev, ReasoningDelta):
                     step.reasoning.append(ev.text)
-                    self._emit(ReasoningDelta(ev.text))
+                    self._emit(ev)
                 elif isinstance(ev, ToolCallReady):
                     step.calls.append(ev)
                 elif isinstance(ev, MalformedOutput):
@@ -559,88 +565,6 @@ class Agent:
                 decided_by=entry.decided_by,
                 sandboxed=entry.sandboxed,
             )
-
-    # -- context -----------------------------------------------------------------------------------
-
-    def _over_budget(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[bool, int]:
-        system = [{"role": "system", "content": self.system_prompt()}]
-        tokens = self.client.count_tokens(system + messages, tools)
-        reserve = min(self.config.max_tokens, self.client.context_window // 4)
-        limit = int(self.client.context_window * self.config.compact_at)
-        return tokens + reserve > limit, tokens
-
-    async def _compact(self, *, force: bool) -> Notice | None:
-        tools = self.tools.openai_tools()
-        messages = self.session.messages
-        over, before = self._over_budget(messages, tools)
-        if not over and not force:
-            return None
-        cut = ctx.recent_cut(messages, self.config.keep_recent_turns)
-        # 1. Old tool outputs go first (cheap, keeps every message).
-        elided, n = ctx.elide_tool_outputs(messages, cut)
-        over, after = self._over_budget(elided, tools)
-        if n and not over and not force:
-            msg = f"context: removed {n} old tool outputs ({before} → {after} tokens)"
-            self.session.record_compaction("", elided, before, after)
-            return Notice("compacted", msg)
-        # 2. Summarise the turns before the recent ones.
-        if cut == 0 and over:
-            # Everything is recent: keep only the current turn, and thin its own older tool outputs.
-            cut = ctx.recent_cut(messages, 1)
-        if cut == 0:
-            if n:
-                self.session.record_compaction("", elided, before, after)
-                return Notice(
-                    "compacted", f"context: removed {n} old tool outputs ({before} → {after} tokens)"
-                )
-            if over:
-                thinned, n2 = ctx.elide_tool_outputs(messages, max(0, len(messages) - 2))
-                if n2:
-                    _, after = self._over_budget(thinned, tools)
-                    self.session.record_compaction("", thinned, before, after)
-                    return Notice("compacted", f"context: removed {n2} tool outputs of this turn")
-            return None
-        old, recent = messages[:cut], messages[cut:]
-        summary = await self._summarise(old)
-        new = [{"role": "user", "content": ctx.SUMMARY_PREFIX + summary}, *recent]
-        _, after = self._over_budget(new, tools)
-        self.session.record_compaction(summary, new, before, after)
-        return Notice(
-            "compacted", f"context: summarised {len(old)} earlier messages ({before} → {after} tokens)"
-        )
-
-    async def _summarise(self, old: list[dict[str, Any]]) -> str:
-        """Ask the model for a summary of `old`; fall back to a mechanical one."""
-        budget_chars = max(2000, self.client.context_window * 2)  # about half the window in tokens
-        request = ChatRequest(
-            messages=[
-                {"role": "system", "content": ctx.SUMMARY_INSTRUCTIONS},
-                {"role": "user", "content": ctx.transcript(old, budget_chars)},
-            ],
-            tools=[],
-            max_tokens=min(1024, max(64, self.client.context_window // 8)),
-            temperature=0.0,
-        )
-        parts: list[str] = []
-        ok = False
-        try:
-            if (
-                self.client.count_tokens(request.messages, []) + request.max_tokens
-                < self.client.context_window
-            ):
-                async for ev in self.client.stream(request):
-                    if isinstance(ev, TextChunk):
-                        parts.append(ev.text)
-                    elif isinstance(ev, ModelDone):
-                        ok = ev.finish_reason in ("stop", "length")
-                        if ev.usage.total_tokens:
-                            self.session.record_usage(ev.usage)
-        except Exception:
-            ok = False
-        summary = "".join(parts).strip()
-        if not ok or len(summary) < 20:
-            summary = ctx.mechanical_summary(old)
-        return summary
 
     def _repair_history(self) -> None:
         """After an unexpected error: give any tool call without a result an 'interrupted' one."""

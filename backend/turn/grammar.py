@@ -167,8 +167,10 @@ def string_slots(schema: dict[str, Any]) -> tuple[int, int]:
 
 
 def bounded_schema(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
-    """`schema` with every free string at most `max_chars` characters and every array at most
-    `BOUNDED_ARRAY_ITEMS` items (tighter bounds the schema already has are kept)."""
+    """`schema` with every free string at most `max_chars` characters, every array at most
+    `BOUNDED_ARRAY_ITEMS` items and objects limited to their declared properties (tighter bounds
+    the schema already has are kept). Not bounded: numbers, and objects whose `additionalProperties`
+    is itself a schema."""
 
     def visit(node: dict[str, Any]) -> dict[str, Any]:
         if _has_type(node, "string") and "enum" not in node and "const" not in node:
@@ -177,6 +179,8 @@ def bounded_schema(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
         if _has_type(node, "array"):
             node["maxItems"] = min(int(node.get("maxItems", BOUNDED_ARRAY_ITEMS)), BOUNDED_ARRAY_ITEMS)
             node["minItems"] = min(int(node.get("minItems", 0)), node["maxItems"])
+        if _has_type(node, "object") and node.get("additionalProperties", True) is True:
+            node["additionalProperties"] = False  # only the declared properties: a bounded count
         return node
 
     return _walk_schema(schema, visit)

@@ -36,6 +36,7 @@ from mkcode.backend.turn.request import TurnOptions, TurnRequest, TurnRequestErr
 SEED_RANGE = 1 << 63
 # Calls a forced parallel action may hold: each gets an equal share of the argument budget.
 FORCED_PARALLEL_CALLS = 2
+MIN_CALL_ARGS = 64
 
 
 @dataclass
@@ -76,31 +77,43 @@ def _tool_specs(request: TurnRequest) -> tuple[ToolSpec, ...]:
     )
 
 
-def call_overhead(tokenizer: Any, names: list[str]) -> int:
-    """Tokens of a forced turn's fixed text: empty thinking, the action block around one call of the
-    longest-named tool, the end of the turn (plus a margin for tokenisations that differ)."""
-    name = max(names, key=len)
-    text = (
-        st.START_THINKING
-        + st.END_THINKING
-        + st.START_ACTION
-        + '[\n    {"tool_call_id": "0000", "tool_name": '
-        + json.dumps(name, ensure_ascii=False)
-        + ', "parameters": }\n]'
-        + st.END_ACTION
-        + st.END_OF_TURN
-    )
-    return len(tokenizer.encode(text)) + 4
+def worst_case_tokens(text: str) -> int:
+    """The most tokens `text` can take under the grammar: one per control token, and one per byte of
+    the rest (the grammar allows every tokenisation of its fixed text, and a token is at least a
+    byte; a trained model takes the canonical, shorter one)."""
+    markers = [m for m in st.SPECIAL_TOKENS if m in text]
+    count = 0
+    for m in markers:
+        count += text.count(m)
+        text = text.replace(m, "")
+    return count + len(text.encode("utf-8"))
+
+
+def call_overhead(names: list[str]) -> tuple[int, int]:
+    """Worst-case tokens of a forced turn's fixed text: (the turn's: empty thinking, the action
+    block's markers, the end of the turn; one call's, with the longest tool name)."""
+    name = json.dumps(max(names, key=len), ensure_ascii=False)
+    turn = st.START_THINKING + st.END_THINKING + st.START_ACTION + "[\n\n]" + st.END_ACTION + st.END_OF_TURN
+    call = ',\n    {"tool_call_id": "0000", "tool_name": ' + name + ', "parameters": }'
+    return worst_case_tokens(turn), worst_case_tokens(call)
 
 
 def forced_budget(
-    max_tokens: int, overhead: int, thinking_cap: int, tools: tuple[ToolSpec, ...], parallel: bool
+    max_tokens: int, overhead: tuple[int, int], thinking_cap: int, tools: tuple[ToolSpec, ...], parallel: bool
 ) -> tuple[int, int, tuple[ToolSpec, ...]]:
-    """(thinking tokens, calls, tools with bounded arguments) for a forced call within `max_tokens`."""
-    room = max(0, max_tokens - overhead)
-    thinking = min(thinking_cap, room // 4)
-    calls = FORCED_PARALLEL_CALLS if parallel else 1
-    per_call = (room - thinking) // calls - (overhead if calls > 1 else 0)
+    """(thinking tokens, calls, tools with bounded arguments) for a forced call within `max_tokens`:
+    the plan gets at most a quarter of what one call with `MIN_CALL_ARGS` tokens of arguments leaves;
+    a parallel action holds
+    `FORCED_PARALLEL_CALLS` calls when each still gets `MIN_CALL_ARGS` tokens of arguments, else one;
+    each call's free strings share its argument tokens at the worst case of `JSON_CHAR_TOKENS`."""
+    turn_cost, call_cost = overhead
+    room = max(0, max_tokens - turn_cost)
+    thinking = min(thinking_cap, max(0, room - call_cost - MIN_CALL_ARGS) // 4)
+    left = room - thinking
+    calls = 1
+    if parallel and left >= FORCED_PARALLEL_CALLS * (call_cost + MIN_CALL_ARGS):
+        calls = FORCED_PARALLEL_CALLS
+    per_call = left // calls - call_cost
     bounded = []
     for tool in tools:
         strings, skeleton = string_slots(tool.parameters)
@@ -109,7 +122,7 @@ def forced_budget(
     return thinking, calls, tuple(bounded)
 
 
-def turn_spec(options: TurnOptions, request: TurnRequest, max_tokens: int, tokenizer: Any) -> TurnSpec | None:
+def turn_spec(options: TurnOptions, request: TurnRequest, max_tokens: int) -> TurnSpec | None:
     """The grammar the turn needs, or None for free decoding (no tools, no response_format)."""
     tools = _tool_specs(request)
     names = [t.name for t in tools]
@@ -126,11 +139,11 @@ def turn_spec(options: TurnOptions, request: TurnRequest, max_tokens: int, token
         raise TurnRequestError("tool_choice 'required' needs at least one tool", param="tool_choice")
     if choice not in ("none", "auto"):
         parallel = request.parallel and choice == "required"
-        overhead = call_overhead(tokenizer, [t.name for t in tools])
+        overhead = call_overhead([t.name for t in tools])
         thinking, calls, bounded = forced_budget(
             max_tokens, overhead, options.forced_thinking_tokens, tools, parallel
         )
-        return TurnSpec(bounded, "required", parallel, None, thinking, calls if parallel else None)
+        return TurnSpec(bounded, "required", calls > 1, None, thinking, calls if calls > 1 else None)
     if not tools:
         choice = "none"
     if choice == "none" and request.answer_schema is None:
@@ -174,7 +187,7 @@ def prepare(
         seed=request.seed,
         stop=request.stop or None,
     )
-    spec = turn_spec(options, request, sampling.max_tokens, encoder.tokenizer)
+    spec = turn_spec(options, request, sampling.max_tokens)
     constraint = None
     if spec is not None and options.grammar:
         try:

@@ -13,7 +13,7 @@ from mkcode.app.agent import (
     MalformedOutput,
     ModelDone,
     ModelEvent,
-    TextChunk,
+    TextDelta,
     ToolCallReady,
     Usage,
 )
@@ -31,7 +31,7 @@ def tools_reply(*calls: ToolCallReady) -> list[ModelEvent]:
 
 
 def text_reply(text: str) -> list[ModelEvent]:
-    return [TextChunk(text), ModelDone("stop", Usage(100, 5))]
+    return [TextDelta(text), ModelDone("stop", Usage(100, 5))]
 
 
 def malformed_reply(message: str) -> list[ModelEvent]:

@@ -14,7 +14,6 @@ from mkcode.app.agent import (
     ModelDone,
     Notice,
     Session,
-    TextChunk,
     TextDelta,
     ToolCallFinished,
     TurnFinished,
@@ -30,7 +29,7 @@ from .test_loop import _Probe, _slow_tools, assert_consistent
 
 def test_interrupt_while_the_model_streams() -> None:
     async def go(registry: ToolRegistry):
-        chunks = [TextChunk(f"word{i} ") for i in range(200)]
+        chunks = [TextDelta(f"word{i} ") for i in range(200)]
         client = ScriptedClient(
             [[*chunks, ModelDone("stop", Usage(10, 200))], text_reply("next")], delay_s=0.005
         )
@@ -107,7 +106,7 @@ def test_interrupt_while_a_tool_runs(workspace: Path) -> None:
 
 
 def test_interrupt_from_another_thread(registry: ToolRegistry) -> None:
-    chunks = [TextChunk("x") for _ in range(500)]
+    chunks = [TextDelta("x") for _ in range(500)]
     client = ScriptedClient([[*chunks, ModelDone("stop", Usage())]], delay_s=0.005)
     agent = Agent(client, registry)
 
@@ -120,7 +119,7 @@ def test_interrupt_from_another_thread(registry: ToolRegistry) -> None:
 
 
 def test_closing_the_event_stream_early_interrupts(registry: ToolRegistry) -> None:
-    chunks = [TextChunk("x") for _ in range(500)]
+    chunks = [TextDelta("x") for _ in range(500)]
     client = ScriptedClient([[*chunks, ModelDone("stop", Usage())]], delay_s=0.002)
     agent = Agent(client, registry)
 

@@ -16,7 +16,7 @@ from mkcode.app.agent import (
     ApprovalRequested,
     ModelDone,
     Notice,
-    TextChunk,
+    TextDelta,
     ToolCallFinished,
     TurnFinished,
     Usage,
@@ -246,7 +246,7 @@ def test_long_tool_output_is_truncated(registry: ToolRegistry, workspace: Path) 
 def test_backend_error_ends_the_turn_cleanly(registry: ToolRegistry) -> None:
     client = ScriptedClient(
         [
-            [TextChunk("partial"), ModelDone("error", Usage(), "engine exploded")],
+            [TextDelta("partial"), ModelDone("error", Usage(), "engine exploded")],
             text_reply("second turn works"),
         ]
     )

@@ -11,8 +11,8 @@ from mkcode.app.agent import (
     Agent,
     MalformedOutput,
     ModelDone,
-    ReasoningChunk,
-    TextChunk,
+    ReasoningDelta,
+    TextDelta,
     ToolCallBegin,
     ToolCallReady,
 )
@@ -103,7 +103,7 @@ def test_streams_reasoning_tool_call_deltas_and_usage() -> None:
     assert body["stream"] and body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 99
     assert body["tools"] == tools and "reasoning_content" not in body["messages"][1]
     assert body["messages"][1]["content"] is None  # OpenAI's shape for a tool-call-only message
-    assert evs[0] == ReasoningChunk("look first")
+    assert evs[0] == ReasoningDelta("look first")
     assert ToolCallBegin(0, "abc", "read_file") in evs
     assert ToolCallReady(0, "abc", "read_file", '{"path": "notes.txt"}') in evs
     bad = [e for e in evs if isinstance(e, MalformedOutput)]
@@ -144,7 +144,7 @@ def test_http_errors_and_unreachable_servers_become_model_done_errors() -> None:
     evs = asyncio.run(
         events_of(make_client(mid_stream_error), ChatRequest([{"role": "user", "content": "x"}]))
     )
-    assert evs[0] == TextChunk("a") and evs[-1].finish_reason == "error" and "overloaded" in evs[-1].error
+    assert evs[0] == TextDelta("a") and evs[-1].finish_reason == "error" and "overloaded" in evs[-1].error
 
 
 def test_agent_over_an_openai_compatible_server(registry: ToolRegistry) -> None:
@@ -208,7 +208,7 @@ def test_connect_errors_429_and_5xx_are_retried_then_the_stream_is_read() -> Non
     evs = asyncio.run(events_of(client, ChatRequest([{"role": "user", "content": "x"}])))
     assert len(seen) == 4
     assert [json.loads(r.content) for r in seen[1:]] == [json.loads(seen[0].content)] * 3  # same body
-    assert evs[0] == TextChunk("hello") and evs[-1].finish_reason == "stop"
+    assert evs[0] == TextDelta("hello") and evs[-1].finish_reason == "stop"
 
 
 def test_retries_stop_at_the_limit_and_client_errors_are_not_retried() -> None:
@@ -238,7 +238,7 @@ def test_a_broken_stream_is_not_retried() -> None:
 
     evs = asyncio.run(events_of(make_client(handler), ChatRequest([{"role": "user", "content": "x"}])))
     assert len(calls) == 1
-    assert evs[0] == TextChunk("par") and evs[-1].finish_reason == "error" and "broke off" in evs[-1].error
+    assert evs[0] == TextDelta("par") and evs[-1].finish_reason == "error" and "broke off" in evs[-1].error
 
 
 def test_backoff_doubles_up_to_the_cap_and_honours_retry_after() -> None:
