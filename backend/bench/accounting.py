@@ -1,4 +1,4 @@
-"""Bytes a decode step must read (DESIGN §4), and speed-of-light from a measured bandwidth.
+"""Bytes a decode step must read (docs/PERF.md, Speed of light), and speed-of-light from a measured bandwidth.
 
 bytes = attention weights (QKV + O, every layer) + dense-layer MLP + routers + the DISTINCT
 experts the batch routed to on each MoE layer + LM head + KV of every row (a full layer reads

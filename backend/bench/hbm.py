@@ -1,4 +1,4 @@
-"""HBM bandwidth measured the way DESIGN §4 asks: a large device-to-device copy, bytes read plus
+"""HBM bandwidth measured the way docs/PERF.md (Speed of light) asks: a large device-to-device copy, bytes read plus
 bytes written, CUDA-event timed, median of several copies."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mkcode.backend.bench.graph_profile import layer_slice, per_kernel
+from devtools.bench.graph_profile import layer_slice, per_kernel
 
 
 def _step(t0: float) -> list[tuple[str, float, float]]:

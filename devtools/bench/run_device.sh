@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the benchmarks; logs and reports under $OUT.
-# Usage (repo root, on the GPU machine): bash backend/bench/run_device.sh [tests|bench|all]
+# Usage (repo root, on the GPU machine): bash devtools/bench/run_device.sh [tests|bench|all]
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/shim/mkcode

@@ -1,6 +1,6 @@
 """Load-speed benchmark: write a large synthetic checkpoint, then time `load_checkpoint` on it.
 
-    python -m mkcode.backend.checkpoint.bench_load --out /tmp/ckpt-bench --device cuda \\
+    python -m devtools.checkpoint.bench_load --out /tmp/ckpt-bench --device cuda \\
         --hidden 2048 --experts 64 --layers 12          # ~6.6 GB of bf16
 
 Reports GB/s for a warm page cache (the files were just written) and, where the kernel honours

@@ -1,5 +1,5 @@
 """The graph backend's decode step kernel by kernel, on the GPU (`python -m
-mkcode.backend.bench.graph_profile --batch 8 --ctx 8192 --out DIR`): what the megakernel's layer is
+devtools.bench.graph_profile --batch 8 --ctx 8192 --out DIR`): what the megakernel's layer is
 measured against, phase by phase (docs/MEGAKERNEL.md: the megakernel's own timeline splits its layer
 the same way).
 

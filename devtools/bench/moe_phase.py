@@ -1,9 +1,9 @@
 """The graph backend's MoE kernels alone, one layer at the release geometry: time per layer and the
-HBM rate of the expert weights they read (`python -m mkcode.backend.bench.moe_phase --batch 8`).
+HBM rate of the expert weights they read (`python -m devtools.bench.moe_phase --batch 8`).
 
-What the megakernel's MoE phase is measured against (docs/MEGAKERNEL.md, "What is left", session
-14): if the graph's gate_up / down kernels stream the routed experts at ~4.3 TB/s, the megakernel's
-MoE items must reach that rate in their phase of the layer. Random bf16 weights (128 experts, one
+What the megakernel's MoE phase is measured against (docs/MEGAKERNEL.md): if the graph's gate_up /
+down kernels stream the routed experts at ~4.3 TB/s, the megakernel's MoE items must reach that rate
+in their phase of the layer. Random bf16 weights (128 experts, one
 layer: 1.2 GB, far beyond L2), random hidden states; the four kernels (router, top-k, gate_up, down)
 captured in a CUDA graph as the graph backend runs them, CUDA events around its replays, the median
 of `--reps`. A benchmark script, never a timed test.

@@ -5,7 +5,7 @@ below a GPU step (~3 ms at BS=1, 8K). This drives the real Engine at the full No
 geometry with a backend that returns fixed logits, so what is timed is the engine alone plus one
 argmax over the vocabulary per step.
 
-    python -m mkcode.backend.bench.host_overhead [--batch 8] [--ctx 8000] [--steps 50]
+    python -m devtools.bench.host_overhead [--batch 8] [--ctx 8000] [--steps 50]
 """
 
 from __future__ import annotations
