@@ -1,0 +1,1 @@
+"""Checkpoint tooling for measurements (load speed)."""
