@@ -3,7 +3,7 @@
 // normalised output o_part and its log-sum-exp lse_part, combined later by ATTN_COMBINE.
 //
 // Three implementations: at d = 128 by default attn_warp_t (16 independent warp pipelines, below;
-// session 21), with MK_MODE_ATTN_PAIRS attn_kreg_t (lock-step warp pairs, sessions 12-20), and for
+// 2026-12-01), with MK_MODE_ATTN_PAIRS attn_kreg_t (lock-step warp pairs, 2026-11-30), and for
 // other head dims or MK_MODE_ATTN_SMEM_K attn_mma_t, the page ring described next.
 //
 // attn_mma_t's data flow: the item's K/V pages stream through a ring of ATTN_STAGES shared-memory page slots by
@@ -202,7 +202,7 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
     attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
 }
 
-// ---- MK_MODE_ATTN_PAIRS (d = 128, the default of sessions 12-20): K straight into registers, V through
+// ---- MK_MODE_ATTN_PAIRS (d = 128, the default before 2026-12-01): K straight into registers, V through
 // shared memory, warp pairs in lock-step ---------------------------------------------------------------
 //
 // The one-round ring above keeps 64 KB of K/V in flight and then computes: ~4.5 us per round of two
@@ -213,7 +213,7 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
 // iterations before its PV, and K one round ahead (K(0) before the Q setup). Iteration r: issue
 // K(r+1) -> PV(r-1) -> free V(r-1)'s slots for V(r+1) -> QK(r) on the K(r) issued an iteration ago ->
 // softmax(r); the last PV after the loop. (K issued in its own iteration left one memory latency
-// exposed per round: 35.7 -> 31.9 us per BS 8 item with K one round ahead, session 12.)
+// exposed per round: 35.7 -> 31.9 us per BS 8 item with K one round ahead, 2026-11-30.)
 constexpr int KREG_VSLOTS = 2 * ATTN_PPR;  // V page slots: two rounds
 
 __host__ __device__ inline bool attn_kreg(const Params& p) {
@@ -270,7 +270,7 @@ __device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem
 // q_fragment (which attn_mma_t uses): with them ptxas allocated this function's round loops
 // differently (mkcode kernels loops, 2026-11-30: 9 local-memory accesses instead of 1 with the
 // helpers out of line, +80 instructions with them inlined); it was the measured default path until
-// session 21 (now MK_MODE_ATTN_PAIRS).
+// 2026-12-01 (now MK_MODE_ATTN_PAIRS).
 template <int HD>
 __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
   using SH = AttnShape<HD>;
@@ -478,7 +478,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
 //
 // attn_kreg_t runs its 16 warps in lock-step: three block barriers per round of two pages, the warp
 // pairs exchanging row maxima and P halves, so every round waits for the slowest warp's loads
-// (session 21's phases: ~3 us per round of 64 KB, most of it in the issue phases and barriers).
+// (the 2026-12-01 phases: ~3 us per round of 64 KB, most of it in the issue phases and barriers).
 // Here each warp owns whole groups of 16 keys (group g = 16 keys of page g / 4; warp w takes
 // groups w, w + NWARPS, ...), i.e. 4 pages per block round, and needs nobody else until the merge:
 // - K of its 16 keys straight into registers (lane (gid, t): keys gid and gid + 8, the 8 dims at
@@ -493,7 +493,7 @@ __device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s)
 // - O^T += V^T P^T: A = V^T from ldmatrix.trans (16 dims x 16 keys), 8 m16 tiles of dims (32
 //   accumulators).
 // The warps' (m, l, O) merge in shared memory at the end (68 KB: every warp holds all 128 dims).
-// 299 SASS instructions per 16-key round, no local memory (mkcode kernels loops, session 21).
+// 299 SASS instructions per 16-key round, no local memory (mkcode kernels loops, 2026-12-01).
 template <int HD>
 struct WarpAttn {
   static constexpr int KEYS = 16;               // keys per warp group

@@ -14,7 +14,7 @@ namespace mk {
 
 // Threads per block, one block per SM. (Two 256-thread blocks per SM, so that one block's
 // latency-bound prologue/epilogue would overlap the other's weight stream, measured slower on the
-// H200 on 2026-11-29: every task ran ~2x longer; docs/MEGAKERNEL.md "Session 3".)
+// H200 on 2026-11-29: every task ran ~2x longer; docs/PERF.md (decision table).)
 constexpr int NT = 512;
 constexpr int NWARPS = NT / 32;
 constexpr int MAXROWS = MK_MAX_TILE_ROWS;  // rows of one GEMV tile at most (tiling.py checks it)
@@ -34,7 +34,7 @@ typedef __nv_bfloat16 bf16;
 // streams ~7 GB of weights that no later read of the step reuses: they are loaded evict_first, so
 // that the few small weights every step reads again (the routers: 48 x 512 KB) can stay in L2
 // across steps, loaded evict_last (Gemv::keep). Activations and KV keep the normal priority.
-// Measured (session 10): the step -1.5 % at BS 1 and 8, from the streamed GEMVs; the router GEMV
+// Measured (2026-11-30): the step -1.5 % at BS 1 and 8, from the streamed GEMVs; the router GEMV
 // itself did not get faster (one round trip and a 16-warp reduction either way).
 __device__ __forceinline__ uint64_t l2_policy(bool keep) {
   uint64_t pol;
@@ -51,7 +51,7 @@ __device__ __forceinline__ uint64_t l2_policy(bool keep) {
 // GEMV warp load covers 64 bytes of each of 8 rows (the mma fragment ties lanes to rows) and the
 // line's other half comes with the next k-step, so without the hint L2 asked HBM for 64-byte
 // pieces (stream_probe: the GEMV pattern 3.6 TB/s with every SM streaming, whole lines 4.5).
-// Measured on the H200 (session 13, three rounds in one call): BS 1 3.205 / 3.178 / 3.284 ms vs
+// Measured on the H200 (2026-11-30, three rounds in one call): BS 1 3.205 / 3.178 / 3.284 ms vs
 // 3.324 / 3.326 / 3.283, BS 8 10.135 / 10.017 / 10.184 vs 10.238 / 10.388 / 10.379; L2::256B
 // 3.260-3.300 and 10.269-10.361.
 __device__ __forceinline__ uint4 ld_weight16(const void* p, uint64_t pol) {
@@ -329,12 +329,12 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
 // barrier after the staging publishes them). The RMSNorm's per-row factor rsqrt(mean(x^2) + eps)
 // is linear in the GEMV, so gemv_mma / gemv_fma apply it to the outputs (norm_scale): the staging
 // stays one L2 round trip with no block reduction on the chain (a reduction between the loads and
-// the stores, two barriers, measured +1.6 us per staging on the H200, session 24).
+// the stores, two barriers, measured +1.6 us per staging on the H200, 2026-12-01).
 // With a.copy the thread also stores its raw values of columns [copy_lo, copy_hi).
 // Out of line, its sweep loop rolled: one copy (7.2 KB of SASS). Inlined into gemv_mma, gemv_op's
 // FMA path and the drain's staging with both sweeps unrolled, it took gemv_mma from 14.3 to 26.8 KB
 // and gemv_op from 10.5 to 24.7 KB (`mkcode kernels sizes`; out of line: 17.2 / 15.1 KB), code every
-// GEMV task fetches (session 24's switch timeline: the up item's ready -> GEMV 2.4 -> 3.3 us).
+// GEMV task fetches (the 2026-12-01 switch timeline: the up item's ready -> GEMV 2.4 -> 3.3 us).
 constexpr int NORM_SWEEPS = MK_NORM_MAX_HIDDEN / (NT * 4);
 static_assert(NORM_SWEEPS * NT * 4 == MK_NORM_MAX_HIDDEN, "the norm's sweeps cover MK_NORM_MAX_HIDDEN");
 __shared__ float s_nss[NWARPS * 8];
@@ -498,7 +498,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   const int kw = warp % wpg;
   // The wpg warps of a row group split K into contiguous blocks (warp kw: k-steps [kw * span,
   // (kw + 1) * span)), so each warp's loads of a row are consecutive 64-byte pieces, as with one
-  // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before session 9) read
+  // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read
   // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
   // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
   const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
@@ -595,8 +595,8 @@ __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSr
 // hidden % 32). Not inlined, for the same register reason as gemv_mma.
 // acc += v at a global address, fire and forget (PTX red.global: RED in SASS). atomicAdd on a float
 // pointer the compiler cannot prove global compiled to a generic ATOM plus compare-and-swap loops
-// for the shared-memory window, with a predicate the warp branched on after each one (SASS, session
-// 12): the fused items' down slices spent most of their time there.
+// for the shared-memory window, with a predicate the warp branched on after each one (SASS,
+// 2026-11-30): the fused items' down slices spent most of their time there.
 __device__ __forceinline__ void red_add_global(float* p, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "f"(v) : "memory");
 }

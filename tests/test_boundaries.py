@@ -1,5 +1,5 @@
 """Codebase health checks that run in CI: formatting and lint (ruff), the import boundaries of
-DESIGN §2 (import-linter contracts in pyproject.toml), and `mkcode --help` without torch."""
+docs/ENGINE.md, Layout (import-linter contracts in pyproject.toml), and `mkcode --help` without torch."""
 
 from __future__ import annotations
 

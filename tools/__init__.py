@@ -1,6 +1,6 @@
 """mkcode.tools: the tools the model calls, their sandbox and permission policy.
 
-No torch and no Textual in here (DESIGN §2). The agent loop uses:
+No torch and no Textual in here (docs/ENGINE.md, Layout). The agent loop uses:
 
     ws = Workspace("/path/to/project")
     registry = ToolRegistry(ws, mode=PermissionMode.ASK, approver=ask_user, audit=AuditLog())

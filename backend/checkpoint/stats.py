@@ -2,7 +2,7 @@
 
 Active counts every attention, norm, dense-MLP and router parameter, `num_experts_per_tok` of the
 experts of each sparse layer, and the LM head (once, also when tied to the embedding); the
-embedding lookup itself is not counted. North Mini Code: 30.5B total, 3.3B active (DESIGN §3).
+embedding lookup itself is not counted. North Mini Code: 30.5B total, 3.3B active (docs/ENGINE.md, Model).
 """
 
 from __future__ import annotations

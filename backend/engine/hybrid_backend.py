@@ -2,8 +2,8 @@
 
 On the H200 the megakernel is faster than the graph backend for a single sequence between ~1K and
 ~64K tokens of context, and slower below and above that, and from two rows on (docs/PERF.md:
-session 14 measured BS 1-4 and 8 at 8K in one harness run, sessions 16-17 BS 1 from 256 to 96K
-tokens and BS 2-8 at 16K and 32K). `--decode auto` therefore runs both over the same weights and paged KV
+BS 1-4 and 8 at 8K in one harness run, BS 1 from 256 to 96K tokens (2026-11-30),
+and BS 2-8 at 16K and 32K). `--decode auto` therefore runs both over the same weights and paged KV
 pool when both load: the megakernel for batches below `split` rows whose longest row sits at a
 position in [`from_position`, `below_position`), the graph backend for every other step. Both
 implement `DecodeBackend` and read and write the same pool layout, so the steps of one sequence may
@@ -18,24 +18,24 @@ import torch
 from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 
 # The megakernel takes the steps of fewer rows than this when `auto` finds both backends. Measured
-# on the H200 at 8K (2026-11-30, session 14, one `mkcode bench decode` run, docs/PERF.md): megakernel
+# on the H200 at 8K (2026-11-30, one `mkcode bench decode` run, docs/PERF.md): megakernel
 # vs graph BS 1 3.063 vs 3.219 ms, BS 2 4.191 vs 3.948, BS 3 5.692 vs 5.090, BS 4 7.135 vs 5.702,
-# BS 8 9.788 vs 8.179: the megakernel only at BS 1. Still so after session 21's attention (2026-12-01,
-# `mkcode bench decode --batch 2,3`, docs/perf/session21-decode-bs23-*.json): BS 2 4.041 vs 3.972 ms
+# BS 8 9.788 vs 8.179: the megakernel only at BS 1. Still so after the warp-pipeline attention (2026-12-01,
+# `mkcode bench decode --batch 2,3`): BS 2 4.041 vs 3.972 ms
 # at 8K, 4.539 vs 4.300 at 32K; BS 3 5.252 vs 5.107, 5.734 vs 5.665 (BS 4 / 8: docs/PERF.md).
 MEGAKERNEL_BELOW_ROWS = 2
 # ... and only once the longest row's position reaches this. Measured on the H200 at BS 1
-# (2026-11-30, session 16, `mkcode bench decode --batch 1 --ctx ...`, docs/PERF.md): graph vs
+# (2026-11-30, `mkcode bench decode --batch 1 --ctx ...`, docs/PERF.md): graph vs
 # megakernel at position 256 2.714 vs 2.952 ms, 512 2.740 vs 2.982, 768 2.848 vs 2.992, 1024 3.047 vs
 # 3.008, 2048 3.107 vs 2.965, 8192 3.227 vs 3.031. The megakernel's step hardly grows with the context
 # (its attention runs beside the MoE items); the graph backend's does.
 MEGAKERNEL_FROM_POSITION = 1024
-# ... and below this one. Session 16 (10 attention splits per kv head at BS 1): from ~20K tokens on
+# ... and below this one. Measured 2026-11-30 (10 attention splits per kv head at BS 1): from ~20K tokens on
 # the attention items (~25 GB/s per SM each) outlasted the layer's MoE items and the graph backend was
 # faster again (graph vs megakernel at 20480 3.338 vs 3.319 ms, 24576 3.364 vs 3.407, 32768 3.418 vs
-# 3.597, 65536 3.613 vs 4.373). Since session 17 the split cap rises with the context
+# 3.597, 65536 3.613 vs 4.373). The split cap now rises with the context
 # (Tiling.split_tokens: 16 splits in the 32K bucket, 24 from there). Measured on the H200
-# (2026-11-30, session 17, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`,
+# (2026-11-30, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`,
 # docs/PERF.md): graph vs megakernel at 16384 3.312 vs 3.136 ms, 24576 3.363 vs 3.291 (call 9),
 # 32768 3.414 vs 3.346, 40960 3.470 vs 3.432, 49152 3.514 vs 3.474, 57344 3.559 vs 3.528, 65536
 # 3.615 vs 3.583, 98304 3.832 vs 3.913 (call 14): the megakernel below 64K.

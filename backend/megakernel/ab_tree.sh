@@ -9,7 +9,7 @@
 #   run(command="bash backend/megakernel/gpu_run.sh ab", carry=[".mkcache", "ab_base"])
 # whose `ab` stage runs the engine harness (mkcode bench decode, graph + megakernel, BS 1 and 8 at
 # 8K) on REV and on the working tree, alternating twice (B, A, B, A): between device calls the
-# harness varied by up to ~6 % in session 4, within one call the order effects stay visible.
+# harness varied by up to ~6 % (2026-11-29); within one call the order effects stay visible.
 set -eu
 rev=${1:?usage: ab_tree.sh REV [DIR]}
 dir=${2:-ab_base}

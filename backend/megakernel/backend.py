@@ -1,4 +1,4 @@
-"""`MegakernelBackend`: the `megakernel` DecodeBackend (DESIGN §5-6).
+"""`MegakernelBackend`: the `megakernel` DecodeBackend (docs/ENGINE.md, docs/MEGAKERNEL.md).
 
 One decode step = one launch of the persistent kernel over the step's schedule. Schedules are
 cached by (batch size, attention split vector), which changes only every `split_bucket` tokens.

@@ -1,6 +1,6 @@
 """Code size of the megakernel: the SASS bytes of each device function in the compiled kernel object.
 
-Session 4 measured that an op a block runs rarely (add+norm, route, combine: once per layer) pays
+Measured 2026-11-29: an op a block runs rarely (add+norm, route, combine: once per layer) pays
 ~5 us of cold instruction fetch (MK_MODE_TWICE: add+norm 8.4 us cold, 2.9 us warm) in a kernel of
 ~650 KB of SASS, so code size is a performance figure: `mkcode kernels sizes` prints it. Needs
 `cuobjdump` (CUDA toolkit, or `pip install nvidia-cuda-cuobjdump`), no GPU.

@@ -5,7 +5,7 @@
 
 `bench` measures HBM bandwidth (device-to-device copy, bytes read + written), then times decode
 steps at the release geometry (random bf16 weights made on the GPU) with CUDA events, median of
-many, and reports tok/s and % of speed-of-light from the bytes the step really read (DESIGN §4:
+many, and reports tok/s and % of speed-of-light from the bytes the step really read (docs/PERF.md, Speed of light:
 weights of attention, dense layer, routers, the distinct experts the batch routed to, LM head, and
 every row's visible KV).
 """
@@ -54,7 +54,7 @@ def hbm_bandwidth() -> float:
 
 
 def step_bytes(cfg: ModelConfig, contexts: list[int], active_experts: list[int]) -> dict[str, int]:
-    """Bytes the step really read (DESIGN §4), with the distinct experts the device routed to per
+    """Bytes the step really read (docs/PERF.md, Speed of light), with the distinct experts the device routed to per
     layer; one accounting for every benchmark (`mkcode.backend.bench.accounting`)."""
     return account_step_bytes(cfg, contexts, active_experts).as_dict()
 

@@ -1,5 +1,5 @@
 """The one module that imports the compiled extension (`mk_native`); everything else goes through
-`load()`. A test scans the source tree to keep it that way (DESIGN §2)."""
+`load()`. A test scans the source tree to keep it that way (docs/ENGINE.md, Layout)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
 """The megakernel's tensor-core loops in SASS, and their local-memory traffic.
 
-Session 2 found the GEMV's weight-stream loop spilling (STL/LDL around every HMMA: a spill store
+On 2026-11-29 the GEMV's weight-stream loop spilling (STL/LDL around every HMMA: a spill store
 waits for its load, so the loads in flight collapse and every GEMV task took twice as long). Local
 memory inside a loop is invisible in the source and in the tests, so this reads the compiled object:
 `cuobjdump -sass` (needs nvdisasm next to it; `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`
 gives both), every backward branch is a loop, and each loop that holds HMMA is counted (instructions,
 HMMA, LDL/STL, LDS, LDG) and named after the device function it lies in (`cuobjdump -elf` symbols).
 
-The *weight-stream* loops are those of the GEMV core (`gemv_*`, out of line on purpose since session
-2): batches of 16-byte weight loads, each feeding one mma. They must have no local-memory access at
+The *weight-stream* loops are those of the GEMV core (`gemv_*`, out of line on purpose
+since 2026-11-29): batches of 16-byte weight loads, each feeding one mma. They must have no local-memory access at
 all, and they must exist (an inlined GEMV core is a regression of its own). `mkcode kernels loops`
 prints the table and fails otherwise; CI runs the same check on the object it compiles. The
-attention's round loop does reload some values from local memory (session 5: ~56 accesses at
+attention's round loop does reload some values from local memory (2026-11-29: ~56 accesses at
 d = 128), which the table shows.
 """
 
@@ -43,7 +43,7 @@ class Loop:
 
     @property
     def weight_stream(self) -> bool:
-        """A loop of the GEMV core (out of line since session 2: `gemv_*`), the weight stream."""
+        """A loop of the GEMV core (out of line since 2026-11-29: `gemv_*`), the weight stream."""
         return self.function.startswith("gemv")
 
 
@@ -65,7 +65,7 @@ def parse_functions(elf_text: str, kernel: str | None = None) -> list[tuple[int,
 
 def default_kernel(elf_text: str) -> str:
     """The object's step kernel: its only entry, or, when the step kernel is instantiated more than
-    once (`template <bool>`: a variant measured against the default, as session 15's removed head
+    once (`template <bool>`: a variant measured against the default, as the removed head
     variant was), `mk_step_kernel<false>`."""
     entries = [sym for _, _, binding, sym in symtab_functions(elf_text) if binding == "GLOBAL"]
     if len(entries) == 1:
@@ -168,7 +168,7 @@ def own_opcodes(sass_text: str, functions: list[tuple[int, int, str]]) -> list[s
     """The opcodes, in address order, of the step kernel's own code: its instructions outside every
     device function's span (the dispatch loop and the ops inlined into it). A change to an
     out-of-line op can still change this code: ptxas fits each call's convention to its callee
-    (session 15: the sampler's registers reached it through op_sample_row)."""
+    (2026-11-30: the sampler's registers reached it through op_sample_row)."""
     out = []
     for line in sass_text.splitlines():
         m = _INS.match(line)

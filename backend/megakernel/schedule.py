@@ -1,6 +1,6 @@
 """The step's task graph and its schedule: per-SM descriptor lists, host work queues, counters.
 
-A step is a DAG of tasks connected through counters (DESIGN §6): a task waits until each of its
+A step is a DAG of tasks connected through counters (docs/MEGAKERNEL.md, Counters): a task waits until each of its
 counters reaches a target, runs, then increments its signal counters. `build_schedule` emits, for a
 batch (BS 1-8) and its attention split policy:
 

@@ -1,7 +1,7 @@
 """Tile sizes of the step's matrix work and the attention split policy.
 
 Each GEMV-shaped task streams one weight tile (rows x K) once for all <= 8 tokens; tiles are sized
-so that each matrix yields roughly one wave of tasks over the SMs (DESIGN §6). The kernel needs every
+so that each matrix yields roughly one wave of tasks over the SMs (docs/MEGAKERNEL.md). The kernel needs every
 K range a multiple of 32 (one mma k-step pair) and tiles that do not straddle the Q/K/V boundaries.
 """
 
@@ -25,7 +25,7 @@ class Tiling:
     qkv_rows: int = 64  # rows of [Wq; Wk; Wv] per QKV task
     o_rows: int = 64  # rows of Wo per O-proj task (K split by kv head: Hkv splits)
     # experts per router task: 8 tasks of 16 (the router's 512 KB sooner on the MoE chain); measured
-    # on the H200 in one call (2026-11-29, session 5): BS 8 11.69 vs 11.85-11.88 ms with 32
+    # on the H200 in one call (2026-11-29): BS 8 11.69 vs 11.85-11.88 ms with 32
     router_rows: int = 16
     dense_up_cols: int = 32  # intermediate columns per dense up task (reads 2x that many rows)
     dense_down_rows: int = 64
@@ -86,17 +86,17 @@ class Tiling:
     # 1: no combine tasks; the attention split of a (row, kv head) that signals last (its counter's
     # atomic add returns the step's last value) merges the splits on its own SM at once. Queued
     # combines were claimed ahead by SMs starting 45-us up tiles at BS 8, and the O-proj items
-    # claimed after them waited ~30 us on ~40 SMs per layer (session 14, timeline)
+    # claimed after them waited ~30 us on ~40 SMs per layer (2026-11-30, timeline)
     combine_inline: int = 0
     # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
     # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
     # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
     # tiles (256 columns, ~45 us) fall in 1.2 waves: the last ~40 were claimed ~100 us into a ~188-us
     # layer by SMs that had finished their first one and ended ~45 us later, their experts' down tiles
-    # after them (session 14, timeline). The small tiles claimed last end within a few us of each other.
+    # after them (2026-11-30, timeline). The small tiles claimed last end within a few us of each other.
     moe_up_small: int = 0
     moe_up_small_tiles: int = 0
-    # MEASUREMENT ONLY, wrong results (session 24): what the layer boundary would cost without the
+    # MEASUREMENT ONLY, wrong results (2026-12-01): what the layer boundary would cost without the
     # ADD_NORM hop, the upper bound of computing each layer's norm inside its consumers. 1: the QKV,
     # router, dense-up and LM-head tiles wait on the previous layer's O-proj and MLP counters, not on
     # its add+norm (which still runs and writes h meanwhile: they read h while it changes); 2: also no
@@ -106,7 +106,7 @@ class Tiling:
     # 1: no ADD_NORM tasks (mk_abi.h, norm_inline): the layer's outputs are added (fp32 atomics)
     # into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise with the residual,
     # and each GEMV over h(l) stages RMSNorm(x(l)) itself. Takes the add+norm's hop off the layer
-    # boundary (session 24's what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
+    # boundary (the 2026-12-01 what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
     # of a step can differ in the last bits (as with moe_fused).
     norm_inline: int = 0
     # 1: the LM head's tiles are the items of one host queue that a DRAIN on every SM (the control
@@ -117,24 +117,24 @@ class Tiling:
     # 1: a dense layer's MLP tiles (dense up, dense down) are dealt over the work SMs that hold none
     # of its QKV tiles, and its attention drains go to the QKV tiles' SMs first. Dealt round-robin,
     # the BS 8 layer 0's attention items waited behind 96 dense-up tiles on their SMs (ready at
-    # +41-48 us, its QKV tiles done at +28; the layer 118 us, session 25 timeline)
+    # +41-48 us, its QKV tiles done at +28; the layer 118 us, 2026-12-02 timeline)
     dense_apart: int = 0
     # the most attention splits per (row, kv head) in sliding-window layers (0: as max_splits /
     # split_cap): at BS 8 and 8K a sliding layer's 3 splits make 96 items of ~26 us (one wave of
     # the attention drains beside 28 MoE SMs), a full layer's ~46 us; fewer sliding splits leave
-    # more SMs to the MoE queue while the attention runs (session 26)
+    # more SMs to the MoE queue while the attention runs (2026-12-02)
     sliding_max_splits: int = 0
     # 1: a MoE layer's attention items are the first items of its MoE queue's attention tail
     # (before the combines and O-proj tiles: after the up tiles, or after moe_tail_downs down tiles)
     # and the layer has no attention drains. Every work SM then starts the layer on the up tiles
     # once ROUTE is done and takes attention items when its up tile ends, instead of 96 SMs running
     # the attention first and switching to the MoE queue ~50 us into a BS 8 layer (12.8 us per SM of
-    # claims, table reads and cold code, session 22). Dense layers keep their attention drains.
+    # claims, table reads and cold code, 2026-12-01). Dense layers keep their attention drains.
     # 2: the attention items are the MoE queue's first items, before its up tiles (stored before
     # the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD): the drains
     # claim them once ROUTE is done, and an SM whose attention item ends claims its next item (an
     # up tile) from the same queue, with no drain exit, no second wait on ROUTE and no expert-table
-    # copy. Session 28: the BS 8 switch 15.65 -> ~3 us median, but the attention starts after ROUTE
+    # copy. Measured 2026-12-02: the BS 8 switch 15.65 -> ~3 us median, but the attention starts after ROUTE
     # and the step is +0.6-0.9 % at BS 8, +5 % at BS 1.
     # 3: as 2, but the head items are claimed before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE: the queue
     # head is reset by the EMBED of row 0, not by ROUTE), so the attention starts as soon as the QKV
@@ -143,7 +143,7 @@ class Tiling:
     # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
     # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
     # ended that it could take, never for a sibling tile of its expert. At BS 8 (8K) the downs waited
-    # ~750 SM-us per layer for their experts' last up tiles while others were ready (session 26).
+    # ~750 SM-us per layer for their experts' last up tiles while others were ready (2026-12-02).
     # Each up tile then has H / moe_down_rows down tiles (needs norm_inline; not with moe_fused).
     # 2: the same order over whole experts (the up tile that completes its expert publishes it; the
     # downs take all its columns, as without this): a down still waits for its expert's last tile.
@@ -151,7 +151,7 @@ class Tiling:
     # 1: one QKV counter per kv head instead of one per layer: a QKV tile signals the counter of the
     # kv head its rows belong to (Q rows of the head's query group, its K rows or its V rows), and an
     # attention item (row, kv head, split) waits for that head's tiles only (20 of 80 at the release
-    # geometry) instead of every tile of the layer. Session 29: equal with attention drains (their
+    # geometry) instead of every tile of the layer. Measured 2026-12-02: equal with attention drains (their
     # items are claimed after a QKV tile), faster with attn_in_moe = 3 (WIDE_QKV_BY_HEAD).
     qkv_by_head: int = 0
 
@@ -388,18 +388,18 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
 
 
 # Batches from this size on stream MoE weights in wider tiles: up tiles 4x the columns (256 weight
-# rows, 1 MB), down tiles 4x the rows (512). Measured on the H200 at 8K, BS 8 (2026-11-29, session 3):
+# rows, 1 MB), down tiles 4x the rows (512). Measured on the H200 at 8K, BS 8 (2026-11-29):
 # 11.95 ms per step with 4x/4x, 12.40 with 4x/2x, 13.67 with 2x/2x, 16.5 with the default; BS 1 is
 # slower with any wider tile (5.86 vs 5.69 ms with 4x/4x). The fixed cost of a queue item (claim,
 # staging, reduction, signal: ~5 us, measured by the timeline) is amortised over more bytes once
-# there are several waves of items. The crossover between BS 1 and 8 is not measured yet. Session 7
+# there are several waves of items. The crossover between BS 1 and 8 is not measured yet. Measured 2026-11-30
 # (2026-11-30, gpu_check, one call): BS 8 up tiles 8x (512 weight rows, 2 MB) 10.656 / 10.789 ms
-# against 4x 10.874 / 11.052. Session 18 (2026-11-30, gpu_check, two calls, with lazy claims, below):
+# against 4x 10.874 / 11.052. (2026-11-30, gpu_check, two calls, with lazy claims, below):
 # up tiles 12x (384 columns, 768 weight rows, 3 MB: two per expert, MK_MAX_TILE_ROWS 1024) and 512-row
 # down tiles, against 8x up tiles with WIDE_UP_SMALL and eager claims: BS 8 at 8K 9.456 / 9.582 /
 # 9.482 ms vs 9.874 / 9.936 / 9.785, at position 256 8.174 vs 8.939; BS 4 at 8K 6.529 / 6.579 vs
 # 6.927 / 7.052, at 256 5.635 vs 6.148. Half the queue items, so half the ~7-8 us each pays
-# outside its GEMV (docs/MEGAKERNEL.md, session 18); 1024-row down tiles with them were slower (BS 8
+# outside its GEMV (docs/PERF.md, decision table); 1024-row down tiles with them were slower (BS 8
 # 9.67 / 9.52 / 9.53, BS 4 6.84).
 WIDE_MOE_FROM_BATCH = 4
 # (up columns, down rows) factors, the first the config takes
@@ -407,10 +407,10 @@ WIDE_MOE_SCALES = ((12, 4), (8, 4), (4, 4), (4, 2), (2, 2))
 
 
 # Below WIDE_MOE_FROM_BATCH the MoE tiles are 2x (else 1.5x) the up columns and 2x the down rows
-# where the config allows. Measured on the H200 at 8K, BS 1 (gpu_check): session 5 (eager claims)
-# 48/256 4.92 ms per step, 32/128 5.14, 48/128 4.94, 64/128 5.07, 32/64 5.26; session 6 (lazy
+# where the config allows. Measured on the H200 at 8K, BS 1 (gpu_check): 2026-11-29 (eager claims)
+# 48/256 4.92 ms per step, 32/128 5.14, 48/128 4.94, 64/128 5.07, 32/64 5.26; 2026-11-29 (lazy
 # claims, two calls) 64/256 4.299 and 4.282 ms against 48/256 4.359-4.392 and 4.316-4.327, 64/128
-# 4.66, 48/128 4.55; session 7 (2026-11-30, after the faster ROUTER / ROUTE and K-in-registers
+# 4.66, 48/128 4.55; (2026-11-30, after the faster ROUTER / ROUTE and K-in-registers
 # attention, one call) 128/256 3.890 ms, 96/256 3.909 against 64/256 3.938 / 3.978: the up tiles
 # in one wave on the SMs the attention leaves.
 # (up columns, down rows) factors, the first the config takes
@@ -434,9 +434,9 @@ def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
 
 
 # Claims (MK_CLAIM_*): lazy at every batch size. Measured on the H200 at 8K in one call (2026-11-29,
-# session 6, gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
+# Measured 2026-11-29, gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
 # BS 8 11.87 / 11.89 lazy, 11.72 lazy at the ends, 11.55 eager (BS 8 had several waves of up tiles,
-# and an eager claim's latency hid behind the running item). Session 18 (gpu_check, same call): with
+# and an eager claim's latency hid behind the running item). Measured 2026-11-30 (gpu_check, same call): with
 # the 384-column up tiles BS 8 lazy 9.532 / 9.522 ms, lazy at the end 9.838, eager (the 8x tiles)
 # 9.785; a 3-MB up tile claimed ahead holds its successor for ~40 us, while SMs that are free wait.
 SMALL_CLAIM_POLICY = abi.MK_CLAIM_LAZY
@@ -446,7 +446,7 @@ WIDE_CLAIM_POLICY = abi.MK_CLAIM_LAZY
 # default 32 at 8K): fewer, longer attention items leave more SMs to the MoE up tiles of the layer.
 # Measured on the H200 at 8K, BS 1 (gpu_check, lazy claims, 64/256 MoE tiles), three runs in two
 # calls: 16 splits 4.210, 4.292, 4.258 ms against 32 splits 4.378, 4.441, 4.420 (12: 4.317, 24: 4.293).
-# Session 13 (2026-11-30, gpu_check, two calls), with the attention drains on idle SMs first
+# (2026-11-30, gpu_check, two calls), with the attention drains on idle SMs first
 # (SMALL_ATTN_IDLE_FIRST): 10 splits 3.070 / 3.082 and 3.082 / 3.098 / 3.083 ms against 16 splits
 # without it 3.136 / 3.155 and 3.161 / 3.178 / 3.156 (8 splits 3.157 / 3.136; 12: 3.060 / 3.154;
 # idle-first alone 3.111 / 3.212): 40 items per layer, as many as the SMs that hold no QKV / router
@@ -457,12 +457,12 @@ SMALL_MAX_SPLITS = 10
 SMALL_ATTN_IDLE_FIRST = 1
 # ... but at long contexts one split per SMALL_SPLIT_TOKENS visible tokens (up to SMALL_SPLIT_CAP):
 # with 10 splits a full layer's attention items at 32K / 64K (~0.8 / 1.7 MB each at ~25-35 GB/s per
-# SM) outlasted the layer. Measured on the H200 at BS 1 (2026-11-30, session 17, gpu_check, one call,
+# SM) outlasted the layer. Measured on the H200 at BS 1 (2026-11-30, gpu_check, one call,
 # splits 10 / 16 / 24 / 32): 16K 3.222 and 3.359 / 3.293 / 3.596 / 3.621 ms (this rule: 10); 32K 3.646
 # and 3.774 / **3.526** / 3.833 / 3.803 (16); 64K 4.541 and 4.550 / 4.093 / **4.016** / 4.057 (24).
 SMALL_SPLIT_TOKENS = 2048
 # ... and at most this many (and never more than the base tiling's max_splits, the workspace's
-# split stride, so the per-batch tilings fit the engine's one workspace). Harness at BS 1 (session 17, calls
+# split stride, so the per-batch tilings fit the engine's one workspace). Harness at BS 1 (2026-11-30, calls
 # 9 and 14, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`, graph in brackets):
 # cap 32: 32768 3.404 (3.416), 40960 3.474 (3.463), 49152 3.531 (3.518), 65536 3.667 (3.616) ms;
 # cap 24: 3.346 (3.414), 3.432 (3.470), 3.474 (3.514), 3.583 (3.615); 98304 3.913 (3.832).
@@ -471,11 +471,11 @@ SMALL_SPLIT_CAP = 24
 
 # Control SMs (Tiling.ctrl_sms): one per batch row, so each add+norm row has its own SM (and ROUTE
 # runs on one of them), and from WIDE_MOE_FROM_BATCH rows the attention drains on the SMs of the QKV
-# and router tiles (Tiling.attn_with_qkv). Measured on the H200 at 8K (2026-11-30, session 9,
+# and router tiles (Tiling.attn_with_qkv). Measured on the H200 at 8K (2026-11-30,
 # gpu_check, same call): BS 1 ctrl_sms=1 3.586 / 3.651 ms vs 3.810 / 3.712, 3.697 / 3.716 vs 3.790 /
 # 3.811, 3.619 / 3.585 vs 3.671 / 3.718 (three calls); BS 8 ctrl_sms=8 with attn_with_qkv 10.555 /
 # 10.701 vs 10.996 / 11.058 and 10.561 / 10.571 vs 10.852 / 10.899 (ctrl_sms=8 alone 10.604 / 10.806;
-# ctrl_sms=4: 11.15). Session 19 (2026-12-01, gpu_check, same call): from 4 rows the attention
+# ctrl_sms=4: 11.15). (2026-12-01, gpu_check, same call): from 4 rows the attention
 # drains are on every work SM again (below), with at most WIDE_MAX_SPLITS splits.
 CTRL_SMS_PER_ROW = 1
 WIDE_ATTN_WITH_QKV = 0
@@ -485,35 +485,35 @@ WIDE_ATTN_WITH_QKV = 0
 # Tiling.split_tokens), attention drains on every work SM first (WIDE_ATTN_WITH_QKV = 0), and from
 # WIDE_BIG_DOWN_FROM_BATCH rows down tiles WIDE_BIG_DOWN_SCALE x as tall as the scaled ones (1024
 # rows at the release geometry, where the config takes them). The layer then runs as phases, as the
-# graph backend's does (docs/perf/session19-graph-profile-bs8.json): the attention on every SM in
+# graph backend's does (a torch profile of its BS 8 step, 2026-12-01): the attention on every SM in
 # less than a wave of items (96 at BS 8: the SMs without one start the up tiles at once), the up
-# tiles, then one wave of down tiles (103 at BS 8). Measured on the H200 at 8K (2026-12-01, session
-# 19, gpu_check, same call, against the session-18 engine tiling 9.176 / 9.094 ms at BS 8, 6.332 /
+# tiles, then one wave of down tiles (103 at BS 8). Measured on the H200 at 8K (2026-12-01,
+# gpu_check, same call, against the drains-on-QKV engine tiling 9.176 / 9.094 ms at BS 8, 6.332 /
 # 6.328 at BS 4): BS 8 all three 8.924 / 8.828 (with 100 attention drains 8.836), 2 splits 9.046,
 # 3 splits with 512-row downs 9.039, 3 splits alone 9.244; BS 4 3 splits on every SM 6.061, 3 splits
 # alone 6.093, with 1024-row downs 6.421 / 6.249 (29 experts: 58 down items). The attention alone
 # streams ~1.9 TB/s (the graph backend's kernel ~2.6), the next thing to speed up in this layer. At
-# long contexts the phases lose at 8 rows: BS 8 at 32K 12.874 vs 12.420 ms with session 18's tiling
-# (at 2K 8.240 vs 8.342; session 19 call 17). So from WIDE_LONG_FROM_BATCH rows and a split bucket
+# long contexts the phases lose at 8 rows: BS 8 at 32K 12.874 vs 12.420 ms with the drains-on-QKV tiling
+# (at 2K 8.240 vs 8.342; 2026-12-01). So from WIDE_LONG_FROM_BATCH rows and a split bucket
 # position of WIDE_PHASED_BELOW_POSITION (contexts of 32K tokens and more: a context of C tokens plans
-# for the power of two above C) the wide tiling is session 18's: attention drains on the QKV SMs,
+# for the power of two above C) the wide tiling is the drains-on-QKV one: attention drains on the QKV SMs,
 # splits for one wave, the scaled down tiles; below 8 rows the phased layer stays at every context.
 # Measured on the
-# H200 (2026-12-01, session 20, gpu_check, phased vs session 18's tiling, same call; "ctx" is the
+# H200 (2026-12-01, gpu_check, phased vs the drains-on-QKV tiling, same call; "ctx" is the
 # context, its bucket twice that). With WIDE_SPLIT_TOKENS 8192: BS 8 ctx 16K 9.512 / 9.463 vs 9.894 /
 # 9.932 ms, ctx 32K 12.800 / 12.823 vs 12.100 / 12.016 (call 14); BS 4 ctx 32K 6.949 / 6.872 (call 13).
 # With 4096 (calls 1 and 4): BS 8 ctx 16K 10.407 / 10.410 vs 10.003 / 10.038 / 10.155, ctx 32K 12.705
 # / 12.939 vs 12.176 / 12.161 / 12.132; BS 4 ctx 16K 6.377 vs 6.788 / 7.006 / 6.998, ctx 32K 7.740 vs
 # 8.111 / 8.064 / 7.931 and 7.808 / 7.904 vs 7.984 / 8.090; BS 6 ctx 32K 10.281 / 10.282 vs 10.478 /
 # 10.463 (with 8192: 10.357, 4096 10.169 in call 14). BS 5 / 7 and BS 4 / 6 beyond 32K not measured.
-# Session 21 (the attention as 16 independent warp pipelines, ~1.4x the items' rate): the phased layer
-# wins at 32K too, BS 8 ctx 32K 10.366 vs 10.576 ms with session 18's tiling, ctx 16K 9.207 vs 9.468
+# Measured 2026-12-01 (the attention as 16 independent warp pipelines, ~1.4x the items' rate): the phased layer
+# wins at 32K too, BS 8 ctx 32K 10.366 vs 10.576 ms with the drains-on-QKV tiling, ctx 16K 9.207 vs 9.468
 # (gpu_check, same call, 2026-12-01, call 5), so the threshold moved from 32768 to 65536: the phased
 # layer up to contexts of 32K tokens (a 32K context plans for a 64K bucket); longer contexts keep
-# session 18's tiling, not measured since the new attention.
+# the drains-on-QKV tiling, not measured since the new attention.
 WIDE_PHASED_BELOW_POSITION = 65536
 WIDE_LONG_FROM_BATCH = 8
-WIDE_LONG_ATTN_WITH_QKV = 1  # session 18's placement, where the phased layer is not used
+WIDE_LONG_ATTN_WITH_QKV = 1  # the drains-on-QKV placement, where the phased layer is not used
 WIDE_MAX_SPLITS = 3
 # 8192: an 8K context (split bucket 16K) takes 3 splits in the full layers as in the sliding ones
 # (with 4096 it took 4): gpu_check at 8K, same call, BS 8 8.909 / 8.812 vs 8.994 / 8.901 ms (call 11)
@@ -524,7 +524,7 @@ WIDE_BIG_DOWN_SCALE = 2
 # From this many rows the phased layer's attention items are its MoE queue's head, claimed before
 # ROUTE (Tiling.attn_in_moe = WIDE_ATTN_IN_MOE = 3; no attention drains): the attention starts as the
 # QKV tiles end and an SM whose attention item ends takes an up tile from the same drain (its switch
-# 10.9 -> 6.9 us median). Measured on the H200 at 8K (2026-12-02, session 29, gpu_check, same call):
+# 10.9 -> 6.9 us median). Measured on the H200 at 8K (2026-12-02, gpu_check, same call):
 # BS 8 8.870 / 8.901 vs 8.927 / 9.004 ms; BS 4 equal; BS 1 +2-3 % (3.173 / 3.179 vs 3.083 / 3.127).
 # With WIDE_QKV_BY_HEAD against neither: 8K equal to -2 % over four calls, 16K -0.8 %, 32K -3 %
 # (10.163 / 10.184 vs 10.490 / 10.497 ms).
@@ -532,16 +532,16 @@ WIDE_ATTN_IN_MOE_FROM_BATCH = 8
 WIDE_ATTN_IN_MOE = 3
 # With it, one QKV counter per kv head (Tiling.qkv_by_head, where the QKV tiles fit the heads): the
 # attention items, claimed early by SMs that then wait for the QKV tiles, start when their own
-# head's tiles are done. Session 29, same call, BS 8: 8.689 / 8.687 / 8.674 vs 8.867 / 8.746 /
+# head's tiles are done. Measured 2026-12-02, same call, BS 8: 8.689 / 8.687 / 8.674 vs 8.867 / 8.746 /
 # 8.816 ms (without attn_in_moe = 3 it was equal: 8.871 / 8.901 vs 8.875 / 8.926).
 WIDE_QKV_BY_HEAD = 1
 
 # From WIDE_MOE_FROM_BATCH rows each expert's last WIDE_UP_SMALL[0] * WIDE_UP_SMALL[1] columns go in
 # small up tiles queued after every expert's wide ones (Tiling.moe_up_small / moe_up_small_tiles), where
 # the config leaves whole wide tiles (release: 768 = 256 + 4 x 128). Measured on the H200 at 8K
-# (2026-11-30, session 14, gpu_check, same call against one size): BS 4 6.807 / 6.841 vs 7.293 /
+# (2026-11-30, gpu_check, same call against one size): BS 4 6.807 / 6.841 vs 7.293 /
 # 7.166 ms; BS 8 over five calls -1.2, -0.7, -2.4, -0.5, -0.3 % (9.717 / 9.844 vs 9.801 / 9.812 in
-# the last). 64-column small tiles, 2 x 128 and 192 + 2 x 96 were slower at BS 8. Since session 18
+# the last). 64-column small tiles, 2 x 128 and 192 + 2 x 96 were slower at BS 8. Since 2026-11-30
 # the release geometry takes 384-column up tiles (WIDE_MOE_SCALES), which leave no whole wide tile
 # beside 4 x 128 small ones: one size there; the small tiles serve configs that fall back to 8x.
 WIDE_UP_SMALL = (128, 4)
@@ -549,7 +549,7 @@ WIDE_UP_SMALL = (128, 4)
 
 # Below WIDE_MOE_FROM_BATCH rows: fused MoE items (Tiling.moe_fused: up tile + down slice, no down
 # wave), at least SMALL_CTRL_SMS control SMs and the MoE layers' combines on them (combine_ctrl).
-# Measured on the H200 at 8K (2026-11-30, session 10, gpu_check, same call each line):
+# Measured on the H200 at 8K (2026-11-30, gpu_check, same call each line):
 #   BS 1 unfused 3.554 / 3.580 ms, fused 3.424 / 3.421; unfused 3.658 / 3.599, fused 3.383, fused
 #   with 64 / 32 columns 3.538 / 4.098; unfused 3.502 / 3.543, fused 3.456 / 3.400, fused + 4 control
 #   SMs 3.342, + combines on them 3.367 / 3.347;
@@ -559,25 +559,25 @@ WIDE_UP_SMALL = (128, 4)
 #   items) but the step did not change: kept for the shorter attention chain.
 SMALL_MOE_FUSED = 1
 # ... below this many rows: BS 3 (22.7 experts per layer) runs separate up and down tiles with the
-# small batches' other settings. Measured on the H200 at 8K (2026-11-30, session 17, gpu_check, one
+# small batches' other settings. Measured on the H200 at 8K (2026-11-30, gpu_check, one
 # call): BS 3 fused 5.921 / 5.868 ms, unfused 5.542; BS 2 fused 4.296 / 4.275, unfused 4.306.
 SMALL_FUSED_BELOW = 3
 SMALL_CTRL_SMS = 4
 SMALL_COMBINE_CTRL = 1
 # LM-head tiles of 256 vocab rows below WIDE_MOE_FROM_BATCH rows (half the tiles: half their fixed
 # staging / epilogue / signal cost). BS 1, fused default, same call: 3.306 vs 3.355 / 3.317 ms and
-# 3.322 vs 3.398 / 3.418 (session 10); session 5 had measured it neutral on that kernel.
+# 3.322 vs 3.398 / 3.418 (2026-11-30); an earlier kernel measured it neutral (2026-11-29).
 SMALL_LM_ROWS = 256
 # O-proj tiles of 128 rows below WIDE_MOE_FROM_BATCH rows (64 items of 256 KB instead of 128 of 128
 # KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
 SMALL_O_ROWS = 128
-# ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (session 18, gpu_check BS 8
+# ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (2026-11-30, gpu_check BS 8
 # at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combine_inline 9.400, 8 splits 9.510,
 # 64 attention drains 9.794), then 9.242 / 9.228 vs 9.427 / 9.415, at position 256 7.941 vs 8.077
-# (call 20). Session 17 (eager claims, 256-column tiles): -1 to -1.5 %.
+# (call 20). Measured 2026-11-30 (eager claims, 256-column tiles): -1 to -1.5 %.
 WIDE_O_ROWS = 128
 # QKV tiles of 128 rows at one row (40 tiles instead of 80: the SMs they free take attention items
-# before the QKV tiles end). BS 1, gpu_check, same call (session 22): at 8K 3.040 / 3.046 vs 3.111 /
+# before the QKV tiles end). BS 1, gpu_check, same call (2026-12-01): at 8K 3.040 / 3.046 vs 3.111 /
 # 3.177 ms (call 6) and 3.086 / 3.092 vs 3.142 / 3.137 (call 7), at 2K 3.001 / 2.991 vs 3.020 / 3.024
 # (call 13), at 32K equal (3.436 / 3.454 vs 3.398 / 3.532); across calls the harness shows it within
 # the device's noise. BS 2 equal (4.214 / 4.349 vs 4.256 / 4.295), BS 8 +0.8 % (8.961 / 8.925 vs
@@ -585,15 +585,15 @@ WIDE_O_ROWS = 128
 SINGLE_QKV_ROWS = 128
 
 
-# Tiling.norm_inline in the engine's tilings (session 24): no ADD_NORM tasks, the layer's outputs
+# Tiling.norm_inline in the engine's tilings (2026-12-01): no ADD_NORM tasks, the layer's outputs
 # summed into x(l+1) by fp32 atomics and the norm applied by each GEMV over h. Measured on the H200
 # (gpu_check, four alternating rounds in one call): BS 1 3.155 vs 3.196 ms, BS 8 8.915 vs 9.021 ms
-# (-1.3 / -1.2 %, every round faster); docs/PERF.md "session 24".
+# (-1.3 / -1.2 %, every round faster); docs/PERF.md (decision table).
 ENGINE_NORM_INLINE = 1
 # Tiling.lm_queue, the engine's default at every batch size: the LM-head tiles as one queue drained
-# by every SM. Measured on the H200 (gpu_check, session 25, with the staged final h reused across an
+# by every SM. Measured on the H200 (gpu_check, 2026-12-02, with the staged final h reused across an
 # SM's LM tiles): BS 8 8.748 vs 8.790 ms (six runs each over two calls, -0.5 %), BS 1 equal (3.048
-# vs 3.039); docs/PERF.md "session 25".
+# vs 3.039); docs/PERF.md (decision table).
 ENGINE_LM_QUEUE = 1
 
 

@@ -1,4 +1,4 @@
-"""Per-SM timeline of one megakernel step (DESIGN §6 step 4): where the time goes.
+"""Per-SM timeline of one megakernel step (docs/MEGAKERNEL.md, Timeline): where the time goes.
 
 With `backend.timeline` set to an int64 tensor [n_sms, cap, MK_TL_WORDS], the kernel's thread 0 of
 each block writes one record per task (and per DRAIN): opcode | layer << 8 | queue-item << 16, then
@@ -233,7 +233,7 @@ def _bin_overlaps(a: float, b: float, bin_us: float, nbins: int) -> Iterator[tup
 def chain_ends(recs: torch.Tensor) -> list[dict]:
     """Per layer after the first: when each op of CHAIN_OPS last ended (after its signals), in us
     from the end of the previous layer's last ADD_NORM; `layer_us` is the layer's own ADD_NORM end.
-    Which chain ends last (O-proj or the MoE items) is the one a change must shorten (session 13, BS
+    Which chain ends last (O-proj or the MoE items) is the one a change must shorten (2026-11-30, BS
     1: 43 of 48 layers ended on the MoE items, by ~5 us; BS 8: all of them, by ~33 us)."""
     ends = _last_ends(recs.tolist(), CHAIN_OPS)
     out = []
@@ -252,7 +252,7 @@ def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dic
     step's first record. `head_us` is the lag from the layer's last QKV tile's end to its median
     attention item's end of wait: at BS 8 layer 0's became ready 11.8 us after its QKV tiles, later
     layers' 2.6-6.4 us after (the first 0.2-0.4 us: the pre-claimed drains), at BS 1 7.7 vs 0.5
-    (session 26: cold code at the step's start). Session 26, BS 8 at 8K: sliding layers ~170 us, full ~184 (the extra KV at full speed)."""
+    (2026-12-02: cold code at the step's start). Measured 2026-12-02, BS 8 at 8K: sliding layers ~170 us, full ~184 (the extra KV at full speed)."""
     rows = recs.tolist()
     if not rows:
         return {"layers": [], "mean_us": {}}
@@ -342,10 +342,10 @@ def stream_profile(
     streams below the copy bandwidth and which tasks run then. A fused MoE item streams its down
     slice after its up GEMV (in its epilogue): with op_bytes["MOE_FUSED_DOWN"] those bytes go over
     the epilogue (GEMV end to op end, counted as MOE_FUSED_DOWN), op_bytes["MOE_FUSED"] over the up
-    GEMV (session 10's profile put the whole item's bytes over the up GEMV, and the down slices'
+    GEMV (the 2026-11-30 profile put the whole item's bytes over the up GEMV, and the down slices'
     phase looked idle). op_totals[op]: the layer's bytes of that op, shared among its records in
     proportion to their GEMV time, for ops whose tiles differ in size (the MoE up tiles with
-    Tiling.moe_up_small: op_bytes of the wide tile over-counted the small ones twice, session 14)."""
+    Tiling.moe_up_small: op_bytes of the wide tile over-counted the small ones twice, 2026-11-30)."""
     w0 = recs[:, 1]
     sel = recs[((w0 >> 8) & 0xFF) == layer].tolist()
     if not sel:
@@ -393,7 +393,7 @@ def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]
     (block-time / bin) streaming per opcode (a GEMV interval; an ATTN item's run), in fixed costs
     (`fixed`: staging, epilogue, signal, the run of other ops), waiting per opcode (a task's
     dependency wait), and `idle` (the rest: between tasks, a drain's own wait, nothing to do).
-    Session 14's view of the BS 8 dips: which op the idle SMs wait on, and when. Empty when the
+    The view of the BS 8 dips (2026-11-30): which op the idle SMs wait on, and when. Empty when the
     layer or the previous one has no ADD_NORM record."""
     rows = recs.tolist()
     ends = _last_ends(rows, ("ADD_NORM",))
@@ -442,7 +442,7 @@ def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]
 def sm_tasks(recs: torch.Tensor, layer: int, lo_us: float, hi_us: float) -> dict[int, list[dict]]:
     """Each block's tasks (DRAIN records left out) that overlap [lo_us, hi_us] of one layer, times
     in us from the end of the previous layer's last ADD_NORM (as sm_states): per task its op, layer,
-    start, end of its dependency wait, end. The per-SM view that showed session 17's O-proj items
+    start, end of its dependency wait, end. The per-SM view that showed the 2026-11-30 O-proj items
     waiting on combines that busy SMs had claimed ahead. Empty without the previous layer's
     ADD_NORM record."""
     rows = recs.tolist()
@@ -465,7 +465,7 @@ def transitions(recs: torch.Tensor) -> list[dict]:
     (records as `records` returns them; DRAIN records left out): count and medians in us of the gap
     (the previous task's end after its signals -> this task's start), pre (end of its dependency wait
     -> GEMV start: staging) and post (GEMV end -> end after its signals: epilogue, signal); most
-    frequent first. Session 20: an item after one of its own op (code warm) pays about what one after
+    frequent first. Measured 2026-12-01: an item after one of its own op (code warm) pays about what one after
     another op does, so a GEMV item's fixed costs are not cold code; an ATTN -> MOE_UP gap is the
     attention SMs' switch to the MoE queue."""
     acc: dict[tuple[str, str], list[tuple[float, float, float]]] = defaultdict(list)
@@ -490,7 +490,7 @@ def transitions(recs: torch.Tensor) -> list[dict]:
 def attention_runs(recs: torch.Tensor, sliding: set[int]) -> dict[str, dict]:
     """The ATTN items' run (end of the dependency wait -> end of the op) and wait (start -> end of the
     wait), by layer kind: "full" and "sliding" (layers in `sliding`): count, median, p10 and p90 run,
-    median wait, in us (records as `records` returns them). Session 20: a sliding layer's item at 8K
+    median wait, in us (records as `records` returns them). Measured 2026-12-01: a sliding layer's item at 8K
     (22 pages, 11 rounds) ran ~32-34 us at BS 8 and its BS 1 item (4 rounds) ~13 us: ~2.5-3 us per
     round whether or not HBM was saturated, and no memory-side change moved it."""
     runs: dict[str, list[tuple[float, float]]] = {"full": [], "sliding": []}
@@ -523,7 +523,7 @@ def switch_segments(recs: torch.Tensor) -> dict[str, dict[str, float]]:
     (to_drain: the claim that finds the attention queue empty, the drain's exit), -> that drain's end
     of wait (drain_wait: ROUTE's counter, its first claim, h staged), -> the up item's start
     (to_item: the expert table, item build, dispatch), -> its end of wait (item_wait), -> its GEMV
-    start (to_gemv), and the total; "count" the switches. Session 21: 12.7 us median at BS 8.
+    start (to_gemv), and the total; "count" the switches. Measured 2026-12-01: 12.7 us median at BS 8.
     A switch inside one drain (Tiling.attn_in_moe = 3: the attention items head the MoE queue, and an
     up item of the same layer follows its block's ATTN item with no drain record started between)
     has no drain exit or wait: to_drain and drain_wait are 0 and to_item runs from the signal to the
@@ -569,7 +569,7 @@ def moe_phase(recs: torch.Tensor, layer: int, bin_us: float = 10.0) -> dict:
     tiles started, became ready (their expert's up tiles done) and ended; the down tiles' total wait
     (SM-us between a down's start and its ready: SMs that claimed a down before its expert's ups
     ended); and the layer's end (its last MoE / O-proj item) with each block's idle time before it
-    (SM-us from the block's last record of the layer). Session 25: at BS 8 the up tiles claimed at
+    (SM-us from the block's last record of the layer). Measured 2026-12-02: at BS 8 the up tiles claimed at
     the attention SMs' switch ended 60-90 us later, and their downs set the layer's end."""
     sel = [r for r in recs.tolist() if ((r[1] >> 8) & 0xFF) == layer]
     if not sel:

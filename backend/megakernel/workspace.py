@@ -110,7 +110,7 @@ class Workspace:
 
 
 class CounterBank:
-    """Dependency counters and their per-step bases (the step epoch of DESIGN §6).
+    """Dependency counters and their per-step bases (the step epoch: docs/MEGAKERNEL.md, Counters).
 
     Counters are never reset between steps: the host keeps `base` = each counter's value at the
     step's start (the running sum of every finished step's known increments, mod 2^32), and the

@@ -292,7 +292,7 @@ class ModelConfig:
 
 
 def north_mini_code_config(num_layers: int = 49, **overrides: Any) -> ModelConfig:
-    """The release geometry of North Mini Code (DESIGN §3), for synthetic 30B-shaped models.
+    """The release geometry of North Mini Code (docs/ENGINE.md, Model), for synthetic 30B-shaped models.
 
     `num_layers` keeps the release layer pattern (full attention every 4th layer from 0, one dense
     layer first) at any depth; `overrides` replace config.json fields (e.g. a reduced geometry)."""

@@ -1,6 +1,6 @@
 """The model's operations in plain PyTorch: the oracle every fast path is tested against.
 
-Each function is the readable definition of one step of North Mini Code (DESIGN §3). They work on
+Each function is the readable definition of one step of North Mini Code (docs/ENGINE.md, Model). They work on
 CPU and GPU, fp32 and bf16; reductions (norm, softmax) run in fp32.
 """
 

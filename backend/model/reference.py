@@ -1,4 +1,4 @@
-"""The reference North Mini Code model in plain PyTorch (DESIGN §3).
+"""The reference North Mini Code model in plain PyTorch (docs/ENGINE.md, Model).
 
 `ReferenceModel.forward` runs any number of tokens of any number of sequences at once: all matrix
 work is batched over the flat token list, attention runs per sequence against that sequence's KV

@@ -1,6 +1,6 @@
 """Decode speed of the tensor/expert-parallel model on N GPUs against one GPU, plus a check that
 both give the same logits. Random bf16 weights at the full geometry (`north_mini_code_config()`),
-made on each GPU from one seed and then sharded; synthetic KV (DESIGN §4 accounting's layout).
+made on each GPU from one seed and then sharded; synthetic KV (docs/PERF.md, Speed of light: the accounting's layout).
 
     torchrun --standalone --nproc-per-node 4 -m mkcode.backend.parallel.gpu_bench --tp 4 --ep 4
 

@@ -1,4 +1,4 @@
-"""Cut one rank's slice out of the full weights (DESIGN §3 layout) according to a ShardPlan.
+"""Cut one rank's slice out of the full weights (the checkpoint layout, docs/ENGINE.md, Model) according to a ShardPlan.
 
 A slice that is the whole tensor is the tensor itself (no copy), so a world of one costs no memory;
 a proper slice is copied into its own storage so that the full weights can be freed afterwards.

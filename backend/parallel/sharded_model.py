@@ -1,4 +1,4 @@
-"""One rank's share of a step: the reference model's math (DESIGN §3) over this rank's shard.
+"""One rank's share of a step: the reference model's math (docs/ENGINE.md, Model) over this rank's shard.
 
 Per layer (a parallel block, one norm):
 

@@ -2,12 +2,12 @@
 // mma.sync and activation reads, not only its loads) when few SMs stream and when all do, and which
 // loop shape lifts that rate. A stand-alone measurement (not part of the megakernel).
 //
-// Session 22's timeline: a BS 8 up tile (768 x 2048) streams ~46 GB/s per SM and a down tile
+// the 2026-12-01 timeline: a BS 8 up tile (768 x 2048) streams ~46 GB/s per SM and a down tile
 // (1024 x 768) ~55 (both beside the attention's SMs, i.e. their HBM share), while `stream_probe hint`
 // moved the same addressing at ~118 GB/s per SM with 16 blocks (loads folded, no mma). The layer's
 // holes (its head, the attention SMs' switch to the MoE queue, the tail) are phases in which few SMs
 // stream, so there the per-SM rate is the step's rate. Measured (calls 7-8): the loop with its mma
-// 86-87 GB/s per SM at 40 blocks (loads alone 91), 66 at 66, 34.9 at 132 (docs/PERF.md, session 22).
+// 86-87 GB/s per SM at 40 blocks (loads alone 91), 66 at 66, 34.9 at 132 (docs/PERF.md, 2026-12-01).
 // Loop shapes (every block streams its own consecutive tiles of R x K bf16,
 // 512 threads, the megakernel's split: wpg warps per 16-row group, contiguous K blocks, U = 8 k-steps
 // of 16 B per row pair in registers per batch, the evict_first + L2::128B loads):

@@ -1,6 +1,6 @@
 // moe_probe.cu: what a BS 8 MoE phase costs under three schedules, with the megakernel's weight-load
 // pattern and nothing else. A stand-alone measurement for the "static MoE partition" of
-// docs/MEGAKERNEL.md ("What is left", session 16), not part of the megakernel.
+// docs/MEGAKERNEL.md (the MoE phase bound), not part of the megakernel.
 //
 // One launch = one layer's MoE phase at the release geometry (hidden 2048, expert intermediate 768,
 // 128 experts of which 51 are active, BS 8's mean) over one resident 512-thread block per SM:
@@ -23,14 +23,14 @@
 //            act_mode variants also read the down group's activations from L2 (fp32 or bf16), as
 //            a per-warp down item without staged activations would
 // `fixed_us` adds a per-item (dynamic) or per-range (static) fixed cost after each unit of work, as
-// the megakernel's staging, epilogue and signal add ~2-5 us per queue item (timeline, session 14);
+// the megakernel's staging, epilogue and signal add ~2-5 us per queue item (timeline, 2026-11-30);
 // a quarter of it per group for the warp schedule (that warp alone pauses).
 // Output: us per layer (median of 15 launches), the phase's HBM rate, per schedule and fixed cost.
-// Measured (H200, 2026-11-30, session 17, call 2): static 120.1 / 123.0 / 123.3 us with 0 / 4 / 8 us
+// Measured (H200, 2026-11-30, call 2): static 120.1 / 123.0 / 123.3 us with 0 / 4 / 8 us
 // per range, dynamic 117.8 / 122.3 / 123.6 per item, warp 129.6-131.3, warp + fp32 activations
 // ~140, + bf16 ~133: the schedule is not what the megakernel's BS 8 MoE phase (~150 us) loses, and
 // per-warp claims are slower (one head counter for ~11K claims per layer, 8 KB in flight per warp).
-// `moe_probe blocks [copies]` (session 18, calls 4 and 6-8; TB/s of the phase, dynamic schedule, 80 KB
+// `moe_probe blocks [copies]` (2026-11-30, calls 4 and 6-8; TB/s of the phase, dynamic schedule, 80 KB
 // of shared memory reserved, runs varied by ~3 %): with 0 / 4 us of fixed cost per item, 132 blocks
 // 4.09-4.23 / 4.05-4.15, 110: 4.24 / 4.01, 90: 4.20-4.23 / 3.88-3.90, 70: 3.95-3.99 / 3.33-3.66,
 // 50: 3.57 / 2.99. The phase keeps its rate down to ~90 streaming SMs only without fixed costs;
@@ -48,9 +48,9 @@
 // 768 / 1024 rows) 3.43 / 3.87 / 3.63 / 3.63 (the last wave costs 11 % on 132, the fewer fixed costs
 // win 6-19 % below); 3 + 4 (32 / 32) 3.64 / 3.64 / 3.64 / 3.23; 4 + 4 (24 / 32) 3.63 / 3.42 / 3.63
 // / 3.23. (This call's medians fell on ~8-us steps: compare within it.)
-// `moe_probe prep` (session 30, compile-checked, not yet run): prep_moe, the uniform items with a
+// `moe_probe prep` (2026-12-04, compile-checked, not yet run): prep_moe, the uniform items with a
 // warp of their own that claims, pays the fixed cost and signals beside the streaming warps, against
-// uniform_moe of the same shapes and the dynamic schedule (docs/MEGAKERNEL.md, session 30).
+// uniform_moe of the same shapes and the dynamic schedule (docs/MEGAKERNEL.md, the MoE phase bound).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/moe_probe.cu -o /tmp/moe_probe && /tmp/moe_probe [blocks [copies] | prep]
 #include <algorithm>
@@ -325,7 +325,7 @@ __device__ __forceinline__ void named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
-// Item preparation on a warp of its own (`moe_probe prep`, session 30, not yet run on a GPU): the
+// Item preparation on a warp of its own (`moe_probe prep`, 2026-12-04, not yet run on a GPU): the
 // uniform schedule's items (UPG / DNG groups per up / down item, expert-major), but the block is SW
 // streaming warps plus one preparing warp. SW = 16: 544 threads, and ptxas then allows 96 registers
 // per thread (17 warps put 5 on one SM sub-partition's 16K registers), which the megakernel's code
@@ -342,7 +342,7 @@ __device__ __forceinline__ void named_sync(int id, int count) {
 // slot's item; they arrive, the preparing warp syncs). The claim is one item ahead (eager): an SM
 // holds its next item while it streams, which can lengthen the last wave; the probe prices both
 // effects together. The question it answers: does the phase keep its 0-us rate (4.09-4.23 TB/s on
-// 132 SMs, session 18) with the megakernel's 8 us per item (3.87-3.92 with uniform_moe)?
+// 132 SMs, 2026-11-30) with the megakernel's 8 us per item (3.87-3.92 with uniform_moe)?
 template <int UPG, int DNG, int SW>
 __global__ void __launch_bounds__((SW + 1) * 32, 1) prep_moe(Layer L, int fixed_ns) {
   static_assert(UP_GROUPS % UPG == 0 && DOWN_GROUPS % DNG == 0, "whole items");
@@ -557,7 +557,7 @@ static void launch_prep(int sms, const Layer& L, int ns) {
 }
 
 // `moe_probe blocks`: the dynamic schedule on fewer blocks (the megakernel's MoE phase streams on
-// ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, session 18's timeline sums), with 12
+// ~50-110 SMs at a time, ~71 on average at BS 8 and 8K, the 2026-11-30 timeline sums), with 12
 // k-steps per warp batch (192 KB in flight per block instead of 128), as two 256-thread blocks per
 // SM (full- and half-size items), with uniform items, warp-asynchronous items and items prepared by
 // a warp of their own: how the phase's HBM rate depends on the streaming SM count and the per-item fixed

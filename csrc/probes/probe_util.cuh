@@ -14,7 +14,7 @@
     }                                                                                      \
   } while (0)
 
-// The megakernel's weight load since session 13 (ld_weight16): evict_first L2 policy and the
+// The megakernel's weight load since 2026-11-30 (ld_weight16): evict_first L2 policy and the
 // L2::128B prefetch-size hint (an L2 miss fetches the whole 128-byte line).
 __device__ __forceinline__ uint4 ldw_hint(const void* p, uint64_t pol) {
   uint4 r;

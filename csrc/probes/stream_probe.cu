@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(NT, 1) bulk_stream(const char* src, size_t per
 // loads 16 B of rows gid and gid + 8 per k-step, U k-steps per batch, then folds them (the GEMV's
 // mma phase). Against ldg<U> (contiguous 512 B per warp load) it says what the GEMV's addressing
 // costs; against HBM it says whether a GEMV from L2 is faster.
-// KB: the group's warps take contiguous K blocks instead (the megakernel's GEMV since session 9).
+// KB: the group's warps take contiguous K blocks instead (the megakernel's GEMV since 2026-11-30).
 template <int U, bool KB = false, bool HINT = false>
 __global__ void __launch_bounds__(NT, 1)
     gemv_stream(const uint16_t* src, size_t per_block, int R, int K, int reps, uint32_t* out) {
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(NT, 1)
 // per iteration, polls a flag (MODE 0: ld.relaxed.gpu, 1: ld.acquire.gpu, 2: no poll), then walks
 // a chain of 8 dependent loads through the array. Cycles per iteration: if the acquire's
 // invalidation reaches local memory, MODE 1 pays ~8 L2 round trips more than MODE 0.
-// Measured (H200, 2026-11-30, session 18, call 12): relaxed 822, acquire 994, no flag load 658
+// Measured (H200, 2026-11-30, call 12): relaxed 822, acquire 994, no flag load 658
 // cycles: the acquire costs ~170 cycles more than a relaxed load and spilled registers stay in L1
 // (8 L2 round trips would be ~4000 cycles); an item's spill reloads after its wait are L1 hits.
 template <int MODE>
@@ -539,7 +539,7 @@ static int loaded_probe(int sms, char* buf, uint32_t* out) {
 }
 
 // `stream_probe hint`: the GEMV addressing (contiguous K blocks) with and without the megakernel's
-// L2 hints (ld_weight16: evict_first, L2::128B), on the MoE tiles' shapes since session 14 (512 x
+// L2 hints (ld_weight16: evict_first, L2::128B), on the MoE tiles' shapes since 2026-11-30 (512 x
 // 2048 up tiles, 256 x 2048 small up tiles, 512 x 768 down tiles), next to contiguous ldg<8>: whether
 // the GEMV's pattern still streams below the contiguous rate once L2 fetches whole lines.
 static int hint_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEvent_t b) {
@@ -587,7 +587,7 @@ int main(int argc, char** argv) {
     if (run("ldg U=16", [&] { ldg_stream<16><<<bc, NT>>>(s16, per_block, out); })) return 1;
     // the same loads with shared memory reserved but unused: the block's shared-memory size sets
     // the SM's L1 share, and in-flight loads need L1 room (the megakernel lost 25 % at BS 1 with
-    // 64 KB more shared memory, docs/MEGAKERNEL.md "Session 5")
+    // 64 KB more shared memory, docs/PERF.md (decision table))
     for (int kb : {64, 100, 150, 200}) {
       CK(cudaFuncSetAttribute(ldg_stream<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kb * 1024));
       char name[32];

@@ -56,7 +56,7 @@ def test_each_step_goes_to_the_backend_for_its_batch_size():
 @pytest.mark.parametrize("host", [True, False], ids=["host-positions", "device-positions"])
 def test_short_and_long_contexts_go_to_the_large_batch_backend(host):
     """Outside [from_position, below_position) (the longest row's position) the graph backend is the
-    faster one at BS 1 too (session 16): such steps go to `large` whatever their row count; the
+    faster one at BS 1 too (2026-11-30): such steps go to `large` whatever their row count; the
     positions come from the batch's host copy or, without one, from the device tensor."""
     small, large = _Fake("megakernel", 8), _Fake("graph", 32)
     h = HybridDecodeBackend(small, large, split=2, from_position=1024, below_position=20480)

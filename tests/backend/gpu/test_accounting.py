@@ -1,4 +1,4 @@
-"""Bytes-per-step accounting against DESIGN §4's figures (CPU)."""
+"""Bytes-per-step accounting against docs/PERF.md's speed-of-light figures (CPU)."""
 
 import pytest
 

@@ -291,7 +291,7 @@ def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):
 def test_wide_batches_take_the_phased_tiling_below_the_long_context_bucket(weights):
     """From WIDE_LONG_FROM_BATCH rows the engine's tiling depends on the split bucket: below
     WIDE_PHASED_BELOW_POSITION the phased one (attention on every SM, at most WIDE_MAX_SPLITS
-    splits), from it session 18's (attention drains on the QKV SMs, splits for one wave); fewer rows
+    splits), from it the wide tiling (attention drains on the QKV SMs, splits for one wave); fewer rows
     (from WIDE_MOE_FROM_BATCH) keep the phased one at every context. The two schedules are cached
     apart even where they plan the same splits."""
     from mkcode.backend.megakernel.tiling import (

@@ -1,4 +1,4 @@
-"""Import boundaries of the megakernel code (DESIGN §2)."""
+"""Import boundaries of the megakernel code (docs/ENGINE.md, Layout)."""
 
 from __future__ import annotations
 

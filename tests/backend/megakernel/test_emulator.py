@@ -543,8 +543,8 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # the tile variants the next GPU sweep times (gpu_run.sh VARIANTS): they must validate, build and
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
-    {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default before session 14
-    {"moe_up_cols": 384, "moe_down_rows": 512, "claim_policy": abi.MK_CLAIM_LAZY},  # since session 18
+    {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default before 2026-11-30
+    {"moe_up_cols": 384, "moe_down_rows": 512, "claim_policy": abi.MK_CLAIM_LAZY},  # since 2026-11-30
     {"max_splits": 8},
     {"qkv_rows": 128, "o_rows": 128},
     {"claim_policy": abi.MK_CLAIM_EAGER},  # gpu_run.sh's default VARIANTS time both claim policies
@@ -562,16 +562,16 @@ SWEEP_TILINGS = [
     {"attn_with_qkv": 1, "norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},
-    {"moe_fused": 1},  # up tile + down slice per item, atomic sums (session 4's fused items)
+    {"moe_fused": 1},  # up tile + down slice per item, atomic sums (the 2026-11-29 fused items)
     {"moe_fused": 1, "moe_up_cols": 128, "claim_policy": abi.MK_CLAIM_LAZY, "norm_early": 1, "ctrl_sms": 1},
     {"moe_fused": 1, "moe_up_cols": 256, "ctrl_sms": 8, "attn_with_qkv": 1},  # the BS 8 engine's tiles
     # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
     {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
-    # two up-tile sizes at the BS 8 engine's tiles (session 14): wide tiles first, small ones last
+    # two up-tile sizes at the BS 8 engine's tiles (2026-11-30): wide tiles first, small ones last
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 128, "moe_up_small_tiles": 2, "ctrl_sms": 8},
-    {"combine_inline": 1, "ctrl_sms": 8, "attn_with_qkv": 1},  # the last split combines (session 14)
+    {"combine_inline": 1, "ctrl_sms": 8, "attn_with_qkv": 1},  # the last split combines (2026-11-30)
     {
         "combine_inline": 1,
         "moe_fused": 1,

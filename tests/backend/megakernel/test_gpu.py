@@ -331,8 +331,8 @@ def test_route_at_release_width_with_ties(wide, B):
 @pytest.mark.parametrize("B", [1, 5, 8])
 def test_attn_op_in_other_modes(small, B, mode):
     """The ATTN op against its reference, as above, on the other d = 128 paths: MK_MODE_ATTN_SMEM_K
-    (the K/V page ring of sessions 3-6) and MK_MODE_ATTN_PAIRS (the lock-step warp pairs of sessions
-    12-20); the default path, 16 independent warp pipelines, is what test_op_matches_semantics runs."""
+    (the K/V page ring) and MK_MODE_ATTN_PAIRS (the lock-step warp pairs);
+    the default path, 16 independent warp pipelines, is what test_op_matches_semantics runs."""
     _, be = small
     be.prefetch_mode = mode
     try:
@@ -408,7 +408,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
         (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
-        (1, abi.MK_MODE_ATTN_PAIRS),  # the attention as lock-step warp pairs (sessions 12-20)
+        (1, abi.MK_MODE_ATTN_PAIRS),  # the attention as lock-step warp pairs (2026-11-30)
     ],
     ids=[
         "mma",

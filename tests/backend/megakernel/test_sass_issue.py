@@ -73,7 +73,7 @@ def test_opcodes_in_counts_one_function():
 def test_compiled_fused_down_slice_sums_by_global_reductions(kp):
     """On the object CI compiles: the fused MoE item's down slice (gemv_down_acc<KP>) adds into the
     row sums with REDG (global, no return value) and holds no ATOM / CAS loop: atomicAdd on a
-    generic float pointer compiled to a generic ATOM plus compare-and-swap loops (session 12)."""
+    generic float pointer compiled to a generic ATOM plus compare-and-swap loops (2026-11-30)."""
     from mkcode.backend.megakernel.build import build
 
     counts = sass_issue.object_opcodes_in(build(compile_only=True).path, f"gemv_down_acc<{kp}>")
@@ -90,7 +90,7 @@ def test_compiled_fused_down_slice_sums_by_global_reductions(kp):
 def test_compiled_weight_loads_fetch_whole_lines(function, least):
     """On the object CI compiles: every weight load (the read-only path, LDG ... .CONSTANT) of the
     GEMVs carries the L2::128B prefetch-size hint (LTC128B in SASS): a GEMV warp load covers 64
-    bytes of each of 8 rows, and without it L2 fetched half lines from HBM (session 13: BS 1 -2.7 %,
+    bytes of each of 8 rows, and without it L2 fetched half lines from HBM (2026-11-30: BS 1 -2.7 %,
     BS 8 -2.2 % with it)."""
     from mkcode.backend.megakernel.build import build
 

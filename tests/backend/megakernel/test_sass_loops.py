@@ -72,7 +72,7 @@ def test_missing_tool_is_a_clear_error(monkeypatch, tmp_path):
 )
 def test_compiled_gemv_loops_do_not_spill():
     """On the object CI compiles: the GEMV core's weight-stream loops exist and never touch local
-    memory (a spill there halved every GEMV task's speed in session 2)."""
+    memory (a spill there halved every GEMV task's speed, 2026-11-29)."""
     from mkcode.app.cli import main
     from mkcode.backend.megakernel.build import build
 

@@ -535,7 +535,7 @@ def test_moe_tiles_widen_with_the_batch():
     """From WIDE_MOE_FROM_BATCH rows the default tiling widens the MoE tiles (measured faster at BS 8,
     slower at BS 1): the widest scale the config takes; a config that takes none keeps the base.
     Below that, 2x (else 1.5x) up columns and 2x down rows where they divide (measured faster at BS 1). Claims
-    are lazy at every size (session 18), whatever the tiles."""
+    are lazy at every size (2026-11-30), whatever the tiles."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import (
