@@ -13,6 +13,7 @@ from importlib import metadata
 
 from mkcode.app import main_cmd
 from mkcode.app.commands import COMMAND_MODULES
+from mkcode.app.core.process_exit import leave
 
 
 def version() -> str:
@@ -41,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:  # no subcommand: the assistant itself
         try:
-            return main_cmd.run(args)
+            code = main_cmd.run(args)
         except KeyboardInterrupt:
-            return 130
+            print("mkcode: interrupted", file=sys.stderr)
+            code = 130
+        # As the console script (argv from the command line), a load or tool thread still running
+        # must not hold the exit; a caller passing argv (tests, embedding) gets the code back.
+        return leave(code) if argv is None else code
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

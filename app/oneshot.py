@@ -20,9 +20,13 @@ denied (the answer may be incomplete: allow it with a flag), 130 when interrupte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -46,6 +50,7 @@ from mkcode.tools import AllowRule
 from mkcode.tools.text import json_terminal_safe, terminal_safe
 
 EXIT_OK, EXIT_ERROR, EXIT_DENIED, EXIT_INTERRUPTED = 0, 1, 3, 130
+CLOSE_TIMEOUT_S = 0.5  # the engine thread gets this long to stop at the end
 OUTPUT_FORMATS = ("text", "json", "stream-json")
 
 
@@ -243,13 +248,54 @@ def run_oneshot(
             interactive=False,
             rules=rules_for(opts),
         )
-        return asyncio.run(run_turn(conv, opts, out, err))
+        close = (lambda: backend.close(timeout=CLOSE_TIMEOUT_S)) if owned else None
+        return asyncio.run(_interruptible_turn(conv, opts, out, err, close))
     except KeyboardInterrupt:
         err.write("mkcode: interrupted\n")
         return EXIT_INTERRUPTED
     finally:
         if owned:
-            backend.close()
+            backend.close(timeout=CLOSE_TIMEOUT_S)
+
+
+async def _interruptible_turn(
+    conv: Conversation, opts: OneShotOptions, out: IO[str], err: IO[str], close: Callable[[], None] | None
+) -> int:
+    """`run_turn` with Ctrl+C as an interrupt, not an exception: the first one interrupts the turn
+    (the model stops, a running command is killed, the session is saved) and the exit code is 130;
+    a second one leaves at once. The engine is stopped while this event loop still runs, so no
+    engine-thread callback can reach a closed loop (the `Event loop is closed` error)."""
+    loop = asyncio.get_running_loop()
+    presses = 0
+
+    def on_sigint() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            err.write("\nmkcode: interrupting (Ctrl+C again quits at once)\n")
+            err.flush()
+            conv.interrupt()
+            return
+        for stream in (out, err):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
+
+    installed = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        installed = True
+    try:
+        code = await run_turn(conv, opts, out, err)
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGINT)
+        if close is not None:
+            await asyncio.to_thread(close)
+    if presses:
+        err.write("mkcode: interrupted\n")
+        return EXIT_INTERRUPTED
+    return code
 
 
 def _error(opts: OneShotOptions, out: IO[str], err: IO[str], message: str) -> None:

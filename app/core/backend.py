@@ -73,9 +73,14 @@ class Backend:
             return BackendMetrics()
         return runtime_metrics(self.runtime)
 
-    def close(self) -> None:
-        if self.runtime is not None:
-            self.runtime.close()
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the in-process engine; with `timeout`, wait at most that long for its thread (a
+        front end on its way out passes a short one; `process_exit.leave` deals with the rest)."""
+        if self.runtime is None:
+            return
+        if timeout is not None:
+            self.runtime.engine.shutdown(timeout)
+        self.runtime.close()
 
 
 def runtime_metrics(runtime: Any) -> BackendMetrics:

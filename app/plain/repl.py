@@ -37,7 +37,7 @@ from mkcode.app.agent import (
     TurnFinished,
 )
 from mkcode.app.core import slash
-from mkcode.app.core.backend import BackendError, open_backend
+from mkcode.app.core.backend import Backend, BackendError, open_backend
 from mkcode.app.core.conversation import CommandReply, Conversation
 from mkcode.app.core.history import ShownAssistant, ShownTool, ShownUser, shown_items
 from mkcode.app.core.mentions import FileIndex, mention_at_cursor
@@ -319,7 +319,16 @@ def run_plain(args: argparse.Namespace, settings: Settings) -> int:
         )
         if args.resume == "":
             console.print(safe_text(asyncio.run(conv.command("/sessions")).text))
-        return asyncio.run(repl.run())
+        return asyncio.run(_run_then_close(repl, backend))
     finally:
-        backend.close()
+        backend.close(timeout=0.5)
+
+
+async def _run_then_close(repl: PlainRepl, backend: Backend) -> int:
+    """The REPL, then the engine stopped while this event loop still runs (an engine callback
+    reaching a closed loop was the `Event loop is closed` error)."""
+    try:
+        return await repl.run()
+    finally:
+        await asyncio.to_thread(backend.close, 0.5)
         sys.stdout.flush()

@@ -3,13 +3,15 @@ screen, then hands over to the chat screen, which owns the conversation's UI."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on, work
+from textual import on
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.message import Message
 
 from mkcode.app.agent import Session
 from mkcode.app.core.backend import Backend, BackendError, ProgressFn, open_backend
@@ -23,6 +25,8 @@ from mkcode.app.tui.screens.sessions import SessionPicker
 from mkcode.app.tui.screens.start import StartScreen
 
 THEMES = {"dark": "textual-dark", "light": "textual-light"}
+EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+CLOSE_TIMEOUT_S = 0.5  # the engine thread gets this long to stop when the UI closes
 BackendFactory = Callable[[Settings, ProgressFn], Backend]
 
 
@@ -53,6 +57,8 @@ class MkcodeApp(App[str | None]):
         self.pick_session = pick_session
         self.history = history or PromptHistory(None)
         self.conversation: Conversation | None = None
+        self.load_error: str | None = None  # why the backend could not start (the launcher prints it)
+        self._loader: threading.Thread | None = None
         self.theme = THEMES.get(settings.theme, "textual-dark")
 
     def on_mount(self) -> None:
@@ -63,20 +69,39 @@ class MkcodeApp(App[str | None]):
         self.push_screen(StartScreen(str(self.cwd), model))
         self.load_backend()
 
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load_backend(self) -> None:
-        """Off the UI thread: build the backend, reporting progress by message."""
+        """Build the backend on a daemon thread of its own, reporting progress by message.
+
+        Not a Textual thread worker: those run on the event loop's executor, which the loop's
+        shutdown joins, so quitting during a long load would wait for the load to end. A daemon
+        thread lets the app quit at once; `loader_running` tells the launcher it is still going."""
+        self._loader = threading.Thread(target=self._load, name="mkcode-load", daemon=True)
+        self._loader.start()
+
+    @property
+    def loader_running(self) -> bool:
+        return self._loader is not None and self._loader.is_alive()
+
+    def _post(self, message: Message) -> bool:
+        """Post from the loader thread; False once the app has gone (its loop may be closed)."""
+        try:
+            return self.is_running and self.post_message(message)
+        except RuntimeError:  # the event loop closed between the check and the post
+            return False
+
+    def _load(self) -> None:
         try:
             backend = self.backend_factory(
-                self.settings, lambda stage, fraction: self.post_message(LoadProgress(stage, fraction))
+                self.settings, lambda stage, fraction: self._post(LoadProgress(stage, fraction))
             )
         except BackendError as e:
-            self.post_message(BackendFailed(str(e)))
+            self._post(BackendFailed(str(e)))
             return
         except Exception as e:  # anything else is still shown, not a traceback over the terminal
-            self.post_message(BackendFailed(f"{type(e).__name__}: {e}"))
+            self._post(BackendFailed(f"{type(e).__name__}: {e}"))
             return
-        self.post_message(BackendReady(backend))
+        if not self._post(BackendReady(backend)):  # the user quit while it loaded
+            backend.close()
 
     @on(LoadProgress)
     def show_load_progress(self, message: LoadProgress) -> None:
@@ -85,6 +110,7 @@ class MkcodeApp(App[str | None]):
 
     @on(BackendFailed)
     def show_load_error(self, message: BackendFailed) -> None:
+        self.load_error = message.error
         if isinstance(self.screen, StartScreen):
             self.screen.show_error(message.error)
 
@@ -111,10 +137,21 @@ class MkcodeApp(App[str | None]):
         if session_id and isinstance(self.screen, ChatScreen):
             await self.screen.run_command(f"/resume {session_id}")
 
+    def action_quit_interrupted(self) -> None:
+        """Ctrl+C / Esc on the way out: the shell's convention for an interrupt is 130."""
+        self.exit(return_code=EXIT_INTERRUPTED)
+
+    def action_quit_failed(self) -> None:
+        """Leaving after the model could not load: a failure, exit 1."""
+        self.exit(self.load_error, return_code=EXIT_FAILED)
+
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
 
     def on_unmount(self) -> None:
+        """Interrupt the turn, save, and stop the engine while the event loop still runs (an engine
+        callback reaching a closed loop was the `Event loop is closed` error)."""
         if self.conversation is not None:
             self.conversation.interrupt()
             self.conversation.save()
+            self.conversation.backend.close(timeout=CLOSE_TIMEOUT_S)

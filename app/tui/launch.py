@@ -8,8 +8,14 @@ from pathlib import Path
 
 from mkcode.app.settings import Settings, data_dir
 
+CLOSE_TIMEOUT_S = 0.5  # the engine thread gets this long to stop when the UI has closed
+
 
 def run_tui(args: argparse.Namespace, settings: Settings) -> int:
+    """The app's exit code: 0 after /quit or Ctrl+D, 130 after Ctrl+C, 1 when the model could not
+    load. The caller (`cli.main`) leaves through `process_exit.leave`, so a load still running in
+    its thread does not hold the process."""
+    from mkcode.app.core import backend as backends
     from mkcode.app.core.prompt_history import PromptHistory
     from mkcode.app.core.sessions import SessionStore, initial_session
     from mkcode.app.tui.app import MkcodeApp
@@ -26,14 +32,20 @@ def run_tui(args: argparse.Namespace, settings: Settings) -> int:
         cwd=cwd,
         store=store,
         session=session,
+        backend_factory=backends.open_backend,
         pick_session=args.resume == "",
         history=PromptHistory(data_dir() / "prompt_history.jsonl"),
     )
     app.run()
+    code = app.return_code or 0
     conv = app.conversation
     if conv is not None:
-        if conv.backend is not None:
-            conv.backend.close()
+        conv.backend.close(timeout=CLOSE_TIMEOUT_S)  # stopped already when the app unmounted
         if conv.session.messages:
             print(f"session {conv.session.id} saved · resume with: mkcode --resume {conv.session.id}")
-    return app.return_code or 0
+    elif app.load_error:  # the screen that showed it is gone: leave it in the scrollback too
+        print(f"mkcode: could not start: {app.load_error}", file=sys.stderr)
+        code = code or 1
+    elif code == 130:
+        print("mkcode: interrupted while loading", file=sys.stderr)
+    return code

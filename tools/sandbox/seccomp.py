@@ -17,9 +17,11 @@ Architectures: x86_64 and aarch64. A call made with any other audit architecture
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import platform
+import shutil
 import struct
 import tempfile
 import threading
@@ -227,6 +229,7 @@ def private_dir() -> str:
         d = _cached.get("dir")
         if d is None or not os.path.isdir(d):
             d = tempfile.mkdtemp(prefix="mkcode-sandbox-")
+            atexit.register(shutil.rmtree, d, True)  # one per process: never left in /tmp
             _cached["dir"] = d
         return d
 

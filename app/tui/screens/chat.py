@@ -337,17 +337,17 @@ class ChatScreen(Screen[None]):
             self.conv.interrupt()
 
     def action_ctrl_c(self) -> None:
-        if self.conv.busy:
-            self.conv.interrupt()
-            return
-        if self.prompt.text:
-            self.prompt.clear()
-            return
+        """Interrupt the turn (or clear the input); a second Ctrl+C within `QUIT_WINDOW_S` quits
+        with exit code 130, also while the interrupted turn is still winding down."""
         now = time.monotonic()
         if now - self._last_ctrl_c < QUIT_WINDOW_S:
-            self.app.exit()
+            self.app.action_quit_interrupted()  # type: ignore[attr-defined]
             return
         self._last_ctrl_c = now
+        if self.conv.busy:
+            self.conv.interrupt()
+        elif self.prompt.text:
+            self.prompt.clear()
         self._hint = "press Ctrl+C again to quit"
         self.refresh_status()
 

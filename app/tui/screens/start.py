@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import BindingType
+from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical
 from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
@@ -26,12 +26,15 @@ class StartScreen(Screen[None]):
     StartScreen ProgressBar { width: auto; margin-top: 1; }
     StartScreen Center { height: auto; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [("ctrl+c,ctrl+q,escape", "app.quit", "quit")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+c,ctrl+q,escape", "leave", "quit", priority=True),
+    ]
 
     def __init__(self, workspace: str, model: str) -> None:
         super().__init__()
         self.workspace = workspace
         self.model = model
+        self.failed = False
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -50,7 +53,15 @@ class StartScreen(Screen[None]):
         else:
             bar.update(total=1.0, progress=fraction)
 
+    def action_leave(self) -> None:
+        """Quit while loading (an interrupt: 130), or after the load failed (exit 1)."""
+        if self.failed:
+            self.app.action_quit_failed()  # type: ignore[attr-defined]
+        else:
+            self.app.action_quit_interrupted()  # type: ignore[attr-defined]
+
     def show_error(self, error: str) -> None:
+        self.failed = True
         self.query_one("#stage", Static).update("could not start")
         self.query_one("#error", Static).update(safe_text(f"{error}\n\nPress Esc to quit."))
         self.query_one("#progress", ProgressBar).display = False

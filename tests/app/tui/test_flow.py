@@ -122,10 +122,24 @@ async def test_ctrl_c_interrupts_then_twice_quits(make_app):
         assert app.conversation.busy
         await pilot.press("ctrl+c")
         await _settle(pilot, app)
-        assert not app.conversation.busy
+        assert not app.conversation.busy and app.is_running
+        await pilot.press("ctrl+c")  # within the quit window of the first: quits, as an interrupt
+        await pilot.pause(0.1)
+    assert app.return_code == 130
+
+
+async def test_ctrl_c_after_the_quit_window_only_warns(make_app, monkeypatch):
+    import mkcode.app.tui.screens.chat as chat
+
+    monkeypatch.setattr(chat, "QUIT_WINDOW_S", 0.2)
+    app = make_app([])
+    async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("ctrl+c")
-        assert app.is_running
+        await pilot.pause(0.3)
         await pilot.press("ctrl+c")
+        await pilot.pause(0.05)
+        assert app.is_running and "again to quit" in app.screen._hint
+        await _type(pilot, "/quit")
         await pilot.pause(0.1)
     assert app.return_code == 0
 
