@@ -245,7 +245,7 @@ class Agent:
         error: str | None = None
         try:
             self.session.add_message({"role": "user", "content": prompt})
-            prompt_now = self.system_prompt()
+            prompt_now = await asyncio.to_thread(self.system_prompt)  # reads git status, AGENTS.md
             if not any(
                 r["type"] == "system_prompt" and r.get("text") == prompt_now for r in self.session.records
             ):
