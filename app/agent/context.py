@@ -4,7 +4,7 @@ Two tools, used in this order as the conversation grows (OpenCode and Claude Cod
 1. `truncate_output`: a single tool output longer than the limit keeps its head and tail.
 2. `elide_tool_outputs` / `split_for_compaction`: near the limit, old tool outputs are replaced by a
    stub first (cheap, keeps every message); if that is not enough the older turns are summarised
-   by the model (`Agent.compact`) and replaced by the summary.
+   by the model (`compaction.Compactor`) and replaced by the summary.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ message from the `EngineClient`, and runs the tool calls it contains through the
 `ToolRegistry` (which validates arguments, applies the permission policy and asks the user through
 our approver). Consecutive read-only calls run concurrently; edits and shell commands run one at a
 time, in the order the model wrote them. Results go back as `tool` messages and the loop continues
-until the model answers without tools, or `AgentConfig.max_steps` is reached.
+until the model answers without tools, or `AgentConfig.max_steps` is reached. Before each step the
+`Compactor` (compaction.py) keeps the history inside the context window.
+
+Nothing CPU-heavy runs on the event loop (the UI's): the system prompt (git status, AGENTS.md) and
+every token count (the in-process client renders and tokenises) are computed in worker threads.
 
 Invariants, whatever happens (malformed output, backend errors, `interrupt()` at any moment):
 every assistant tool call in the history has exactly one tool result right after its message, and
