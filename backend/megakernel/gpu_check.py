@@ -26,16 +26,6 @@ import torch
 from mkcode.backend.bench.accounting import step_bytes as account_step_bytes
 from mkcode.backend.bench.hbm import measure_copy_bandwidth
 from mkcode.backend.megakernel import abi
-from mkcode.backend.megakernel.testing import (
-    Fp32Weights,
-    clone_batch,
-    fill_lm_tiles,
-    kernel_routing,
-    make_case,
-    reduced_config,
-    reference_step,
-    standalone_desc,
-)
 from mkcode.backend.megakernel.tiling import (
     SWITCH_FIELDS,
     Tiling,
@@ -46,6 +36,18 @@ from mkcode.backend.megakernel.tiling import (
 )
 from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.weights import random_weights
+
+# The megakernel tests' cases and reference step: this lab tool runs from a checkout's root, as they do.
+from tests.backend.megakernel.cases import (
+    Fp32Weights,
+    clone_batch,
+    fill_lm_tiles,
+    kernel_routing,
+    make_case,
+    reduced_config,
+    reference_step,
+    standalone_desc,
+)
 
 
 def hbm_bandwidth() -> float:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mkcode.app.cli import main
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def _runtime(path: Path):
 
 def test_stream_contract_on_the_real_engine(tmp_path_factory: pytest.TempPathFactory) -> None:
     from mkcode.app.agent.inprocess import InProcessClient
-    from mkcode.backend.checkpoint.testing import tiny_checkpoint
+    from tests.backend.checkpoint.tiny import tiny_checkpoint
 
     rt = _runtime(tiny_checkpoint(tmp_path_factory.mktemp("ck"), seed=0))
     try:

@@ -48,7 +48,7 @@ class Tmux:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from mkcode.backend.checkpoint.testing import tiny_checkpoint
+    from tests.backend.checkpoint.tiny import tiny_checkpoint
 
     return tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=0)
 

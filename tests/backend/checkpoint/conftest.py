@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

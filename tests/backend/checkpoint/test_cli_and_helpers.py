@@ -12,8 +12,8 @@ import pytest
 from mkcode.app.commands import checkpoint as command
 from mkcode.backend.checkpoint import load_checkpoint
 from mkcode.backend.checkpoint.stats import param_counts
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
 from mkcode.backend.model.config import north_mini_code_config
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 
 def _run(*argv: str) -> int:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mkcode.backend.checkpoint import CheckpointError, load_checkpoint, load_state_dict
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
 from tests.backend.checkpoint.helpers import read_all, write_variant
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 LM_HEAD = "lm_head.weight"
 EMBED = "model.embed_tokens.weight"

@@ -21,10 +21,10 @@ from mkcode.backend.megakernel.backend import MegakernelBackend, MegakernelError
 from mkcode.backend.megakernel.emulator import Emulator
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.sampling import SamplingParams
-from mkcode.backend.megakernel.testing import Fp32Weights, clone_batch, make_case, reference_step, tiny_config
 from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.megakernel.workspace import CounterBank
 from mkcode.backend.model.weights import random_weights
+from tests.backend.megakernel.cases import Fp32Weights, clone_batch, make_case, reference_step, tiny_config
 
 CFG = tiny_config()
 TILING = Tiling(

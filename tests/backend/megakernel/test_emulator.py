@@ -20,11 +20,11 @@ from mkcode.backend.megakernel.emulator import (
 )
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.schedule import build_schedule
-from mkcode.backend.megakernel.testing import CLAIM_CASES, clone_batch, make_case, reference_step, tiny_config
 from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_tiling
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
+from tests.backend.megakernel.cases import CLAIM_CASES, clone_batch, make_case, reference_step, tiny_config
 
 CFG = tiny_config()
 # small tiles so that every matrix becomes several tasks; lm_rows leaves a partial last tile
@@ -528,7 +528,7 @@ def test_release_geometry_engine_tilings(batch, fused):
 def test_forced_routing_reference_reads_the_device_table(weights):
     """kernel_routing() reads ROUTE's expert table back; forcing those choices reproduces the
     reference exactly when they agree (the GPU tests use this to tolerate bf16 near-ties)."""
-    from mkcode.backend.megakernel.testing import kernel_routing
+    from tests.backend.megakernel.cases import kernel_routing
 
     contexts = [70, 3, 130]
     ws, _, ref, _, _ = _run(weights, contexts)

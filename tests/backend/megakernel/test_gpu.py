@@ -16,7 +16,10 @@ from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
 from mkcode.backend.megakernel.sampling import SamplingParams, sample_row
 from mkcode.backend.megakernel.schedule import expert_counter, make_desc
-from mkcode.backend.megakernel.testing import (
+from mkcode.backend.megakernel.tiling import Tiling
+from mkcode.backend.model.config import north_mini_code_config
+from mkcode.backend.model.weights import random_weights
+from tests.backend.megakernel.cases import (
     CLAIM_CASES,
     Fp32Weights,
     clone_batch,
@@ -28,9 +31,6 @@ from mkcode.backend.megakernel.testing import (
     standalone_desc,
     written_kv,
 )
-from mkcode.backend.megakernel.tiling import Tiling
-from mkcode.backend.model.config import north_mini_code_config
-from mkcode.backend.model.weights import random_weights
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

@@ -15,10 +15,10 @@ from mkcode.backend.megakernel.emulator import Emulator
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.sampling import SamplingParams, filtered_probs, sample_row
 from mkcode.backend.megakernel.schedule import build_schedule
-from mkcode.backend.megakernel.testing import clone_batch, make_case, tiny_config
 from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.weights import random_weights
+from tests.backend.megakernel.cases import clone_batch, make_case, tiny_config
 
 
 def test_abi_sampling_block():

@@ -11,7 +11,6 @@ import pytest
 
 from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.schedule import build_schedule
-from mkcode.backend.megakernel.testing import tiny_config
 from mkcode.backend.megakernel.tiling import (
     Tiling,
     TilingError,
@@ -21,6 +20,7 @@ from mkcode.backend.megakernel.tiling import (
     tiling_for_batch,
 )
 from mkcode.backend.model.config import north_mini_code_config
+from tests.backend.megakernel.cases import tiny_config
 
 CFG = north_mini_code_config()
 
@@ -489,8 +489,8 @@ def test_reduced_tiling_carries_options_that_need_each_other():
     from dataclasses import replace
 
     from mkcode.backend.megakernel import gpu_check
-    from mkcode.backend.megakernel.testing import reduced_config
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+    from tests.backend.megakernel.cases import reduced_config
 
     release = north_mini_code_config()
     bs1 = tiling_for_batch(release, default_tiling(release), 1)
@@ -760,7 +760,7 @@ def test_paged_case_pages_scattered_or_consecutive():
     (layer, row)'s visible pages are consecutive (gpu_check bench --kv-contiguous); the same pages
     are mapped either way, each once."""
     from mkcode.backend.kv.layout import NO_PAGE
-    from mkcode.backend.megakernel.testing import make_case
+    from tests.backend.megakernel.cases import make_case
 
     cfg = tiny_config()
     contexts = [700, 130]

@@ -22,12 +22,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mkcode.backend.checkpoint.loader import load_checkpoint
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
 from mkcode.backend.parallel.loading import load_shard
 from mkcode.backend.parallel.plan import PlanError, ShardPlan
 from mkcode.backend.parallel.runtime import check_devices, world_degrees
 from mkcode.backend.parallel.shard import shard_weights
 from mkcode.backend.runtime import build_runtime
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 from tests.backend.parallel import runtime_cases
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")

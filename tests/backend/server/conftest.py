@@ -26,10 +26,10 @@ if MISSING:  # test_server_deps.py reports the skip; nothing else here can even 
 else:
     import openai
 
-    from mkcode.backend.checkpoint.testing import tiny_checkpoint
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
     from mkcode.backend.server import ServerOptions, create_app
     from mkcode.backend.server.runner import ServerThread
+    from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 MODEL = "tiny"
 API_KEY = "sk-test-key"

@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
 from mkcode.backend.runtime import RuntimeOptions, build_runtime
 from mkcode.backend.server import ServerOptions, create_app
 from mkcode.backend.server.client_config import codex_config, opencode_config
 from mkcode.backend.server.runner import ServerThread
 from mkcode.backend.turn.grammar import ToolSpec, TurnSpec
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 from ..turn.fakes import install_scripted
 

@@ -11,9 +11,9 @@ import pytest
 
 from mkcode.app.cli import build_parser, main
 from mkcode.app.settings import SettingsError, load_settings
-from mkcode.backend.checkpoint.testing import tiny_checkpoint
 from mkcode.backend.engine.engine import EngineMetrics
 from mkcode.backend.server.metrics import prometheus_text
+from tests.backend.checkpoint.tiny import tiny_checkpoint
 
 PROMPT = ",".join(str(t) for t in [5, 6, 7, 8, 9] * 8)
 

@@ -116,10 +116,10 @@ def test_the_thinking_budget_is_capped_by_max_tokens(tok) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The tiny random-weight checkpoint behind `mkcode serve`'s app, with its default options."""
-    from mkcode.backend.checkpoint.testing import tiny_checkpoint
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
     from mkcode.backend.server import ServerOptions, create_app
     from mkcode.backend.server.runner import ServerThread
+    from tests.backend.checkpoint.tiny import tiny_checkpoint
 
     path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=0)
     rt = build_runtime(

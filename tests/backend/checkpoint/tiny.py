@@ -1,6 +1,7 @@
-"""Test helper for other suites (model parity, engine): a cached tiny synthetic checkpoint.
+"""For every suite that needs a real checkpoint on disk (loader, engine, server, agent): a cached
+tiny synthetic one.
 
-    from mkcode.backend.checkpoint.testing import tiny_checkpoint
+    from tests.backend.checkpoint.tiny import tiny_checkpoint
     path = tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), seed=0)
 
 The first call for a given (seed, overrides) writes the checkpoint into a subdirectory of the
