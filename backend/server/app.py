@@ -13,14 +13,30 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from mkcode.backend.server import chat, completions, responses
-from mkcode.backend.server.errors import APIError, install_error_handlers
+from mkcode.backend.server import chat, completions, openapi, responses
+from mkcode.backend.server.errors import CatchAllMiddleware, install_error_handlers
 from mkcode.backend.server.guards import ApiKeyMiddleware, BodyLimitMiddleware, ResponseCounter
+from mkcode.backend.server.limits import max_token_bytes
 from mkcode.backend.server.metrics import prometheus_text
 from mkcode.backend.server.options import ServerOptions
 from mkcode.backend.server.state import ServerState
 
-_COUNTED = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models"}
+# Paths counted under their own label in /metrics; anything else (a fuzzer's random paths) is "other".
+_ROUTES = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/openapi.json",
+}
+
+
+def endpoint_label(path: str) -> str:
+    if path in _ROUTES:
+        return path
+    return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
 
 
 def create_app(
@@ -39,54 +55,67 @@ def create_app(
     state = ServerState.build(engine, tokenizer, options)
     engine.start()
 
-    app = FastAPI(title="mkcode", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="mkcode",
+        version=_version(),
+        summary="OpenAI-compatible API of `mkcode serve` (Chat Completions, Completions, Responses)",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.mkcode = state
     install_error_handlers(app)
+    openapi.install(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(responses.router)
 
-    @app.get("/health")
+    @app.get("/health", responses=openapi.HEALTH)
     async def health():
         thread = getattr(engine, "_thread", None)
         alive = thread is None or thread.is_alive()
         return {"status": "ok" if alive else "engine stopped", "model": state.model_name}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=openapi.MODELS)
     async def models():
-        return {"object": "list", "data": [_model_card(state)]}
+        return {"object": "list", "data": [_model_card(state, name) for name in options.model_names]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=openapi.MODEL)
     async def model(model_id: str):
-        if model_id != state.model_name:
-            raise APIError(
-                404,
-                f"model {model_id!r} does not exist; this server serves {state.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-        return _model_card(state)
+        return _model_card(state, state.resolve_model(model_id))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=openapi.METRICS)
     async def metrics():
         return PlainTextResponse(prometheus_text(state), media_type="text/plain; version=0.0.4")
 
     def count(path: str, status: int) -> None:
-        if path in _COUNTED:
-            state.requests_total[(path, status)] = state.requests_total.get((path, status), 0) + 1
+        key = (endpoint_label(path), status)
+        state.requests_total[key] = state.requests_total.get(key, 0) + 1
 
-    # The last added runs first: the key check, then the body limit (bad keys and oversize bodies
-    # are refused before anything parses them), then the count of what reaches the routes.
-    app.add_middleware(ResponseCounter, on_response=count)
+    # The last added runs first: the count of every response (the guards' 401 and 413 and the 500s
+    # included), the key check, the body limit (bad keys and oversize bodies are refused before
+    # anything parses them), then the catch-all around the routes.
+    app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes)
     if options.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
+    app.add_middleware(ResponseCounter, on_response=count)
+    max_token_bytes(tokenizer)  # the prompt-size floor's table, built once before serving
     return app
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mkcode")
+    except Exception:
+        return "0"
+
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     return {
-        "id": state.model_name,
+        "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "mkcode",

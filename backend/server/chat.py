@@ -9,6 +9,7 @@ then `data: [DONE]`.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -16,8 +17,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from mkcode.backend.server import openapi
 from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_disconnect
 from mkcode.backend.server.errors import APIError, bad_request, error_body, error_response
+from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.messages import chat_messages
 from mkcode.backend.server.schemas import ChatCompletionRequest, NamedToolChoice
 from mkcode.backend.server.turn import start_turn
@@ -35,13 +38,30 @@ router = APIRouter()
 SYSTEM_FINGERPRINT = "mkcode"
 
 
-def usage_dict(usage) -> dict[str, Any]:
-    return {
+def usage_dict(usage, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    out = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
+
+
+def count_reasoning_tokens(tokenizer: Any, reasoning: str, completion_tokens: int) -> int:
+    """Tokens of the thinking block: its text re-encoded (the canonical split, which a trained model
+    writes) plus its two markers; 0 without reasoning. CPU work: call it off the event loop."""
+    if not reasoning:
+        return 0
+    return min(completion_tokens, len(tokenizer.encode(reasoning)) + 2)
+
+
+async def reasoning_tokens(tokenizer: Any, reasoning: str, completion_tokens: int) -> int:
+    if not reasoning:
+        return 0
+    return await asyncio.to_thread(count_reasoning_tokens, tokenizer, reasoning, completion_tokens)
 
 
 def chat_plan(body: ChatCompletionRequest) -> TurnRequest:
@@ -79,16 +99,19 @@ def chat_plan(body: ChatCompletionRequest) -> TurnRequest:
     )
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=openapi.CHAT)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = request.app.state.mkcode
-    turn = (await start_turn(state, chat_plan(body))).events()
+    model = state.resolve_model(body.model)
+    plan = chat_plan(body)
+    check_prompt_fits(state.tokenizer, state.max_model_len, [plan.messages, plan.tools], "messages")
+    plan.max_tokens = state.max_tokens(plan.max_tokens)
+    turn = (await start_turn(state, plan)).events()
     cid = "chatcmpl-" + secrets.token_hex(12)
-    model = body.model or state.model_name
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(_stream(turn, cid, model, created, include_usage))
+        return SSEResponse(_stream(turn, cid, model, created, include_usage, state.tokenizer))
     end, text, reasoning, calls = await until_disconnect(request, _collect(turn))
     if end.finish_reason == "error":
         return error_response(500, f"generation failed: {end.error}")
@@ -107,7 +130,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         "model": model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": end.finish_reason}],
-        "usage": usage_dict(end.usage),
+        "usage": usage_dict(
+            end.usage, await reasoning_tokens(state.tokenizer, reasoning, end.usage.completion_tokens)
+        ),
     }
 
 
@@ -127,7 +152,11 @@ async def _collect(turn) -> tuple[ModelDone, str, str, list[ToolCallReady]]:
     raise APIError(500, "generation ended without a finish event")
 
 
-async def _stream(turn, cid: str, model: str, created: int, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(
+    turn, cid: str, model: str, created: int, include_usage: bool, tokenizer: Any
+) -> AsyncIterator[bytes]:
+    thinking: list[str] = []
+
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         payload: dict[str, Any] = {
             "id": cid,
@@ -147,6 +176,7 @@ async def _stream(turn, cid: str, model: str, created: int, include_usage: bool)
             if isinstance(ev, TextDelta):
                 yield chunk({"content": ev.text})
             elif isinstance(ev, ReasoningDelta):
+                thinking.append(ev.text)
                 yield chunk({"reasoning_content": ev.text})
             elif isinstance(ev, ToolCallBegin):
                 call = {
@@ -172,7 +202,12 @@ async def _stream(turn, cid: str, model: str, created: int, include_usage: bool)
                             "model": model,
                             "system_fingerprint": SYSTEM_FINGERPRINT,
                             "choices": [],
-                            "usage": usage_dict(ev.usage),
+                            "usage": usage_dict(
+                                ev.usage,
+                                await reasoning_tokens(
+                                    tokenizer, "".join(thinking), ev.usage.completion_tokens
+                                ),
+                            ),
                         }
                     )
                 yield SSE_DONE

@@ -11,9 +11,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from mkcode.backend.engine.request import FinishEvent, GenerationRequest, TokenEvent
+from mkcode.backend.server import openapi
 from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_disconnect
 from mkcode.backend.server.chat import SYSTEM_FINGERPRINT, usage_dict
 from mkcode.backend.server.errors import bad_request, error_body, error_response
+from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.schemas import CompletionRequest
 from mkcode.backend.server.state import ServerState
 from mkcode.backend.server.turn import sampling_params, submit
@@ -32,6 +34,7 @@ def _prompt_ids(state: ServerState, body: CompletionRequest) -> list[int]:
             raise bad_request("one prompt per request (a batch of prompts is not supported)", param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
+        check_prompt_fits(state.tokenizer, state.max_model_len, [prompt], "prompt")
         ids = state.tokenizer.encode(prompt)
     else:
         ids = list(prompt)
@@ -43,7 +46,8 @@ def _prompt_ids(state: ServerState, body: CompletionRequest) -> list[int]:
     return ids
 
 
-def _build(state: ServerState, body: CompletionRequest) -> GenerationRequest:
+def _build(state: ServerState, body: CompletionRequest) -> tuple[GenerationRequest, str]:
+    """The engine request and the echoed prompt text (CPU work: tokenising; runs in a thread)."""
     if body.n not in (None, 1) or body.best_of not in (None, 1):
         raise bad_request("n > 1 and best_of > 1 are not supported by this server", param="n")
     if body.logprobs:
@@ -67,18 +71,17 @@ def _build(state: ServerState, body: CompletionRequest) -> GenerationRequest:
         seed=body.seed,
         stop=body.stop,
     )
-    return GenerationRequest(ids, sampling)
+    return GenerationRequest(ids, sampling), (state.tokenizer.decode(ids) if body.echo else "")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=openapi.COMPLETIONS)
 async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.mkcode
-    req = await asyncio.to_thread(_build, state, body)
+    model = state.resolve_model(body.model)
+    req, echo = await asyncio.to_thread(_build, state, body)
     stream = submit(state, req)
     cid = "cmpl-" + secrets.token_hex(12)
-    model = body.model or state.model_name
     created = int(time.time())
-    echo = state.tokenizer.decode(req.prompt_ids) if body.echo else ""
     base = {
         "id": cid,
         "object": "text_completion",

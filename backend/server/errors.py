@@ -6,6 +6,7 @@ get the body they parse, and bad input is always a 4xx, never a 5xx.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -13,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("mkcode.server")
 
@@ -84,7 +86,49 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, str(exc.detail))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        log.exception("unhandled server error")
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+
+class CatchAllMiddleware:
+    """The last line: any exception a route lets escape is logged and answered with an OpenAI-shaped
+    500, and the connection stays usable.
+
+    Starlette's own handler for `Exception` answers and then re-raises, and uvicorn closes the
+    keep-alive connection on that (the client's next request fails with a reset). Here the error
+    ends with the request. If the response had already started (a stream), it is ended cleanly.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = ended = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started, ended
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("unhandled error answering %s %s", scope.get("method"), scope.get("path"))
+            try:
+                if not started:
+                    body = json.dumps(
+                        error_body(500, f"internal server error ({type(exc).__name__}); see the server log")
+                    ).encode()
+                    headers = [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ]
+                    await send({"type": "http.response.start", "status": 500, "headers": headers})
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+                elif not ended:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                pass  # the client is gone too

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from mkcode.backend.server.errors import bad_request
-from mkcode.backend.server.schemas import ChatMessage, MessageToolCall
+from mkcode.backend.server.schemas import ChatMessage, MessageToolCall, ToolCallFunction
 
 _TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -28,11 +28,22 @@ def content_text(content: Any, where: str) -> str | None:
             if isinstance(part, str):
                 texts.append(part)
                 continue
-            kind = part.get("type", "text") if isinstance(part, dict) else None
-            if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif kind == "refusal" and isinstance(part.get("refusal"), str):
-                texts.append(part["refusal"])
+            if not isinstance(part, dict):
+                raise bad_request(f"{where}[{i}]: a content part must be an object or a string", param=where)
+            kind = part.get("type", "text")
+            field = "refusal" if kind == "refusal" else "text"
+            if kind in _TEXT_PARTS or kind == "refusal":
+                if not isinstance(part.get(field), str):
+                    got = (
+                        "is missing"
+                        if field not in part
+                        else f"is {type(part[field]).__name__}, not a string"
+                    )
+                    raise bad_request(
+                        f"{where}[{i}]: a {kind!r} content part needs a string {field!r} ({field!r} {got})",
+                        param=where,
+                    )
+                texts.append(part[field])
             else:
                 raise bad_request(
                     f"{where}[{i}]: content part of type {kind!r} is not supported (this model reads text only)",
@@ -116,9 +127,14 @@ def responses_messages(instructions: str | None, items: str | list[dict[str, Any
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(call_id, str):
                 raise bad_request(f"input[{i}]: function_call needs string name and call_id", param="input")
-            call = MessageToolCall.model_validate(
-                {"id": call_id, "function": {"name": name, "arguments": item.get("arguments") or "{}"}}
-            )
+            args = item.get("arguments")
+            if args is not None and not isinstance(args, str | dict):
+                raise bad_request(
+                    f"input[{i}].arguments: a function_call's arguments must be a JSON string "
+                    f"(or an object), not {type(args).__name__}",
+                    param=f"input[{i}].arguments",
+                )
+            call = MessageToolCall(id=call_id, function=ToolCallFunction(name=name, arguments=args or "{}"))
             last = raw[-1] if raw else None
             if last is not None and last.role == "assistant":
                 last.tool_calls = [*(last.tool_calls or []), call]

@@ -20,8 +20,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from mkcode.backend.server import openapi
 from mkcode.backend.server.asgi import SSEResponse, sse_event, until_disconnect
+from mkcode.backend.server.chat import reasoning_tokens
 from mkcode.backend.server.errors import bad_request, error_response
+from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.messages import responses_messages
 from mkcode.backend.server.schemas import ResponsesNamedChoice, ResponsesRequest
 from mkcode.backend.server.turn import start_turn
@@ -86,7 +89,9 @@ def responses_plan(body: ResponsesRequest) -> TurnRequest:
 class ResponseBuilder:
     """Turns turn events into Responses output items and the stream events announcing them."""
 
-    def __init__(self, body: ResponsesRequest, model: str):
+    def __init__(self, body: ResponsesRequest, model: str, tokenizer: Any = None):
+        self.tokenizer = tokenizer  # counts the reasoning tokens of the usage
+        self.reasoning_tokens = 0
         self.id = _id("resp")
         self.body = body
         self.model = model
@@ -270,12 +275,18 @@ class ResponseBuilder:
                     item["status"] = "incomplete"
         return events
 
+    async def count_reasoning(self, end: ModelDone) -> None:
+        """Set `reasoning_tokens` from the reasoning items written (off the event loop)."""
+        text = "".join(i["content"][0]["text"] for i in self.output if i["type"] == "reasoning")
+        if self.tokenizer is not None:
+            self.reasoning_tokens = await reasoning_tokens(self.tokenizer, text, end.usage.completion_tokens)
+
     def final(self, end: ModelDone) -> tuple[str, dict[str, Any]]:
         usage = {
             "input_tokens": end.usage.prompt_tokens,
             "input_tokens_details": {"cached_tokens": end.usage.cached_tokens},
             "output_tokens": end.usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": end.usage.total_tokens,
         }
         if end.finish_reason == "error":
@@ -295,11 +306,15 @@ def _snapshot(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", responses=openapi.RESPONSES)
 async def create_response(body: ResponsesRequest, request: Request):
     state = request.app.state.mkcode
-    turn = (await start_turn(state, responses_plan(body))).events()
-    builder = ResponseBuilder(body, body.model or state.model_name)
+    model = state.resolve_model(body.model)
+    plan = responses_plan(body)
+    check_prompt_fits(state.tokenizer, state.max_model_len, [plan.messages, plan.tools], "input")
+    plan.max_tokens = state.max_tokens(plan.max_tokens)
+    turn = (await start_turn(state, plan)).events()
+    builder = ResponseBuilder(body, model, state.tokenizer)
     if body.stream:
         return SSEResponse(_stream(builder, turn))
 
@@ -313,6 +328,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     end = await until_disconnect(request, collect())
     if end.finish_reason == "error":
         return error_response(500, f"generation failed: {end.error}")
+    await builder.count_reasoning(end)
     return builder.final(end)[1]["response"]
 
 
@@ -324,6 +340,7 @@ async def _stream(builder: ResponseBuilder, turn) -> AsyncIterator[bytes]:
             for kind, payload in builder.feed(ev):
                 yield sse_event(kind, payload)
             if isinstance(ev, ModelDone):
+                await builder.count_reasoning(ev)
                 yield sse_event(*builder.final(ev))
                 return
     finally:

@@ -3,17 +3,91 @@
 Unknown fields are accepted and ignored (clients send `store`, `metadata`, `user`, `verbosity`,
 …); fields whose values are wrong are a 400 naming the field. Fields the server cannot honour
 (`n` > 1, `logprobs`) are refused by the handlers with a message that says so.
+
+Before any field is looked at, the whole body passes `check_json` (`_Request`'s before-validator):
+nesting at most `MAX_JSON_DEPTH`, finite numbers only (Python's JSON parser accepts `Infinity` and
+`NaN`, which nothing downstream can serialise), integers within 64 bits (what llguidance, the
+sampler's seed and the tokenizer ids take). A JSON Schema the server compiles (tool `parameters`,
+`response_format`) is also capped at `MAX_SCHEMA_NODES` values. So the renderer and the grammar
+compiler only ever see bounded, finite input, and a bad body is a 400 naming the path at fault.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+MAX_JSON_DEPTH = 64  # nesting of a whole request body (a real tool schema nests a dozen levels)
+MAX_SCHEMA_NODES = 20_000  # JSON values in one tool's parameters or one response_format schema
+MAX_TOOLS = 512
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _path(parts: list[str | int]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def check_json(value: Any, where: list[str | int] | None = None, *, max_nodes: int | None = None) -> None:
+    """Raise ValueError naming the first place where `value` (parsed JSON) nests deeper than
+    MAX_JSON_DEPTH, holds a non-finite number or an integer outside 64 bits, or (with `max_nodes`)
+    holds more values than that. Iterative: any depth is safe to check."""
+    base = list(where or [])
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(value, 0, ())]
+    nodes = 0
+    while stack:
+        v, depth, rel = stack.pop()
+        nodes += 1
+        if max_nodes is not None and nodes > max_nodes:
+            raise ValueError(f"{_path(base)}: a JSON Schema of more than {max_nodes} values is not accepted")
+        if isinstance(v, dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(f"{_path(base + list(rel))}: nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((item, depth + 1, (*rel, str(k))) for k, item in v.items())
+        elif isinstance(v, list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(f"{_path(base + list(rel))}: nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((item, depth + 1, (*rel, i)) for i, item in enumerate(v))
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{_path(base + list(rel))}: {v} is not a JSON number (must be finite)")
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(f"{_path(base + list(rel))}: integer {v} does not fit in 64 bits")
+
+
+def _edge_checked(data: Any) -> Any:
+    try:
+        check_json(data)
+    except ValueError as e:
+        raise PydanticCustomError("json_limits", str(e)) from None
+    return data
+
+
+def _schema_checked(value: Any) -> Any:
+    if value is not None:
+        try:
+            check_json(value, max_nodes=MAX_SCHEMA_NODES)
+        except ValueError as e:
+            raise PydanticCustomError("schema_too_large", str(e)) from None
+    return value
 
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class _Request(_Open):
+    """A request body: the whole JSON is bounded (`check_json`) before any field is validated."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        return _edge_checked(data)
 
 
 class FunctionDef(_Open):
@@ -21,6 +95,11 @@ class FunctionDef(_Open):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _bounded_schema(cls, v: Any) -> Any:
+        return _schema_checked(v)
 
 
 class ChatTool(_Open):
@@ -46,6 +125,11 @@ class JsonSchemaFormat(_Open):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
     description: str | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded_schema(cls, v: Any) -> Any:
+        return _schema_checked(v)
 
 
 class ResponseFormat(_Open):
@@ -74,7 +158,7 @@ class ChatMessage(_Open):
     reasoning: str | None = None
 
 
-class SamplingFields(_Open):
+class SamplingFields(_Request):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
@@ -90,7 +174,7 @@ class SamplingFields(_Open):
 class ChatCompletionRequest(SamplingFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ChatTool] | None = None
+    tools: list[ChatTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -117,6 +201,11 @@ class ResponsesTool(_Open):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _bounded_schema(cls, v: Any) -> Any:
+        return _schema_checked(v)
+
 
 class ResponsesNamedChoice(_Open):
     type: Literal["function"]
@@ -129,16 +218,21 @@ class ResponsesTextFormat(_Open):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
+    @field_validator("schema_")
+    @classmethod
+    def _bounded_schema(cls, v: Any) -> Any:
+        return _schema_checked(v)
+
 
 class ResponsesText(_Open):
     format: ResponsesTextFormat | None = None
 
 
-class ResponsesRequest(_Open):
+class ResponsesRequest(_Request):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    tools: list[ResponsesTool] | None = None
+    tools: list[ResponsesTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | ResponsesNamedChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
