@@ -185,7 +185,7 @@ enum MkError {
 // MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
 #define MK_PREFETCH_SELF 1
 #define MK_PREFETCH_NEXT 2
-// The default: no L2 prefetch (measured faster on the H200 in every run of 2026-11-29 session 3,
+// The default: no L2 prefetch (measured faster on the H200 in every run of 2026-11-29,
 // e.g. BS 1 5.73 vs 6.01 ms, BS 8 15.06 vs 15.45 ms: the bulk prefetches compete with the loads).
 #define MK_PREFETCH_DEFAULT 0
 // Variant bit in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
@@ -196,14 +196,14 @@ enum MkError {
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
 // MK_MODE_NO_WARM (A/B switch): no warm-up runs. By default a static ADD_NORM, ROUTE or
-// ATTN_COMBINE (and a QKV tile: its epilogue, session 21) whose inputs are not ready yet first runs
+// ATTN_COMBINE (and a QKV tile: its epilogue, 2026-12-01) whose inputs are not ready yet first runs
 // its op without any global write (a dry
 // run), so that its code is in the instruction cache when the inputs arrive: an op an SM runs once
 // per layer otherwise fetches its code cold from L2 while HBM is saturated (MK_MODE_TWICE measured
 // add+norm 8.4 us cold, 2.9 us warm).
 #define MK_MODE_NO_WARM 32
 // MK_MODE_ATTN_SMEM_K (A/B switch, d = 128): the attention streams K and V through one round of
-// shared-memory pages (the path of sessions 3-6). The default loads K straight into registers and
+// shared-memory pages (the path of 2026-11-29). The default loads K straight into registers and
 // streams only V through shared memory, two rounds ahead (mk_attn.cuh; measured 2026-11-30: BS 1
 // 4.03 vs 4.29 ms, BS 8 11.06 vs 11.79 ms, gpu_check in one call).
 #define MK_MODE_ATTN_SMEM_K 64
@@ -217,12 +217,12 @@ enum MkError {
 // MK_PREFETCH_HEAD: a layer's first GEMV tasks (QKV, ROUTER, DENSE_UP: they wait for the previous
 // layer's add+norm, a window in which nothing else of the step can stream) L2-prefetch their weight
 // tiles before that wait (cp.async.bulk.prefetch.L2), so their GEMVs read L2 when the norm lands.
-// Only these tiles (~21 MB per layer): MK_PREFETCH_SELF prefetches every task's tile (sessions 2-3:
-// slower; every SM's next tile together overflows L2). Measured slower too (session 9: QKV GEMVs
+// Only these tiles (~21 MB per layer): MK_PREFETCH_SELF prefetches every task's tile (2026-11-29:
+// slower; every SM's next tile together overflows L2). Measured slower too (2026-11-30: QKV GEMVs
 // -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
 #define MK_PREFETCH_HEAD 256
 
-// MK_MODE_ATTN_PAIRS (A/B switch, d = 128): the attention item of sessions 12-20 (attn_kreg_t: warp
+// MK_MODE_ATTN_PAIRS (A/B switch, d = 128): the attention item before 2026-12-01 (attn_kreg_t: warp
 // pairs in lock-step, rounds of two pages, three block barriers per round). By default the item runs
 // as 16 independent warp pipelines (attn_warp_t, mk_attn.cuh: 16-key groups, K as the QK's A
 // operand, no block barrier in the loop; measured 2026-12-01, gpu_check, same call: BS 8 8.822 /
@@ -230,7 +230,7 @@ enum MkError {
 #define MK_MODE_ATTN_PAIRS 1024
 
 // MK_MODE_LM_RESTAGE (A/B switch): every LM-head tile stages the final norm's rows of x(L) itself
-// (the path before session 25). By default an SM's LM-head tiles after its first reuse the rows its
+// (the path before 2026-12-02). By default an SM's LM-head tiles after its first reuse the rows its
 // first one staged (s_h_staged = num_layers): the rows are the same for every tile, and with
 // Tiling.lm_queue an SM runs ~16 tiles of ~16 us each, ~3 us of which was this staging.
 #define MK_MODE_LM_RESTAGE 2048

@@ -187,7 +187,7 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
 // rows and K offset, the staging, the GEMV; then run_task runs the op's own epilogue (op_qkv etc.),
 // which reads s.out. Out of line, so there is one copy of it (run_task is inlined twice: static
 // tasks and queue items) instead of an inlined copy per op and call site; it reads Params from
-// s_params (run_task passes it). Session 8: the step kernel's stack frame 592 -> 272 B, its spill
+// s_params (run_task passes it). Measured 2026-11-30: the step kernel's stack frame 592 -> 272 B, its spill
 // stores 1216 -> 232 B, its code 263 -> 164 KB; step time unchanged (docs/MEGAKERNEL.md).
 __device__ __forceinline__ bool is_gemv_op(int op) {
   return op == MK_OP_QKV || op == MK_OP_OPROJ || op == MK_OP_DENSE_UP || op == MK_OP_DENSE_DOWN ||
@@ -605,7 +605,7 @@ constexpr int ETAB_STRIDE = 2 + MK_MAX_TOKENS;  // an expert-table row: expert, 
 // counting loops: an expert's table position is the number of chosen experts below it (warp
 // ballots over the row masks), its token count the mask's popcount, and slot (b, j)'s place among
 // the expert's slots the number of earlier rows in its mask (a row chooses an expert at most once).
-// Three block barriers in all (session 9: the previous version counted every slot's rank against
+// Three block barriers in all (2026-11-30: the previous version counted every slot's rank against
 // all earlier slots and scanned 12 keys per lane per round; ROUTE took ~5 us at BS 1 and ~7 us at
 // BS 8, and ~10 us per drain when every MoE drain routed itself).
 // dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
@@ -873,7 +873,7 @@ __device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s,
     // Every partial load is issued before the first add, each as one predicated load (ld_cg4_if):
     // guarded by `if (j < n)` each load sat in its own branch and was consumed before the next was
     // issued, 13 L2 round trips in a row at BS 1 (cuobjdump -sass; the op took 4.4 us with its code
-    // and data hot, session 9); loaded unconditionally (sessions 9-10) the 17 loads moved 136 KB
+    // and data hot, 2026-11-30); loaded unconditionally (2026-11-30) the 17 loads moved 136 KB
     // per row where BS 1 with fused MoE items needs 48 KB (x, 4 attention partials, moe_acc), and
     // the compiler began the adds (waiting on the first loads) before it issued the MLP partials.
     // Unrolled: 4 attention partials (the release geometry's kv heads) and 8 MLP partials (top-k);
@@ -1028,7 +1028,7 @@ constexpr int SAMPLE_CAP = 2048;  // compacted candidates kept in shared memory
 // the max token scores at least -2.812 and a token with (l - m) / T below -19.448 scores less than
 // that whatever its noise: the Gumbel pass skips the noise (two logs and a hash) for tokens below
 // GUMBEL_FLOOR (a margin under -19.448). The draw is the same. (Measured on a 262k row at T 0.8,
-// session 15: the draw costs ~170 us with or without it; most of a row lies above the floor there,
+// Measured 2026-11-30: the draw costs ~170 us with or without it; most of a row lies above the floor there,
 // and the loads and the division per token remain.)
 constexpr float GUMBEL_FLOOR = -20.f;
 constexpr int SELECT_BATCH = 8;   // logits per lane in flight in select_key's passes
@@ -1163,7 +1163,7 @@ constexpr int CAND_BINS = 8;    // bins per pass of sample_candidates
 constexpr int CAND_ROUNDS = 4;  // its binning passes at most (the range shrinks 8x per pass)
 // its logits per thread in flight. A pass over a 262k row takes ~30-60 us on one SM, bound by the
 // work per token more than by the loads (the row streamed through shared memory by cp.async was
-// slower, session 15); 16-byte loads into registers changed the step kernel's code through
+// slower, 2026-11-30); 16-byte loads into registers changed the step kernel's code through
 // op_sample_row (ptxas fits each call's convention to its callee), and the greedy step is what
 // every request pays
 constexpr int CAND_BATCH = 4;
@@ -1183,7 +1183,7 @@ __device__ __forceinline__ void row_pass(const float* lg, int V, F f) {
   }
 }
 
-// A short list of candidates for SAMPLE_ROW (session 15; the radix passes over the 262k-entry row
+// A short list of candidates for SAMPLE_ROW (2026-11-30; the radix passes over the 262k-entry row
 // made top-p cost ~1.6 ms and top-k ~1.2 ms per step at BS 1): the tokens with s >= some edge,
 // s = (l - m) / scale, at most SAMPLE_CAP of them (cidx / cval), that hold
 // - with k = 0 (plain top-p, scale T): the top-p set. No token with s < -R, R = ln(V / (1 - top_p)),
@@ -1228,7 +1228,7 @@ __device__ __forceinline__ int sample_candidates(const float* lg, int V, float m
     // the set lies at or above it, and the first pass bins only that range. When their whole weight
     // stays below top_p * Z, the set takes many tokens that are no tile's maximum: the row passes
     // (a flat row: binning most of the vocabulary through the shared-memory atomics first cost
-    // ~0.35 ms more than the row passes alone, session 15).
+    // ~0.35 ms more than the row passes alone, 2026-11-30).
     for (int t = threadIdx.x; t < n_tiles; t += NT) cval[t] = ld_cg(tile_best + (size_t)t * 8);
     __syncthreads();
     const SampleSrc tiles{nullptr, cidx, cval, n_tiles};
@@ -1328,7 +1328,7 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
   if (!(T > 0.f) || top_k == 1 || !(top_p > 0.f)) {  // greedy: merge the LM-head tiles' argmax
     // The whole block: each thread's GREEDY_PER tiles loaded before any compare (all in flight at
     // once), then warp and block reductions. Warp 0 alone walked the 1024-2048 tiles 32 at a time,
-    // one L2 round trip per step: ~15-18 us at the end of every step (session 25, timeline).
+    // one L2 round trip per step: ~15-18 us at the end of every step (2026-12-02, timeline).
     constexpr int GREEDY_PER = 4;
     const int n = p.n_lm_tiles;
     float best = -INFINITY;
@@ -1537,7 +1537,7 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
     case MK_OP_ADD_NORM: op_add_norm(p, d, s, true); break;
     case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, true); break;
     // a QKV tile warms its epilogue (RoPE, the Q / K / V writes): run once per layer on its SM after
-    // a GEMV, it took 1-2.2 us there, groups of SMs ending it at the same instant (session 21: BS 4
+    // a GEMV, it took 1-2.2 us there, groups of SMs ending it at the same instant (2026-12-01: BS 4
     // 5.874 / 5.872 vs 6.063 / 5.973 ms, BS 8 8.700 / 8.682 vs 8.794 / 8.660, BS 1 3.111 / 3.102 vs
     // 3.172 / 3.085, gpu_check, same call; with a one-page attention item warmed too: +1-3 %)
     case MK_OP_QKV: op_qkv(p, d, s, true); break;
@@ -1821,7 +1821,7 @@ __device__ __forceinline__ void host_item_fetch(const Params& p, int at, int* ra
 // The first ETAB_ROWS rows of a MoE layer's expert table, copied into shared memory (s_etab) when
 // its drain starts (with the first claim, no extra round trip): an up/down item of those experts
 // then builds from shared memory instead of paying an L2 round trip after its claim. 64 rows cover
-// every batch of up to 8 rows at top-8 (BS 8 routes to ~51 experts; session 14: 16 rows made most
+// every batch of up to 8 rows at top-8 (BS 8 routes to ~51 experts; 2026-11-30: 16 rows made most
 // BS 8 items fetch their row from L2, and a deferred claim, below, needs the build to be local).
 constexpr int ETAB_ROWS = 64;
 constexpr int ETAB_WORDS = ETAB_ROWS * ETAB_STRIDE;
@@ -2034,7 +2034,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (threadIdx.x == 0) {
         // A drain that ran attention items first finds ROUTE long done: one acquire look at
         // route[l] (which covers the norm too: ROUTE's chain acquired it) replaces the norm's and
-        // the route's waits, and the first claim is made before h stages (session 14: norm wait,
+        // the route's waits, and the first claim is made before h stages (2026-11-30: norm wait,
         // staging, route wait and claim in turn made ~8.5 us between a BS 8 SM's last attention
         // item and its first up tile; ptxas spills early_c at once, so the claim's round trip is
         // paid here rather than overlapping the staging). Measured neutral.
@@ -2101,7 +2101,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
         s_far = 0;
       } else {
         // (drain_late_route sets the same words for a late-route drain; folding both into one helper
-        // changed 167 opcodes of this kernel's own code and its spills, session 29)
+        // changed 167 opcodes of this kernel's own code and its spills, 2026-12-02)
         s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
         s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : s_moe_head + MoeQueue(p, s_nact, qi).end();
         s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
@@ -2158,7 +2158,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
             far = c + window < s_far;
             if (far) claim_far = atomicAdd(head, 1u);
             s_pend = 0;
-          } else {  // claim the next item now, read its index after this one ran. (Session 14: this
+          } else {  // claim the next item now, read its index after this one ran. (2026-11-30: this
             // does not hide the atomic's round trip as meant: ptxas spills claim_far to local memory
             // right after the atomic, and the spill store waits for it (SASS: ATOMG, then STL of its
             // register); the far claim above likewise. Kept: measured neutral against the claim
