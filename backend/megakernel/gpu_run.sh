@@ -4,7 +4,7 @@
 #   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san|probe]...  (decode: DECODE_BATCHES, default 1,8;
 #                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program;
 #                                                probe alone builds no extension)
-#   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode, the next session's one call
+#   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
