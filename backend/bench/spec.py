@@ -147,7 +147,9 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
         pool_shape(need, cfg.num_key_value_heads, cfg.head_dim), device=dev, dtype=torch.bfloat16
     )
     pool.normal_(0.0, 0.01)
-    backend = GraphDecodeBackend(model, max_pages=max(opts.contexts) // PAGE_SIZE + 2)
+    # room for the end-to-end engine run: its tokens and the last step's verify rows
+    longest = max(opts.contexts) + opts.engine_tokens + MAX_DRAFTS + 1
+    backend = GraphDecodeBackend(model, max_pages=longest // PAGE_SIZE + 2)
     results = []
     for nb, ctx in [(b, c) for b in opts.batches for c in opts.contexts]:
         plain_ms = None
@@ -276,7 +278,10 @@ def engine_speeds(model, backend, ctx: int, new_tokens: int, seed: int, log=prin
         while engine.has_work():
             engine.step()
         dt = time.perf_counter() - t0
-        toks = stream.result().token_ids
+        result = stream.result()
+        if result.finish_reason != "length" or result.error:
+            raise RuntimeError(f"engine run ({mode}) ended with {result.finish_reason}: {result.error}")
+        toks = result.token_ids
         if mode == "off":
             plain = toks
         st = engine.stats

@@ -186,6 +186,12 @@ class Engine:
         self.max_model_len = min(
             self.opts.max_model_len or self.cfg.max_position_embeddings, self.cfg.max_position_embeddings
         )
+        # a backend whose block tables hold at most `max_pages` pages per sequence bounds the
+        # context too: sequences (and their verify rows) end at "length" there instead of the
+        # backend refusing the step
+        backend_pages = getattr(decode_backend, "max_pages", None)
+        if backend_pages:
+            self.max_model_len = min(self.max_model_len, backend_pages * PAGE_SIZE)
         self.eos = set(eos_token_ids or self.cfg.eos_token_ids)
         self.detok_factory = detokenizer_factory
         self.prefill_fn = prefill_fn or model.forward

@@ -38,10 +38,11 @@ from mkcode.backend.model.reference import ReferenceModel
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 # A step's time by bucket, relative to one row (the engine's speculation policy weighs drafts with
-# it: backend.spec.policy). H200, 8K context, random weights, uniform routing: 1-8 rows from
-# `mkcode bench decode` (docs/PERF.md: 3.218 / 3.948 / 5.702 / 8.179 ms); 16 and 32 rows pending
-# their measurement (extrapolated).
-ROW_COST = {1: 1.0, 2: 1.227, 4: 1.772, 8: 2.542, 16: 3.6, 32: 5.0}
+# it: backend.spec.policy). Measured in one run of `mkcode bench spec --ctx 8192,32768 --batch 1,4
+# --engine-tokens 256` on an H100 (2026-12-05), 8K context, random weights, uniform routing: 1, 2,
+# 4, 8 rows from one sequence's verify steps (3.700 / 4.812 / 6.991 / 10.538 ms), 16 and 32 rows
+# from four sequences of 4 and 8 rows (15.908 / 21.037 ms).
+ROW_COST = {1: 1.0, 2: 1.301, 4: 1.889, 8: 2.848, 16: 4.299, 32: 5.686}
 
 
 def bucket_for(batch: int) -> int:

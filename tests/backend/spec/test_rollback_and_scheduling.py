@@ -11,11 +11,20 @@ import random
 import pytest
 import torch
 
-from mkcode.backend.engine.engine import EngineOptions
+from mkcode.backend.engine.engine import Engine, EngineOptions
 from mkcode.backend.engine.request import FinishEvent, GenerationRequest, TokenEvent
+from mkcode.backend.kv.layout import PAGE_SIZE
 from mkcode.backend.sampling import SamplingParams
 from tests.backend.engine.helpers import tiny_model
-from tests.backend.spec.helpers import edit_prompt, random_prompt, repetitive_prompt, run_checked, spec_engine
+from tests.backend.spec.helpers import (
+    CharDetok,
+    RecordingBackend,
+    edit_prompt,
+    random_prompt,
+    repetitive_prompt,
+    run_checked,
+    spec_engine,
+)
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -168,3 +177,42 @@ def test_spec_k_caps_the_drafts():
     run_checked(engine)
     assert max(max(c) for c in engine.backend.calls) == 3
     assert engine.stats.spec_accepted_tokens > 0
+
+
+class _PageLimitedBackend(RecordingBackend):
+    """A backend whose block tables hold `max_pages` pages per sequence (as the graph backend's),
+    refusing any step past them."""
+
+    def __init__(self, model, max_pages: int):
+        super().__init__(model)
+        self.max_pages = max_pages
+
+    def decode(self, batch):
+        assert batch.block_tables.shape[-1] <= self.max_pages, "step past the backend's pages"
+        assert int(batch.positions.max()) < self.max_pages * PAGE_SIZE, "row past the backend's pages"
+        return super().decode(batch)
+
+
+def test_backend_page_limit_ends_sequences_at_length_with_and_without_drafts():
+    """Near the decode backend's per-sequence page limit, verify rows must not ask for pages past
+    it: the engine's context is the smaller of the model's and the backend's, so a sequence ends at
+    "length" there, with the same tokens as without speculation (not an error one token short)."""
+    model = tiny_model()
+    prompt = repetitive_prompt(random.Random(3), 2 * PAGE_SIZE - 10)
+    results = {}
+    for mode in ("off", "ngram"):
+        engine = spec_engine(model, mode)
+        engine.backend = _PageLimitedBackend(model, max_pages=2)
+        engine = Engine(
+            model, engine.pool, engine.backend, options=engine.opts, detokenizer_factory=CharDetok
+        )
+        assert engine.max_model_len == 2 * PAGE_SIZE
+        stream = engine.submit(
+            GenerationRequest(list(prompt), SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+        )
+        run_checked(engine)
+        results[mode] = stream.result(0)
+    assert results["off"].finish_reason == results["ngram"].finish_reason == "length"
+    assert results["ngram"].error is None
+    assert len(prompt) + len(results["off"].token_ids) == 2 * PAGE_SIZE
+    assert results["ngram"].token_ids == results["off"].token_ids
