@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--torch-max-ctx", type=int, default=8192, help="skip the slow torch backend beyond this")
     d.add_argument("--torch-steps", type=int, default=5)
     d.add_argument("--hf-reference", action="store_true", help="also time transformers at BS=1, 8K")
-    d.add_argument("--out", type=Path, default=Path("docs/perf"))
+    d.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="folder for the JSON (and PNG) results"
+    )
     d.set_defaults(func=run_decode)
 
     s = bsub.add_parser(
@@ -46,14 +48,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--engine-tokens", type=int, default=0, help="also time the engine end to end at BS 1 for N tokens"
     )
-    s.add_argument("--out", type=Path, default=Path("docs/perf"))
+    s.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="folder for the JSON (and PNG) results"
+    )
     s.set_defaults(func=run_spec)
 
     f = bsub.add_parser("prefill", help="GPU prefill tok/s for 1K-32K prompts")
     f.add_argument("--lengths", type=_ints, default=[1024, 4096, 8192, 16384, 32768])
     f.add_argument("--chunk", type=int, default=8192, help="prefill chunk (tokens)")
     f.add_argument("--repeats", type=int, default=3)
-    f.add_argument("--out", type=Path, default=Path("docs/perf"))
+    f.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="folder for the JSON (and PNG) results"
+    )
     f.set_defaults(func=run_prefill)
 
 
