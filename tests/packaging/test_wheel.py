@@ -4,6 +4,7 @@ loads the demo model from its own files."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -48,6 +49,35 @@ def test_wheel_leaves_out_lab_tooling(wheel):
     top = {n.split("/")[0] for n in names}
     assert len(top) == 2 and "mkcode" in top
     assert next(t for t in top if t != "mkcode").endswith(".dist-info")
+
+
+def test_every_import_in_the_wheel_resolves_inside_it(wheel):
+    """No shipped module imports a module the wheel leaves out (the megakernel's lab modules,
+    devtools, tests), at the top or inside a function."""
+    with zipfile.ZipFile(wheel) as z:
+        sources = {n: z.read(n).decode() for n in z.namelist() if n.endswith(".py")}
+    modules = {n[: -len(".py")].replace("/", ".").removesuffix(".__init__") for n in sources}
+    assert "mkcode.backend.megakernel.backend" in modules and "mkcode.backend.megakernel.build" in modules
+    for lab in ("emulator", "emulator_ops", "gpu_check", "timeline", "sass_issue"):
+        assert f"mkcode.backend.megakernel.{lab}" not in modules, lab
+    unresolved = []
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] if node.module != "mkcode" else []
+                # `from pkg import name`: name is a submodule or an attribute of pkg.
+                targets += [
+                    f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules
+                ]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                if top in ("tests", "devtools") or (top == "mkcode" and target not in modules):
+                    unresolved.append(f"{name}: {target}")
+    assert not unresolved, unresolved
 
 
 @pytest.mark.slow
