@@ -6,8 +6,8 @@ import torch
 
 from mkcode.backend.bench.synthetic import reduced_config
 from mkcode.backend.gpu.graph_backend import GraphDecodeBackend, bucket_for
-from mkcode.backend.gpu.parity import bf16_model_pair, run_parity
 from mkcode.backend.gpu.prefill import GpuPrefill
+from tests.backend.gpu.parity import bf16_model_pair, run_parity
 
 
 def test_buckets():

@@ -30,15 +30,15 @@ def _check(rep, label):
 @pytest.fixture(scope="module")
 def reduced():
     from mkcode.backend.bench.synthetic import reduced_config
-    from mkcode.backend.gpu.parity import bf16_model_pair
+    from tests.backend.gpu.parity import bf16_model_pair
 
     return bf16_model_pair(reduced_config(), "cuda")
 
 
 @pytest.fixture(scope="module")
 def full():
-    from mkcode.backend.gpu.parity import bf16_model_pair
     from mkcode.backend.model.config import north_mini_code_config
+    from tests.backend.gpu.parity import bf16_model_pair
 
     model, ref = bf16_model_pair(north_mini_code_config(), "cuda")
     yield model, ref
@@ -49,8 +49,8 @@ def full():
 @pytest.mark.parametrize("contexts", [[5], [5, 70, 130], [1, 63, 64, 65, 97, 200, 31, 128]])
 def test_reduced_geometry(reduced, contexts):
     from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
-    from mkcode.backend.gpu.parity import run_parity
     from mkcode.backend.gpu.prefill import GpuPrefill
+    from tests.backend.gpu.parity import run_parity
 
     model, ref = reduced
     backend = GraphDecodeBackend(model, max_pages=16)
@@ -65,8 +65,8 @@ def test_reduced_geometry(reduced, contexts):
 )
 def test_full_geometry(full, contexts):
     from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
-    from mkcode.backend.gpu.parity import run_parity
     from mkcode.backend.gpu.prefill import GpuPrefill
+    from tests.backend.gpu.parity import run_parity
 
     model, ref = full
     backend = GraphDecodeBackend(model, max_pages=128)

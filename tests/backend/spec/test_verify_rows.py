@@ -10,8 +10,8 @@ import torch
 
 from mkcode.backend.engine.torch_backend import TorchDecodeBackend
 from mkcode.backend.gpu.graph_backend import GraphDecodeBackend
-from mkcode.backend.gpu.parity import bf16_model_pair
 from tests.backend.engine.helpers import tiny_config, tiny_model
+from tests.backend.gpu.parity import bf16_model_pair
 from tests.backend.spec.verify_harness import verify_vs_single_rows
 
 CASES = [  # (contexts, rows per sequence): one sequence; drafted beside plain rows; across a page / the window

@@ -18,7 +18,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def model():
     from mkcode.backend.bench.synthetic import reduced_config
-    from mkcode.backend.gpu.parity import bf16_model_pair
+    from tests.backend.gpu.parity import bf16_model_pair
 
     return bf16_model_pair(reduced_config(), "cuda")[0]
 

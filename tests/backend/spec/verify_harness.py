@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
-from mkcode.backend.gpu.parity import cosine
 from mkcode.backend.kv.layout import NO_PAGE
 from mkcode.backend.kv.pool import KVPool
 from mkcode.backend.kv.sequence import SequenceKV
 from mkcode.backend.model.reference import ReferenceModel, Segment
+from tests.backend.gpu.parity import cosine
 
 
 def _batch(seqs, feeds, starts, pool, dev, seq_rows) -> DecodeBatch:

@@ -2,7 +2,7 @@
 both give the same logits. Random bf16 weights at the full geometry (`north_mini_code_config()`),
 made on each GPU from one seed and then sharded; synthetic KV (docs/PERF.md, Speed of light: the accounting's layout).
 
-    torchrun --standalone --nproc-per-node 4 -m mkcode.backend.parallel.gpu_bench --tp 4 --ep 4
+    torchrun --standalone --nproc-per-node 4 -m devtools.parallel.gpu_bench --tp 4 --ep 4
 
 Phases: (1) rank 0 alone runs the single-GPU baseline (a world-of-one plan over the full weights,
 the same code path) at each batch size and keeps its logits; (2) every rank shards, frees the full

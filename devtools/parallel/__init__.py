@@ -1,0 +1,1 @@
+"""Multi-GPU measurements (tensor/expert parallel against one GPU)."""
