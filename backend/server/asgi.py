@@ -8,6 +8,7 @@ long while a request waits in the queue. `SSEResponse` races the event pump agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -91,4 +92,8 @@ class SSEResponse(Response):
         finally:
             aclose = getattr(self._events, "aclose", None)
             if aclose is not None:
-                await aclose()
+                # Cancelled from outside (server shutdown, a test client's cancel scope) while the
+                # pump task still runs the generator, aclose() raises RuntimeError: that task's
+                # cancellation closes it, and the generator's own cleanup cancels the engine request.
+                with contextlib.suppress(RuntimeError):
+                    await aclose()

@@ -122,7 +122,13 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": "an OpenAI-shaped error"} for s in statuses}
 
 
-_EVENT_STREAM = {"text/event-stream": {"schema": {"type": "string"}}}
+# One server-sent event, as an SSE parser reads it (`data` is a JSON text, or `[DONE]`).
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
+_EVENT_STREAM = {"text/event-stream": {"schema": _SSE_EVENT}}
 _COMMON = (401, 413, 500)  # the key check, the body limit, the catch-all
 _POSTS = _errors(400, 404, *_COMMON)
 

@@ -1,5 +1,6 @@
 """backend/server/guards.py: the API-key check, the body limit and the response count, each alone
-and stacked as create_app stacks them (the key is checked before any byte of the body is read)."""
+and stacked as create_app stacks them (the key is checked before any byte of the body is read, and
+the count sees the guards' refusals too)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ class Echo:
 
 
 def _stack(app, counted: list) -> object:
-    """create_app's order: key check, then body limit, then the counter, then the routes."""
-    inner = ResponseCounter(app, on_response=lambda path, status: counted.append((path, status)))
-    return ApiKeyMiddleware(BodyLimitMiddleware(inner, max_body_bytes=100), api_key=KEY)
+    """create_app's order: the counter (sees every answer), the key check, the body limit, the routes."""
+    guarded = ApiKeyMiddleware(BodyLimitMiddleware(app, max_body_bytes=100), api_key=KEY)
+    return ResponseCounter(guarded, on_response=lambda path, status: counted.append((path, status)))
 
 
 def _post(app, path: str, content, headers: dict | None = None) -> httpx.Response:
@@ -69,7 +70,9 @@ def test_key_is_checked_before_the_body_is_read() -> None:
     assert r.json()["error"]["code"] == "invalid_api_key"
     r = _post(stack, "/v1/models", b"{}", {"Authorization": "Bearer wrong"})
     assert r.status_code == 401
-    assert app.bodies == [] and counted == []  # the app never ran; refusals are not route responses
+    assert app.bodies == []  # the app never ran
+    assert counted == [("/v1/chat/completions", 401), ("/v1/models", 401)]  # refusals are counted too
+    counted.clear()
     r = _post(stack, "/v1/models", b"{}", {"x-api-key": KEY})
     assert r.status_code == 200 and r.json() == {"read": 2}
     r = _post(stack, "/health", b"")  # liveness needs no key
@@ -88,6 +91,7 @@ def test_body_limit_on_declared_and_received_bytes() -> None:
     assert app.bodies == []
     r = _post(stack, "/v1/completions", _chunks(2), auth)  # 80 bytes in two chunks: replayed whole
     assert r.status_code == 200 and app.bodies == [b"x" * 80]
+    assert counted == [("/v1/completions", 413), ("/v1/completions", 413), ("/v1/completions", 200)]
 
 
 def test_each_guard_works_alone() -> None:
