@@ -5,7 +5,8 @@ shows about it (label, live metrics). Three cases, from the settings:
 
 - `endpoint` set: the agent's `OpenAICompatClient` against that URL (nothing loads locally);
 - `model` set: `build_runtime` on that checkpoint directory, then the `InProcessClient`;
-- neither: the demo model (trained on the CPU and cached on first use), with `DEMO_NOTICE`.
+- neither: the demo model that ships with the package (checksums verified, nothing trained), with
+  `DEMO_NOTICE`.
 
 Torch and the engine are imported inside `open_backend`, never at module import.
 """
@@ -25,13 +26,16 @@ from mkcode.app.settings import Settings
 ProgressFn = Callable[[str, float | None], None]
 
 DEMO_NOTICE = (
-    "No model configured: running the demo model (a tiny checkpoint trained on this machine; "
+    "No model configured: running the demo model (a tiny checkpoint shipped with mkcode; "
     "it calls tools but knows little)."
 )
 DEMO_HINT = (
     'Point mkcode at North Mini Code with `mkcode --model DIR`, or `model = "DIR"` in '
     "~/.config/mkcode/config.toml."
 )
+
+
+DEMO_MODEL_NAME = "mkcode-demo"
 
 
 class BackendError(RuntimeError):
@@ -112,33 +116,51 @@ def _remote(settings: Settings) -> Backend:
     return Backend(client, "openai", f"openai · {settings.endpoint}")
 
 
-def _demo_model_dir(progress: ProgressFn) -> Path:
+def _demo_model_dir(progress: ProgressFn) -> tuple[Path, str]:
+    """The shipped demo checkpoint (checksums verified) and the name to show for it."""
     try:
-        from mkcode.backend.demo import ensure_demo_model
+        from mkcode.backend.demo import DemoModelError, ensure_demo_model
+        from mkcode.backend.demo.shipped import demo_model_version
     except ImportError as e:  # the demo package is optional in a slim install
         raise BackendError(f"no model configured and the demo model is unavailable ({e}). {DEMO_HINT}") from e
-    progress("preparing the demo model (first run trains it on the CPU, a few minutes)", None)
-    return Path(ensure_demo_model(progress=lambda msg: progress(f"demo model: {msg}", None)))
+    progress("checking the demo model", 0.05)
+    try:
+        path = Path(ensure_demo_model(progress=lambda msg: progress(f"demo model: {msg}", 0.1)))
+    except DemoModelError as e:
+        raise BackendError(str(e)) from e
+    return path, f"{DEMO_MODEL_NAME} v{demo_model_version(path)}"
+
+
+def format_size(n_bytes: float) -> str:
+    """Bytes for people: `812 KB`, `3.2 MB`, `61.4 GB` (decimal units, as disks are sold)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes:.0f} B"
 
 
 def _local(settings: Settings, progress: ProgressFn, *, demo: bool) -> Backend:
-    model_dir = _demo_model_dir(progress) if demo else Path(settings.model or "")
+    if demo:
+        model_dir, name = _demo_model_dir(progress)
+    else:
+        model_dir = Path(settings.model or "")
+        name = model_dir.name
     if not (model_dir / "config.json").exists():
         raise BackendError(
             f"{model_dir} is not a checkpoint directory (no config.json). "
             "Give a Hugging Face-format checkpoint with --model DIR or `model` in config.toml."
         )
-    progress(f"loading {model_dir.name}", 0.1)
+    progress(f"loading {name}", 0.1)
     from mkcode.app.agent.inprocess import InProcessClient
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
 
-    progress(f"loading weights of {model_dir.name}", 0.3)
+    progress(f"loading weights of {name}", 0.3)
     t0 = time.monotonic()
 
-    def weights_progress(done: int, total: int) -> None:  # byte-level: GB, GB/s and share done
-        rate = done / max(time.monotonic() - t0, 1e-6) / 1e9
+    def weights_progress(done: int, total: int) -> None:  # bytes done of total, and the rate
+        rate = done / max(time.monotonic() - t0, 1e-6)
         progress(
-            f"loading weights: {done / 1e9:.1f} / {total / 1e9:.1f} GB ({rate:.1f} GB/s)",
+            f"loading weights of {name}: {format_size(done)} / {format_size(total)} ({format_size(rate)}/s)",
             0.3 + 0.6 * done / max(total, 1),
         )
 
@@ -156,8 +178,8 @@ def _local(settings: Settings, progress: ProgressFn, *, demo: bool) -> Backend:
     except (RuntimeError, ValueError, OSError) as e:
         raise BackendError(f"could not load {model_dir}: {e}") from e
     progress("starting the engine", 0.9)
-    if demo:  # the cache directory is a hash: name the model for what it is
-        runtime.model_name = f"demo-model-{model_dir.name[:8]}"
+    if demo:  # the shipped directory is just "checkpoint": name the model for what it is
+        runtime.model_name = name
     runtime.engine.start()
     client = InProcessClient.from_runtime(runtime)
     label = f"{runtime.decode_backend} · {runtime.device}"

@@ -3,7 +3,9 @@
 It owns the agent (and its tool registry), the session on disk and the undo checkpoints, and
 implements the slash commands in a front-end-neutral way: `command("/mode auto-edit")` returns a
 `CommandReply` that the TUI renders as widgets and the plain REPL prints. The session is saved
-after the user's message, after every tool call and at the end of every turn.
+after every tool call and at the end of every turn. A session with no messages is never written
+(`/clear` or `/quit` on an empty chat leaves no file), and the first turn of a new session that
+fails (`TurnFinished(reason="error")`, or an exception) with no answer leaves none either.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ class CommandReply:
     quit: bool = False
     cleared: bool = False  # the transcript should be emptied (new session)
     resumed: bool = False  # the transcript should be rebuilt from `Conversation.session`
-    prompt: str | None = None  # text to put back in the input box (after /undo)
     sessions: list[SessionInfo] = field(default_factory=list)
     undo: UndoResult | None = None
 
@@ -62,6 +63,8 @@ class Conversation:
         self.context_tokens = 0
         self.started = time.time()
         self._agent = self._new_agent(session)
+        if self.session.messages:  # --continue / --resume: the status bar shows the real use
+            self.context_tokens = self._safe_context_tokens()
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -106,7 +109,10 @@ class Conversation:
             interactive=self.interactive,
         )
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Write the session; None (nothing written) while it has no messages and no file yet."""
+        if not self.session.messages and not self.store.path_for(self.session.id).exists():
+            return None
         return self.store.save(self.session)
 
     # -- turns ----------------------------------------------------------------------------------
@@ -116,16 +122,22 @@ class Conversation:
         checkpoint = self.undo_stack.begin(prompt, len(self.session.messages))
         self.registry.checkpoint = checkpoint
         self.files.refresh()
+        fresh = not self.session.messages and not self.store.path_for(self.session.id).exists()
+        failed = True  # until the turn finishes other than with an error
         try:
             async for event in self._agent.run(expand_mentions(prompt, self.cwd)):
                 if isinstance(event, TurnFinished):
                     self.context_tokens = event.context_tokens
+                    failed = event.reason == "error"
                 if isinstance(event, ToolCallFinished | TurnFinished):
                     self.save()
                 yield event
         finally:
             self.registry.checkpoint = None
-            self.save()
+            if fresh and failed and not _answered(self.session.messages):
+                self.store.discard(self.session.id)  # a failed first turn is not a session worth keeping
+            else:
+                self.save()
 
     def interrupt(self) -> None:
         self._agent.interrupt()
@@ -149,16 +161,17 @@ class Conversation:
         return CommandReply("\n".join(slash.help_lines()), kind="help")
 
     async def _cmd_quit(self, _arg: str) -> CommandReply:
-        self.save()
-        return CommandReply(f"session {self.session.id} saved", quit=True)
+        saved = self.save()
+        return CommandReply(f"session {self.session.id} saved" if saved else "", quit=True)
 
     async def _cmd_clear(self, _arg: str) -> CommandReply:
-        self.save()
+        saved = self.save()
         old = self.session.id
         self._agent = self._new_agent(None)
         self.undo_stack = UndoStack()
         self.context_tokens = 0
-        return CommandReply(f"new session {self.session.id} (previous: {old}, still on disk)", cleared=True)
+        kept = f" (previous: {old}, still on disk)" if saved else ""
+        return CommandReply(f"new session {self.session.id}{kept}", cleared=True)
 
     async def _cmd_compact(self, _arg: str) -> CommandReply:
         notice = await self._agent.compact()
@@ -217,7 +230,10 @@ class Conversation:
             parts.append("restored " + ", ".join(self._rel(p) for p in result.restored))
         if result.removed:
             parts.append("deleted " + ", ".join(self._rel(p) for p in result.removed))
-        return CommandReply("; ".join(parts), prompt=result.prompt, undo=result, resumed=True)
+        # The prompt is not put back in the input (the next command would be appended to it):
+        # it is named, and ↑ recalls it from the prompt history.
+        text = "; ".join(parts) + f"\nits prompt was: {_one_line(result.prompt)} (↑ recalls it)"
+        return CommandReply(text, undo=result, resumed=True)
 
     async def _cmd_diff(self, _arg: str) -> CommandReply:
         diff = session_diff(self.undo_stack.changed_files(), str(self.cwd))
@@ -264,6 +280,15 @@ def _mode(value: str):
     from mkcode.tools import PermissionMode
 
     return PermissionMode.parse(value)
+
+
+def _answered(messages: list[dict]) -> bool:
+    return any(m.get("role") == "assistant" for m in messages)
+
+
+def _one_line(text: str, limit: int = 80) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _last_user_index(messages: list[dict], content: str) -> int | None:

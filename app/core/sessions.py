@@ -60,6 +60,11 @@ class SessionStore:
         self._written[session.id] = len(session.records)
         return path
 
+    def discard(self, session_id: str) -> None:
+        """Remove a session's file (a run that failed before it was worth keeping)."""
+        self.path_for(session_id).unlink(missing_ok=True)
+        self._written.pop(session_id, None)
+
     def _write_whole(self, session: Session, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)

@@ -269,9 +269,6 @@ class PlainRepl:
             c.print("[dim]resume one with /resume ID[/]")
         if reply.resumed and not reply.undo:
             self.replay()
-        if reply.prompt:
-            self.prompt.default_buffer.text = reply.prompt  # shown again at the next prompt
-            c.print(safe_text(f"(your prompt is back in the input: {reply.prompt})", style="dim"))
 
     def replay(self) -> None:
         c = self.console

@@ -74,6 +74,7 @@ class ChatScreen(Screen[None]):
         self.history = history
         self._turn_started = 0.0
         self._turn_chars = 0
+        self._turn_answered = False  # the current turn has written answer text (not only reasoning)
         self._last_ctrl_c = 0.0
         self._hint = ""
         self._approvals: dict[str, ApprovalScreen] = {}
@@ -155,6 +156,7 @@ class ChatScreen(Screen[None]):
         self.transcript.add_user(text)
         self._turn_started = time.monotonic()
         self._turn_chars = 0
+        self._turn_answered = False
         self.prompt.add_class("-busy")
         self.run_turn(text)
         self.refresh_status()
@@ -189,9 +191,6 @@ class ChatScreen(Screen[None]):
             self.app.push_screen(SessionPicker(reply.sessions, self.conv.session.id), self._resume_picked)
         elif reply.text:
             self.transcript.add_note(reply.text, reply.kind)
-        if reply.prompt is not None:
-            self.prompt.text = reply.prompt
-            self.prompt.move_cursor(self.prompt.document.end)
         self.refresh_status()
 
     async def _resume_picked(self, session_id: str | None) -> None:
@@ -206,6 +205,7 @@ class ChatScreen(Screen[None]):
         t = self.transcript
         if isinstance(ev, TextDelta):
             self._turn_chars += len(ev.text)
+            self._turn_answered = self._turn_answered or bool(ev.text.strip())
             t.append_text(ev.text)
         elif isinstance(ev, ReasoningDelta):
             self._turn_chars += len(ev.text)
@@ -230,6 +230,8 @@ class ChatScreen(Screen[None]):
                 t.add_note("interrupted — the conversation is kept; say how to go on", "warning")
             elif ev.reason == "step_limit":
                 t.add_note("stopped at the step limit; ask to continue", "warning")
+            elif ev.reason == "done" and not self._turn_answered:
+                t.add_note("the model ended its turn without an answer", "warning")
         self.refresh_status()
 
     def ask_approval(self, ev: ApprovalRequested) -> None:

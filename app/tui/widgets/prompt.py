@@ -1,6 +1,12 @@
 """The multi-line prompt: Enter sends, Shift+Enter / Ctrl+J / a trailing backslash add a line,
 Up/Down walk the history from the first/last line, and completion keys go to the screen while its
-completion list is open."""
+completion list is open.
+
+Typed characters are inserted in batches: a printable key is buffered and the buffer is inserted
+by a callback queued behind the keys already waiting, so a paste the terminal delivers as keys (no
+bracketed paste: tens of thousands of them) costs one insert (one re-wrap, one `Changed`) per
+batch instead of one per character, which was quadratic (a 54 KB paste ran for minutes). Any other
+key inserts the buffer first, so the order of keys is kept."""
 
 from __future__ import annotations
 
@@ -43,8 +49,21 @@ class PromptInput(TextArea):
         self._history_index: int | None = None  # None: editing a new prompt
         self._draft = ""
         self.completion_open = False
+        self._typed: list[str] = []  # printable keys not inserted yet
+
+    def _flush_typed(self) -> None:
+        if self._typed:
+            text, self._typed = "".join(self._typed), []
+            self.replace(text, *self.selection, maintain_selection_offset=False)  # as typing does
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.is_printable and event.character and not self.read_only:
+            self._consume(event)
+            self._typed.append(event.character)
+            if len(self._typed) == 1:
+                self.call_later(self._flush_typed)
+            return
+        self._flush_typed()
         if self.completion_open and event.key in COMPLETION_KEYS:
             self._consume(event)
             self.post_message(self.CompletionKey(event.key))

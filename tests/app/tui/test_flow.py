@@ -162,7 +162,8 @@ async def test_undo_restores_files_and_conversation(make_app, workspace):
         assert not (workspace / "new.txt").exists()
         assert '"hello"' in (workspace / "greet.py").read_text()
         assert app.conversation.session.messages == []
-        assert app.screen.query_one("#prompt").text == "change things"  # the prompt comes back
+        assert app.screen.query_one("#prompt").text == ""  # not put back: the next command would append to it
+        assert "its prompt was: change things" in app.screen.query(Note).last().text
         assert not app.screen.query(AssistantText)
 
 
@@ -250,3 +251,27 @@ async def test_turn_finished_reports_context(make_app):
         events = [e for e in app.conversation.session.records if e["type"] == "usage"]
         assert events and app.conversation.context_tokens > 0
         assert "ctx" in str(app.screen.status_bar.render())
+
+
+async def test_a_paste_delivered_as_keys_is_inserted_in_batches(make_app):
+    """Without bracketed paste a terminal sends a paste as one key per character: they are inserted
+    a batch at a time (few `Changed` events), in order, and Enter still submits afterwards."""
+    from textual import events
+    from textual.widgets import TextArea
+
+    changes = []
+    text = "word " * 4000  # 20 000 characters
+    app = make_app([text_step("ok")])
+    async with app.run_test(size=(80, 24), message_hook=changes.append) as pilot:
+        prompt = app.screen.prompt
+        for ch in text:  # all queued before any is handled, as a terminal's read delivers them
+            prompt.post_message(events.Key(ch if ch != " " else "space", ch))
+        for _ in range(500):
+            await pilot.pause(0.02)
+            if len(prompt.text) == len(text):
+                break
+        assert prompt.text == text
+        assert sum(isinstance(m, TextArea.Changed) for m in changes) < 20
+        await pilot.press("enter")
+        await _settle(pilot, app)
+        assert app.screen.query_one(UserPrompt).text == text.strip()
