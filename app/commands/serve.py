@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from mkcode.app.settings import DECODES, add_speculative_flags
+from mkcode.backend.server.options import DEFAULT_MAX_OUTPUT_TOKENS, output_cap
 
 DEFAULT_PORT = 8080
-DEFAULT_OUTPUT_TOKENS = 16384
 _PARSER: argparse.ArgumentParser | None = None  # the serve sub-parser: re-launch forwards its flags
 _NOT_FORWARDED = {"help", "api_key", "print_opencode_config", "print_codex_config"}
 
@@ -42,7 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--api-key", default=None, help="require this bearer key (default: $MKCODE_API_KEY if set)"
     )
     p.add_argument(
-        "--served-model-name", default=None, help="model id clients use (default: the checkpoint dir name)"
+        "--served-model-name",
+        action="append",
+        default=None,
+        help="model id clients use (default: the checkpoint dir name); repeat it to add aliases",
     )
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
@@ -65,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body accepted (MiB)")
     p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=DEFAULT_MAX_OUTPUT_TOKENS,
+        metavar="N",
+        help="output limit of a request that sets none: N, at most a quarter of the context "
+        f"(default {DEFAULT_MAX_OUTPUT_TOKENS}; 0: up to the end of the context)",
+    )
+    p.add_argument(
         "--forced-thinking-tokens",
         type=int,
         default=1024,
@@ -86,10 +97,25 @@ def _model_config(model: Path | None) -> dict[str, Any]:
     return json.loads((model / "config.json").read_text())
 
 
-def _served_name(args: argparse.Namespace) -> str:
+def _served_names(args: argparse.Namespace) -> list[str]:
+    """The model's name and its aliases (`--served-model-name`, repeatable)."""
     if args.served_model_name:
-        return args.served_model_name
-    return Path(args.model).resolve().name if args.model else "mkcode"
+        return list(dict.fromkeys(args.served_model_name))
+    return [Path(args.model).resolve().name if args.model else "mkcode"]
+
+
+def _served_name(args: argparse.Namespace) -> str:
+    return _served_names(args)[0]
+
+
+def _context(args: argparse.Namespace) -> int:
+    """The served context: --max-model-len, else the checkpoint's, else 131072."""
+    return int(args.max_model_len or _model_config(args.model).get("max_position_embeddings") or 131072)
+
+
+def _output_limit(args: argparse.Namespace, context: int) -> int:
+    """What a client should ask for at most: the server's default output cap for this context."""
+    return output_cap(context, args.default_max_tokens or DEFAULT_MAX_OUTPUT_TOKENS)
 
 
 def _client_host(host: str) -> str:
@@ -131,6 +157,8 @@ def _app(rt, args: argparse.Namespace, name: str, api_key: str | None, base_url:
 
     options = ServerOptions(
         served_model_name=name,
+        model_aliases=tuple(_served_names(args)[1:]),
+        default_max_tokens=args.default_max_tokens or None,
         api_key=api_key,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         default_sampling=_generation_defaults(args.model),
@@ -150,12 +178,12 @@ def run(args: argparse.Namespace) -> int:
     if args.print_opencode_config or args.print_codex_config:
         from mkcode.backend.server.client_config import codex_config, opencode_config
 
+        context = _context(args)
+        output = _output_limit(args, context)
         if args.print_opencode_config:
-            context = args.max_model_len or _model_config(args.model).get("max_position_embeddings") or 131072
-            output = min(DEFAULT_OUTPUT_TOKENS, max(1, context // 4))
             print(json.dumps(opencode_config(base_url, name, context=context, output=output), indent=2))
         if args.print_codex_config:
-            print(codex_config(base_url, name), end="")
+            print(codex_config(base_url, name, context=context, output=output), end="")
         return 0
     if args.model is None:
         print("mkcode serve: --model is required", file=sys.stderr)
@@ -219,7 +247,11 @@ def _forwarded_argv(args: argparse.Namespace, name: str) -> list[str]:
     for action in _PARSER._actions:
         if not action.option_strings or action.dest in _NOT_FORWARDED:
             continue
-        value = name if action.dest == "served_model_name" else getattr(args, action.dest, None)
+        if action.dest == "served_model_name":
+            for served in _served_names(args):
+                out += [action.option_strings[-1], served]
+            continue
+        value = getattr(args, action.dest, None)
         if (
             value is None
             or value is False

@@ -13,7 +13,8 @@ def opencode_config(
 ) -> dict[str, Any]:
     """An opencode.json that uses the server through `@ai-sdk/openai-compatible` (Chat Completions).
 
-    `limit.output` keeps OpenCode from asking for its default 32000 tokens; `interleaved` makes it
+    `limit.context` is the served model's context (OpenCode compacts before it); `limit.output`
+    keeps OpenCode from asking for its default 32000 tokens; `interleaved` makes it
     send earlier reasoning back as `reasoning_content`, which the chat template renders as the plan.
     """
     options: dict[str, Any] = {"baseURL": base_url}
@@ -44,12 +45,29 @@ def opencode_config(
     }
 
 
-def codex_config(base_url: str, model: str, *, api_key_env: str = "MKCODE_API_KEY") -> str:
-    """A ~/.codex/config.toml fragment: a custom provider speaking the Responses API."""
+def codex_config(
+    base_url: str,
+    model: str,
+    *,
+    context: int | None = None,
+    output: int | None = None,
+    api_key_env: str = "MKCODE_API_KEY",
+) -> str:
+    """A ~/.codex/config.toml fragment: a custom provider speaking the Responses API.
+
+    Codex has no setting for the output limit (it sends no `max_output_tokens`; the server's default
+    output cap bounds its answers), so with `context` it gets the context window, and a compaction
+    threshold that leaves `output` tokens of room for the answer."""
     q = json.dumps  # TOML basic strings accept JSON string escapes
+    limits = ""
+    if context:
+        limits = f"model_context_window = {int(context)}\n"
+        if output:
+            limits += f"model_auto_compact_token_limit = {max(1, int(context) - int(output))}\n"
     return (
         f"model = {q(model)}\n"
-        f'model_provider = "{PROVIDER_ID}"\n\n'
+        f'model_provider = "{PROVIDER_ID}"\n'
+        f"{limits}\n"
         f"[model_providers.{PROVIDER_ID}]\n"
         f'name = "mkcode (local)"\n'
         f"base_url = {q(base_url)}\n"
