@@ -107,6 +107,10 @@ enum MkError {
   MK_ERR_NAN_LOGITS = 6,    // a greedy row whose LM-head tiles all have NaN maxima (no argmax)
 };
 #define MK_ERR_WORDS 8
+// Word 7 of the error buffer (MK_MODE_RING, a kernel built with MK_RING=1): the weight-ring stages
+// consumed, summed over the launches and blocks that ended normally (never reset by the host; tests
+// compare it before and after a launch). Not an error: word 0 alone says whether a step failed.
+#define MK_ERR_RING_STAGES 7
 
 // Pointers in the parameter block, in order (an X-macro: C++ fills the struct from it, Python
 // passes the tensors' data_ptr() in the same order).
@@ -191,6 +195,12 @@ enum MkError {
 // Variant bit in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
 // attention instead of the tensor-core one.
 #define MK_MODE_SIMT_ATTN 4
+// MK_MODE_RING (engine v2, issue 41 step 2; off until it measures faster): every GEMV-shaped op
+// (QKV, router, O-proj, dense up / down, MoE up / down / fused, LM head) streams its weights through
+// a shared-memory ring of bulk copies on mbarriers (mk_ring.cuh), its first stages issued before its
+// dependency wait; the register GEMV (gemv_mma) is the reference. Needs use_mma; adds RING_BYTES of
+// dynamic shared memory.
+#define MK_MODE_RING 8
 // MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.

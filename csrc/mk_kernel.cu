@@ -9,7 +9,13 @@ static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
 
 namespace mk {
 
-size_t smem_bytes(const Params& p, int max_k) { return base_smem_bytes(p, max_k); }
+// MK_MODE_RING: the weight ring after the base carve-up (base_smem_bytes is a multiple of 128)
+size_t smem_bytes(const Params& p, int max_k) {
+#if MK_RING
+  if ((p.prefetch_mode & MK_MODE_RING) && p.use_mma) return base_smem_bytes(p, max_k) + (size_t)RING_BYTES;
+#endif
+  return base_smem_bytes(p, max_k);
+}
 
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap) {
   int dev = 0, sms = 0;
@@ -21,6 +27,10 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
   }
   if (p.n_sms < 1 || p.n_sms > sms) {
     snprintf(msg, cap, "n_sms=%d but the GPU has %d SMs (every block must be resident)", p.n_sms, sms);
+    return cudaErrorInvalidValue;
+  }
+  if ((p.prefetch_mode & MK_MODE_RING) && !MK_RING) {
+    snprintf(msg, cap, "MK_MODE_RING (prefetch_mode bit 8) needs the kernel built with MKCODE_MK_RING=1");
     return cudaErrorInvalidValue;
   }
   // ROUTE: logits, slots, counts, positions, chosen logits in s.out

@@ -180,6 +180,21 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
   }
 }
 
+}  // namespace mk
+
+// Engine v2's weight ring (MK_MODE_RING; needs task_gemv) is compiled only into a kernel built with
+// MK_RING=1 (build.py: MKCODE_MK_RING=1): the default object stays the reference path's, instruction
+// for instruction (the ring's calls changed the register allocation of the GEMV core and the step
+// kernel's stack frame, 280 -> 688 bytes, as a runtime-only switch).
+#ifndef MK_RING
+#define MK_RING 0
+#endif
+#if MK_RING
+#include "mk_ring.cuh"
+#endif
+
+namespace mk {
+
 // ---- the GEMV ops' common part ----------------------------------------------------------------------
 //
 // Every GEMV op (QKV, O-proj, dense up / down, router, MoE up / down, LM head) runs this one piece
@@ -240,6 +255,9 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, g);
+#if MK_RING
+  if (ring_on(p) && gemv_ring_op(p, d, g, a, s.act, s.out, staged)) return;  // MK_MODE_RING
+#endif
   gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
@@ -810,6 +828,12 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
+#if MK_RING
+  if (s_ring_n == 2) {  // MK_MODE_RING: the down slice's stages follow the up tile's (gemv_op)
+    ring_down(p, d, act, lds, acc, s_w, s_b, nt);
+    return;
+  }
+#endif
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
     return;
@@ -1627,6 +1651,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
        (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)))
     prefetch_weights(p, d);
+#if MK_RING
+  // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (warp RING_ARMER)
+  if (ring_on(p) && threadIdx.x / 32 == RING_ARMER && is_gemv_op(d[MK_F_OP])) ring_arm(q, d);
+#endif
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
@@ -1651,6 +1679,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   __syncthreads();
   if (!*flag) {
     cp_async_wait_all();  // no copy may land after the block has left
+#if MK_RING
+    if (threadIdx.x == 0 && ring_on(p)) ring_quiesce();  // nor a ring stage armed before the wait
+#endif
     return false;
   }
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
@@ -1991,6 +2022,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   if (threadIdx.x == 0) {
     s_tl_n = 0;
     s_h_staged = -1;
+#if MK_RING
+    s_ring_n = 0;
+    if (ring_on(p)) ring_init(smem_u32(mk_dyn_smem) + (uint32_t)base_smem_bytes(p, max_k));
+#endif
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
   if (threadIdx.x < sizeof(Params) / 4)
@@ -2196,6 +2231,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     }
     advance(s_desc, s_next, ahead, lane_w, mine, i, n);
   }
+#if MK_RING
+  // the stages this block's GEMVs consumed through the ring (the tests' proof that the ring ran)
+  if (ring_on(p) && threadIdx.x == 0) atomicAdd((int*)p.err + MK_ERR_RING_STAGES, (int)s_ring_cons);
+#endif
 }
 
 }  // namespace mk

@@ -1,0 +1,194 @@
+"""GPU tests of engine v2's weight ring (`MK_MODE_RING`, csrc/mk_ring.cuh; `-m gpu`): they run only
+in a process whose kernel was built with the ring compiled in (`MKCODE_MK_RING=1`), and skip
+otherwise. Every GEMV-shaped op through the ring against its torch semantics on fresh random inputs
+with poisoned outputs (the per-op check of test_gpu.py), whole steps against the fp32 reference at
+the reduced geometry (BS 1, 2, 4, 8, ragged contexts crossing pages and the window), steps in a row,
+and the release geometry at 8K. Each test also asserts that the ring consumed stages
+(`MK_ERR_RING_STAGES`), so a silent fallback to the register GEMV cannot pass for the ring."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
+
+import pytest
+import torch
+
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.build import RING_ENV
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+if os.environ.get(RING_ENV) != "1":
+    pytest.skip(f"needs the ring kernel ({RING_ENV}=1)", allow_module_level=True)
+
+from mkcode.backend.megakernel.backend import MegakernelBackend  # noqa: E402
+from mkcode.backend.megakernel.emulator_ops import moe_item  # noqa: E402
+from mkcode.backend.megakernel.schedule import expert_counter  # noqa: E402
+from mkcode.backend.megakernel.tiling import Tiling, default_tiling, tiling_for_batch  # noqa: E402
+from mkcode.backend.model.config import north_mini_code_config  # noqa: E402
+from mkcode.backend.model.weights import random_weights  # noqa: E402
+
+from .test_gpu import (  # noqa: E402
+    BS8_CONTEXTS,
+    CFG,
+    _consecutive_steps,
+    _op_check,
+    _step_check,
+)
+
+RING = abi.MK_MODE_RING
+GEMV_OPS = (
+    abi.MK_OP_QKV,
+    abi.MK_OP_ROUTER,
+    abi.MK_OP_OPROJ,
+    abi.MK_OP_DENSE_UP,
+    abi.MK_OP_DENSE_DOWN,
+    abi.MK_OP_MOE_UP,
+    abi.MK_OP_MOE_DOWN,
+    abi.MK_OP_LM_HEAD,
+)
+
+
+def _stages(be) -> int:
+    return int(be.err[abi.MK_ERR_RING_STAGES])
+
+
+@contextmanager
+def ring(be):
+    """The backend in ring mode; afterwards back to the default. Asserts the ring consumed stages."""
+    before = _stages(be)
+    be.prefetch_mode = RING
+    try:
+        yield
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
+    torch.cuda.synchronize()
+    assert _stages(be) > before, "no GEMV went through the ring"
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(CFG, device="cuda", dtype=torch.bfloat16, seed=3, std=0.05)
+
+
+@pytest.fixture(scope="module")
+def plain(weights):
+    return weights, MegakernelBackend(CFG, weights, tiling=replace(default_tiling(CFG), norm_inline=0))
+
+
+@pytest.fixture(scope="module")
+def inline(weights):
+    return weights, MegakernelBackend(CFG, weights, tiling=replace(default_tiling(CFG), norm_inline=1))
+
+
+def _fused_descs(cols: int, B: int, seed: int) -> list[list[int]]:
+    """Fused MoE items of `cols` columns (the ring takes 64 and more: the down slice's k chunk)."""
+    import numpy as np
+
+    c = CFG
+    rng = np.random.default_rng(seed)
+    slots = sorted(rng.choice(B * c.num_experts_per_tok, size=min(B, 3), replace=False).tolist())
+    table = [(5, slots), (11, [s for s in range(B * c.num_experts_per_tok) if s not in slots][:8])]
+    per = c.intermediate_size // cols
+    return [
+        moe_item(
+            table,
+            2,
+            i,
+            0,
+            per,
+            partial(Tiling(moe_up_cols=cols).moe_up_tile, CFG),
+            0,
+            128,
+            lambda ly, e: expert_counter(CFG, ly, e),
+            True,
+        )
+        for i in range(2 * per)
+    ]
+
+
+@pytest.mark.parametrize("op", GEMV_OPS, ids=lambda o: abi.OPNAMES[o])
+@pytest.mark.parametrize("B", [1, 5, 8])
+def test_gemv_op_through_the_ring(plain, op, B):
+    w, be = plain
+    with ring(be):
+        _op_check(CFG, w, be, op, B)
+
+
+@pytest.mark.parametrize("op", GEMV_OPS, ids=lambda o: abi.OPNAMES[o])
+@pytest.mark.parametrize("B", [1, 8])
+def test_gemv_op_norm_inline_through_the_ring(inline, op, B):
+    """With norm_inline: the staging's RMSNorm factors scale the ring's sums; the SUM_OPS add into x."""
+    w, be = inline
+    with ring(be):
+        _op_check(CFG, w, be, op, B)
+
+
+@pytest.mark.parametrize("cols", [64, 128])
+@pytest.mark.parametrize("B", [1, 5, 8])
+@pytest.mark.parametrize("fixture", ["plain", "inline"])
+def test_fused_moe_item_through_the_ring(request, fixture, cols, B):
+    """A fused item's up tile and down slice both through the ring (the down stages issued during the
+    up GEMV), into moe_acc (plain) or the layer's sum x(l+1) (norm_inline)."""
+    w, be = request.getfixturevalue(fixture)
+    with ring(be):
+        _op_check(CFG, w, be, abi.MK_OP_MOE_FUSED, B, descs=_fused_descs(cols, B, seed=B + cols))
+
+
+def test_narrow_fused_items_fall_back_to_the_register_path(plain):
+    """32-column fused items (the reduced default) are not ring-shaped: the register GEMV runs them
+    in ring mode too, and nothing goes through the ring."""
+    w, be = plain
+    before = _stages(be)
+    be.prefetch_mode = RING
+    try:
+        _op_check(CFG, w, be, abi.MK_OP_MOE_FUSED, 1, descs=_fused_descs(32, 1, seed=1))
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
+    torch.cuda.synchronize()
+    assert _stages(be) == before
+
+
+@pytest.mark.parametrize(
+    "contexts",
+    [[300], [63, 64], [5, 300, 255, 256], [1, 64, 65, 127, 128, 257, 511, 700]],
+    ids=lambda c: f"bs{len(c)}",
+)
+def test_step_through_the_ring_reduced(weights, contexts):
+    """A whole step on the engine's tiling for the batch (fused MoE items and lazy claims at BS 1,
+    norm_inline) against the routed fp32 reference."""
+    t = tiling_for_batch(CFG, default_tiling(CFG), len(contexts))
+    be = MegakernelBackend(CFG, weights, tiling=t)
+    with ring(be):
+        _step_check(CFG, weights, be, contexts, seed=len(contexts) + 70)
+
+
+@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
+def test_consecutive_steps_through_the_ring(weights, contexts):
+    """Four steps in a row on one backend: the ring's stage numbering runs on across items and
+    launches are independent (each launch starts its ring afresh)."""
+    t = tiling_for_batch(CFG, default_tiling(CFG), len(contexts))
+    be = MegakernelBackend(CFG, weights, tiling=t)
+    with ring(be):
+        _consecutive_steps(weights, be, contexts, seed=83, steps=4)
+
+
+@pytest.fixture(scope="module")
+def release():
+    cfg = north_mini_code_config()
+    return cfg, random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+
+
+@pytest.mark.parametrize(
+    "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
+)
+def test_step_through_the_ring_release_geometry(release, contexts):
+    cfg, w = release
+    t = tiling_for_batch(cfg, default_tiling(cfg), len(contexts))
+    be = MegakernelBackend(cfg, w, tiling=t)
+    with ring(be):
+        _step_check(cfg, w, be, contexts, seed=len(contexts) + 90)
