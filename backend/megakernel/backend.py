@@ -97,12 +97,17 @@ class MegakernelBackend:
         native_module=None,
         asynchronous: bool = False,
         allow_whatif: bool = False,
+        verify_rows: bool = False,
     ):
         """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
         with the same `device_info()`/`launch()` and a `make_event()`, which lets the host logic
         run on the CPU. `asynchronous`: decode() returns once the step is enqueued (like the graph
         backend); the caller must call `wait_step()` before it reads results on the host, which is
-        where the watchdog runs and a kernel error is raised."""
+        where the watchdog runs and a kernel error is raised. `verify_rows`: accept steps with several
+        rows of one sequence (DecodeBatch.seq_rows), run on schedules whose attention drains wait
+        for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator). Off by
+        default until tests/backend/megakernel/test_verify_rows_gpu.py has passed on a GPU; the
+        engine turns speculation off for a backend without it."""
         if tiling is not None and tiling.whatif_norm and not allow_whatif:
             raise ValueError(
                 "Tiling.whatif_norm computes wrong results: a measurement for gpu_check bench only"
@@ -120,6 +125,7 @@ class MegakernelBackend:
         self.auto_tiling = tiling is None  # the default adapts its MoE tiles to the batch size
         self.mod = native_module
         self.asynchronous = asynchronous
+        self.verify_rows = bool(verify_rows)
         self._pos_obj, self._pos_ver, self._pos_list = None, -1, []  # _host_positions' last read
         self._armed = None  # the event of the last step whose error word is on its way back
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
@@ -194,10 +200,11 @@ class MegakernelBackend:
         self.bank = CounterBank(self.bank.capacity)
 
     # ---- schedules -----------------------------------------------------------------------------
-    def _prepare(self, positions: list[int]) -> _Prepared:
+    def _prepare(self, positions: list[int], verify: bool = False) -> _Prepared:
+        """The schedule of a step at these positions; `verify`: it has verify rows."""
         B = len(positions)
         # the splits depend only on B and the bucket of the longest row (split_bucket_position)
-        bucket = (B, split_bucket_position(positions, self.tiling))
+        bucket = (B, split_bucket_position(positions, self.tiling), verify)
         key = self._split_keys.get(bucket)
         if key is not None and key in self._cache:
             return self._cache[key]
@@ -208,12 +215,12 @@ class MegakernelBackend:
             raise TilingError(f"{most} attention splits at B={B}, the workspace holds {stride}")
         # the tiling is part of the key: one batch size takes another tiling at long contexts
         # (tiling_for_batch's position), which may plan the same splits
-        key = (B, tiling, tuple(splits[False]), tuple(splits[True]))
+        key = (B, tiling, tuple(splits[False]), tuple(splits[True])) + (("verify_rows",) if verify else ())
         self._split_keys[bucket] = key
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        sched = build_schedule(self.cfg, B, positions, self.n_sms, tiling, splits)
+        sched = build_schedule(self.cfg, B, positions, self.n_sms, tiling, splits, verify_rows=verify)
         return self._upload(key, sched)
 
     def _tiling_for(self, B: int, position: int | None = None) -> Tiling:
@@ -367,17 +374,24 @@ class MegakernelBackend:
             raise ValueError(f"kv_pool must be [pages, 2, {Hkv}, 64, {d}], got {tuple(batch.kv_pool.shape)}")
 
     def launch(
-        self, batch: DecodeBatch, prep: _Prepared | None = None, positions: list[int] | None = None
+        self,
+        batch: DecodeBatch,
+        prep: _Prepared | None = None,
+        positions: list[int] | None = None,
+        verify: bool | None = None,
     ) -> _Prepared:
-        """Enqueue one step on the current stream (no sync, no error check): for timing loops."""
+        """Enqueue one step on the current stream (no sync, no error check): for timing loops.
+        `verify`: the step has verify rows (None: the batch says, `_verify_step`)."""
         if prep is None:
+            if verify is None:
+                verify = self._verify_step(batch)
             if positions is None:
                 positions = (
                     batch.positions_on_host()  # the caller's copy: no read back from the device
                     if batch.host_positions is not None
                     else self._host_positions(batch.positions)
                 )
-            prep = self._prepare(positions)
+            prep = self._prepare(positions, verify)
         self.bank.prepare(prep.sched)
         self._upload_bases()
         ptrs, ints, floats = self._params(prep, batch)
@@ -465,6 +479,18 @@ class MegakernelBackend:
                 f"counter {err[3]} value {err[4]} target {err[5]}"
             )
 
+    def _verify_step(self, batch: DecodeBatch) -> bool:
+        """Whether the step has verify rows; refused unless this backend was built for them."""
+        if not batch.has_verify_rows:
+            return False
+        if not self.verify_rows:
+            raise ValueError(
+                "verify rows (DecodeBatch.seq_rows) on a megakernel backend built without verify_rows"
+            )
+        if sum(batch.seq_rows) != batch.size:
+            raise ValueError(f"seq_rows {batch.seq_rows} do not cover the batch's {batch.size} rows")
+        return True
+
     def _normalize(self, batch: DecodeBatch) -> DecodeBatch:
         """The small per-step tensors as the kernel reads them (contiguous, int64/int32); the pool
         is used in place (the step writes K/V into it)."""
@@ -473,6 +499,7 @@ class MegakernelBackend:
             positions=batch.positions.to(self.device, torch.int64).contiguous(),
             block_tables=batch.block_tables.to(self.device, torch.int32).contiguous(),
             kv_pool=batch.kv_pool,
+            seq_rows=batch.seq_rows,
         )
 
     def decode(self, batch: DecodeBatch) -> torch.Tensor:

@@ -13,7 +13,10 @@ Failures are loud:
 - HazardError: happens-before checking. Every task's causal past is tracked (program order on its SM
   plus acquire of every release it waited on); each read of a region must have every write of that
   region in its past, and every region read must have been written. So a deleted dependency is
-  caught in ANY interleaving, not only in an unlucky one.
+  caught in ANY interleaving, not only in an unlucky one. K/V are regions of the pool's physical
+  slots, so verify rows (rows of one sequence over one block table) that read K/V other rows write
+  in the step are checked too; reads the kernel issues before a task's waits (the ATTN prologue's
+  page loads) are checked against what the task's SM saw before those waits.
 """
 
 from __future__ import annotations
@@ -83,9 +86,13 @@ class Emulator:
         bank: CounterBank,
         math: bool = True,
         check_hazards: bool = True,
+        prologue_reads: bool = True,
     ):
+        """`prologue_reads`: check the reads an op issues before its waits (Access.early_reads: the
+        ATTN prologue's K/V pages) against what its SM saw before the waits, as the kernel issues
+        them; False checks them after the waits (a kernel that loaded nothing before its waits)."""
         self.cfg, self.w, self.sched, self.ws, self.bank = cfg, weights, schedule, ws, bank
-        self.math, self.check_hazards = math, check_hazards
+        self.math, self.check_hazards, self.prologue_reads = math, check_hazards, prologue_reads
         t = schedule.tiling
         self.up_tiles, self.down_tiles = t.moe_tiles(cfg)
         self.downs_per_expert = t.moe_downs_per_expert(cfg)  # (per up tile with moe_down_ready)
@@ -128,6 +135,7 @@ class Emulator:
         return out
 
     def _run_task(self, sm: int, d) -> Generator[_Wait | None, None, None]:
+        early = self.past[sm]  # what the task's SM saw before its waits (Access.early_reads)
         for c, rel in self._waits(d):
             target = rel if c < self.n_dyn else self._abs_target(c, rel)
             if not _reached(self.vals[c], target):
@@ -156,6 +164,8 @@ class Emulator:
         if self.check_hazards:
             for key, lo, hi in acc.reads:
                 self.reads.append((key, lo, hi, ev, past))
+            for key, lo, hi in acc.early_reads:  # issued before the waits (ATTN's prologue)
+                self.reads.append((key, lo, hi, ev, early if self.prologue_reads else past))
             for key, lo, hi in acc.writes:
                 self.writes[key].append((lo, hi, ev))
                 self.plain[key].append((lo, hi, ev))

@@ -3,7 +3,10 @@
 Used by the CPU emulator (fp32, any interleaving) and by the GPU per-op tests as the reference for
 one task. Each op also reports the buffer regions it read and wrote, which the emulator's
 happens-before checker uses to prove every read was ordered after every write it depends on.
-Regions are (key, lo, hi): a key names a buffer row, [lo, hi) a column range of it.
+Regions are (key, lo, hi): a key names a buffer row, [lo, hi) a column range of it. K/V regions are
+keyed by the pool's physical slot, ("kv", layer, page, slot) with columns [K | V] of every kv head,
+so rows of one sequence (verify rows over one block table) that write and read the same pages meet
+in the same regions.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ class Access:
     # commutative additions (fp32 atomics) into a region some plain write initialised: unordered
     # among themselves, but each must come after that write, and every read after all of them
     accums: list[Region] = field(default_factory=list)
+    # reads the kernel may issue BEFORE the task's dependency waits (ATTN's prologue starts its K/V
+    # pages while it waits, assuming every slot but its own row's was written by earlier steps):
+    # they must be ordered by what the task's SM did (or acquired) before the task started
+    early_reads: list[Region] = field(default_factory=list)
 
 
 def attention_range(position: int, window: int | None, split: int, splits: int) -> tuple[int, int]:
@@ -171,6 +178,47 @@ class OpSemantics:
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
         self.moe_tables: dict[int, MoeTable] = {}  # what ROUTE wrote, per layer (host copy)
+        self._tables: list | None = None  # the block tables as lists (read once, by _kv_page)
+        self._fresh: dict[tuple[int, int], list[int]] | None = None  # see _fresh_positions
+
+    # ---- K/V slots ---------------------------------------------------------------------------
+    def _kv_page(self, layer: int, b: int, position: int):
+        """The pool page that holds row b's `position` at this layer: the block table's entry, or
+        without block tables (descriptor-only runs) a page of the row's own ("row", b, page index)."""
+        bt = self.inp.block_tables
+        if bt is None:
+            return ("row", b, position // PAGE_SIZE)
+        if self._tables is None:
+            self._tables = bt.tolist()
+        return int(self._tables[layer][b][position // PAGE_SIZE])
+
+    def _kv_key(self, layer: int, b: int, position: int) -> tuple:
+        return ("kv", layer, self._kv_page(layer, b, position), position % PAGE_SIZE)
+
+    def _fresh_positions(self, layer: int, b: int) -> list[int]:
+        """The positions <= row b's own whose slots this step writes: on every page that a row of the
+        step writes into, the slots from the lowest one written on it (a sequence's rows write
+        L..L+d, so on its pages every slot from L's on, up to the last row's, is this step's).
+        Attention reads these slots as this step's K/V (which must be written and ordered before
+        the read); every other visible slot holds K/V of earlier steps."""
+        if self._fresh is None:
+            self._fresh = {}
+            L = self.cfg.num_hidden_layers
+            for ly in range(L):
+                first: dict = {}
+                for r in self._rows():
+                    pg = self._kv_page(ly, r, self.pos[r])
+                    first[pg] = min(first.get(pg, PAGE_SIZE), self.pos[r] % PAGE_SIZE)
+                for r in self._rows():
+                    p = self.pos[r]
+                    own = [p // PAGE_SIZE] if self.inp.block_tables is None else range(p // PAGE_SIZE + 1)
+                    out = []
+                    for j in own:
+                        pg = self._kv_page(ly, r, j * PAGE_SIZE)
+                        if pg in first:
+                            out += range(j * PAGE_SIZE + first[pg], min((j + 1) * PAGE_SIZE, p + 1))
+                    self._fresh[(ly, r)] = out
+        return self._fresh[(layer, b)]
 
     # ---- helpers ----------------------------------------------------------------------------
     def _f(self, t: torch.Tensor) -> torch.Tensor:
@@ -248,7 +296,7 @@ class OpSemantics:
                 acc.writes.append((("q", layer, b), local, local + n))
             else:
                 off = (0 if kind == "k" else kvw) + local
-                acc.writes.append((("kv", layer, b, self.pos[b]), off, off + n))
+                acc.writes.append((self._kv_key(layer, b, self.pos[b]), off, off + n))
         if not self.math:
             return acc
         lw = self.w.layers[layer]
@@ -287,10 +335,16 @@ class OpSemantics:
             reads=[(("q", layer, b), kvh * G * dh, (kvh + 1) * G * dh)],
             writes=[(("att", layer, b, kvh), s, s + 1)],
         )
-        if lo <= p < hi:
-            kvw = cfg.kv_width
-            acc.reads.append((("kv", layer, b, p), kvh * dh, (kvh + 1) * dh))
-            acc.reads.append((("kv", layer, b, p), kvw + kvh * dh, kvw + (kvh + 1) * dh))
+        # this step's K/V in the split's range: the row's own slot is read after the item's waits
+        # (the kernel's prologue skips it), the slots of earlier rows of its sequence (verify rows)
+        # possibly before them: the prologue's page loads cover every other visible slot
+        kvw = cfg.kv_width
+        for q in self._fresh_positions(layer, b):
+            if lo <= q < hi:
+                key = self._kv_key(layer, b, q)
+                reads = acc.reads if q == p else acc.early_reads
+                reads.append((key, kvh * dh, (kvh + 1) * dh))
+                reads.append((key, kvw + kvh * dh, kvw + (kvh + 1) * dh))
         if not self.math:
             return acc
         heads = slice(kvh * G, (kvh + 1) * G)

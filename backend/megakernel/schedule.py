@@ -85,6 +85,7 @@ class Schedule:
     queue_info: np.ndarray
     counters: CounterSet
     n_lm_tiles: int
+    verify_rows: bool = False  # built for verify rows (build_schedule)
 
     @property
     def n_counters(self) -> int:
@@ -195,8 +196,17 @@ def build_schedule(
     n_sms: int,
     tiling: Tiling | None = None,
     splits: dict[bool, list[int]] | None = None,
+    verify_rows: bool = False,
 ) -> Schedule:
-    """Build one step's schedule for `batch` rows at `positions` (the split policy's input)."""
+    """Build one step's schedule for `batch` rows at `positions` (the split policy's input).
+
+    `verify_rows`: some rows are verify rows of one sequence (DecodeBatch.seq_rows: consecutive
+    positions over one block table), so a row's attention reads K/V that other rows' QKV tiles write
+    in this step. An ATTN item waits for its kv head's QKV tiles, but the kernel starts its first K/V
+    pages before that wait (the prologue assumes every slot but the row's own holds earlier steps'
+    K/V), so the item's wait does not order those loads. Here every attention item is a host-queue
+    item (Tiling.attn_in_moe is set aside) and the drains that claim them wait for every QKV tile of
+    the layer first: each item's prologue runs after all of the layer's K/V are written."""
     if not 1 <= batch <= abi.MK_MAX_TOKENS:
         raise ValueError(f"batch must be in 1..{abi.MK_MAX_TOKENS}, got {batch}")
     if len(positions) != batch:
@@ -264,7 +274,7 @@ def build_schedule(
     norm = [counter(f"norm[{layer}]", B) for layer in range(L + 1)]
     # Tiling.attn_in_moe = 3: the MoE queue heads are claimed before ROUTE, so the EMBED of row 0
     # resets them (mk_abi.h MK_EMBED_RESET_HEADS) and ROUTE leaves them alone (MK_ROUTE_KEEP_HEAD)
-    late_route = tiling.attn_in_moe == 3 and has_moe
+    late_route = tiling.attn_in_moe == 3 and has_moe and not verify_rows
     for b in range(B):
         reset = abi.MK_EMBED_RESET_HEADS if late_route and b == 0 else 0
         emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (norm[0],)))
@@ -288,6 +298,12 @@ def build_schedule(
             counter(f"qkv[{layer}]" if qkv_heads == 1 else f"qkv[{layer}][{h}]", per_head)
             for h in range(qkv_heads)
         ]
+        # verify_rows: what the attention drains wait for, every QKV tile of the layer (per-head
+        # counters while they fit a descriptor's waits, else one more counter every tile signals)
+        qkv_all = counter(f"qkv_all[{layer}]", n_qkv) if verify_rows and qkv_heads > _MAX_WAITS else None
+        drain_waits: tuple[tuple[int, int], ...] = ()
+        if verify_rows:
+            drain_waits = ((qkv_all, n_qkv),) if qkv_all is not None else tuple((c, per_head) for c in qkv_cs)
         comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)
@@ -301,8 +317,8 @@ def build_schedule(
         first_qkv = len(tasks)
         for t in range(n_qkv):
             r0 = t * tiling.qkv_rows
-            sig = qkv_cs[qkv_row_head(cfg, r0) % qkv_heads]
-            emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, (sig,)))
+            sig = (qkv_cs[qkv_row_head(cfg, r0) % qkv_heads],) + ((qkv_all,) if qkv_all is not None else ())
+            emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, sig))
 
         # Tiling.dense_apart: a dense layer's MLP tiles on the SMs without its QKV tiles, its
         # attention drains on the QKV SMs first (the attention's chain is not behind MLP tiles)
@@ -373,7 +389,7 @@ def build_schedule(
                 ]
         # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are the
         # queue's head, before its up tiles (2; 3: claimed before ROUTE) (below); no attention drains
-        in_moe = bool(tiling.attn_in_moe) and not dense
+        in_moe = bool(tiling.attn_in_moe) and not dense and not verify_rows
         n_drains = 0 if in_moe else min(len(attn_items), n_work, tiling.attn_drains or n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
@@ -391,7 +407,10 @@ def build_schedule(
         for k in range(n_drains):
             if apart and dealt:
                 next(rr)
-            emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid)), pool[k] if pool else None)
+            emit(
+                make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), drain_waits),
+                pool[k] if pool else None,
+            )
         # Tiling.combine_ctrl: a MoE layer's combines as static tasks on the control SMs (one per
         # control SM in turn), where they wait warm (dry run) for their attention items and start
         # without a claim; the O-proj items stay in the MoE queue
@@ -561,4 +580,5 @@ def build_schedule(
         queue_info=np.array(qinfo, dtype=np.int32).reshape(-1, 4),
         counters=cs,
         n_lm_tiles=n_lm,
+        verify_rows=verify_rows,
     )
