@@ -100,7 +100,7 @@ class ToolCard(Vertical):
 
     def elapsed_text(self) -> str:
         elapsed = time.monotonic() - self._started
-        return f"running {elapsed:.0f}s" if elapsed >= SHOW_ELAPSED_S else ""
+        return f"running {elapsed:.0f}s" if elapsed >= SHOW_ELAPSED_S else "running"
 
     def _tick(self) -> None:
         if self.state != "running":

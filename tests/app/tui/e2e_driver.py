@@ -5,7 +5,8 @@ terminal, sessions on disk, exit codes, `process_exit.leave`) is the real thing.
 
 Scenarios: `slow-load` (the load reports a stage, then never ends), `fail-load` (the model cannot
 load), `generate` (the model streams text and never finishes), `read` (a read_file call, then an
-answer quoting it), `edit` (an edit_file call, then "Edited."), `shell` (a run_shell call).
+answer quoting it), `edit` (an edit_file call, then "Edited."), `shell` (`sleep 30` through
+run_shell: a tool still running when the user leaves).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _scenario(name: str):
         "generate": [[*text_step("Thinking about it " * 3, pause=0.05), asyncio.Event()]],
         "read": [tool_step("read_file", {"path": "notes.txt"}), text_step("The note says: buy milk.")],
         "edit": [tool_step("edit_file", EDIT, text="I'll change the greeting."), text_step("Edited.")],
-        "shell": [tool_step("run_shell", {"command": "echo hi"}), text_step("Ran it.")],
+        "shell": [tool_step("run_shell", {"command": "sleep 30"}), text_step("Ran it.")],
     }[name]
     return lambda settings, progress: scripted_backend(steps)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -224,6 +225,22 @@ def test_ctrl_c_twice_mid_generation_exits_130(run):
     assert code == 130 and took < 3, (code, took)
     r.assert_clean_exit(screen)
     assert any(x["type"] == "interrupted" for x in r.records())  # the turn was saved as interrupted
+
+
+def test_ctrl_c_twice_while_a_command_runs_exits_130(run):
+    """After approval the card shows the call running with its elapsed time; leaving kills it."""
+    r = run("shell", "--dangerously-no-sandbox")  # the same on machines without bubblewrap
+    r.wait("Ask mkcode")
+    r.type("wait a bit")
+    r.keys("Enter")
+    r.wait("Allow $ sleep 30?")
+    time.sleep(1.0)  # a deliberate answer comes after a quiet moment
+    r.keys("y")
+    r.tmux.wait_for(lambda s: re.search(r"\$ sleep 30  running [1-9]\d*s", s), 30, "the elapsed time")
+    r.keys("C-c", "C-c")
+    code, screen, took = r.exited()
+    assert code == 130 and took < 3, (code, took)
+    r.assert_clean_exit(screen)
 
 
 def test_keys_typed_into_an_approval_grant_nothing(run):
