@@ -22,7 +22,7 @@ from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_di
 from mkcode.backend.server.errors import APIError, bad_request, error_body, error_response
 from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.messages import chat_messages
-from mkcode.backend.server.schemas import ChatCompletionRequest, NamedToolChoice
+from mkcode.backend.server.schemas import ChatCompletionRequest, NamedToolChoice, parse_body
 from mkcode.backend.server.turn import start_turn
 from mkcode.backend.turn.events import (
     ModelDone,
@@ -99,8 +99,11 @@ def chat_plan(body: ChatCompletionRequest) -> TurnRequest:
     )
 
 
-@router.post("/v1/chat/completions", responses=openapi.CHAT)
-async def chat_completions(body: ChatCompletionRequest, request: Request):
+@router.post(
+    "/v1/chat/completions", responses=openapi.CHAT, openapi_extra=openapi.request_body(ChatCompletionRequest)
+)
+async def chat_completions(request: Request):
+    body = await parse_body(request, ChatCompletionRequest)
     state = request.app.state.mkcode
     model = state.resolve_model(body.model)
     plan = chat_plan(body)

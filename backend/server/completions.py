@@ -16,7 +16,7 @@ from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_di
 from mkcode.backend.server.chat import SYSTEM_FINGERPRINT, usage_dict
 from mkcode.backend.server.errors import bad_request, error_body, error_response
 from mkcode.backend.server.limits import check_prompt_fits
-from mkcode.backend.server.schemas import CompletionRequest
+from mkcode.backend.server.schemas import CompletionRequest, parse_body
 from mkcode.backend.server.state import ServerState
 from mkcode.backend.server.turn import sampling_params, submit
 
@@ -74,8 +74,11 @@ def _build(state: ServerState, body: CompletionRequest) -> tuple[GenerationReque
     return GenerationRequest(ids, sampling), (state.tokenizer.decode(ids) if body.echo else "")
 
 
-@router.post("/v1/completions", responses=openapi.COMPLETIONS)
-async def completions(body: CompletionRequest, request: Request):
+@router.post(
+    "/v1/completions", responses=openapi.COMPLETIONS, openapi_extra=openapi.request_body(CompletionRequest)
+)
+async def completions(request: Request):
+    body = await parse_body(request, CompletionRequest)
     state: ServerState = request.app.state.mkcode
     model = state.resolve_model(body.model)
     req, echo = await asyncio.to_thread(_build, state, body)

@@ -13,6 +13,11 @@ from typing import Any, Literal
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
+from pydantic.json_schema import models_json_schema
+
+from mkcode.backend.server.schemas import REQUEST_MODELS
+
+_REF = "#/components/schemas/{model}"
 
 
 class _Doc(BaseModel):
@@ -153,8 +158,16 @@ METRICS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` of an endpoint that reads its body with `schemas.parse_body` (off the event
+    loop, so FastAPI does not see the body parameter): the documented request body."""
+    schema = {"$ref": _REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
 def install(app: FastAPI) -> None:
-    """Serve the schema without FastAPI's 422 answers: this server answers a bad body with a 400."""
+    """Serve the schema with the request models (`request_body`) and without FastAPI's 422 answers:
+    this server answers a bad body with a 400."""
 
     def schema() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -162,8 +175,11 @@ def install(app: FastAPI) -> None:
             for path in doc.get("paths", {}).values():
                 for op in path.values():
                     op.get("responses", {}).pop("422", None)
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
-                doc.get("components", {}).get("schemas", {}).pop(name, None)
+                components.pop(name, None)
+            _, defs = models_json_schema([(m, "validation") for m in REQUEST_MODELS], ref_template=_REF)
+            components.update(defs.get("$defs", {}))
             app.openapi_schema = doc
         return app.openapi_schema
 

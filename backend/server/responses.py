@@ -26,7 +26,7 @@ from mkcode.backend.server.chat import reasoning_tokens
 from mkcode.backend.server.errors import bad_request, error_response
 from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.messages import responses_messages
-from mkcode.backend.server.schemas import ResponsesNamedChoice, ResponsesRequest
+from mkcode.backend.server.schemas import ResponsesNamedChoice, ResponsesRequest, parse_body
 from mkcode.backend.server.turn import start_turn
 from mkcode.backend.turn.events import (
     ModelDone,
@@ -306,8 +306,11 @@ def _snapshot(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.post("/v1/responses", responses=openapi.RESPONSES)
-async def create_response(body: ResponsesRequest, request: Request):
+@router.post(
+    "/v1/responses", responses=openapi.RESPONSES, openapi_extra=openapi.request_body(ResponsesRequest)
+)
+async def create_response(request: Request):
+    body = await parse_body(request, ResponsesRequest)
     state = request.app.state.mkcode
     model = state.resolve_model(body.model)
     plan = responses_plan(body)
