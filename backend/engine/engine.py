@@ -216,7 +216,10 @@ class Engine:
         if self.speculative != "off" and not getattr(decode_backend, "verify_rows", False):
             name = getattr(decode_backend, "name", type(decode_backend).__name__)
             self.speculative = "off"
-            self.spec_note = f"speculation off: the {name} decode backend runs no verify rows"
+            note = getattr(decode_backend, "verify_rows_note", None)  # why not, where the backend says
+            self.spec_note = f"speculation off: the {name} decode backend runs no verify rows" + (
+                f" ({note})" if note else ""
+            )
         else:
             self.spec_note = f"speculation: {self.speculative}" + (
                 f", k <= {self.opts.spec_k}" if self.speculative != "off" else ""

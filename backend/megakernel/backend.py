@@ -126,6 +126,13 @@ class MegakernelBackend:
         self.mod = native_module
         self.asynchronous = asynchronous
         self.verify_rows = bool(verify_rows)
+        # what Engine.spec_note says when the flag is off
+        self.verify_rows_note = (
+            None
+            if self.verify_rows
+            else "the megakernel's verify rows are proven in the emulator and wait for a GPU run of "
+            "tests/backend/megakernel/test_verify_rows_gpu.py"
+        )
         self._pos_obj, self._pos_ver, self._pos_list = None, -1, []  # _host_positions' last read
         self._armed = None  # the event of the last step whose error word is on its way back
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event

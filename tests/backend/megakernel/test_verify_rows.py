@@ -330,3 +330,37 @@ def test_backend_verify_rows_equal_single_steps(bf16_weights):
     kinds = {p.sched.verify_rows for p in be._cache.values()}
     assert kinds == {True, False}
     assert np.all([p.sched.batch for p in be._cache.values() if p.sched.verify_rows] == [7])
+
+
+def _engine(weights, be, speculative):
+    from mkcode.backend.engine.engine import Engine, EngineOptions
+    from mkcode.backend.kv.pool import KVPool
+
+    pool = KVPool(
+        48, CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim, device="cpu", dtype=torch.bfloat16
+    )
+    return Engine(ReferenceModel(CFG, weights), pool, be, options=EngineOptions(speculative=speculative))
+
+
+def test_engine_speculates_on_the_megakernel_only_with_its_flag(bf16_weights):
+    """Without the flag the engine turns speculation off and says why; with it, greedy tokens through
+    the emulated megakernel are those of the plain run, with verify steps that accepted drafts."""
+    from mkcode.backend.engine.request import GenerationRequest
+    from mkcode.backend.sampling import SamplingParams
+
+    off = _engine(bf16_weights, _backend(bf16_weights, verify_rows=False), "ngram")
+    assert off.speculative == "off" and "test_verify_rows_gpu.py" in off.spec_note
+    motif = [7, 300, 41, 99, 5]
+    prompts = [[motif[j % 5] for j in range(58)], [11, 12, 13] + motif * 3]
+    out = {}
+    for mode in ("off", "ngram"):
+        engine = _engine(bf16_weights, _backend(bf16_weights, verify_rows=True), mode)
+        assert engine.speculative == mode
+        sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        streams = [engine.submit(GenerationRequest(list(p), sp)) for p in prompts]
+        engine.run_until_idle()
+        engine.check_accounting()
+        out[mode] = [s.result(0).token_ids for s in streams]
+        if mode == "ngram":
+            assert engine.stats.spec_verify_steps > 0 and engine.stats.spec_accepted_tokens > 0
+    assert out["off"] == out["ngram"]
