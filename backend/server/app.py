@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from mkcode.backend.server import chat, completions, openapi, responses
 from mkcode.backend.server.errors import CatchAllMiddleware, install_error_handlers
@@ -73,8 +73,10 @@ def create_app(
     @app.get("/health", responses=openapi.HEALTH)
     async def health():
         thread = getattr(engine, "_thread", None)
-        alive = thread is None or thread.is_alive()
-        return {"status": "ok" if alive else "engine stopped", "model": state.model_name}
+        if thread is None or thread.is_alive():
+            return {"status": "ok", "model": state.model_name}
+        # a liveness probe must see the failure in the status, not only in the body
+        return JSONResponse({"status": "engine stopped", "model": state.model_name}, status_code=503)
 
     @app.get("/v1/models", responses=openapi.MODELS)
     async def models():

@@ -151,7 +151,11 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 MODELS: dict[int | str, dict[str, Any]] = {200: {"model": ModelList}, **_errors(*_COMMON)}
 MODEL: dict[int | str, dict[str, Any]] = {200: {"model": ModelCard}, **_errors(404, *_COMMON)}
-HEALTH: dict[int | str, dict[str, Any]] = {200: {"model": Health}, **_errors(500)}
+HEALTH: dict[int | str, dict[str, Any]] = {
+    200: {"model": Health},
+    503: {"model": Health, "description": "the engine thread has stopped"},
+    **_errors(500),
+}
 METRICS: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
     **_errors(*_COMMON),

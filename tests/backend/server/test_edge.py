@@ -257,3 +257,17 @@ def test_five_megabyte_prompt_is_refused_at_once(server):
     body = {"model": MODEL, "prompt": "word " * (1 << 20)}
     resp = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60)
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_health_is_503_when_the_engine_thread_died(runtime):
+    import threading
+
+    from tests.backend.turn.fakes import ScriptedEngine
+
+    engine = ScriptedEngine(runtime.tokenizer, ["x"])
+    engine._thread = threading.Thread(target=lambda: None)
+    engine._thread.start()
+    engine._thread.join()
+    with ServerThread(create_app(engine=engine, tokenizer=runtime.tokenizer)) as s:
+        r = httpx.get(s.base_url + "/health")
+    assert r.status_code == 503 and r.json()["status"] == "engine stopped"
