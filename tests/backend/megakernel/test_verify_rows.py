@@ -31,7 +31,7 @@ from mkcode.backend.megakernel.backend import MegakernelBackend
 from mkcode.backend.megakernel.emulator import Emulator, HazardError
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.schedule import Schedule, build_schedule
-from mkcode.backend.megakernel.tiling import Tiling, default_tiling, tiling_for_batch
+from mkcode.backend.megakernel.tiling import Tiling, default_tiling, split_bucket_position, tiling_for_batch
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.reference import ReferenceModel
@@ -256,16 +256,25 @@ def _release_case(cfg, contexts, rows):
 
 
 @pytest.mark.parametrize(
-    ("contexts", "rows"), [([8191], [8]), ([4095, 70000], [5, 3]), ([100, 200, 9000, 63], [1, 2, 4, 1])]
+    ("contexts", "rows"),
+    [
+        ([8191], [8]),
+        ([100, 200, 9000, 63], [1, 2, 4, 1]),
+        ([70000], [8]),  # the long-context wide tiling (attention drains on the QKV SMs)
+        ([4095, 20000], [2, 2]),
+        ([9000], [2]),
+    ],
 )
 def test_release_geometry_engine_tilings(contexts, rows):
     """The release geometry (4 kv heads: at 8 rows one QKV counter per head, more than a drain's
-    waits, so one more layer-wide counter) on the engine's tiling for the batch: the verify schedule
-    is hazard-free over shared block tables, the plain one races (descriptors and regions only)."""
+    waits, so one more layer-wide counter) on the engine's tiling for the batch and its context, as
+    the backend picks it: the verify schedule is hazard-free over shared block tables, the plain one
+    races (descriptors and regions only)."""
     cfg = north_mini_code_config(4)
     tables, pos = _release_case(cfg, contexts, rows)
     B, n_sms = len(pos), 132
-    tiling = tiling_for_batch(cfg, default_tiling(cfg), B)
+    base = default_tiling(cfg)
+    tiling = tiling_for_batch(cfg, base, B, split_bucket_position(pos, base))
     inp = StepInputs(torch.zeros(B, dtype=torch.long), torch.tensor(pos), tables, None)
     for verify in (True, False):
         sched = build_schedule(cfg, B, pos, n_sms, tiling, verify_rows=verify)
