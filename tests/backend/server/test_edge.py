@@ -271,3 +271,30 @@ def test_health_is_503_when_the_engine_thread_died(runtime):
     with ServerThread(create_app(engine=engine, tokenizer=runtime.tokenizer)) as s:
         r = httpx.get(s.base_url + "/health")
     assert r.status_code == 503 and r.json()["status"] == "engine stopped"
+
+
+class _BreaksMidStream:
+    """A turn pipeline whose event stream fails after its first event."""
+
+    async def start(self, request):
+        from mkcode.backend.turn.events import TextDelta
+
+        class _Turn:
+            async def events(self):
+                yield TextDelta("partial")
+                raise RuntimeError("broken stream")
+
+        return _Turn()
+
+
+def test_error_inside_a_stream_ends_it_and_the_connection_lives(runtime, caplog):
+    app = create_app(runtime, options=ServerOptions(served_model_name=MODEL))
+    app.state.mkcode.turn_pipeline = _BreaksMidStream()
+    body = {"model": MODEL, "messages": USER, "stream": True}
+    with ServerThread(app) as s, httpx.Client(base_url=s.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = [line for line in resp.iter_lines() if line]
+        assert any("partial" in line for line in lines) and "data: [DONE]" not in lines
+        assert http.get("/health").status_code == 200  # same client, same pool: still answering
+    assert any("unhandled error" in r.message for r in caplog.records)
