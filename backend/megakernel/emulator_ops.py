@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
+from mkcode.backend.kv.layout import NO_PAGE, PAGE_SIZE, first_visible_position
 from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.workspace import Workspace
 from mkcode.backend.model import ops
@@ -208,6 +208,8 @@ class OpSemantics:
                 first: dict = {}
                 for r in self._rows():
                     pg = self._kv_page(ly, r, self.pos[r])
+                    if pg == NO_PAGE:  # QKV refuses the step (no page for the row's position)
+                        continue
                     first[pg] = min(first.get(pg, PAGE_SIZE), self.pos[r] % PAGE_SIZE)
                 for r in self._rows():
                     p = self.pos[r]
