@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on
+from textual import events, on
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.message import Message
@@ -23,6 +23,7 @@ from mkcode.app.tui.messages import BackendFailed, BackendReady, LoadProgress
 from mkcode.app.tui.screens.chat import ChatScreen
 from mkcode.app.tui.screens.sessions import SessionPicker
 from mkcode.app.tui.screens.start import StartScreen
+from mkcode.app.tui.widgets.prompt import PromptInput
 
 THEMES = {"dark": "textual-dark", "light": "textual-light"}
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
@@ -136,6 +137,23 @@ class MkcodeApp(App[str | None]):
     async def _resume_picked(self, session_id: str | None) -> None:
         if session_id and isinstance(self.screen, ChatScreen):
             await self.screen.run_command(f"/resume {session_id}")
+
+    async def on_event(self, event: events.Event) -> None:
+        """Printable keys for the chat prompt go straight to it: a paste the terminal sends as
+        keys (no bracketed paste) is tens of thousands of them, and the general path (binding
+        chains of every widget up to the app) cost more than the insert itself. No binding of the
+        chat screen or the app is a printable key."""
+        if (
+            isinstance(event, events.Key)
+            and not event.is_forwarded
+            and event.is_printable
+            and event.character
+        ):
+            screen = self.screen
+            if isinstance(screen, ChatScreen) and isinstance(screen.focused, PromptInput):
+                screen.focused.take_typed(event.character)
+                return
+        await super().on_event(event)
 
     def action_quit_interrupted(self) -> None:
         """Ctrl+C / Esc on the way out: the shell's convention for an interrupt is 130."""

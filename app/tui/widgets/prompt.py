@@ -51,17 +51,22 @@ class PromptInput(TextArea):
         self.completion_open = False
         self._typed: list[str] = []  # printable keys not inserted yet
 
+    def take_typed(self, character: str) -> None:
+        """A typed character: inserted with the others that arrive before the next callback."""
+        self._typed.append(character)
+        if len(self._typed) == 1:
+            self.call_later(self._flush_typed)
+
     def _flush_typed(self) -> None:
         if self._typed:
             text, self._typed = "".join(self._typed), []
             self.replace(text, *self.selection, maintain_selection_offset=False)  # as typing does
+            self.scroll_cursor_visible()
 
     async def _on_key(self, event: events.Key) -> None:
         if event.is_printable and event.character and not self.read_only:
             self._consume(event)
-            self._typed.append(event.character)
-            if len(self._typed) == 1:
-                self.call_later(self._flush_typed)
+            self.take_typed(event.character)
             return
         self._flush_typed()
         if self.completion_open and event.key in COMPLETION_KEYS:

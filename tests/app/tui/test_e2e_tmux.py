@@ -268,6 +268,24 @@ def test_keys_typed_into_an_approval_grant_nothing(run):
     assert decided and not any("allow" in d or "always" in d for d in decided), decided
 
 
+def test_a_54_kb_paste_without_bracketed_paste_is_in_the_prompt_in_seconds(run, tmp_path):
+    """tmux's paste-buffer without -p sends the text as typed keys (one per character)."""
+    r = run("read")
+    r.wait("Ask mkcode")
+    text = ("word " * 11000)[:53990] + " THEEND"
+    (tmp_path / "paste.txt").write_text(text)
+    r.tmux.run("load-buffer", "-b", r.tmux.name, str(tmp_path / "paste.txt"))
+    t0 = time.monotonic()
+    r.tmux.run("paste-buffer", "-b", r.tmux.name, "-t", r.tmux.name)
+    r.wait("THEEND", 60)  # the end of the paste is in view: every key was taken
+    took = time.monotonic() - t0
+    assert took < 30, f"{took:.1f}s"  # 4 s on the 2-core dev machine; was over 100 s
+    r.keys("C-c", "C-c")  # clears the prompt, then quits
+    code, screen, _ = r.exited()
+    assert code == 130
+    r.assert_clean_exit(screen)
+
+
 def test_a_tool_cards_output_is_on_screen(run):
     r = run("read")
     r.wait("Ask mkcode")
