@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
@@ -47,6 +50,7 @@ from mkcode.app.core.toolview import (
     is_shell,
     marked_text,
     output_excerpt,
+    output_head,
     safe_syntax,
     safe_text,
     tool_title,
@@ -55,10 +59,10 @@ from mkcode.app.settings import Settings, data_dir
 from mkcode.tools import Decision
 from mkcode.tools.text import TerminalStream, terminal_safe
 
+PLAIN_OUTPUT_LINES = 8  # the first lines of a non-shell tool's output
 APPROVAL_ANSWERS = {
     "y": Decision.ALLOW_ONCE,
     "yes": Decision.ALLOW_ONCE,
-    "": Decision.ALLOW_ONCE,
     "a": Decision.ALLOW_ALWAYS,
     "always": Decision.ALLOW_ALWAYS,
     "n": Decision.DENY,
@@ -230,6 +234,8 @@ class PlainRepl:
             excerpt = output_excerpt(output)
             if excerpt:
                 c.print(safe_text(excerpt, style="dim" if ok else "red"))
+        elif output.strip():  # what a read, a listing or a search returned: its first lines
+            c.print(safe_text(output_head(output, PLAIN_OUTPUT_LINES), style="dim"))
 
     async def ask(self, ev: ApprovalRequested) -> None:
         """Print what the tool wants to do and read y / a / n (the agent waits meanwhile)."""
@@ -243,19 +249,34 @@ class PlainRepl:
             c.print(safe_syntax(r.preview.rstrip("\n"), "diff", background_color="default"))
         elif r.kind == "shell":
             c.print(safe_syntax(str(r.args.get("command", "")), "bash", background_color="default"))
-        always = "" if r.unsandboxed else " / [a]lways"
+        can_always = not r.unsandboxed and r.suggested_rule is not None
+        always = f" / [a]lways ({r.suggested_rule.describe()})" if can_always and r.suggested_rule else ""
         question = f"Allow? [y]es once{always} / [n]o: "
         answer_session: PromptSession[str] = PromptSession(input=self.prompt.input, output=self.prompt.output)
+        if discard_type_ahead(self.prompt.input):
+            c.print("[dim](keys typed before this question were discarded: answer it now)[/]")
         while not ev.answered:
-            try:
-                raw = (await answer_session.prompt_async(question)).strip().lower()
-            except (EOFError, KeyboardInterrupt):
-                raw = "n"
+            raw = await self._read(answer_session, question)
             decision = APPROVAL_ANSWERS.get(raw)
-            if decision is Decision.ALLOW_ALWAYS and r.unsandboxed:
-                decision = None
-            if decision is not None:
-                ev.answer(decision)
+            if decision is Decision.ALLOW_ALWAYS:
+                if not can_always:
+                    c.print("[dim]this call cannot be allowed always[/]")
+                    continue
+                assert r.suggested_rule is not None
+                confirm = f"Always allow {r.suggested_rule.describe()} for the rest of this session? [y/N]: "
+                if await self._read(answer_session, safe_text(confirm).plain) not in ("y", "yes"):
+                    continue
+            if decision is None:
+                c.print("[dim]answer y, n" + (" or a" if can_always else "") + "[/]")
+                continue
+            ev.answer(decision)
+
+    @staticmethod
+    async def _read(session: PromptSession[str], question: str) -> str:
+        try:
+            return (await session.prompt_async(question)).strip().lower()
+        except (EOFError, KeyboardInterrupt):
+            return "n"
 
     # -- commands and history ----------------------------------------------------------------------
 
@@ -290,6 +311,24 @@ def make_prompt_session(conv: Conversation, history: PromptHistory, **io) -> Pro
         multiline=False,
         **io,
     )
+
+
+def discard_type_ahead(pt_input: Any) -> bool:
+    """Drop keys typed before an approval question (a line typed ahead must not answer it); True
+    when there were some. Only on a terminal: a pipe's input is meant to be read."""
+    try:
+        fd = pt_input.fileno()
+    except (AttributeError, NotImplementedError, ValueError, OSError):
+        return False
+    if not os.isatty(fd):
+        return False
+    import select
+    import termios
+
+    pending = bool(select.select([fd], [], [], 0)[0])
+    with contextlib.suppress(termios.error, OSError):
+        termios.tcflush(fd, termios.TCIFLUSH)
+    return pending
 
 
 def run_plain(args: argparse.Namespace, settings: Settings) -> int:

@@ -92,3 +92,23 @@ async def test_completion_of_commands_and_files(workspace):
     assert names == ["/resume"]
     files = [c.text for c in completer.get_completions(Document("look at @gre"), CompleteEvent())]
     assert files == ["@greet.py"]
+
+
+async def test_a_bare_enter_or_typed_text_does_not_approve(tmp_path, workspace):
+    steps = [tool_step("edit_file", EDIT), text_step("Done.")]
+    out, conv = await _run(tmp_path, workspace, steps, "edit it\r\rcan you\rn\r/quit\r")
+    assert out.count("answer y, n or a") == 2  # Enter alone and "can you" are not answers
+    assert '"hello"' in (workspace / "greet.py").read_text() and not conv.policy.rules
+
+
+async def test_always_names_the_rule_and_asks_again(tmp_path, workspace):
+    steps = [tool_step("edit_file", EDIT), text_step("Done.")]
+    _, conv = await _run(tmp_path, workspace, steps, "edit it\ra\rn\ra\ry\r/quit\r")
+    assert len(conv.policy.rules) == 1  # the first "a" was not confirmed, the second was
+    assert '"hello, world"' in (workspace / "greet.py").read_text()
+
+
+async def test_a_read_shows_what_the_tool_returned(tmp_path, workspace):
+    steps = [tool_step("read_file", {"path": "greet.py"}), text_step("It greets.")]
+    out, _ = await _run(tmp_path, workspace, steps, "read it\r/quit\r")
+    assert 'return "hello"' in out
