@@ -298,12 +298,13 @@ def build_schedule(
             counter(f"qkv[{layer}]" if qkv_heads == 1 else f"qkv[{layer}][{h}]", per_head)
             for h in range(qkv_heads)
         ]
-        # verify_rows: what the attention drains wait for, every QKV tile of the layer (per-head
-        # counters while they fit a descriptor's waits, else one more counter every tile signals)
-        qkv_all = counter(f"qkv_all[{layer}]", n_qkv) if verify_rows and qkv_heads > _MAX_WAITS else None
+        # verify_rows: what the attention drains wait for, every QKV tile of the layer (the one QKV
+        # counter, or with per-head counters one more that every tile signals: a drain has only
+        # MK_MAX_WAITS waits, and one path at every head count is what the GPU tests cover)
+        qkv_all = counter(f"qkv_all[{layer}]", n_qkv) if verify_rows and qkv_heads > 1 else None
         drain_waits: tuple[tuple[int, int], ...] = ()
         if verify_rows:
-            drain_waits = ((qkv_all, n_qkv),) if qkv_all is not None else tuple((c, per_head) for c in qkv_cs)
+            drain_waits = ((qkv_cs[0], per_head),) if qkv_all is None else ((qkv_all, n_qkv),)
         comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)

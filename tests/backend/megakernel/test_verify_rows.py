@@ -156,24 +156,32 @@ def _attention_drains(sched: Schedule) -> list[int]:
 
 
 def test_verify_schedule_puts_every_attention_item_behind_the_layers_qkv():
-    """Every layer's attention items are host-queue items whose drains wait on every QKV counter of
-    the layer at its full per-step total; a plain schedule's drains wait on nothing."""
+    """Every layer's attention items are host-queue items whose drains wait for every QKV tile of
+    the layer: the one QKV counter at its full per-step total, or with per-head counters a
+    layer-wide counter that every QKV tile signals; a plain schedule's drains wait on nothing."""
     batch = verify_batch(CFG, [61], [6])
     for name, tiling in TILINGS.items():
         sched = _schedule(batch, tiling)
         cs = sched.counters
         drains = _attention_drains(sched)
-        assert {int(sched.tasks[i, abi.MK_F_LAYER]) for i in drains} == set(range(CFG.num_hidden_layers)), (
-            name
-        )
+        layers = {int(sched.tasks[i, abi.MK_F_LAYER]) for i in drains}
+        assert layers == set(range(CFG.num_hidden_layers)), name
+        claimed = set()  # the queue indices the attention drains claim: every ATTN item is there
+        for qid in {int(sched.tasks[i, abi.MK_F_A1]) for i in drains}:
+            first, length = (int(v) for v in sched.queue_info[qid][:2])
+            claimed |= set(range(first, first + length))
+        attn = {i for i, d in enumerate(sched.queue_desc) if d[abi.MK_F_OP] == abi.MK_OP_ATTN}
+        assert attn and attn <= claimed, name
         for i in drains:
             d, layer = sched.tasks[i], int(sched.tasks[i, abi.MK_F_LAYER])
-            waits = {
-                cs.names[int(d[abi.MK_F_WAIT0 + 2 * j])]: int(d[abi.MK_F_WAIT0 + 2 * j + 1])
-                for j in range(int(d[abi.MK_F_NWAIT]))
-            }
-            qkv = {n: cs.targets[n] for n in cs.names if n.startswith(f"qkv[{layer}]")}
-            assert waits == qkv and all(cs.totals[cs.index(n)] == t for n, t in qkv.items()), name
+            waits = [(int(d[abi.MK_F_WAIT0 + 2 * j]), int(d[abi.MK_F_WAIT0 + 2 * j + 1])) for j in range(3)]
+            waits = [w for w in waits if w[0] != abi.MK_NO_COUNTER]
+            qkv = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_QKV and t[abi.MK_F_LAYER] == layer]
+            assert len(waits) == 1, name
+            c, target = waits[0]
+            assert cs.names[c] in (f"qkv[{layer}]", f"qkv_all[{layer}]"), name
+            signals = [t for t in qkv if c in t[abi.MK_F_SIG0 : abi.MK_F_SIG0 + abi.MK_MAX_SIGNALS]]
+            assert len(signals) == len(qkv) == target == cs.totals[c], name
         assert not _attention_drains(_schedule(batch, tiling, verify=False)), name
 
 
@@ -215,18 +223,35 @@ def test_dropped_drain_waits_are_caught(weights, tiling):
         _emulate(weights, batch, sched)
 
 
-def test_one_dropped_head_wait_is_caught(weights):
-    """With one counter per kv head, a drain that waits for kv head 0's tiles only: kv head 1's
-    items read the other rows' slots unordered."""
+def test_qkv_tiles_without_the_layer_wide_signal_are_caught(weights):
+    """With one counter per kv head, the drains wait for a layer-wide counter that every QKV tile
+    signals too; a layer whose kv head 1 tiles do not signal it (their wait target lowered to
+    match, so the step still completes) lets kv head 1's K/V be read unordered."""
     batch = verify_batch(CFG, [20], [8])
     sched = _schedule(batch, TILINGS["moe-head-by-head"])
-    layer = 1
-    for tid in _attention_drains(sched):
-        if int(sched.tasks[tid, abi.MK_F_LAYER]) == layer:
-            assert int(sched.tasks[tid, abi.MK_F_NWAIT]) == CFG.num_key_value_heads
-            sched = sched.without_wait(tid, 1)
+    cs, layer = sched.counters, 1
+    c_all = cs.index(f"qkv_all[{layer}]")
+    tasks = sched.tasks.copy()
+    dropped = 0
+    for d in tasks:
+        if (
+            d[abi.MK_F_OP] == abi.MK_OP_QKV
+            and d[abi.MK_F_LAYER] == layer
+            and d[abi.MK_F_SIG0] == cs.index(f"qkv[{layer}][1]")
+        ):
+            assert d[abi.MK_F_SIG0 + 1] == c_all
+            d[abi.MK_F_SIG0 + 1], d[abi.MK_F_NSIG] = abi.MK_NO_COUNTER, 1
+            dropped += 1
+    assert dropped == cs.targets[f"qkv[{layer}][1]"]
+    for d in tasks:
+        for j in range(abi.MK_MAX_WAITS):
+            if d[abi.MK_F_WAIT0 + 2 * j] == c_all:
+                d[abi.MK_F_WAIT0 + 2 * j + 1] -= dropped
+    totals = list(cs.totals)
+    totals[c_all] -= dropped
+    broken = replace(sched, tasks=tasks, counters=replace(cs, totals=totals))
     with pytest.raises(HazardError, match=rf"race: ATTN\(layer={layer}, args=\d+,1,"):
-        _emulate(weights, batch, sched)
+        _emulate(weights, batch, broken)
 
 
 def test_rows_with_a_gap_read_a_slot_never_written(weights):
