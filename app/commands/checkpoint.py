@@ -46,9 +46,11 @@ def register(subparsers: Any) -> None:
 
     demo = sub.add_parser(
         "demo",
-        help="train (or reuse from the cache) the tiny demo checkpoint that makes real tool calls",
-        description="Same as `mkcode demo-model`: a tiny North Mini Code checkpoint trained on the CPU "
-        "on generated tool-use dialogues, cached, and copied to --out.",
+        help="the small demo checkpoint that ships with mkcode (real tool calls); --train retrains one",
+        description="Same as `mkcode demo-model`: the small North Mini Code checkpoint that ships inside "
+        "the package (trained once on generated tool-use dialogues, checksummed, verified on every use; "
+        "nothing is trained at run time). Prints its path or copies it to --out; --evaluate runs the "
+        "held-out request set; --train --out DIR [--device cuda] retrains one with the fixed-seed script.",
     )
     from mkcode.app.commands.demo import add_arguments as add_demo_arguments
 

@@ -3,7 +3,7 @@
     mkcode demo-model                       # verify the shipped checkpoint, print its directory
     mkcode demo-model --out DIR             # and copy it to DIR (a normal HF checkpoint directory)
     mkcode demo-model --evaluate            # run the held-out request set on it, print the rates
-    mkcode demo-model --train --out DIR     # retrain one from scratch (one CPU thread, ~12 min)
+    mkcode demo-model --train --out DIR --device cuda   # retrain one from scratch (GPU ~4 min; CPU: hours)
     mkcode generate --model "$(mkcode demo-model)" ...
 
 Torch is imported only inside the handler.
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
         description=(
             "The demo model is a tiny North Mini Code checkpoint trained on generated tool-use dialogues "
             "(list, read, grep, edit, run, answer). It ships inside the package with checksums, verified "
-            "on every use. --train retrains one with the project's fixed-seed script, on one CPU thread."
+            "on every use. --train retrains one with the project's fixed-seed script (--device cuda or cpu)."
         ),
     )
     add_arguments(p)
@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=Path, help="copy the checkpoint to this directory (with --train: train into it)"
     )
-    p.add_argument("--train", action="store_true", help="train a new checkpoint into --out (~12 min, CPU)")
+    p.add_argument("--train", action="store_true", help="train a new checkpoint into --out")
+    p.add_argument("--device", default="cpu", help="with --train: cuda or cpu (default cpu; slow)")
     p.add_argument("--steps", type=int, help="with --train: training steps (default: the trainer's)")
     p.add_argument("--seed", type=int, help="with --train: training seed (default 0)")
     p.add_argument("--evaluate", action="store_true", help="run the held-out request set and print the rates")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         from mkcode.backend.demo.trainer import train_to
 
-        return train_to(args.out, args.steps, args.seed, evaluate=args.evaluate)
+        return train_to(args.out, args.steps, args.seed, evaluate=args.evaluate, device=args.device)
     if args.steps is not None or args.seed is not None:
         print("error: --steps and --seed apply to --train", file=sys.stderr)
         return 2

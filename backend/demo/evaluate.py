@@ -173,8 +173,11 @@ class _Proj:
         return sorted(p for p in self.files if p.endswith(".py"))
 
 
-def run_case(model: Any, tok: Any, case: Case, max_steps: int = 4, max_new: int = 160) -> Outcome:
-    """One request in a fresh workspace on disk, with mkcode's tools executing the calls."""
+def run_case(
+    model: Any, tok: Any, case: Case, max_steps: int = 4, max_new: int = 160, instructions: str | None = None
+) -> Outcome:
+    """One request in a fresh workspace on disk, with mkcode's tools executing the calls;
+    `instructions` replaces the short system prompt's instructions (a long agent prompt, say)."""
     from mkcode.backend.chat.parser import parse_full
     from mkcode.backend.demo.dialogues import system_prompt
     from mkcode.tools import ToolRegistry, Workspace
@@ -186,7 +189,8 @@ def run_case(model: Any, tok: Any, case: Case, max_steps: int = 4, max_new: int 
             (root / rel).write_text(text)
         registry = ToolRegistry(Workspace(d), mode="full-auto")
         tools = registry.openai_tools()
-        system = system_prompt(random.Random(case.request)).split("# Environment")[0]
+        system = instructions + "\n\n" if instructions else ""
+        system = system or system_prompt(random.Random(case.request)).split("# Environment")[0]
         system += f"# Environment\nWorking directory: {d}\nPlatform: Linux\nGit repository: no"
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
@@ -244,8 +248,12 @@ class _Model:
     weights: Any
 
 
-def evaluate_checkpoint(path: Path, seed: int = 9001, per_kind: int = 8) -> EvalResult:
-    """Load the checkpoint at `path` (as the CPU runtime does, float32) and run the held-out set."""
+def evaluate_checkpoint(
+    path: Path, seed: int = 9001, per_kind: int = 8, long_prompt_tokens: int = 0
+) -> EvalResult:
+    """Load the checkpoint at `path` (as the CPU runtime does, float32) and run the held-out set;
+    with `long_prompt_tokens`, behind a system prompt of about that many tokens (`long_system_prompt`,
+    the shape of OpenCode's and Codex CLI's) instead of the short one."""
     import torch
 
     from mkcode.backend.chat.tokenizer import ChatTokenizer
@@ -257,11 +265,16 @@ def evaluate_checkpoint(path: Path, seed: int = 9001, per_kind: int = 8) -> Eval
     tok = ChatTokenizer(path)
     model = _Model(ck.config, ck.weights)
     with torch.inference_mode():
-        outcomes = [run_case(model, tok, c) for c in held_out_cases(seed, per_kind)]
+        long = (
+            long_system_prompt(random.Random(seed), tok, long_prompt_tokens) if long_prompt_tokens else None
+        )
+        outcomes = [run_case(model, tok, c, instructions=long) for c in held_out_cases(seed, per_kind)]
     return EvalResult(outcomes, time.monotonic() - t0, demo_model_version(path))
 
 
-def write_report(directory: Path, result: EvalResult, extra: list[str] | None = None) -> Path:
+def write_report(
+    directory: Path, result: EvalResult, extra: list[str] | None = None, command: str | None = None
+) -> Path:
     """REPORT.md: the rates, then one line per request (what it called, what it answered)."""
     lines = [
         f"# Demo model {result.version}: held-out evaluation",
@@ -275,6 +288,8 @@ def write_report(directory: Path, result: EvalResult, extra: list[str] | None = 
     ]
     for k, (a, b) in result.rates().items():
         lines.append(f"| {k} | {a}/{b} | {100 * a / max(b, 1):.0f}% |")
+    if command:
+        lines += ["", f"Trained with `{command}`; evaluated with `mkcode demo-model --evaluate` (same set)."]
     if extra:
         lines += ["", *extra]
     lines += ["", "## Requests", ""]

@@ -1,19 +1,22 @@
-"""A differentiable forward of the North Mini Code architecture for training the demo model.
+"""A differentiable, batched forward of the North Mini Code architecture for training the demo model.
 
-It computes exactly what `ReferenceModel.forward` computes (tests check it), with the reference
-ops (`rms_norm`, `apply_rope`, `route`, `moe`, `swiglu`, `lm_head`) under autograd; only attention
-differs in method: batched matmuls over blocks (a sliding window only looks at the block before)
-instead of the reference's full masked einsum, which is several times faster on a CPU.
+It computes what `ReferenceModel.forward` computes (tests check it), with the reference ops
+(`rms_norm`, `apply_rope`, `route`, `swiglu`, `lm_head`) under autograd; attention goes through
+`scaled_dot_product_attention` with a causal (and sliding-window) mask, and on a GPU the routed
+experts are computed densely (every expert on every token, weighted by the routing weights, zero
+for experts not chosen): the same numbers as `ops.moe`, without its per-expert gathers.
 
 Batches share one prefix: every training dialogue starts with the same tokens (BOS and the tool
-schemas, ~1,700 tokens), so the prefix is run once per batch and every suffix attends to its keys
-and values. A suffix token at absolute position p sees prefix key j and its own earlier keys under
-the usual causal and sliding-window rules.
+schemas, ~1,850 tokens), so the prefix runs once per batch and every suffix (the rows of a padded
+[B, S] batch, each starting at position P) attends to the prefix's keys and values and to its own
+earlier keys, under the usual causal and sliding-window rules. Padding sits at the end of a row,
+after every real token, so the causal mask already hides it from them.
+
+Device-agnostic: the tensors live where the weights live (CPU or CUDA).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -25,116 +28,106 @@ from mkcode.backend.model.weights import ModelWeights
 
 
 @dataclass
-class PackedBatch:
-    """prefix ids [P]; suffixes concatenated [N] with their lengths; each suffix starts at position P."""
+class Batch:
+    """prefix ids [P]; suffixes [B, S] padded at the end; every suffix starts at position P."""
 
     prefix: torch.Tensor
     suffix: torch.Tensor
-    lengths: list[int]
 
 
-def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Additive mask [T, S]: 0 where key j is visible to query i, -inf elsewhere."""
-    visible = k_pos[None, :] <= q_pos[:, None]
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Boolean mask [T, S]: True where key j is visible to query i (causal, within the window)."""
+    vis = k_pos[None, :] <= q_pos[:, None]
     if window is not None:
-        visible &= (q_pos[:, None] - k_pos[None, :]) < window
-    return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+        vis &= (q_pos[:, None] - k_pos[None, :]) < window
+    return vis
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Tensor:
-    """q [T, Hq, d], k/v [S, Hkv, d], additive mask [T, S] → [T, Hq*d]. Every query must see at
-    least one key (true for causal masks), so no fully-masked rows need guarding."""
-    T, Hq, d = q.shape
-    Hkv = k.shape[1]
-    qh = q.reshape(T, Hkv, group, d).permute(1, 2, 0, 3).reshape(Hkv, group * T, d)  # [Hkv, g*T, d]
-    kh, vh = k.permute(1, 2, 0), v.permute(1, 0, 2)  # [Hkv, d, S], [Hkv, S, d]
-    scores = torch.bmm(qh, kh).view(Hkv, group, T, -1) * (d**-0.5) + mask
-    probs = torch.softmax(scores, dim=-1).view(Hkv, group * T, -1)
-    out = torch.bmm(probs, vh).view(Hkv, group, T, d)
-    return out.permute(2, 0, 1, 3).reshape(T, Hq * d)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, T, Hq, d], k/v [B, S, Hkv, d], boolean mask [T, S] → [B, T, Hq*d]."""
+    B, T, Hq, d = q.shape
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
+    )
+    return out.transpose(1, 2).reshape(B, T, Hq * d)
 
 
-def _local_attention(q, k, v, pos, window: int, group: int) -> torch.Tensor:
-    """Sliding-window causal attention of a sequence over itself, in blocks of `window` queries
-    (each block sees at most its own block and the one before)."""
-    T = q.shape[0]
-    parts = []
-    for a in range(0, T, window):
-        b = min(T, a + window)
-        lo = max(0, a - window + 1)
-        parts.append(_sdpa(q[a:b], k[lo:b], v[lo:b], _mask(pos[a:b], pos[lo:b], window), group))
-    return torch.cat(parts)
+def moe_dense(h: torch.Tensor, cfg: ModelConfig, router, gate_up, down) -> torch.Tensor:
+    """Routed experts, every expert on every token [N, H]; a token's output is the routing-weighted
+    sum of its top-k experts' SwiGLU outputs (the others weigh zero), as in `ops.moe`."""
+    rw, rid = ops.route(h, router, cfg.num_experts_per_tok, cfg.expert_selection_fn, cfg.norm_topk_prob)
+    dense_w = torch.zeros(h.shape[0], gate_up.shape[0], dtype=h.dtype, device=h.device).scatter(1, rid, rw)
+    inter = gate_up.shape[1] // 2
+    gu = torch.einsum("nh,eih->eni", h, gate_up)
+    act = F.silu(gu[..., :inter]) * gu[..., inter:]
+    y = torch.einsum("eni,ehi->enh", act, down)
+    return torch.einsum("ne,enh->nh", dense_w, y)
 
 
 def hidden_states(
-    cfg: ModelConfig, w: ModelWeights, batch: PackedBatch, prefix_grad: bool = False
-) -> torch.Tensor:
-    """Final-layer hidden states (before the final norm) of [prefix | suffixes], [P + N, H].
+    cfg: ModelConfig, w: ModelWeights, batch: Batch, prefix_grad: bool = False, dense_moe: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final-layer hidden states (before the final norm): (prefix [P, H], suffixes [B, S, H]).
 
     With `prefix_grad` False the prefix is computed without autograd (its keys and values are then
-    constants for the suffixes): about half the work of a step, and the prefix is the same text in
-    every dialogue, so little is lost."""
+    constants for the suffixes; the prefix is the same text in every dialogue). `dense_moe`
+    (default: on a GPU) computes the experts densely."""
+    dev = w.embed.device
+    dense_moe = dev.type == "cuda" if dense_moe is None else dense_moe
     P = batch.prefix.numel()
+    B, S = batch.suffix.shape
     Hq, Hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    group = Hq // Hkv
-    pos_p = torch.arange(P)
-    seg_pos = [torch.arange(P, P + n) for n in batch.lengths]
-    bounds = [0]
-    for n in batch.lengths:
-        bounds.append(bounds[-1] + n)
-    pos_s = torch.cat(seg_pos) if seg_pos else torch.zeros(0, dtype=torch.long)
+    pos_p = torch.arange(P, device=dev)
+    pos_s = torch.arange(P, P + S, device=dev)
 
     def qkv(i: int, lw, h: torch.Tensor, pos: torch.Tensor):
-        T = h.shape[0]
-        q = F.linear(h, lw.q).view(T, Hq, d)
-        k = F.linear(h, lw.k).view(T, Hkv, d)
-        v = F.linear(h, lw.v).view(T, Hkv, d)
+        *lead, _ = h.shape
+        q = F.linear(h, lw.q).view(*lead, Hq, d)
+        k = F.linear(h, lw.k).view(*lead, Hkv, d)
+        v = F.linear(h, lw.v).view(*lead, Hkv, d)
         if cfg.uses_rope(i):
             q = ops.apply_rope(q, pos, cfg.rope_theta)
             k = ops.apply_rope(k, pos, cfg.rope_theta)
         return q, k, v
 
     def mlp(i: int, lw, h: torch.Tensor) -> torch.Tensor:
+        shape = h.shape
+        h = h.reshape(-1, shape[-1])
         if cfg.is_dense(i):
-            return ops.swiglu(h, lw.gate, lw.up, lw.down)
-        rw, rid = ops.route(
-            h, lw.router, cfg.num_experts_per_tok, cfg.expert_selection_fn, cfg.norm_topk_prob
-        )
-        return ops.moe(h, rw, rid, lw.experts_gate_up, lw.experts_down)
+            out = ops.swiglu(h, lw.gate, lw.up, lw.down)
+        elif dense_moe:
+            out = moe_dense(h, cfg, lw.router, lw.experts_gate_up, lw.experts_down)
+        else:
+            rw, rid = ops.route(
+                h, lw.router, cfg.num_experts_per_tok, cfg.expert_selection_fn, cfg.norm_topk_prob
+            )
+            out = ops.moe(h, rw, rid, lw.experts_gate_up, lw.experts_down)
+        return out.view(shape)
 
-    # The prefix, layer by layer, keeping each layer's keys and values.
     prefix_kv = []
     with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
         xp = F.embedding(batch.prefix, w.embed)
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(xp, lw.norm, cfg.rms_norm_eps)
             q, k, v = qkv(i, lw, h, pos_p)
-            window = cfg.window(i)
-            if window is None:
-                att = _sdpa(q, k, v, _mask(pos_p, pos_p, None), group)
-            else:
-                att = _local_attention(q, k, v, pos_p, window, group)
+            att = _attend(q[None], k[None], v[None], visible(pos_p, pos_p, cfg.window(i)))[0]
             prefix_kv.append((k, v))
             xp = xp + F.linear(att, lw.o) + mlp(i, lw, h)
-    # The suffixes, each over the prefix's keys (those its window reaches) and its own.
     xs = F.embedding(batch.suffix, w.embed)
     for i, lw in enumerate(w.layers):
         h = ops.rms_norm(xs, lw.norm, cfg.rms_norm_eps)
         q, k, v = qkv(i, lw, h, pos_s)
         window = cfg.window(i)
-        kp, vp = prefix_kv[i]
         lo = 0 if window is None else max(0, P - window + 1)
-        parts = []
-        for j, (a, b) in enumerate(itertools.pairwise(bounds)):
-            keys_pos = torch.cat([pos_p[lo:], seg_pos[j]])
-            mask = _mask(seg_pos[j], keys_pos, window)
-            ks, vs = torch.cat([kp[lo:], k[a:b]]), torch.cat([vp[lo:], v[a:b]])
-            parts.append(_sdpa(q[a:b], ks, vs, mask, group))
-        xs = xs + F.linear(torch.cat(parts), lw.o) + mlp(i, lw, h)
-    return torch.cat([xp, xs])
+        kp, vp = prefix_kv[i]
+        ks = torch.cat([kp[lo:].expand(B, *kp[lo:].shape), k], dim=1)
+        vs = torch.cat([vp[lo:].expand(B, *vp[lo:].shape), v], dim=1)
+        mask = visible(pos_s, torch.cat([pos_p[lo:], pos_s]), window)
+        xs = xs + F.linear(_attend(q, ks, vs, mask), lw.o) + mlp(i, lw, h)
+    return xp, xs
 
 
-def logits_at(cfg: ModelConfig, w: ModelWeights, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Logits [len(rows), V] of the chosen rows of `hidden_states` (fp32)."""
-    h = ops.rms_norm(x[rows], w.final_norm, cfg.rms_norm_eps)
+def logits_at(cfg: ModelConfig, w: ModelWeights, x: torch.Tensor) -> torch.Tensor:
+    """Logits [N, V] (fp32) of hidden states [N, H]."""
+    h = ops.rms_norm(x, w.final_norm, cfg.rms_norm_eps)
     return ops.lm_head(h, w.lm_head, cfg.logit_scale).float()

@@ -4,8 +4,10 @@ the command are in test_shipped.py.)"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -16,12 +18,15 @@ from mkcode.backend.chat.template import chat_template
 from mkcode.backend.chat.tokenizer import ChatTokenizer
 from mkcode.backend.checkpoint.synth import synthetic_config, synthetic_tokenizer, synthetic_weights
 from mkcode.backend.demo.dialogues import make_dialogue
-from mkcode.backend.demo.forward import PackedBatch, hidden_states, logits_at
+from mkcode.backend.demo.forward import Batch, hidden_states, logits_at
 from mkcode.backend.demo.trainer import DEMO_GEOMETRY, _tool_schemas
 from mkcode.backend.model.reference import ReferenceModel
 
 
-def test_training_forward_matches_the_reference_model() -> None:
+@pytest.mark.parametrize("dense_moe", [False, True])
+def test_training_forward_matches_the_reference_model(dense_moe: bool) -> None:
+    """Padded suffixes over a shared prefix, sliding windows that reach into the prefix, sparse and
+    dense experts: the same logits as the reference model on each whole sequence."""
     tok = synthetic_tokenizer(4096, 0)
     cfg = synthetic_config("tiny", tok, {**DEMO_GEOMETRY, "sliding_window": 8})
     w = synthetic_weights(cfg, 0)
@@ -30,12 +35,14 @@ def test_training_forward_matches_the_reference_model() -> None:
     P = 21
     prefix = torch.randint(0, 4000, (P,), generator=g)
     s1, s2 = torch.randint(0, 4000, (17,), generator=g), torch.randint(0, 4000, (5,), generator=g)
-    x = hidden_states(cfg, w, PackedBatch(prefix, torch.cat([s1, s2]), [17, 5]))
-    for s, off in ((s1, P), (s2, P + 17)):
+    suffix = torch.zeros(2, 17, dtype=torch.long)
+    suffix[0], suffix[1, :5] = s1, s2
+    xp, xs = hidden_states(cfg, w, Batch(prefix, suffix), dense_moe=dense_moe)
+    for row, s in enumerate((s1, s2)):
         ids = torch.cat([prefix, s]).tolist()
         ref = model.all_logits(model.new_cache(len(ids)), ids)
-        rows = torch.cat([torch.arange(P), torch.arange(off, off + len(s))])
-        torch.testing.assert_close(logits_at(cfg, w, x, rows), ref, atol=1e-4, rtol=1e-4)
+        got = logits_at(cfg, w, torch.cat([xp, xs[row, : len(s)]]))
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
 def test_dialogues_are_well_formed_cmd4() -> None:
@@ -68,19 +75,141 @@ def test_dialogues_are_well_formed_cmd4() -> None:
 
 
 def test_dialogues_vary_file_names_so_answers_must_copy_them() -> None:
-    """Half the names are made up per dialogue: the list answer names exactly the listed entries."""
-    from mkcode.backend.demo.dialogues import STEMS, make_project, system_prompt, task_list
+    """Most names are fresh per dialogue: the list answer names exactly the listed entries."""
+    from mkcode.backend.demo.dialogues import STEMS, task_list, training_project, training_system_prompt
 
     rng = random.Random(11)
     stems: set[str] = set()
     for _ in range(60):
-        p = make_project(rng)
+        p = training_project(rng)
         stems |= {f.rsplit("/", 1)[-1].removesuffix(".py") for f in p.py_files()}
-        messages = task_list(rng, p, system_prompt(rng))
+        messages = task_list(rng, p, training_system_prompt(rng))
         listing, answer = messages[-2]["content"], messages[-1]["content"]
         names = [line.split("  ")[0] for line in listing.split("\n")]
-        assert answer.endswith(", ".join(names) + ".")
-    assert len(stems - set(STEMS)) > 30
+        assert answer.endswith(": " + ", ".join(names) + ".")
+    assert len(stems - set(STEMS)) > 60
+
+
+def test_every_answer_names_only_files_the_conversation_showed() -> None:
+    """No training answer teaches inventing a file name: each one in an answer was in the request,
+    a tool call or a tool's output before it (never only in the system prompt's examples)."""
+    from mkcode.backend.demo.dialogues import make_dialogue
+    from mkcode.backend.demo.evaluate import invented_names
+
+    rng = random.Random(3)
+    for _ in range(300):
+        messages = make_dialogue(rng, 2000 if rng.random() < 0.1 else 0)
+        seen: list[str] = []
+        for m in messages[1:]:
+            if m["role"] == "assistant" and m["content"]:
+                assert not invented_names(m["content"], seen), (m["content"], seen)
+            calls = " ".join(c["function"]["arguments"] for c in m.get("tool_calls") or [])
+            seen += re.findall(r"[\w./-]+", m["content"] + " " + calls)
+
+
+def test_no_training_request_is_a_held_out_phrasing() -> None:
+    from mkcode.backend.demo.dialogues import _key, make_dialogue
+    from mkcode.backend.demo.evaluate import held_out_cases
+
+    held = {_key(c.request) for c in held_out_cases()}
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(3000):
+        messages = make_dialogue(rng)
+        seen |= {_key(m["content"]) for m in messages if m["role"] == "user"}
+    assert len(seen) > 2500  # varied phrasings
+    assert not (seen & held)
+    # phrasings are filtered at the template level too: no held-out form with other names
+    from mkcode.backend.demo.dialogues import HELD_OUT_KEYS
+
+    assert HELD_OUT_KEYS and "please run the tests" in HELD_OUT_KEYS
+
+
+def test_tool_outputs_in_the_dialogues_are_what_the_real_tools_return(tmp_path: Path) -> None:
+    """The imitated outputs (listing, numbered read, grep hits, the edit diff, errors) equal the
+    tools' own output on the same project written to disk."""
+    from mkcode.backend.demo.dialogues import (
+        task_edit,
+        task_find,
+        task_list,
+        task_read,
+        task_read_missing,
+        training_project,
+        training_system_prompt,
+    )
+    from mkcode.tools import ToolRegistry, Workspace
+
+    rng = random.Random(21)
+    checked: set[str] = set()
+    for k in range(40):
+        p = training_project(rng)
+        root = tmp_path / str(k)
+        for rel, text in p.files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        registry = ToolRegistry(Workspace(str(root)), mode="full-auto")
+        task = (task_list, task_read, task_find, task_edit, task_read_missing)[k % 5]
+        messages = task(rng, p, training_system_prompt(rng))
+        for m, result in itertools.pairwise(messages):
+            if m["role"] != "assistant" or not m.get("tool_calls"):
+                continue
+            fn = m["tool_calls"][0]["function"]
+            got = registry.execute(fn["name"], fn["arguments"]).for_model()
+            assert got == result["content"], (fn, got, result["content"])
+            checked.add(fn["name"])
+    assert checked >= {"list_dir", "read_file", "grep", "edit_file"}
+
+
+def test_encoding_the_suffix_alone_equals_encoding_the_whole_dialogue() -> None:
+    from mkcode.backend.demo import trainer
+    from mkcode.backend.demo.dialogues import make_dialogue
+
+    tools = _tool_schemas()
+    trainer._init_data(trainer.demo_tokenizer().to_str(), tools)
+    tok = trainer._W["tok"]
+    rng = random.Random(2)
+    for i in range(8):
+        messages = make_dialogue(rng, 3000 if i % 4 == 0 else 0)
+        suffix, targets = trainer.encode_dialogue(messages)
+        assert (
+            tok.apply_chat_template(messages, tools, add_generation_prompt=False)
+            == trainer._W["prefix"] + suffix
+        )
+        text = tok.decode([suffix[i] for i in targets])
+        assert text.count("<|END_OF_TURN_TOKEN|>") == sum(m["role"] == "assistant" for m in messages)
+        assert "<|USER_TOKEN|>" not in text and "<|START_TOOL_RESULT|>" not in text
+
+
+def test_the_training_prompt_holds_the_agents_own_instructions() -> None:
+    from mkcode.app.agent.prompt import DEFAULT_INSTRUCTIONS
+    from mkcode.backend.demo.dialogues import AGENT_INSTRUCTIONS
+
+    assert AGENT_INSTRUCTIONS == DEFAULT_INSTRUCTIONS
+
+
+def test_long_training_prompts_reach_the_agents_prompt_sizes() -> None:
+    """Some training dialogues sit behind a system prompt as long as OpenCode's (~10.4K tokens)."""
+    from mkcode.backend.demo import trainer
+    from mkcode.backend.demo.dialogues import long_instructions
+
+    tok = ChatTokenizer.from_tokenizer(trainer.demo_tokenizer(), chat_template())
+    hi = trainer.DemoTrainConfig().long_chars[1]
+    n = len(tok.encode(long_instructions(random.Random(0), hi)))
+    assert 10_400 < n < 32_768 - 4_000
+
+
+@pytest.mark.slow
+def test_batches_do_not_depend_on_the_number_of_workers() -> None:
+    from dataclasses import replace
+
+    from mkcode.backend.demo import trainer
+
+    config = replace(trainer.DemoTrainConfig(), steps=4, batch_size=3, long_every=2, long_chars=(2000, 3000))
+    tools, tj = _tool_schemas(), trainer.demo_tokenizer().to_str()
+    inline = list(trainer.batches(config, tj, tools))
+    pooled = list(trainer.batches(replace(config, workers=2), tj, tools))
+    assert inline == pooled
+    assert [len(b) for b in inline] == [3, 1, 3, 1]
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def test_shipped_checkpoint_loads_and_matches_its_checksums(demo_model: Path) ->
     assert time.monotonic() - t0 < 5  # ~0.2 s on an idle core; generous for a busy CI machine
     assert ck.config.max_position_embeddings >= 32768
     size = sum(f.stat().st_size for f in demo_model.iterdir())
-    assert size < 8 << 20, f"the shipped checkpoint grew to {size} bytes"
+    assert size < 25 << 20, f"the shipped checkpoint grew to {size} bytes"
 
 
 def _copy(tmp_path: Path) -> Path:
