@@ -828,12 +828,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
-#if MK_RING
-  if (s_ring_n == 2) {  // MK_MODE_RING: the down slice's stages follow the up tile's (gemv_op)
-    ring_down(p, d, act, lds, acc, s_w, s_b, nt);
-    return;
-  }
-#endif
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
     return;
@@ -1652,8 +1646,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
        (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)))
     prefetch_weights(p, d);
 #if MK_RING
-  // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (warp RING_ARMER)
-  if (ring_on(p) && threadIdx.x / 32 == RING_ARMER && is_gemv_op(d[MK_F_OP])) ring_arm(q, d);
+  // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (lane 0 of warp
+  // RING_ARMER; thread 0 waits)
+  if (ring_on(p) && threadIdx.x == 32 * RING_ARMER && is_gemv_op(d[MK_F_OP])) ring_arm(q, d);
 #endif
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
@@ -2023,7 +2018,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     s_tl_n = 0;
     s_h_staged = -1;
 #if MK_RING
-    s_ring_n = 0;
     if (ring_on(p)) ring_init(smem_u32(mk_dyn_smem) + (uint32_t)base_smem_bytes(p, max_k));
 #endif
   }

@@ -1,17 +1,19 @@
 """A model of engine v2's weight ring (csrc/mk_ring.cuh, MK_MODE_RING): its geometry and its role
 protocol, for tests without a GPU.
 
-Geometry (`ring_geom`, the kernel's function of the same name): a GEMV tile of `nrows` rows x `klen`
-columns goes through the ring in stages of `rows_s` rows x `kc` columns (row block major, then k
-chunks), each stage one full/empty mbarrier pair of the ring's `RING_D` slots.
+Geometry (`ring_tile`, the kernel's function of the same name): a GEMV tile whose rows are
+contiguous (ld == klen) goes through the ring in stages of RING_ROWS whole rows (one bulk copy each), each consumed on
+its own. Other tiles (a K range of longer rows) keep the register
+GEMV.
 
 Protocol (`run_block`): one block runs its items in order. An item's plan is one or two tiles (a
 fused MoE item: up tile, down slice); stage k of the item is the block's stage number item0 + k
 (slot = seq % D, phase parity = (seq // D) & 1). Actors:
 - the armer, before the item's dependency wait: issues the plan's first min(D, total) stages;
 - per tile, one call: the loader issues on up to `upto` (the kernel: min(total, end of this tile +
-  D); the last tile: total), and RING_CW consumer warps consume the tile's stages; the call ends at
-  a block barrier when all of them are done;
+  D); the last tile: total), and RING_CW consumer warps consume the tile's stages `group` at a time
+  (the kernel: one; a group's stages all landed before any is read, all released after);
+  the call ends at a block barrier when all of them are done;
 - a copy lands some time after its issue (any order).
 Issuing a stage waits for the release of the stage D before it (its slot's empty phase); consuming
 waits for the copy (the full phase) and then releases the slot (one arrive per consumer warp).
@@ -42,50 +44,44 @@ def _header_int(name: str, text: str) -> int:
 
 
 def header_constants(path: Path = RING_HEADER) -> dict[str, int]:
-    """RING_D, RING_STAGE, RING_ELEMS, RING_CW as the kernel defines them."""
+    """RING_D, RING_STAGE, RING_ROWS, RING_CW as the kernel defines them."""
     text = path.read_text()
-    return {n: _header_int(n, text) for n in ("RING_D", "RING_STAGE", "RING_ELEMS", "RING_CW")}
+    return {n: _header_int(n, text) for n in ("RING_D", "RING_STAGE", "RING_ROWS", "RING_CW")}
 
 
 _C = header_constants()
-RING_D, RING_STAGE, RING_ELEMS, RING_CW = _C["RING_D"], _C["RING_STAGE"], _C["RING_ELEMS"], _C["RING_CW"]
+RING_D, RING_STAGE, RING_ROWS, RING_CW = _C["RING_D"], _C["RING_STAGE"], _C["RING_ROWS"], _C["RING_CW"]
 
 
-@dataclass(frozen=True)
-class RingGeom:
-    kc: int  # columns of a stage's row piece
-    nkc: int  # k chunks per row block
-    rows_s: int  # rows per stage
-    pitch: int  # bytes from one row piece to the next in a stage
-    stages: int
-
-
-def ring_geom(klen: int, nrows: int) -> RingGeom | None:
-    """The kernel's ring_geom: None when the shape does not go through the ring."""
-    kc = next((c for c in (512, 256, 128, 64) if klen % c == 0), 0)
-    if kc == 0 or klen <= 0 or nrows <= 0:
+def ring_tile(klen: int, nrows: int, nsplit: int | None = None, ld: int | None = None) -> int | None:
+    """The kernel's ring_tile: the tile's stages, or None when it keeps the register GEMV."""
+    nsplit = nrows if nsplit is None else nsplit
+    ld = klen if ld is None else ld
+    if ld != klen or klen <= 0 or klen % 256 or klen * 2 * RING_ROWS > RING_STAGE:
         return None
-    rows_s = RING_ELEMS // kc
-    pitch = kc * 2 + 64 if rows_s * (kc * 2 + 64) <= RING_STAGE else kc * 2
-    return RingGeom(kc, klen // kc, rows_s, pitch, -(-nrows // rows_s) * (klen // kc))
+    if nrows <= 0 or nrows % RING_ROWS or nsplit % RING_ROWS:
+        return None
+    return nrows // RING_ROWS
 
 
-def gemv_shapes(cfg, tiling) -> dict[str, tuple[int, int]]:
-    """(klen, rows) of each GEMV-shaped item kind on a tiling (mkcode.backend.megakernel.tiling):
-    what the ring's geometry must take. A fused MoE item's down slice is hidden rows x its columns."""
-    H, D = cfg.hidden_size, cfg.prefix_dense_intermediate_size
+def gemv_shapes(cfg, tiling) -> dict[str, tuple[int, int, int, int]]:
+    """(klen, rows, nsplit, ld) of each GEMV-shaped item kind on a tiling
+    (mkcode.backend.megakernel.tiling), as task_gemv builds them. A fused MoE item's down slice is
+    hidden rows x its columns of the [H][I] down matrix."""
+    H, D, I = cfg.hidden_size, cfg.prefix_dense_intermediate_size, cfg.intermediate_size
+    c = tiling.moe_up_cols
     shapes = {
-        "qkv": (H, tiling.qkv_rows),
-        "router": (H, tiling.router_rows),
-        "oproj": (cfg.gqa_group * cfg.head_dim, tiling.o_rows),
-        "moe_up": (H, 2 * tiling.moe_up_cols),
-        "moe_down": (cfg.intermediate_size, tiling.moe_down_rows),
-        "moe_down_slice": (tiling.moe_up_cols, H),
-        "lm_head": (H, tiling.lm_rows),
+        "qkv": (H, tiling.qkv_rows, tiling.qkv_rows, H),
+        "router": (H, tiling.router_rows, tiling.router_rows, H),
+        "oproj": (cfg.gqa_group * cfg.head_dim, tiling.o_rows, tiling.o_rows, cfg.q_width),
+        "moe_up": (H, 2 * c, c, H),
+        "moe_down": (I, tiling.moe_down_rows, tiling.moe_down_rows, I),
+        "moe_down_slice": (c, H, H, I),
+        "lm_head": (H, tiling.lm_rows, tiling.lm_rows, H),
     }
     if D:
-        shapes["dense_up"] = (H, 2 * tiling.dense_up_cols)
-        shapes["dense_down"] = (D // tiling.mlp_splits, tiling.dense_down_rows)
+        shapes["dense_up"] = (H, 2 * tiling.dense_up_cols, tiling.dense_up_cols, H)
+        shapes["dense_down"] = (D // tiling.mlp_splits, tiling.dense_down_rows, tiling.dense_down_rows, D)
     return shapes
 
 
@@ -113,6 +109,7 @@ def run_block(
     items: list[list[int]],
     depth: int = RING_D,
     warps: int = RING_CW,
+    group: int = 1,
     pick=None,
     upto=kernel_upto,
     arm=kernel_arm,
@@ -166,7 +163,8 @@ def run_block(
                     enabled.append(("land", j))
                 for w in range(warps):
                     s = cons[w]
-                    if s < end and full_phase[s % depth] > s // depth:
+                    g = range(s, min(end, s + group))
+                    if s < end and all(full_phase[q % depth] > q // depth for q in g):
                         enabled.append(("consume", w))
                 if not enabled:
                     if issued >= loader_to and all(c == end for c in cons):

@@ -41,16 +41,16 @@ from .test_gpu import (  # noqa: E402
 )
 
 RING = abi.MK_MODE_RING
-GEMV_OPS = (
+# tiles of whole rows: through the ring; K ranges of longer rows: the register GEMV in ring mode too
+RING_OPS = (
     abi.MK_OP_QKV,
     abi.MK_OP_ROUTER,
-    abi.MK_OP_OPROJ,
     abi.MK_OP_DENSE_UP,
-    abi.MK_OP_DENSE_DOWN,
     abi.MK_OP_MOE_UP,
     abi.MK_OP_MOE_DOWN,
     abi.MK_OP_LM_HEAD,
 )
+REGISTER_OPS = (abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN)
 
 
 def _stages(be) -> int:
@@ -58,8 +58,9 @@ def _stages(be) -> int:
 
 
 @contextmanager
-def ring(be):
-    """The backend in ring mode; afterwards back to the default. Asserts the ring consumed stages."""
+def ring(be, through: bool = True):
+    """The backend in ring mode; afterwards back to the default. Asserts that the ring consumed
+    stages (through) or none (the register GEMV ran every tile)."""
     before = _stages(be)
     be.prefetch_mode = RING
     try:
@@ -67,7 +68,10 @@ def ring(be):
     finally:
         be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
     torch.cuda.synchronize()
-    assert _stages(be) > before, "no GEMV went through the ring"
+    if through:
+        assert _stages(be) > before, "no GEMV went through the ring"
+    else:
+        assert _stages(be) == before, "a tile of a K range went through the ring"
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +90,8 @@ def inline(weights):
 
 
 def _fused_descs(cols: int, B: int, seed: int) -> list[list[int]]:
-    """Fused MoE items of `cols` columns (the ring takes 64 and more: the down slice's k chunk)."""
+    """Fused MoE items of `cols` columns (their up tiles go through the ring, their down slices keep
+    the register GEMV)."""
     import numpy as np
 
     c = CFG
@@ -111,7 +116,7 @@ def _fused_descs(cols: int, B: int, seed: int) -> list[list[int]]:
     ]
 
 
-@pytest.mark.parametrize("op", GEMV_OPS, ids=lambda o: abi.OPNAMES[o])
+@pytest.mark.parametrize("op", RING_OPS, ids=lambda o: abi.OPNAMES[o])
 @pytest.mark.parametrize("B", [1, 5, 8])
 def test_gemv_op_through_the_ring(plain, op, B):
     w, be = plain
@@ -119,38 +124,31 @@ def test_gemv_op_through_the_ring(plain, op, B):
         _op_check(CFG, w, be, op, B)
 
 
-@pytest.mark.parametrize("op", GEMV_OPS, ids=lambda o: abi.OPNAMES[o])
+@pytest.mark.parametrize("op", RING_OPS, ids=lambda o: abi.OPNAMES[o])
 @pytest.mark.parametrize("B", [1, 8])
 def test_gemv_op_norm_inline_through_the_ring(inline, op, B):
-    """With norm_inline: the staging's RMSNorm factors scale the ring's sums; the SUM_OPS add into x."""
+    """With norm_inline: the staging's RMSNorm factors scale the ring's sums; MoE down adds into x."""
     w, be = inline
     with ring(be):
         _op_check(CFG, w, be, op, B)
 
 
-@pytest.mark.parametrize("cols", [64, 128])
+@pytest.mark.parametrize("op", REGISTER_OPS, ids=lambda o: abi.OPNAMES[o])
+def test_k_range_tiles_keep_the_register_gemv_in_ring_mode(plain, op):
+    w, be = plain
+    with ring(be, through=False):
+        _op_check(CFG, w, be, op, 5)
+
+
+@pytest.mark.parametrize("cols", [32, 64, 128])
 @pytest.mark.parametrize("B", [1, 5, 8])
 @pytest.mark.parametrize("fixture", ["plain", "inline"])
-def test_fused_moe_item_through_the_ring(request, fixture, cols, B):
-    """A fused item's up tile and down slice both through the ring (the down stages issued during the
-    up GEMV), into moe_acc (plain) or the layer's sum x(l+1) (norm_inline)."""
+def test_fused_moe_item_in_ring_mode(request, fixture, cols, B):
+    """A fused item's up tile through the ring, then its down slice (register GEMV) into moe_acc
+    (plain) or the layer's sum x(l+1) (norm_inline)."""
     w, be = request.getfixturevalue(fixture)
     with ring(be):
         _op_check(CFG, w, be, abi.MK_OP_MOE_FUSED, B, descs=_fused_descs(cols, B, seed=B + cols))
-
-
-def test_narrow_fused_items_fall_back_to_the_register_path(plain):
-    """32-column fused items (the reduced default) are not ring-shaped: the register GEMV runs them
-    in ring mode too, and nothing goes through the ring."""
-    w, be = plain
-    before = _stages(be)
-    be.prefetch_mode = RING
-    try:
-        _op_check(CFG, w, be, abi.MK_OP_MOE_FUSED, 1, descs=_fused_descs(32, 1, seed=1))
-    finally:
-        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
-    torch.cuda.synchronize()
-    assert _stages(be) == before
 
 
 @pytest.mark.parametrize(
