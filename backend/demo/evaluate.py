@@ -249,11 +249,12 @@ class _Model:
 
 
 def evaluate_checkpoint(
-    path: Path, seed: int = 9001, per_kind: int = 8, long_prompt_tokens: int = 0
+    path: Path, seed: int = 9001, per_kind: int = 8, long_prompt_tokens: int = 0, device: str = "cpu"
 ) -> EvalResult:
     """Load the checkpoint at `path` (as the CPU runtime does, float32) and run the held-out set;
     with `long_prompt_tokens`, behind a system prompt of about that many tokens (`long_system_prompt`,
-    the shape of OpenCode's and Codex CLI's) instead of the short one."""
+    the shape of OpenCode's and Codex CLI's) instead of the short one. `device` "cuda" runs the same
+    float32 model on a GPU (quicker for long prompts)."""
     import torch
 
     from mkcode.backend.chat.tokenizer import ChatTokenizer
@@ -261,7 +262,7 @@ def evaluate_checkpoint(
     from mkcode.backend.demo.shipped import demo_model_version
 
     t0 = time.monotonic()
-    ck = load_checkpoint(path, device="cpu", dtype=torch.float32, progress=False)
+    ck = load_checkpoint(path, device=device, dtype=torch.float32, progress=False)
     tok = ChatTokenizer(path)
     model = _Model(ck.config, ck.weights)
     with torch.inference_mode():

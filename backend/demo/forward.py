@@ -44,10 +44,15 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> tor
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [B, T, Hq, d], k/v [B, S, Hkv, d], boolean mask [T, S] → [B, T, Hq*d]."""
+    """q [B, T, Hq, d], k/v [B, S, Hkv, d], boolean mask [T, S] → [B, T, Hq*d]. The kv heads are
+    repeated for their query groups and the mask made additive, so that a GPU runs the
+    memory-efficient kernel (not the math path that stores every score)."""
     B, T, Hq, d = q.shape
+    group = Hq // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias
     )
     return out.transpose(1, 2).reshape(B, T, Hq * d)
 
