@@ -106,4 +106,45 @@ def test_engine_speculative_equals_plain(model, batch):
         )
         if mode == "ngram":
             assert st.spec_verify_steps > 0
-    assert out["off"] == out["ngram"]
+    if out["off"] == out["ngram"]:
+        return
+    # bf16: the one-row and multi-row GEMV paths round differently, so greedy runs may part where
+    # the top two logits (nearly) tie. Allowed only there: at each sequence's first differing
+    # token, the reference's logits of the two tokens must be within NEAR_TIE.
+    for prompt, plain, spec in zip(prompts, out["off"], out["ngram"]):
+        if plain == spec:
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(plain, spec)) if a != b)
+        logits = _reference_logits(model, prompt + plain[:i])
+        gap = abs(float(logits[plain[i]] - logits[spec[i]]))
+        top = float(torch.topk(logits, 1).values[0])
+        print(f"first difference at token {i}: {plain[i]} vs {spec[i]}, gap {gap:.4f} (top {top:.3f})")
+        assert gap < NEAR_TIE, f"greedy runs part at token {i} where the logits differ by {gap:.4f}"
+
+
+NEAR_TIE = 0.05  # absolute logits, as tests/backend/spec/verify_harness.py
+
+
+def _reference_logits(model, tokens: list[int]) -> torch.Tensor:
+    """The reference model's last-position logits over `tokens` (fp32 on the host)."""
+    from mkcode.backend.kv.pool import KVPool
+    from mkcode.backend.kv.sequence import SequenceKV
+    from mkcode.backend.model.reference import Segment
+
+    cfg, dev = model.cfg, model.device
+    pool = KVPool(
+        cfg.num_hidden_layers * (len(tokens) // 64 + 2),
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        device=dev,
+        dtype=model.dtype,
+    )
+    seq = SequenceKV(cfg)
+    seq.ensure_capacity(pool, len(tokens))
+    out = model.forward(
+        torch.tensor(tokens, device=dev),
+        torch.arange(len(tokens), device=dev),
+        [Segment(0, len(tokens), seq.view(pool))],
+    )
+    return out[-1].float().cpu()
