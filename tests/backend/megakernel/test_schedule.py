@@ -525,10 +525,6 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
     for _, _, kw in parsed:
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
-    assert (
-        "plan" in script
-        and "bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx 8192" in script
-    )
 
 
 def test_moe_tiles_widen_with_the_batch():
@@ -679,9 +675,8 @@ def test_moe_tiles_widen_with_the_batch():
     )
 
 
-def test_device_scripts_parse_and_offer_the_ab_stage():
-    """gpu_run.sh and ab_tree.sh are valid bash; gpu_run.sh has the same-call A/B stage that runs the
-    harness on ab_base/ (which ab_tree.sh prepares, git-ignored) and on the working tree."""
+def test_device_scripts_parse():
+    """gpu_run.sh and ab_tree.sh are valid bash; the folders ab_tree.sh prepares are git-ignored."""
     import subprocess
     from pathlib import Path
 
@@ -690,8 +685,6 @@ def test_device_scripts_parse_and_offer_the_ab_stage():
     here = Path(gpu_check.__file__).parent
     for name in ("gpu_run.sh", "ab_tree.sh"):
         subprocess.run(["bash", "-n", str(here / name)], check=True)
-    script = (here / "gpu_run.sh").read_text()
-    assert "\n    ab)" in script and "ab_base" in script
     root = here.parents[1]
     assert "/ab_*/" in (root / ".gitignore").read_text().split()  # ab_base/ and ab_tree.sh's other DIRs
 
