@@ -36,23 +36,9 @@ from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.reference import ReferenceModel
 from mkcode.backend.model.weights import random_weights
-from tests.backend.megakernel.cases import tiny_config
 from tests.backend.megakernel.test_backend_host import FakeNative
+from tests.backend.megakernel.test_emulator import CFG, N_SMS, TILING  # window 64: layers 1-3 and 5 slide
 
-CFG = tiny_config()  # window 64: layers 1-3 and 5 slide
-TILING = Tiling(
-    qkv_rows=32,
-    o_rows=32,
-    router_rows=4,
-    dense_up_cols=32,
-    dense_down_rows=32,
-    mlp_splits=2,
-    moe_up_cols=32,
-    moe_down_rows=32,
-    lm_rows=96,
-    max_splits=8,
-)
-N_SMS = 6
 # tilings of the engine's kinds: attention in the MoE queue claimed before ROUTE with one QKV
 # counter per kv head (the BS 8 kind), combines by the last split, the norm inside the GEMVs
 TILINGS = {

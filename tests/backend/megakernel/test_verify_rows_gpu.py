@@ -57,26 +57,9 @@ def test_megakernel_rows_equal_single_steps(model, contexts, rows):
 
 
 def _engine(model, speculative):
-    from mkcode.backend.engine.engine import Engine, EngineOptions
-    from mkcode.backend.gpu.prefill import GpuPrefill
-    from mkcode.backend.kv.pool import KVPool
+    from tests.backend.spec.verify_harness import gpu_engine
 
-    cfg = model.cfg
-    pool = KVPool(
-        2000,
-        cfg.num_hidden_layers,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        device="cuda",
-        dtype=torch.bfloat16,
-    )
-    return Engine(
-        model,
-        pool,
-        _backend(model),
-        options=EngineOptions(speculative=speculative),
-        prefill_fn=GpuPrefill(model),
-    )
+    return gpu_engine(model, _backend(model), speculative)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -86,3 +86,22 @@ def verify_vs_single_rows(
             result.append((cosine(a, s), int(a.argmax()) == int(s.argmax()), float(top2[0] - top2[1])))
         r0 += r
     return result
+
+
+def gpu_engine(model: ReferenceModel, backend, speculative: str):
+    """An engine over `backend` on the GPU (bf16 pool, GPU prefill) with speculation on or off."""
+    from mkcode.backend.engine.engine import Engine, EngineOptions
+    from mkcode.backend.gpu.prefill import GpuPrefill
+
+    cfg = model.cfg
+    pool = KVPool(
+        2000,
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        device="cuda",
+        dtype=torch.bfloat16,
+    )
+    return Engine(
+        model, pool, backend, options=EngineOptions(speculative=speculative), prefill_fn=GpuPrefill(model)
+    )
