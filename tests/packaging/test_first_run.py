@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from mkcode.app.core.backend import DEMO_MODEL_NAME
 from tests.packaging.wheel_build import REPO
 
 FIRST_RUN_BUDGET_S = 60.0
@@ -97,7 +98,7 @@ def test_first_command_reaches_the_prompt_on_a_fresh_clone(tmp_path, record_prop
     try:
 
         def ready(s: str) -> bool:
-            return "Ask mkcode" in s and "mode ask" in s and "demo-model" in s and "cpu" in s
+            return "Ask mkcode" in s and "mode ask" in s and DEMO_MODEL_NAME in s and "cpu" in s
 
         screen, ok = _wait(session, ready, FIRST_RUN_BUDGET_S)
         start_s = time.monotonic() - t0

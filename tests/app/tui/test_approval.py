@@ -4,6 +4,8 @@ rule and asks again before it is granted. The guard interval is real here (short
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import mkcode.app.tui.screens.approval as approval
@@ -38,7 +40,9 @@ async def _settle(pilot, app) -> None:
         await pilot.pause(0.02)
         if not app.conversation.busy and not isinstance(app.screen, ApprovalScreen):
             break
-    await app.workers.wait_for_complete()
+    # A turn still waiting on an approval would make wait_for_complete() wait forever: fail instead.
+    assert not isinstance(app.screen, ApprovalScreen), "an approval is still open"
+    await asyncio.wait_for(app.workers.wait_for_complete(), timeout=30)
     await pilot.pause(0.05)
 
 
