@@ -20,7 +20,6 @@ from fastapi import APIRouter, Request
 from mkcode.backend.server import openapi
 from mkcode.backend.server.asgi import SSE_DONE, SSEResponse, sse_data, until_disconnect
 from mkcode.backend.server.errors import APIError, bad_request, error_body, error_response
-from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.messages import chat_messages
 from mkcode.backend.server.schemas import ChatCompletionRequest, NamedToolChoice, parse_body
 from mkcode.backend.server.turn import start_turn
@@ -107,9 +106,7 @@ async def chat_completions(request: Request):
     state = request.app.state.mkcode
     model = state.resolve_model(body.model)
     plan = chat_plan(body)
-    check_prompt_fits(state.tokenizer, state.max_model_len, [plan.messages, plan.tools], "messages")
-    plan.max_tokens = state.max_tokens(plan.max_tokens)
-    turn = (await start_turn(state, plan)).events()
+    turn = (await start_turn(state, plan, "messages")).events()
     cid = "chatcmpl-" + secrets.token_hex(12)
     created = int(time.time())
     if body.stream:

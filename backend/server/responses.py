@@ -24,7 +24,6 @@ from mkcode.backend.server import openapi
 from mkcode.backend.server.asgi import SSEResponse, sse_event, until_disconnect
 from mkcode.backend.server.chat import reasoning_tokens
 from mkcode.backend.server.errors import bad_request, error_response
-from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.messages import responses_messages
 from mkcode.backend.server.schemas import ResponsesNamedChoice, ResponsesRequest, parse_body
 from mkcode.backend.server.turn import start_turn
@@ -314,9 +313,7 @@ async def create_response(request: Request):
     state = request.app.state.mkcode
     model = state.resolve_model(body.model)
     plan = responses_plan(body)
-    check_prompt_fits(state.tokenizer, state.max_model_len, [plan.messages, plan.tools], "input")
-    plan.max_tokens = state.max_tokens(plan.max_tokens)
-    turn = (await start_turn(state, plan)).events()
+    turn = (await start_turn(state, plan, "input")).events()
     builder = ResponseBuilder(body, model, state.tokenizer)
     if body.stream:
         return SSEResponse(_stream(builder, turn))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mkcode.backend.server.errors import APIError, bad_request
+from mkcode.backend.server.limits import check_prompt_fits
 from mkcode.backend.server.state import ServerState
 from mkcode.backend.turn.pipeline import Turn, TurnPipeline
 from mkcode.backend.turn.prepare import sampling_params as _sampling_params
@@ -35,7 +36,11 @@ def pipeline(state: ServerState) -> TurnPipeline:
     return built
 
 
-async def start_turn(state: ServerState, request: TurnRequest) -> Turn:
+async def start_turn(state: ServerState, request: TurnRequest, field: str) -> Turn:
+    """Start a chat turn: the prompt is checked against the model's context first (a 400 naming
+    the request's `field`), and a request without an output cap gets the server's default."""
+    check_prompt_fits(state.tokenizer, state.max_model_len, [request.messages, request.tools], field)
+    request.max_tokens = state.max_tokens(request.max_tokens)
     try:
         return await pipeline(state).start(request)
     except TurnRequestError as e:
