@@ -352,12 +352,17 @@ def test_backend_verify_rows_equal_single_steps(bf16_weights):
     assert np.all([p.sched.batch for p in be._cache.values() if p.sched.verify_rows] == [7])
 
 
-def _engine(weights, be, speculative):
+def _engine(weights, be, speculative, pages: int = 48):
     from mkcode.backend.engine.engine import Engine, EngineOptions
     from mkcode.backend.kv.pool import KVPool
 
     pool = KVPool(
-        48, CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim, device="cpu", dtype=torch.bfloat16
+        pages,
+        CFG.num_hidden_layers,
+        CFG.num_key_value_heads,
+        CFG.head_dim,
+        device="cpu",
+        dtype=torch.bfloat16,
     )
     return Engine(ReferenceModel(CFG, weights), pool, be, options=EngineOptions(speculative=speculative))
 
@@ -377,6 +382,37 @@ def test_engine_speculates_on_the_megakernel_only_with_its_flag(bf16_weights):
         engine = _engine(bf16_weights, _backend(bf16_weights, verify_rows=True), mode)
         assert engine.speculative == mode
         sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        streams = [engine.submit(GenerationRequest(list(p), sp)) for p in prompts]
+        engine.run_until_idle()
+        engine.check_accounting()
+        out[mode] = [s.result(0).token_ids for s in streams]
+        if mode == "ngram":
+            assert engine.stats.spec_verify_steps > 0 and engine.stats.spec_accepted_tokens > 0
+    assert out["off"] == out["ngram"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_engine_speculative_equals_plain_as_on_the_gpu(bf16_weights, batch):
+    """test_verify_rows_gpu.py's engine scenario (motif prompts, 96 greedy tokens, BS 1 / 3 / 5)
+    through the emulated megakernel: the host logic, the verify schedules and the counters give the
+    plain run's tokens exactly, so a difference on the GPU is the kernel's own (its rounding or a
+    race the emulator does not model)."""
+    import random
+
+    from mkcode.backend.engine.request import GenerationRequest
+    from mkcode.backend.sampling import SamplingParams
+
+    rng, V = random.Random(batch), CFG.vocab_size
+    prompts = []
+    for i in range(batch):
+        motif = [rng.randrange(3, V) for _ in range(rng.randrange(3, 9))]
+        body = [motif[j % len(motif)] for j in range(rng.choice((40, 63, 130)))]
+        prompts.append(body if i % 2 == 0 else [rng.randrange(3, V) for _ in range(70)] + body[:20])
+    out = {}
+    for mode in ("off", "ngram"):
+        engine = _engine(bf16_weights, _backend(bf16_weights, verify_rows=True), mode, pages=400)
+        sp = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
         streams = [engine.submit(GenerationRequest(list(p), sp)) for p in prompts]
         engine.run_until_idle()
         engine.check_accounting()
