@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -43,6 +42,7 @@ from mkcode.app.agent import (
 )
 from mkcode.app.core.backend import Backend, BackendError, open_backend
 from mkcode.app.core.conversation import Conversation
+from mkcode.app.core.process_exit import hard_exit
 from mkcode.app.core.sessions import SessionStore
 from mkcode.app.core.toolview import tool_title
 from mkcode.app.settings import Settings, data_dir
@@ -279,7 +279,7 @@ async def _interruptible_turn(
         for stream in (out, err):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        os._exit(EXIT_INTERRUPTED)
+        hard_exit(EXIT_INTERRUPTED)
 
     installed = False
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread

@@ -7,7 +7,8 @@ load) and can crash in a daemon one still inside native code while the runtime i
 `terminate called without an active exception` / `Segmentation fault` exits). `leave(code)` gives
 such threads a short grace, then ends the process with `os._exit` after flushing stdout and
 stderr, so the exit code is the front end's and nothing is printed after it. With no other thread
-alive it returns the code for a normal exit (atexit handlers and temp-dir cleanup run as usual).
+alive it returns the code for a normal exit (atexit handlers and temp-dir cleanup run as usual);
+`hard_exit` removes the sandbox's scratch folder itself, since `os._exit` skips atexit.
 """
 
 from __future__ import annotations
@@ -31,9 +32,19 @@ def leave(code: int, grace_s: float = GRACE_S) -> int:
     deadline = time.monotonic() + grace_s
     while other_threads():
         if time.monotonic() >= deadline:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(OSError, ValueError):
-                    stream.flush()
-            os._exit(code)
+            hard_exit(code)
         time.sleep(0.02)
     return code
+
+
+def hard_exit(code: int) -> None:
+    """End the process now with `code`: flush stdout and stderr, remove the sandbox's scratch folder
+    (if this process made one), then `os._exit`."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    scratch = sys.modules.get("mkcode.tools.sandbox.scratch")  # never imported just to exit
+    if scratch is not None:
+        with contextlib.suppress(Exception):
+            scratch.remove()
+    os._exit(code)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from mkcode.tools.protected import SYSTEM_SECRETS, Protection, installation_paths, protected_paths
-from mkcode.tools.sandbox import landlock, seccomp
+from mkcode.tools.sandbox import landlock, scratch, seccomp
 
 # The uid/gid a command runs as inside the sandbox when mkcode runs as root.
 SANDBOX_ID_FOR_ROOT = 1000
@@ -475,7 +475,7 @@ def mount_plan(
                 plan.guarded.append((entry, os.readlink(entry)))
     if bwrap is not None and _inside(bwrap, writable_roots):
         plan.ro(bwrap)
-    private = seccomp.private_dir()  # the filter the next command loads: never reachable inside
+    private = scratch.path()  # the filter the next command loads: never reachable inside
     if _inside(private, writable_roots):
         plan.mask(private)
     return plan
@@ -663,7 +663,7 @@ def build_command(
     command = list(inner)
     if abi >= 1:
         command = landlock.launcher_argv(os.path.realpath(sys.executable), plan.writable, command)
-    info_path = os.path.join(seccomp.private_dir(), f"info-{uuid.uuid4().hex}.json") if track else os.devnull
+    info_path = os.path.join(scratch.path(), f"info-{uuid.uuid4().hex}.json") if track else os.devnull
     env = os.environ if env is None else env
     git_env: list[str] = []
     if "GIT_CONFIG_COUNT" not in env:

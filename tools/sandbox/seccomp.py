@@ -17,15 +17,14 @@ Architectures: x86_64 and aarch64. A call made with any other audit architecture
 
 from __future__ import annotations
 
-import atexit
 import errno
 import os
 import platform
-import shutil
 import struct
-import tempfile
 import threading
 from dataclasses import dataclass
+
+from mkcode.tools.sandbox import scratch
 
 # <linux/filter.h>
 BPF_LD, BPF_JMP, BPF_RET = 0x00, 0x05, 0x06
@@ -223,21 +222,10 @@ _lock = threading.Lock()
 _cached: dict[str, str] = {}
 
 
-def private_dir() -> str:
-    """A 0700 folder of this process for the filter file and per-command bwrap info files."""
-    with _lock:
-        d = _cached.get("dir")
-        if d is None or not os.path.isdir(d):
-            d = tempfile.mkdtemp(prefix="mkcode-sandbox-")
-            atexit.register(shutil.rmtree, d, True)  # one per process: never left in /tmp
-            _cached["dir"] = d
-        return d
-
-
 def filter_file() -> str:
-    """A file holding this machine's filter, written once per process into private_dir(); bwrap
+    """A file holding this machine's filter, written once per process into scratch.path(); bwrap
     reads it through an inherited descriptor. Rewritten if removed."""
-    path = os.path.join(private_dir(), "filter.bpf")
+    path = os.path.join(scratch.path(), "filter.bpf")
     with _lock:
         if _cached.get("filter") == path and os.path.isfile(path):
             return path

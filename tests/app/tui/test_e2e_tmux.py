@@ -227,9 +227,11 @@ def test_ctrl_c_twice_mid_generation_exits_130(run):
     assert any(x["type"] == "interrupted" for x in r.records())  # the turn was saved as interrupted
 
 
-def test_ctrl_c_twice_while_a_command_runs_exits_130(run):
-    """After approval the card shows the call running with its elapsed time; leaving kills it."""
-    r = run("shell", "--dangerously-no-sandbox")  # the same on machines without bubblewrap
+@pytest.mark.parametrize("sandbox", [False, True], ids=["no-sandbox", "sandbox"])
+def test_ctrl_c_twice_while_a_command_runs_exits_130(run, sandbox):
+    """After approval the card shows the call running with its elapsed time; leaving kills it. In
+    the sandbox, the sandbox's scratch folder (in TMPDIR) goes too (`assert_clean_exit`)."""
+    r = run("shell", *(() if sandbox else ("--dangerously-no-sandbox",)))
     r.wait("Ask mkcode")
     r.type("wait a bit")
     r.keys("Enter")
