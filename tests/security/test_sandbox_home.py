@@ -411,11 +411,11 @@ def test_private_filter_folder_is_masked_when_inside_the_workspace(
 ):
     """A workspace containing mkcode's private folder (say the workspace is the temp folder) must
     not reach the seccomp filter file the next command loads."""
-    from mkcode.tools.sandbox import seccomp
+    from mkcode.tools.sandbox import scratch, seccomp
 
     private = ws / "private"
     private.mkdir(mode=0o700)
-    monkeypatch.setitem(seccomp._cached, "dir", str(private))
+    monkeypatch.setattr(scratch, "_dir", str(private))
     monkeypatch.delitem(seccomp._cached, "filter", raising=False)
     before = Path(seccomp.filter_file()).read_bytes()
     r = sandbox("ls -A private; echo LISTED; : > private/filter.bpf; echo rc=$?", ws)
