@@ -9,10 +9,12 @@ static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
 
 namespace mk {
 
-// MK_MODE_RING: the weight ring after the base carve-up (base_smem_bytes is a multiple of 128)
+// MK_MODE_RING: the weight ring after the base carve-up (base_smem_bytes is a multiple of 128), its
+// start rounded up to MK_TMAP_SMEM_ALIGN (the TMA boxes' 128-byte swizzle; ring_init)
 size_t smem_bytes(const Params& p, int max_k) {
 #if MK_RING
-  if ((p.prefetch_mode & MK_MODE_RING) && p.use_mma) return base_smem_bytes(p, max_k) + (size_t)RING_BYTES;
+  if ((p.prefetch_mode & MK_MODE_RING) && p.use_mma)
+    return base_smem_bytes(p, max_k) + (size_t)RING_BYTES + MK_TMAP_SMEM_ALIGN;
 #endif
   return base_smem_bytes(p, max_k);
 }

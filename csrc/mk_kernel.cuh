@@ -829,6 +829,9 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
+#if MK_RING
+  if (ring_on(p) && ring_slice_op(p, d, act, lds, acc, s_w, s_b, nt)) return;  // MK_MODE_RING: TMA boxes
+#endif
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
     return;
@@ -2019,7 +2022,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     s_tl_n = 0;
     s_h_staged = -1;
 #if MK_RING
-    if (ring_on(p)) ring_init(smem_u32(mk_dyn_smem) + (uint32_t)base_smem_bytes(p, max_k));
+    if (ring_on(p)) ring_init(p, smem_u32(mk_dyn_smem) + (uint32_t)base_smem_bytes(p, max_k));
 #endif
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");

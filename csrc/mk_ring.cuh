@@ -15,6 +15,14 @@
 //   once read. Fragment trick as the register GEMV: lane (gid, t) reads 16 bytes of row gid at
 //   k = 8t (LDS.128; rows 4 KB apart: 2-way bank conflicts).
 // - Epilogue: the group's sums into out_s (red.shared), the RMSNorm factor as gemv_mma.
+// A tile over a K range of longer rows (O-proj, dense down, a MoE down tile of a K range, a fused
+// item's down slice) streams as TMA boxes (cp.async.bulk.tensor.2d) of [rbox rows][64 k] with the
+// 128-byte swizzle (mk_abi.h MK_TMAP_*: one tensor map per layer and weight kind, in layer_w's
+// allocation): a stage is bps boxes, consecutive k blocks of one row block (row block major), and
+// the consumers read them with ldmatrix (16-byte chunk c of box row r at c ^ (r & 7)), four
+// accumulators per 16-row group, adding a row block's sums at its last stage (ring_consume_box).
+// An item's plan (ring_plan) is its GEMV's tile and, for a fused MoE item, its down slice: the
+// loader of the first call runs on into the slice by up to RING_D stages (ring_model.kernel_upto).
 // Every stage issued is consumed by the item's GEMV (the plan is a function of the descriptor); an
 // abandoned step waits for its in-flight stages before the block exits (ring_quiesce).
 // Measured and removed (2026-12-05, H100): stages of row pieces (32 rows x 512 k, one 1 KB copy per
@@ -37,6 +45,10 @@ __shared__ __align__(8) unsigned long long s_ring_empty[RING_D];
 __shared__ uint32_t s_ring_issued;  // stages issued since the launch (the issuing warp's lane 0)
 __shared__ uint32_t s_ring_cons;    // stages consumed (thread 0, after the consuming call's barrier)
 __shared__ uint32_t s_ring_base;    // shared-memory address of stage 0 (after the base carve-up)
+// the tensor maps (mk_abi.h MK_TMAP_*): map (l, kind) at s_tmap + MK_TMAP_BYTES * (l * MK_TMAP_KINDS +
+// kind); s_tmap_rows[kind]: its box rows (0: that kind keeps the register GEMV)
+__shared__ unsigned long long s_tmap;
+__shared__ int s_tmap_rows[MK_TMAP_KINDS];
 
 __device__ __forceinline__ bool ring_on(const Params& p) { return (p.prefetch_mode & MK_MODE_RING) && p.use_mma; }
 
@@ -80,6 +92,20 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
       "l"(src), "r"(bytes), "r"(bar), "l"(pol)
       : "memory");
 }
+// One box of a tensor map (global address `map`) at column x, row y into shared memory (dst: a
+// multiple of MK_TMAP_SMEM_ALIGN for the 128-byte swizzle), completing on mbarrier `bar`.
+__device__ __forceinline__ void tma_2d(uint32_t dst, unsigned long long map, int x, int y, uint32_t bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(bar), "l"(pol)
+      : "memory");
+}
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
@@ -91,17 +117,34 @@ __device__ __forceinline__ void red_shared(float* p, float v) {
 
 // ---- the plan --------------------------------------------------------------------------------------
 
-// A GEMV tile through the ring: row r at W0 + r * klen (r < nsplit), else W1 + (r - nsplit) * klen;
-// stage k holds rows [8k, 8k + 8).
+// A tile through the ring. Whole rows (map 0): row r at W0 + r * klen (r < nsplit), else W1 + (r -
+// nsplit) * klen; stage k holds rows [8k, 8k + 8). Boxes (map: a tensor map's global address): the
+// map's rows y0 .. y0 + nrows, columns x0 .. x0 + klen, in boxes of [rbox][MK_TMAP_BOX_K]; box q is
+// row block q / kb, k block q % kb (kb = klen / MK_TMAP_BOX_K); stage k holds boxes [k bps, k bps + bps).
 struct RingTile {
   const bf16* W0;
   const bf16* W1;
   int nsplit, nrows, klen, stages;
+  unsigned long long map;
+  int x0, y0, rbox, bps, kb;
 };
 
-// A GEMV tile (task_gemv's) through the ring, or false: rows not contiguous (a K range of longer
-// rows: O-proj, dense and MoE down, a fused item's down slice), klen not a multiple of 256 or over
-// a stage's 8 rows, rows not whole stages, a stage straddling the W0 / W1 split, misaligned.
+// What an item streams through the ring, in the order it reads it: its GEMV's tile (gemv: t[0] is
+// it) and a fused MoE item's down slice. n = 0: nothing (every tile keeps the register GEMV).
+struct RingPlan {
+  RingTile t[2];
+  int n;
+  bool gemv;
+  __device__ __forceinline__ int total() const { return n == 0 ? 0 : n == 1 ? t[0].stages : t[0].stages + t[1].stages; }
+};
+
+__device__ __forceinline__ uint32_t stage_bytes(const RingTile& t) {
+  return t.map ? (uint32_t)(t.bps * t.rbox * MK_TMAP_BOX_K * 2) : (uint32_t)(t.klen * 2 * RING_ROWS);
+}
+
+// A GEMV tile (task_gemv's) of whole rows through the ring, or false: rows not contiguous (a K range
+// of longer rows: box_tile's), klen not a multiple of 256 or over a stage's 8 rows, rows not whole
+// stages, a stage straddling the W0 / W1 split, misaligned.
 __device__ __forceinline__ bool ring_tile(const Gemv& g, RingTile& t) {
   if (g.ld0 != g.klen || g.ld1 != g.klen || g.klen % 256 || g.klen * 2 * RING_ROWS > RING_STAGE) return false;
   if (g.nrows <= 0 || g.nrows % RING_ROWS || g.nsplit % RING_ROWS) return false;
@@ -112,41 +155,103 @@ __device__ __forceinline__ bool ring_tile(const Gemv& g, RingTile& t) {
   t.nrows = g.nrows;
   t.klen = g.klen;
   t.stages = g.nrows / RING_ROWS;
+  t.map = 0;
   return true;
 }
 
-__device__ __forceinline__ bool ring_plan(const Params& p, const int* d, RingTile& t) {
+// A K-range tile as boxes of layer l's map of `kind` (ring_model.box_plan is the same rule), or false:
+// no map of that kind, rows not whole boxes, K not whole boxes. A stage holds the most boxes of one
+// row block that fit it and divide the row block's k blocks (a power of two).
+__device__ __forceinline__ bool box_tile(int l, int kind, int x0, int y0, int nrows, int klen, RingTile& t) {
+  const int rbox = s_tmap_rows[kind];
+  if (s_tmap == 0 || rbox <= 0 || rbox % MK_TMAP_BOX_ROWS_MIN || rbox > MK_TMAP_BOX_ROWS_MAX) return false;
+  if (nrows <= 0 || nrows % rbox || klen <= 0 || klen % MK_TMAP_BOX_K) return false;
+  const int kb = klen / MK_TMAP_BOX_K;
+  int bps = RING_STAGE / (rbox * MK_TMAP_BOX_K * 2);
+  while (kb % bps) bps >>= 1;
+  t.map = s_tmap + (unsigned long long)(l * MK_TMAP_KINDS + kind) * MK_TMAP_BYTES;
+  t.x0 = x0;
+  t.y0 = y0;
+  t.nrows = t.nsplit = nrows;
+  t.klen = klen;
+  t.rbox = rbox;
+  t.kb = kb;
+  t.bps = bps;
+  t.stages = (nrows / rbox) * kb / bps;
+  t.W0 = t.W1 = nullptr;
+  return true;
+}
+
+// The K-range GEMV tiles of task_gemv as boxes: O-proj (rows a0.., K a2..a3 of W_o), dense down
+// (likewise of W_down), a MoE down tile of a K range (expert a0's rows a1.., columns a3 .. a3 + a4).
+__device__ __forceinline__ bool gemv_box_tile(const Params& p, const int* d, RingTile& t) {
+  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
+  const int a0 = d[MK_F_A0], a1 = d[MK_F_A1], a2 = d[MK_F_A2], a3 = d[MK_F_A3], a4 = d[MK_F_A4];
+  if (op == MK_OP_OPROJ) return box_tile(l, MK_TMAP_O, a2, a0, a1, a3 - a2, t);
+  if (op == MK_OP_DENSE_DOWN) return box_tile(l, MK_TMAP_DENSE_DOWN, a2, a0, a1, a3 - a2, t);
+  if (op == MK_OP_MOE_DOWN) return box_tile(l, MK_TMAP_EXP_DOWN, a3, a0 * p.hidden + a1, a2, a4 ? a4 : p.moe_inter, t);
+  return false;
+}
+
+// A fused MoE item's down slice (op_moe_fused): expert a0's every hidden row, its columns a1 .. a1 + a2.
+__device__ __forceinline__ bool slice_tile(const Params& p, const int* d, RingTile& t) {
+  return d[MK_F_OP] == MK_OP_MOE_FUSED &&
+         box_tile(d[MK_F_LAYER], MK_TMAP_EXP_DOWN, d[MK_F_A1], d[MK_F_A0] * p.hidden, p.hidden, d[MK_F_A2], t);
+}
+
+// The item's plan (every caller computes the same one from the descriptor: the armer, the GEMV, the
+// slice). False when nothing goes through the ring.
+__device__ __forceinline__ bool ring_plan(const Params& p, const int* d, RingPlan& pl) {
+  pl.n = 0;
+  pl.gemv = false;
+  if (!ring_on(p)) return false;
   Gemv g;
-  return ring_on(p) && task_gemv(p, d, g) && ring_tile(g, t);
+  if (task_gemv(p, d, g) && (ring_tile(g, pl.t[0]) || gemv_box_tile(p, d, pl.t[0]))) {
+    pl.gemv = true;
+    pl.n = 1;
+  }
+  if (slice_tile(p, d, pl.t[pl.n])) ++pl.n;
+  return pl.n > 0;
 }
 
 // ---- the loader ------------------------------------------------------------------------------------
 
-// Lane 0 of a warp: issue the tile's stages from s_ring_issued up to (not including) `upto`; stage k
-// of the tile is seq item0 + k. Each stage: wait for its slot to be free, arm the full barrier with
-// the stage's bytes, one bulk copy of its 8 rows.
-__device__ __noinline__ void ring_issue(const Params& p, const RingTile& t, uint32_t item0, uint32_t upto) {
+// Lane 0 of a warp: issue the plan's stages from s_ring_issued up to (not including) `upto`; stage k
+// of the plan is seq item0 + k. Each stage: wait for its slot to be free, arm the full barrier with
+// the stage's bytes, then one bulk copy of its 8 rows or its bps boxes.
+__device__ __noinline__ void ring_issue(const Params& p, const RingPlan& pl, uint32_t item0, uint32_t upto) {
   const uint64_t pol = l2_policy(false);  // streamed once per step
-  const uint32_t ring = s_ring_base, bytes = (uint32_t)(t.klen * 2 * RING_ROWS);
+  const uint32_t ring = s_ring_base;
   uint32_t seq = s_ring_issued;
   for (; seq < upto; ++seq) {
-    const int slot = (int)(seq % RING_D), r = (int)(seq - item0) * RING_ROWS;
-    const uint32_t full = smem_u32(&s_ring_full[slot]);
+    const int slot = (int)(seq % RING_D);
+    int k = (int)(seq - item0);
+    const bool second = k >= pl.t[0].stages;
+    const RingTile& t = second ? pl.t[1] : pl.t[0];
+    if (second) k -= pl.t[0].stages;
+    const uint32_t full = smem_u32(&s_ring_full[slot]), dst = ring + (uint32_t)(slot * RING_STAGE);
     mbar_wait(p, smem_u32(&s_ring_empty[slot]), ((seq / RING_D) & 1u) ^ 1u, slot);
-    mbar_expect_tx(full, bytes);
-    const bf16* src = r < t.nsplit ? t.W0 + (size_t)r * t.klen : t.W1 + (size_t)(r - t.nsplit) * t.klen;
-    bulk_g2s(ring + (uint32_t)(slot * RING_STAGE), src, bytes, full, pol);
+    mbar_expect_tx(full, stage_bytes(t));
+    if (t.map) {
+      const int q = k * t.bps, y = t.y0 + (q / t.kb) * t.rbox, x = t.x0 + (q % t.kb) * MK_TMAP_BOX_K;
+      for (int j = 0; j < t.bps; ++j)
+        tma_2d(dst + (uint32_t)(j * t.rbox * MK_TMAP_BOX_K * 2), t.map, x + j * MK_TMAP_BOX_K, y, full, pol);
+    } else {
+      const int r = k * RING_ROWS;
+      const bf16* src = r < t.nsplit ? t.W0 + (size_t)r * t.klen : t.W1 + (size_t)(r - t.nsplit) * t.klen;
+      bulk_g2s(dst, src, stage_bytes(t), full, pol);
+    }
   }
   s_ring_issued = seq;
 }
 
-// Before an item's dependency wait (run_task; lane 0 of warp RING_ARMER): its first stages, at most
-// RING_D (every slot is free: the items before it consumed all they issued).
+// Before an item's dependency wait (run_task; lane 0 of warp RING_ARMER): its plan's first stages, at
+// most RING_D (every slot is free: the items before it consumed all they issued).
 __device__ __noinline__ void ring_arm(const Params& p, const int* d) {
-  RingTile t;
-  if (!ring_plan(p, d, t)) return;
+  RingPlan pl;
+  if (!ring_plan(p, d, pl)) return;
   const uint32_t item0 = s_ring_cons;
-  ring_issue(p, t, item0, item0 + (uint32_t)min(RING_D, t.stages));
+  ring_issue(p, pl, item0, item0 + (uint32_t)min(RING_D, pl.total()));
 }
 
 // Thread 0, before the block leaves an abandoned step: every stage still in flight has landed.
@@ -156,6 +261,14 @@ __device__ __forceinline__ void ring_quiesce() {
     while (!mbar_try(smem_u32(&s_ring_full[slot]), (seq / RING_D) & 1u)) {
     }
   }
+}
+
+// The loader's limit during the call that reads tile `ti` of the plan (ring_model.kernel_upto): the
+// plan's end in its last call, else up to RING_D stages past this tile (their slots are released by
+// this call's consumers, so the loader never waits for a later call).
+__device__ __forceinline__ uint32_t ring_upto(const RingPlan& pl, int ti, uint32_t item0) {
+  const int total = pl.total();
+  return item0 + (uint32_t)(ti == pl.n - 1 ? total : min(total, pl.t[0].stages + RING_D));
 }
 
 // ---- the consumers ---------------------------------------------------------------------------------
@@ -202,11 +315,114 @@ __device__ __forceinline__ void ring_consume(const Params& p, const RingTile& tl
   }
 }
 
+// Where a box tile's sums go: a GEMV's out_s[r * 8 + n] (red.shared), or for a fused item's down
+// slice acc[btok[n] * H + r] += wtok[n] * sum for its nt tokens (red.global, as gemv_down_acc).
+struct BoxSink {
+  float* out_s;
+  float* acc;
+  int H, nt;
+  const float* wtok;
+  const int* btok;
+};
+
+// Consumer warp w of a box tile: a box's G = rbox / 16 row groups are dealt as in ring_probe's
+// consumers: G >= RING_CW: groups w and w + RING_CW of every box of the stage; else group w % G of
+// boxes w / G, w / G + RING_CW / G, ... (several warps then hold sums of one group: the adds sum
+// them). A (16 rows x 16 k) by ldmatrix.x4 from the swizzled box: lane l gives the address of row
+// l & 15 of the group, chunk 2 ks + (l >> 4), which sits at chunk (2 ks + (l >> 4)) ^ (l & 7) of its
+// 128-byte row (the box starts at a multiple of 1024 bytes and the group at a multiple of 16 rows, so
+// row & 7 = l & 7); the registers are a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (rows 0-7, k 8-15),
+// a3. B (16 k x 8 tokens) by ldmatrix.x4 from act_s: lane l gives token l & 7's row at k chunk
+// l >> 3 of a 32-k half, so registers 0, 1 are k-step 0's b0, b1 and 2, 3 k-step 1's. Four
+// accumulators per group (one per k-step of a box); at a row block's last stage the warp adds them.
+__device__ __forceinline__ void ring_consume_box(const Params& p, const RingTile& tl, uint32_t seq0, const bf16* act_s,
+                                                 int lds, const BoxSink& o) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, gid = lane >> 2, t = lane & 3;
+  const int G = tl.rbox >> 4;
+  const int ng = G >= RING_CW ? G / RING_CW : 1, g0 = G >= RING_CW ? warp : warp % G;
+  const int box0 = G >= RING_CW ? 0 : warp / G, bstep = G >= RING_CW ? 1 : RING_CW / G;
+  const uint32_t box_bytes = (uint32_t)(tl.rbox * MK_TMAP_BOX_K * 2);
+  const uint32_t a_lane = (uint32_t)((lane & 15) * MK_TMAP_SWIZZLE), a_hi = (uint32_t)(lane >> 4), a_sw = lane & 7;
+  const uint32_t b_lane = smem_u32(act_s) + (uint32_t)(((lane & 7) * lds + (lane >> 3) * 8) * 2);
+  // slice mode: this thread's token columns 2t, 2t + 1
+  const bool v0 = o.out_s == nullptr && 2 * t < o.nt, v1 = o.out_s == nullptr && 2 * t + 1 < o.nt;
+  float* const d0 = v0 ? o.acc + (size_t)o.btok[2 * t] * o.H : nullptr;
+  float* const d1 = v1 ? o.acc + (size_t)o.btok[2 * t + 1] * o.H : nullptr;
+  const float w0 = v0 ? o.wtok[2 * t] : 0.f, w1 = v1 ? o.wtok[2 * t + 1] : 0.f;
+  const uint32_t ring = s_ring_base;
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) acc[i][ks][0] = acc[i][ks][1] = acc[i][ks][2] = acc[i][ks][3] = 0.f;
+  uint32_t seq = seq0;
+  for (int st = 0; st < tl.stages; ++st, ++seq) {
+    const int slot = (int)(seq % RING_D), q0 = st * tl.bps;
+    mbar_wait(p, smem_u32(&s_ring_full[slot]), (seq / RING_D) & 1u, slot);
+    const uint32_t sb = ring + (uint32_t)(slot * RING_STAGE) + a_lane;
+    for (int box = box0; box < tl.bps; box += bstep) {
+      uint32_t b[4][2], r[4];
+      const uint32_t ba = b_lane + (uint32_t)(((q0 + box) % tl.kb) * MK_TMAP_BOX_K * 2);
+      ldsm4(r, ba);
+      b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
+      ldsm4(r, ba + 64);
+      b[2][0] = r[0], b[2][1] = r[1], b[3][0] = r[2], b[3][1] = r[3];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (i < ng) {
+          const uint32_t row = sb + (uint32_t)box * box_bytes + (uint32_t)((g0 + i * RING_CW) * 16 * MK_TMAP_SWIZZLE);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            uint32_t a[4];
+            ldsm4(a, row + ((((uint32_t)ks * 2 + a_hi) ^ a_sw) << 4));
+            mma16816(acc[i][ks], a[0], a[1], a[2], a[3], b[ks][0], b[ks][1]);
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_u32(&s_ring_empty[slot]));  // the warp has read the stage
+    if ((q0 + tl.bps) % tl.kb == 0 && box0 < tl.bps) {  // the row block's last stage: its sums
+      const int rb = q0 / tl.kb;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (i < ng) {
+          float c[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            c[e] = (acc[i][0][e] + acc[i][1][e]) + (acc[i][2][e] + acc[i][3][e]);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) acc[i][ks][e] = 0.f;
+          }
+          // c0, c1: row r, tokens 2t, 2t + 1; c2, c3: row r + 8
+          const int r = rb * tl.rbox + (g0 + i * RING_CW) * 16 + gid;
+          if (o.out_s != nullptr) {
+            red_shared(o.out_s + r * 8 + 2 * t, c[0]);
+            red_shared(o.out_s + r * 8 + 2 * t + 1, c[1]);
+            red_shared(o.out_s + (r + 8) * 8 + 2 * t, c[2]);
+            red_shared(o.out_s + (r + 8) * 8 + 2 * t + 1, c[3]);
+          } else {
+            if (v0) {
+              red_add_global(d0 + r, w0 * c[0]);
+              red_add_global(d0 + r + 8, w0 * c[2]);
+            }
+            if (v1) {
+              red_add_global(d1 + r, w1 * c[1]);
+              red_add_global(d1 + r + 8, w1 * c[3]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The ring's GEMV of a task (gemv_op in ring mode, in place of gemv): out_s[r * 8 + n] with the
 // staging and the RMSNorm factor as gemv_mma. All threads; ends with __syncthreads().
-__device__ __noinline__ void gemv_ring(const Params& p, const int* d, const RingTile& t0, const ActSrc& act,
-                                       bf16* act_s, float* out_s, bool staged) {
+__device__ __noinline__ void gemv_ring(const Params& p, const RingPlan& pl, const ActSrc& act, bf16* act_s,
+                                       float* out_s, bool staged) {
   const int warp = threadIdx.x / 32;
+  const RingTile& t0 = pl.t[0];
   const int klen = t0.klen;
   const uint32_t item0 = s_ring_cons;
   act_s = shared(act_s);
@@ -216,9 +432,12 @@ __device__ __noinline__ void gemv_ring(const Params& p, const int* d, const Ring
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
   if (warp == RING_LOADER) {
-    if ((threadIdx.x & 31) == 0) ring_issue(p, t0, item0, item0 + (uint32_t)t0.stages);
+    if ((threadIdx.x & 31) == 0) ring_issue(p, pl, item0, ring_upto(pl, 0, item0));
   } else if (warp < RING_CW) {
-    ring_consume(p, t0, item0, act_s, klen + ACT_PAD, out_s);
+    if (t0.map)
+      ring_consume_box(p, t0, item0, act_s, klen + ACT_PAD, BoxSink{out_s, nullptr, 0, 0, nullptr, nullptr});
+    else
+      ring_consume(p, t0, item0, act_s, klen + ACT_PAD, out_s);
   }
   __syncthreads();
   if (threadIdx.x == 0) s_ring_cons = item0 + (uint32_t)t0.stages;  // read after the next barrier
@@ -234,20 +453,50 @@ __device__ __noinline__ void gemv_ring(const Params& p, const int* d, const Ring
 // (false: gemv_op runs the register GEMV). Out of line, so that gemv_op stays small.
 __device__ __noinline__ bool gemv_ring_op(const Params& p, const int* d, const Gemv& g, const ActSrc& act,
                                           bf16* act_s, float* out_s, bool staged) {
-  RingTile t;
-  if (!ring_tile(g, t)) return false;
-  gemv_ring(p, d, t, act, act_s, out_s, staged);
+  (void)g;  // the plan rebuilds it (task_gemv), as the armer did
+  RingPlan pl;
+  if (!ring_plan(p, d, pl) || !pl.gemv) return false;
+  gemv_ring(p, pl, act, act_s, out_s, staged);
   return true;
 }
 
-// Kernel start (thread 0, before the first barrier): the barriers and counters, the ring's address.
-__device__ __forceinline__ void ring_init(uint32_t base) {
+// op_moe_fused in ring mode: the down slice through the ring when its plan has it (then true), else
+// nothing (false: the register slice). act [8][lds] bf16 (tokens >= nt zeros), published by a
+// barrier; acc, wtok, btok as gemv_down_acc. All threads; ends with __syncthreads().
+__device__ __noinline__ bool ring_slice_op(const Params& p, const int* d, const bf16* act, int lds, float* acc,
+                                           const float* wtok, const int* btok, int nt) {
+  RingPlan pl;
+  if (!ring_plan(p, d, pl) || pl.n != (pl.gemv ? 2 : 1)) return false;
+  const int ti = pl.n - 1;
+  const RingTile& t = pl.t[ti];
+  const int warp = threadIdx.x / 32;
+  const uint32_t seq0 = s_ring_cons, item0 = seq0 - (uint32_t)(ti ? pl.t[0].stages : 0);
+  if (warp == RING_LOADER) {
+    if ((threadIdx.x & 31) == 0) ring_issue(p, pl, item0, ring_upto(pl, ti, item0));
+  } else if (warp < RING_CW) {
+    ring_consume_box(p, t, seq0, shared(const_cast<bf16*>(act)), lds, BoxSink{nullptr, acc, p.hidden, nt, wtok, btok});
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) s_ring_cons = seq0 + (uint32_t)t.stages;  // read after the next barrier
+  __syncthreads();
+  return true;
+}
+
+// Kernel start (thread 0, before the first barrier): the barriers and counters, the ring's address
+// (base rounded up to MK_TMAP_SMEM_ALIGN: smem_bytes adds that much), the tensor-map table (layer_w's tail, mk_abi.h MK_TMAP_*; a table that is not there, or for another
+// layer count, leaves every K-range tile on the register GEMV).
+__device__ __forceinline__ void ring_init(const Params& p, uint32_t base) {
   for (int s = 0; s < RING_D; ++s) {
     mbar_init(smem_u32(&s_ring_full[s]), 1);
     mbar_init(smem_u32(&s_ring_empty[s]), RING_CW);
   }
   s_ring_issued = s_ring_cons = 0;
-  s_ring_base = base;
+  s_ring_base = (base + MK_TMAP_SMEM_ALIGN - 1) & ~(uint32_t)(MK_TMAP_SMEM_ALIGN - 1);
+  const size_t off = ((size_t)p.num_layers * MK_LW_COUNT * 8 + MK_TMAP_BYTES - 1) / MK_TMAP_BYTES * MK_TMAP_BYTES;
+  const int* head = reinterpret_cast<const int*>(reinterpret_cast<const unsigned char*>(p.layer_w) + off);
+  const bool on = head[MK_TH_MAGIC] == MK_TMAP_MAGIC && head[MK_TH_LAYERS] == p.num_layers;
+  s_tmap = on ? reinterpret_cast<unsigned long long>(head) + MK_TMAP_BYTES : 0ull;
+  for (int k = 0; k < MK_TMAP_KINDS; ++k) s_tmap_rows[k] = on ? head[MK_TH_ROWS0 + k] : 0;
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
-from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel import abi, tensor_maps
 from mkcode.backend.megakernel.sampling import SamplingParams, pack
 from mkcode.backend.megakernel.schedule import Schedule, build_schedule
 from mkcode.backend.megakernel.tiling import (
@@ -166,9 +166,14 @@ class MegakernelBackend:
             lm_rows = min(self._tiling_for(b).lm_rows for b in range(1, abi.MK_MAX_TOKENS + 1))
             ws_tiling = replace(self.tiling, lm_rows=min(lm_rows, self.tiling.lm_rows))
         self.ws = Workspace.allocate(cfg, ws_tiling, self.device)
-        self.layer_w = torch.tensor(
-            _layer_weight_ptrs(cfg, weights, self.device), dtype=torch.int64, device=self.device
+        # the layer pointers, then (a ring kernel) the weight ring's tensor maps: tensor_maps.py
+        tilings = [self.tiling] + (
+            [self._tiling_for(b) for b in range(1, abi.MK_MAX_TOKENS + 1)] if self.auto_tiling else []
         )
+        table, self.tmap_box_rows = tensor_maps.backend_table(
+            cfg, weights, _layer_weight_ptrs(cfg, weights, self.device), tilings, native_module
+        )
+        self.layer_w = torch.from_numpy(table).to(self.device)
         flags = []
         for i in range(cfg.num_hidden_layers):
             f = (abi.MK_LAYER_ROPE if cfg.uses_rope(i) else 0) | (
