@@ -164,7 +164,9 @@ __device__ __forceinline__ bool ring_tile(const Gemv& g, RingTile& t) {
 // row block that fit it and divide the row block's k blocks (a power of two).
 __device__ __forceinline__ bool box_tile(int l, int kind, int x0, int y0, int nrows, int klen, RingTile& t) {
   const int rbox = s_tmap_rows[kind];
-  if (s_tmap == 0 || rbox <= 0 || rbox % MK_TMAP_BOX_ROWS_MIN || rbox > MK_TMAP_BOX_ROWS_MAX) return false;
+  // box rows: a power of two from MK_TMAP_BOX_ROWS_MIN to MK_TMAP_BOX_ROWS_MAX (the consumers deal a
+  // box's row groups over the warps by powers of two; tensor_maps.swizzle_legal_box_rows)
+  if (s_tmap == 0 || rbox < MK_TMAP_BOX_ROWS_MIN || rbox > MK_TMAP_BOX_ROWS_MAX || (rbox & (rbox - 1))) return false;
   if (nrows <= 0 || nrows % rbox || klen <= 0 || klen % MK_TMAP_BOX_K) return false;
   const int kb = klen / MK_TMAP_BOX_K;
   int bps = RING_STAGE / (rbox * MK_TMAP_BOX_K * 2);

@@ -3,8 +3,14 @@ protocol, for tests without a GPU.
 
 Geometry (`ring_tile`, the kernel's function of the same name): a GEMV tile whose rows are
 contiguous (ld == klen) goes through the ring in stages of RING_ROWS whole rows (one bulk copy each), each consumed on
-its own. Other tiles (a K range of longer rows) keep the register
-GEMV.
+its own. A tile over a K range of longer rows (O-proj, dense down, a MoE down tile of a K range, a
+fused item's down slice) goes through it as TMA boxes (`box_plan`, the kernel's box_tile) when the
+backend built its kind's tensor map (tensor_maps.py), else it keeps the register GEMV.
+
+Box consumers (`consume_boxes`): the kernel's ring_consume_box lane by lane — ldmatrix addresses in
+the 128-byte-swizzled stage that the TMA wrote (`tma_stage`, the hardware's rule on byte offsets),
+mma.m16n8k16 fragments, the row blocks' adds — so the CPU tests prove the swizzle is undone and the
+fragments meet, for every box geometry the kernel takes.
 
 Protocol (`run_block`): one block runs its items in order. An item's plan is one or two tiles (a
 fused MoE item: up tile, down slice); stage k of the item is the block's stage number item0 + k
@@ -28,7 +34,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.abi import CSRC
+from mkcode.backend.megakernel.tensor_maps import BOX_K, swizzle_legal_box_rows
 
 RING_HEADER = CSRC / "mk_ring.cuh"
 
@@ -79,10 +89,231 @@ def gemv_shapes(cfg, tiling) -> dict[str, tuple[int, int, int, int]]:
         "moe_down_slice": (c, H, H, I),
         "lm_head": (H, tiling.lm_rows, tiling.lm_rows, H),
     }
+    if tiling.moe_down_ready == 1:  # each down tile over one up tile's columns
+        shapes["moe_down"] = (c, tiling.moe_down_rows, tiling.moe_down_rows, I)
     if D:
         shapes["dense_up"] = (H, 2 * tiling.dense_up_cols, tiling.dense_up_cols, H)
         shapes["dense_down"] = (D // tiling.mlp_splits, tiling.dense_down_rows, tiling.dense_down_rows, D)
     return shapes
+
+
+def item_tiles(cfg, tiling, box_rows: dict[int, int]) -> dict[str, list[int]]:
+    """Per item kind of a tiling, its plan's stage counts (the kernel's ring_plan): the GEMV's tile
+    if it goes through the ring, then a fused item's down slice; an empty list: all registers."""
+    shapes = gemv_shapes(cfg, tiling)
+    out = {}
+    for name, shape in shapes.items():
+        if name == "moe_down_slice":
+            continue
+        path = ring_path(shape, box_rows.get(BOX_KINDS[name], 0) if name in BOX_KINDS else 0)
+        out[name] = [] if path is None else [path[1]]
+    if tiling.moe_fused:  # the down slice: boxes only (slice_tile)
+        klen, nrows, _, _ = shapes["moe_down_slice"]
+        rb = box_rows.get(abi.MK_TMAP_EXP_DOWN, 0)
+        plan = box_plan(klen, nrows, rb) if rb else None
+        out["moe_fused"] = out["moe_up"] + ([] if plan is None else [plan.stages])
+    return out
+
+
+# which tensor map a K-range item kind of gemv_shapes reads (mk_abi.h MkTmapKind)
+BOX_KINDS = {
+    "oproj": abi.MK_TMAP_O,
+    "dense_down": abi.MK_TMAP_DENSE_DOWN,
+    "moe_down_slice": abi.MK_TMAP_EXP_DOWN,
+    "moe_down": abi.MK_TMAP_EXP_DOWN,
+}
+
+
+@dataclass(frozen=True)
+class BoxPlan:
+    """A K-range tile as boxes (the kernel's RingTile with a map): box q is row block q // kb, k
+    block q % kb; stage k holds boxes [k * bps, k * bps + bps), consecutive k blocks of one row block."""
+
+    rbox: int
+    kb: int
+    bps: int
+    stages: int
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.bps * self.rbox * BOX_K * 2
+
+
+def box_plan(klen: int, nrows: int, rbox: int) -> BoxPlan | None:
+    """The kernel's box_tile: the tile's box plan, or None (it keeps the register GEMV)."""
+    if not swizzle_legal_box_rows(rbox) or nrows <= 0 or nrows % rbox or klen <= 0 or klen % BOX_K:
+        return None
+    kb = klen // BOX_K
+    bps = RING_STAGE // (rbox * BOX_K * 2)
+    while kb % bps:
+        bps //= 2
+    return BoxPlan(rbox, kb, bps, (nrows // rbox) * kb // bps)
+
+
+def stage_boxes(plan: BoxPlan, stage: int, x0: int, y0: int) -> list[tuple[int, int]]:
+    """The loader's boxes of a stage (ring_issue): (column, row) of each in the map, in slot order."""
+    q = stage * plan.bps
+    y = y0 + (q // plan.kb) * plan.rbox
+    x = x0 + (q % plan.kb) * BOX_K
+    return [(x + j * BOX_K, y) for j in range(plan.bps)]
+
+
+def ring_path(shape: tuple[int, int, int, int], box_rows: int = 0) -> tuple[str, int] | None:
+    """("rows", stages) for a tile of whole rows, ("boxes", stages) for a K range with a map of
+    `box_rows` (0: none), None for the register GEMV; shape as gemv_shapes gives it."""
+    klen, nrows, nsplit, ld = shape
+    n = ring_tile(klen, nrows, nsplit, ld)
+    if n is not None:
+        return ("rows", n)
+    b = box_plan(klen, nrows, box_rows) if box_rows else None
+    return None if b is None else ("boxes", b.stages)
+
+
+def desc_stages(cfg, d, box_rows: dict[int, int]) -> list[int]:
+    """The kernel's ring_plan of a descriptor (MK_F_* words): the stage counts of the tiles it streams
+    through the ring, in the order it reads them (its GEMV's tile, then a fused item's down slice)."""
+    op = int(d[abi.MK_F_OP])
+    a1, a2, a3, a4 = (int(d[f]) for f in (abi.MK_F_A1, abi.MK_F_A2, abi.MK_F_A3, abi.MK_F_A4))
+    H, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.prefix_dense_intermediate_size
+    rows = {
+        abi.MK_OP_QKV: (H, a1, a1, H),
+        abi.MK_OP_ROUTER: (H, a1, a1, H),
+        abi.MK_OP_LM_HEAD: (H, a1, a1, H),
+        abi.MK_OP_DENSE_UP: (H, 2 * a1, a1, H),
+        abi.MK_OP_MOE_UP: (H, 2 * a2, a2, H),
+        abi.MK_OP_MOE_FUSED: (H, 2 * a2, a2, H),
+        abi.MK_OP_OPROJ: (a3 - a2, a1, a1, cfg.q_width),
+        abi.MK_OP_DENSE_DOWN: (a3 - a2, a1, a1, D),
+        abi.MK_OP_MOE_DOWN: (a4 or I, a2, a2, I),
+    }
+    kinds = {
+        abi.MK_OP_OPROJ: abi.MK_TMAP_O,
+        abi.MK_OP_DENSE_DOWN: abi.MK_TMAP_DENSE_DOWN,
+        abi.MK_OP_MOE_DOWN: abi.MK_TMAP_EXP_DOWN,
+    }
+    out = []
+    if op in rows:
+        path = ring_path(rows[op], box_rows.get(kinds[op], 0) if op in kinds else 0)
+        if path is not None:
+            out.append(path[1])
+    if op == abi.MK_OP_MOE_FUSED:  # the down slice: boxes only (slice_tile), even when a2 == I
+        rb = box_rows.get(abi.MK_TMAP_EXP_DOWN, 0)
+        plan = box_plan(a2, H, rb) if rb else None
+        if plan is not None:
+            out.append(plan.stages)
+    return out
+
+
+# ---- the box consumers, lane by lane -----------------------------------------------------------------
+
+
+def swizzle128(offset: int) -> int:
+    """Where the TMA's 128-byte swizzle puts the byte at `offset` of a 1024-byte-aligned destination:
+    bits 4-6 (the 16-byte chunk in a 128-byte row) XOR bits 7-9 (the row within 1024 bytes)."""
+    return offset ^ (((offset >> 7) & 7) << 4)
+
+
+def tma_stage(W: np.ndarray, plan: BoxPlan, stage: int, x0: int, y0: int) -> np.ndarray:
+    """The stage's bytes as the hardware leaves them (as bf16 bit patterns, uint16 [RING_STAGE // 2]):
+    each box of stage_boxes is [rbox][BOX_K] of W (uint16), row-major, swizzled."""
+    img = np.zeros(RING_STAGE // 2, dtype=np.uint16)
+    box_bytes = plan.rbox * BOX_K * 2
+    for j, (x, y) in enumerate(stage_boxes(plan, stage, x0, y0)):
+        box = W[y : y + plan.rbox, x : x + BOX_K]
+        assert box.shape == (plan.rbox, BOX_K)
+        for r in range(plan.rbox):
+            for c in range(BOX_K // 8):  # 16-byte chunks
+                dst = swizzle128(j * box_bytes + r * 128 + c * 16) // 2
+                img[dst : dst + 8] = box[r, 8 * c : 8 * c + 8]
+    return img
+
+
+def _ldmatrix_x4(mem: np.ndarray, addrs: list[int]) -> list[list[int]]:
+    """ldmatrix.m8n8.x4.b16: lane l gives the byte address of row l % 8 of matrix l // 8; lane j
+    receives, of matrix m, row j // 4's elements 2 (j % 4) and + 1: regs[j][m] = (lo, hi) uint16s."""
+    out = []
+    for j in range(32):
+        regs = []
+        for m in range(4):
+            a = addrs[8 * m + j // 4] // 2 + 2 * (j % 4)
+            regs.append((int(mem[a]), int(mem[a + 1])))
+        out.append(regs)
+    return out
+
+
+def _bf16(bits: int) -> float:
+    return float(np.array([bits << 16], dtype=np.uint32).view(np.float32)[0])
+
+
+def _mma16816(c: np.ndarray, a: list, b: list) -> None:
+    """mma.m16n8k16.row.col f32 += bf16: c [32][4] per lane; a [32] lanes of (a0, a1, a2, a3), b [32]
+    of (b0, b1), each a (lo, hi) pair, in PTX's fragment layout (gid = lane / 4, t = lane % 4): a0 =
+    A[gid][2t, 2t+1], a1 = A[gid+8][..], a2 = A[gid][2t+8, 2t+9], a3 = A[gid+8][2t+8..]; b0 =
+    B[2t, 2t+1][gid], b1 = B[2t+8, 2t+9][gid]; c0, c1 = C[gid][2t, 2t+1], c2, c3 = C[gid+8][..]."""
+    A = np.zeros((16, 16))
+    B = np.zeros((16, 8))
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i, (r, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[r, k], A[r, k + 1] = _bf16(a[lane][i][0]), _bf16(a[lane][i][1])
+        for i, k in enumerate((2 * t, 2 * t + 8)):
+            B[k, g], B[k + 1, g] = _bf16(b[lane][i][0]), _bf16(b[lane][i][1])
+    C = A @ B
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        c[lane] += (C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
+
+
+def consume_boxes(
+    W: np.ndarray, act: np.ndarray, plan: BoxPlan, nrows: int, x0: int = 0, y0: int = 0, warps: int = RING_CW
+) -> np.ndarray:
+    """ring_consume_box, lane by lane, over every stage of a tile: W uint16 [rows][cols] (bf16 bits),
+    act uint16 [8][lds] (token n's column k at [n][k], the tile's K from column 0); the sums
+    out[r][n] (float64 [nrows][8]) as the kernel's red.shared adds leave them."""
+    lds = act.shape[1]
+    act_mem = act.reshape(-1)
+    out = np.zeros((nrows, 8))
+    groups = plan.rbox // 16
+    box_bytes = plan.rbox * BOX_K * 2
+    for w in range(warps):
+        ng, g0 = (groups // warps, w) if groups >= warps else (1, w % groups)
+        box0, bstep = (0, 1) if groups >= warps else (w // groups, warps // groups)
+        acc = np.zeros((2, 4, 32, 4))
+        for st in range(plan.stages):
+            mem = tma_stage(W, plan, st, x0, y0)
+            q0 = st * plan.bps
+            for box in range(box0, plan.bps, bstep):
+                kblk = (q0 + box) % plan.kb
+                b = []
+                for half in range(2):
+                    addrs = [
+                        ((ln & 7) * lds + (ln >> 3) * 8) * 2 + kblk * BOX_K * 2 + half * 64
+                        for ln in range(32)
+                    ]
+                    r = _ldmatrix_x4(act_mem, addrs)
+                    b += [[(r[j][0], r[j][1]) for j in range(32)], [(r[j][2], r[j][3]) for j in range(32)]]
+                for i in range(ng):
+                    row = box * box_bytes + (g0 + i * warps) * 16 * 128
+                    for ks in range(4):
+                        addrs = [
+                            row + (ln & 15) * 128 + (((ks * 2 + (ln >> 4)) ^ (ln & 7)) << 4)
+                            for ln in range(32)
+                        ]
+                        a = _ldmatrix_x4(mem, addrs)
+                        _mma16816(acc[i, ks], a, b[ks])
+            if (q0 + plan.bps) % plan.kb == 0 and box0 < plan.bps:
+                rb = q0 // plan.kb
+                for i in range(ng):
+                    c = acc[i].sum(axis=0)
+                    acc[i] = 0
+                    for lane in range(32):
+                        g, t = lane // 4, lane % 4
+                        r = rb * plan.rbox + (g0 + i * warps) * 16 + g
+                        out[r, 2 * t] += c[lane, 0]
+                        out[r, 2 * t + 1] += c[lane, 1]
+                        out[r + 8, 2 * t] += c[lane, 2]
+                        out[r + 8, 2 * t + 1] += c[lane, 3]
+    return out
 
 
 # ---- the protocol ------------------------------------------------------------------------------------

@@ -94,15 +94,16 @@ class MapSpec:
             )
         if not swizzle_legal_box_rows(self.box_rows):
             raise TensorMapError(
-                f"{where}: {self.box_rows} box rows; the ring takes multiples of "
-                f"{abi.MK_TMAP_BOX_ROWS_MIN} up to {abi.MK_TMAP_BOX_ROWS_MAX}"
+                f"{where}: {self.box_rows} box rows; the ring takes powers of two from "
+                f"{abi.MK_TMAP_BOX_ROWS_MIN} to {abi.MK_TMAP_BOX_ROWS_MAX}"
             )
 
 
 def swizzle_legal_box_rows(n: int) -> bool:
-    """Box rows the ring takes: whole mma row groups (so a box is a multiple of the 128-byte swizzle's
-    1024-byte period and its stages stay aligned), within the hardware's 256."""
-    return abi.MK_TMAP_BOX_ROWS_MIN <= n <= abi.MK_TMAP_BOX_ROWS_MAX and n % abi.MK_TMAP_BOX_ROWS_MIN == 0
+    """Box rows the ring takes (the kernel's box_tile checks the same): a power of two of whole mma row
+    groups (so a box is a multiple of the 128-byte swizzle's 1024-byte period, its stages stay
+    aligned and the consumers deal its row groups over the warps evenly), within the hardware's 256."""
+    return abi.MK_TMAP_BOX_ROWS_MIN <= n <= abi.MK_TMAP_BOX_ROWS_MAX and n & (n - 1) == 0
 
 
 def box_rows_for(row_counts: Iterable[int]) -> int:

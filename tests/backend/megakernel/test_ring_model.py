@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel import ring_model as rm
 from mkcode.backend.megakernel.ring_model import RING_CW, RING_D, RING_ROWS, RING_STAGE, ring_tile, run_block
 from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
@@ -128,3 +130,200 @@ def test_one_consumer_warp_holds_back_the_loader_but_not_forever():
     warps that can run."""
     res = run_block([[RING_D * 5, RING_D * 2]] * 3, pick=ADVERSARIES["warp0_starves"])
     assert res.ok and res.steps > 0
+
+
+# ---- K-range tiles as TMA boxes ------------------------------------------------------------------------
+
+BOX_GEOMS = [  # (klen, rows, box rows): release O-proj, dense down, fused slices; reduced; odd k blocks
+    (1024, 128, 128),
+    (768, 64, 64),
+    (128, 2048, 256),
+    (256, 2048, 256),
+    (64, 512, 256),
+    (384, 384, 128),
+    (1024, 64, 64),
+    (256, 64, 64),
+    (192, 32, 16),
+    (320, 16, 16),
+]
+
+
+@pytest.mark.parametrize("klen,rows,rbox", BOX_GEOMS)
+def test_box_stages_are_whole_aligned_boxes_of_one_row_block(klen, rows, rbox):
+    plan = rm.box_plan(klen, rows, rbox)
+    assert plan is not None
+    assert plan.stage_bytes <= RING_STAGE and plan.stage_bytes % abi.MK_TMAP_SMEM_ALIGN == 0
+    assert plan.kb % plan.bps == 0  # a stage never straddles two row blocks
+    seen = []
+    for st in range(plan.stages):
+        boxes = rm.stage_boxes(plan, st, x0=192, y0=4096)
+        assert len({y for _, y in boxes}) == 1  # one row block
+        assert [x for x, _ in boxes] == list(range(boxes[0][0], boxes[0][0] + plan.bps * 64, 64))
+        seen += boxes
+    want = [(192 + 64 * k, 4096 + rbox * b) for b in range(rows // rbox) for k in range(klen // 64)]
+    assert seen == want  # every box once, row block major
+
+
+def test_stages_are_as_large_as_the_k_blocks_allow():
+    assert rm.box_plan(1024, 128, 128).stage_bytes == RING_STAGE  # release O-proj: 8 stages of 32 KB
+    assert rm.box_plan(1024, 128, 128).stages == 8
+    assert rm.box_plan(768, 64, 64).stages == 3  # release dense down: 96 KB
+    assert rm.box_plan(128, 2048, 256).stages == 16  # a BS 1 fused slice: 512 KB
+    assert rm.box_plan(192, 64, 64).bps == 1  # 3 k blocks: one box per stage
+
+
+@pytest.mark.parametrize(
+    "klen,rows,rbox",
+    [
+        (96, 64, 64),
+        (1024, 96, 64),
+        (1024, 128, 48),
+        (1024, 128, 8),
+        (1024, 512, 512),
+        (0, 64, 64),
+        (64, 0, 64),
+    ],
+)
+def test_box_shapes_that_keep_the_register_gemv(klen, rows, rbox):
+    assert rm.box_plan(klen, rows, rbox) is None
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _values(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _box_case(klen, rows, rbox, pad, seed):
+    rng = np.random.default_rng(seed)
+    x0, y0 = 128, 48
+    W = _bf16_bits(rng.standard_normal((y0 + rows + 32, x0 + klen + 64)))
+    act = np.zeros((8, klen + pad), dtype=np.uint16)
+    act[:, :klen] = _bf16_bits(rng.standard_normal((8, klen)))
+    act[:, klen:] = _bf16_bits(np.full((8, pad), np.nan))  # padding never read
+    want = _values(W[y0 : y0 + rows, x0 : x0 + klen]) @ _values(act[:, :klen]).T
+    return W, act, x0, y0, want
+
+
+@pytest.mark.parametrize(
+    "klen,rows,rbox,pad",
+    [
+        (256, 64, 64, 32),  # G = 4 < 8 warps: two warps per group, boxes dealt by twos
+        (1024, 128, 128, 32),  # G = 8: one group per warp
+        (128, 512, 256, 32),  # G = 16: two groups per warp; a slice's k blocks over two stages
+        (128, 256, 256, 0),  # a fused item's act rows (lds = n)
+        (192, 32, 16, 32),  # G = 1, one box per stage: most warps idle
+        (320, 32, 32, 64),
+    ],
+)
+def test_the_box_consumers_undo_the_swizzle(klen, rows, rbox, pad):
+    """ring_consume_box lane by lane (ldmatrix addresses, mma fragments, the row blocks' adds) over the
+    bytes the TMA leaves in the stages gives W act exactly (fp64 sums of bf16 products)."""
+    plan = rm.box_plan(klen, rows, rbox)
+    W, act, x0, y0, want = _box_case(klen, rows, rbox, pad, seed=klen + rows)
+    got = rm.consume_boxes(W, act, plan, rows, x0, y0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
+def test_consumers_that_ignore_the_swizzle_read_the_wrong_k(monkeypatch):
+    """The same consumers over unswizzled stages: the check above is sensitive to the XOR."""
+    plan = rm.box_plan(256, 64, 64)
+    W, act, x0, y0, want = _box_case(256, 64, 64, 32, seed=5)
+    monkeypatch.setattr(rm, "swizzle128", lambda off: off)
+    got = rm.consume_boxes(W, act, plan, 64, x0, y0)
+    assert np.abs(got - want).max() > 1.0
+
+
+@pytest.mark.parametrize("B", [1, 2, 4, 8])
+def test_with_tensor_maps_every_release_gemv_goes_through_the_ring(B):
+    """At the release geometry with the backend's tensor maps every GEMV item kind streams through the
+    ring: whole-row tiles as rows, O-proj, dense down and fused slices as boxes; without maps the K
+    ranges keep the register GEMV."""
+    from mkcode.backend.megakernel import tensor_maps as tm
+
+    cfg = north_mini_code_config()
+    tilings = [tiling_for_batch(cfg, default_tiling(cfg), b, p) for b in range(1, 9) for p in (None, 1 << 20)]
+    rows = tm.kind_box_rows(cfg, tilings)
+    t = tiling_for_batch(cfg, default_tiling(cfg), B)
+    with_maps = rm.item_tiles(cfg, t, rows)
+    without = rm.item_tiles(cfg, t, {})
+    for name, tiles in with_maps.items():
+        assert tiles, name
+        assert all(n > 0 for n in tiles)
+        if name in ("oproj", "dense_down"):
+            assert without[name] == []
+    for name, shape in rm.gemv_shapes(cfg, t).items():
+        path = rm.ring_path(shape, rows.get(rm.BOX_KINDS.get(name, -1), 0))
+        want = "boxes" if name in ("oproj", "dense_down", "moe_down_slice") else "rows"
+        assert path is not None and path[0] == want, (name, shape, path)
+    if t.moe_fused:  # up tile then its slice, and the slice alone without maps is not streamed
+        assert len(with_maps["moe_fused"]) == 2 and len(without["moe_fused"]) == 1
+
+
+def _desc(op, a=(0, 0, 0, 0, 0)) -> list[int]:
+    d = [0] * abi.MK_DESC_WORDS
+    d[abi.MK_F_OP] = op
+    d[abi.MK_F_A0 : abi.MK_F_A4 + 1] = a
+    return d
+
+
+@pytest.mark.parametrize("B", [1, 8])
+def test_a_descriptors_plan_is_its_kinds(B):
+    """desc_stages (the kernel's ring_plan from descriptor words, which the GPU tests use to expect the
+    stages consumed) agrees with item_tiles (the tiling's shapes)."""
+    from mkcode.backend.megakernel import tensor_maps as tm
+
+    cfg = north_mini_code_config()
+    t = tiling_for_batch(cfg, default_tiling(cfg), B)
+    rows = tm.kind_box_rows(cfg, [t])
+    kinds = rm.item_tiles(cfg, t, rows)
+    G = cfg.gqa_group * cfg.head_dim
+    D = cfg.prefix_dense_intermediate_size
+    descs = {
+        "qkv": _desc(abi.MK_OP_QKV, (t.qkv_rows, t.qkv_rows, 0, 0, 0)),
+        "router": _desc(abi.MK_OP_ROUTER, (0, t.router_rows, 0, 0, 0)),
+        "oproj": _desc(abi.MK_OP_OPROJ, (t.o_rows, t.o_rows, G, 2 * G, 1)),
+        "dense_up": _desc(abi.MK_OP_DENSE_UP, (0, t.dense_up_cols, 0, 0, 0)),
+        "dense_down": _desc(
+            abi.MK_OP_DENSE_DOWN, (0, t.dense_down_rows, D // t.mlp_splits, 2 * D // t.mlp_splits, 1)
+        ),
+        "moe_up": _desc(abi.MK_OP_MOE_UP, (3, t.moe_up_cols, t.moe_up_cols, 0, 0)),
+        "moe_down": _desc(abi.MK_OP_MOE_DOWN, (3, t.moe_down_rows, t.moe_down_rows, 0, 0)),
+        "lm_head": _desc(abi.MK_OP_LM_HEAD, (0, t.lm_rows, 0, 0, 0)),
+    }
+    if t.moe_fused:
+        descs["moe_fused"] = _desc(abi.MK_OP_MOE_FUSED, (3, t.moe_up_cols, t.moe_up_cols, 0, 0))
+    for name, d in descs.items():
+        assert rm.desc_stages(cfg, d, rows) == kinds[name], name
+    # a MoE down tile of a K range (moe_down_ready) goes as boxes of the experts' map
+    k_range = _desc(abi.MK_OP_MOE_DOWN, (3, 0, 128, 256, 128))
+    assert rm.desc_stages(cfg, k_range, {abi.MK_TMAP_EXP_DOWN: 128}) == [rm.box_plan(128, 128, 128).stages]
+    assert rm.desc_stages(cfg, k_range, {}) == []
+
+
+@pytest.mark.parametrize("adversary", list(ADVERSARIES))
+@pytest.mark.parametrize("B", [1, 8])
+def test_release_items_with_box_tiles_never_deadlock(adversary, B):
+    """Blocks of release items (their real stage counts, with the tensor maps): QKV, O-proj boxes, MoE
+    up tiles, fused items (up tile, then its 16-stage slice, the loader running on into the slice by
+    RING_D stages) and fused items whose up tile keeps the registers (the slice alone), LM tiles, in
+    random orders, under every scheduler."""
+    from mkcode.backend.megakernel import tensor_maps as tm
+
+    cfg = north_mini_code_config()
+    t = tiling_for_batch(cfg, default_tiling(cfg), B)
+    kinds = {k: v for k, v in rm.item_tiles(cfg, t, tm.kind_box_rows(cfg, [t])).items() if v}
+    if "moe_fused" in kinds:
+        kinds["slice_only"] = kinds["moe_fused"][1:]
+    rng = random.Random(B * 7 + len(adversary))
+    names = sorted(kinds)
+    for trial in range(6):
+        items = [kinds[rng.choice(names)] for _ in range(8)]
+        pick = ADVERSARIES[adversary]
+        if pick is None:
+            r = random.Random(trial)
+            pick = lambda en, r=r: r.randrange(len(en))  # noqa: E731
+        res = run_block(items, pick=pick)
+        assert res.ok and not res.deadlock, (items, res)
