@@ -1,16 +1,18 @@
 #!/bin/bash
 # One device-tool call for engine v2's weight ring (issue 41 step 2, MK_MODE_RING = prefetch bit 8):
-# correctness of the ring kernel first, then the old and the new path timed in the same call.
+# correctness of the ring kernel first, then the old and the new path timed in the same call. The ring
+# kernel's backends carry tensor maps (tensor_maps.py): K-range tiles stream as TMA boxes.
 # Usage (repo root, GPU machine): bash backend/megakernel/ring_run.sh [step] [tests] [bench] [release]
 #   step     the ring kernel (MKCODE_MK_RING=1): one reduced 2-layer step in ring mode vs the fp32
 #            reference (gpu_check step --mode 8); a failure stops the call
-#   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s)
+#   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s): every
+#            GEMV op (whole rows and K-range boxes) with the exact stage count its plan streams
 #   bench    gpu_check bench at BS 1 (BATCHES), ctx 8K: the default kernel (the reference path,
 #            prefetch=0 twice), then the ring kernel (prefetch=0, 8, 0, 8: its register path and
 #            the ring in turn), each line with tok/s and % of SOL; the ring kernel's timeline in ring
 #            mode (--timeline-mode 8)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
-# Logs under $OUT (step.log, tests.log, bench_default/, bench_ring/, release.log).
+# Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, release.log).
 set -u
 OUT=${OUT:-/tmp/mk_out}
 mkdir -p "$OUT"
@@ -26,13 +28,16 @@ build() {  # $1: 0 default kernel, 1 ring kernel
 build 1 || exit 1
 build 0 || exit 1
 echo "builds done at +$(( $(date +%s) - t0 ))s"
+for f in "$MKCODE_KERNEL_CACHE"/*/mk_kernel.o.log; do  # registers / stack / spills of both kernels
+  { grep -o -- "-DMK_RING=1" "$f" | head -1 || true; grep -A2 "Function properties for _ZN2mk14mk_step_kernel" "$f"; } >> "$OUT/ptxas.txt"
+done
 for stage in "$@"; do
   case $stage in
     step)
       MKCODE_MK_RING=1 timeout ${T_STEP:-90} python3 -m mkcode.backend.megakernel.gpu_check step --mode 8 2>&1 | tee "$OUT/step.log" | tail -4
       [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring step failed: stop"; exit 1; } ;;
     tests)
-      MKCODE_MK_RING=1 timeout ${T_TESTS:-240} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q -x \
+      MKCODE_MK_RING=1 timeout ${T_TESTS:-320} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q -x \
         -p no:cacheprovider -k "not release" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     bench)
       MKCODE_MK_RING=0 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_default" \
