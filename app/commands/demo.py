@@ -42,6 +42,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="with --train: training steps (default: the trainer's)")
     p.add_argument("--seed", type=int, help="with --train: training seed (default 0)")
     p.add_argument("--evaluate", action="store_true", help="run the held-out request set and print the rates")
+    p.add_argument(
+        "--tool-sets",
+        choices=["mkcode", "mixed"],
+        help="with --train: the training data's tool vocabularies (default mkcode; mixed adds OpenCode's, "
+        "Codex CLI's and random renamings)",
+    )
+    p.add_argument(
+        "--tool-set",
+        choices=["mkcode", "opencode", "codex"],
+        default="mkcode",
+        help="with --evaluate (without --train): offer this client's tools in the held-out requests",
+    )
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
@@ -64,8 +76,10 @@ def run(args: argparse.Namespace) -> int:
             print("error: --train needs --out DIR", file=sys.stderr)
             return 2
         from mkcode.backend.demo.trainer import train_to
+        from mkcode.backend.demo.vocabularies import MIXES
 
-        return train_to(args.out, args.steps, args.seed, evaluate=args.evaluate, device=args.device)
+        extra = {"tool_sets": MIXES[args.tool_sets]} if args.tool_sets else {}
+        return train_to(args.out, args.steps, args.seed, evaluate=args.evaluate, device=args.device, **extra)
     if args.steps is not None or args.seed is not None:
         print("error: --steps and --seed apply to --train", file=sys.stderr)
         return 2
@@ -82,6 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if args.evaluate:
         from mkcode.backend.demo.evaluate import evaluate_checkpoint
 
-        print(evaluate_checkpoint(path).summary(), file=sys.stderr)
+        print(evaluate_checkpoint(path, tool_set=args.tool_set).summary(), file=sys.stderr)
     print(path)
     return 0

@@ -11,7 +11,15 @@ back, until the model answers in text. It counts
   is a file of the workspace (none invented);
 - successful edits: the file on disk afterwards is exactly the requested change.
 
+`evaluate_checkpoint(path, tool_set="codex")` (or "opencode") runs the same requests under a client's
+tool vocabulary (`vocabularies.py`): the client's tool schemas and environment shape, its results
+formats, and the calls executed through mkcode's registry (Codex's `exec_command` as a shell command).
+A call counts as the right tool by what it does: under Codex, `ls` lists, `cat -n` reads, `grep`
+searches and `sed -i` edits, and every shell command runs.
+
 `write_report` puts the rates and every transcript's outline into REPORT.md beside the checkpoint.
+`python -m mkcode.backend.demo.evaluate DIR [--tool-set codex]` prints the rates (and writes JSON or
+a report with `--json` / `--markdown`).
 """
 
 from __future__ import annotations
@@ -41,12 +49,14 @@ HELD_OUT_ASKS: dict[str, list[str]] = {
              "Change {name} to {new} in {path}.", "Rename the function {name} to {new} in {path}."],
     "run": ["Please run the tests.", "Run the unit tests.", "Show the git status.", "Run ls in the shell."],
 }  # fmt: skip
-EXPECTED_FIRST: dict[str, set[str]] = {
-    "list": {"list_dir"},
-    "read": {"read_file"},
+# What the first call must do per kind, in the actions of `vocabularies.action_labels` (mkcode's set:
+# list_dir, read_file, grep, read_file or edit_file, run_shell); an edit must also edit.
+EXPECTED_ACTIONS: dict[str, set[str]] = {
+    "list": {"list"},
+    "read": {"read"},
     "grep": {"grep"},
-    "edit": {"read_file", "edit_file"},
-    "run": {"run_shell"},
+    "edit": {"read", "edit"},
+    "run": {"run"},
 }
 
 
@@ -116,13 +126,14 @@ class EvalResult:
     seconds: float
     version: str = ""
     counts: dict[str, Any] = field(default_factory=dict)
+    tool_set: str = "mkcode"
 
     def rate(self, kinds: set[str], attr: str) -> tuple[int, int]:
         sel = [o for o in self.outcomes if o.case.kind in kinds]
         return sum(bool(getattr(o, attr)) for o in sel), len(sel)
 
     def rates(self) -> dict[str, tuple[int, int]]:
-        all_kinds = set(EXPECTED_FIRST)
+        all_kinds = set(EXPECTED_ACTIONS)
         invented = [o for o in self.outcomes if o.case.kind in {"list", "read"} and o.invented]
         n_lr = sum(o.case.kind in {"list", "read"} for o in self.outcomes)
         return {
@@ -130,7 +141,7 @@ class EvalResult:
             "grounded answers (list/read)": self.rate({"list", "read"}, "grounded"),
             "answers with an invented file name (list/read)": (len(invented), n_lr),
             "successful edits": self.rate({"edit"}, "edited"),
-            **{f"correct tool choice: {k}": self.rate({k}, "right_tool") for k in EXPECTED_FIRST},
+            **{f"correct tool choice: {k}": self.rate({k}, "right_tool") for k in EXPECTED_ACTIONS},
         }
 
     def summary(self) -> str:
@@ -174,11 +185,19 @@ class _Proj:
 
 
 def run_case(
-    model: Any, tok: Any, case: Case, max_steps: int = 4, max_new: int = 160, instructions: str | None = None
+    model: Any,
+    tok: Any,
+    case: Case,
+    max_steps: int = 4,
+    max_new: int = 160,
+    instructions: str | None = None,
+    tool_set: str = "mkcode",
 ) -> Outcome:
     """One request in a fresh workspace on disk, with mkcode's tools executing the calls;
-    `instructions` replaces the short system prompt's instructions (a long agent prompt, say)."""
+    `instructions` replaces the short system prompt's instructions (a long agent prompt, say);
+    `tool_set` ("opencode", "codex") offers that client's tools instead of mkcode's."""
     from mkcode.backend.chat.parser import parse_full
+    from mkcode.backend.demo import vocabularies as vocab
     from mkcode.backend.demo.dialogues import system_prompt
     from mkcode.tools import ToolRegistry, Workspace
 
@@ -188,15 +207,18 @@ def run_case(
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
         registry = ToolRegistry(Workspace(d), mode="full-auto")
-        tools = registry.openai_tools()
+        vrng = random.Random(f"{tool_set}-{case.request}")
+        ts = vocab.tool_set(tool_set, vrng, registry.openai_tools())
+        tools = ts.tools
         system = instructions + "\n\n" if instructions else ""
         system = system or system_prompt(random.Random(case.request)).split("# Environment")[0]
         system += f"# Environment\nWorking directory: {d}\nPlatform: Linux\nGit repository: no"
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": system},
+            *vocab.system_messages(system, ts, vrng),
             {"role": "user", "content": case.request},
         ]
         calls: list[tuple[str, str]] = []
+        labels: list[set[str]] = []
         answer = ""
         for _step in range(max_steps):
             ids = tok.apply_chat_template(messages, tools, add_generation_prompt=True)
@@ -212,8 +234,9 @@ def run_case(
                 tool_calls.append(
                     {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 )
-                result = registry.execute(c.name, c.arguments)
-                results.append({"role": "tool", "tool_call_id": cid, "content": result.for_model()})
+                result = vocab.execute(ts, registry, c.name, c.arguments, root, vrng)
+                results.append({"role": "tool", "tool_call_id": cid, "content": result})
+            labels += [vocab.action_labels(ts, c.name, c.arguments, root) for c in parsed.tool_calls]
             calls += [(c.name, c.arguments) for c in parsed.tool_calls]
             messages.append({"role": "assistant", "content": parsed.content, "tool_calls": tool_calls})
             messages += results
@@ -225,9 +248,9 @@ def run_case(
             want = dict(case.files)
             want[path] = case.files[path].replace(old, new, 1)
             edited = after == want
-    right = bool(calls) and calls[0][0] in EXPECTED_FIRST[case.kind]
+    right = bool(labels) and bool(labels[0] & EXPECTED_ACTIONS[case.kind])
     if case.kind == "edit":
-        right = right and any(name == "edit_file" for name, _ in calls)
+        right = right and any("edit" in x for x in labels)
     return Outcome(case, calls, answer, right, invented, edited)
 
 
@@ -249,12 +272,18 @@ class _Model:
 
 
 def evaluate_checkpoint(
-    path: Path, seed: int = 9001, per_kind: int = 8, long_prompt_tokens: int = 0, device: str = "cpu"
+    path: Path,
+    seed: int = 9001,
+    per_kind: int = 8,
+    long_prompt_tokens: int = 0,
+    device: str = "cpu",
+    tool_set: str = "mkcode",
 ) -> EvalResult:
     """Load the checkpoint at `path` (as the CPU runtime does, float32) and run the held-out set;
     with `long_prompt_tokens`, behind a system prompt of about that many tokens (`long_system_prompt`,
     the shape of OpenCode's and Codex CLI's) instead of the short one. `device` "cuda" runs the same
-    float32 model on a GPU (quicker for long prompts)."""
+    float32 model on a GPU (quicker for long prompts). `tool_set` "opencode" or "codex" offers that
+    client's tools (names, arguments, result formats) instead of mkcode's."""
     import torch
 
     from mkcode.backend.chat.tokenizer import ChatTokenizer
@@ -269,16 +298,24 @@ def evaluate_checkpoint(
         long = (
             long_system_prompt(random.Random(seed), tok, long_prompt_tokens) if long_prompt_tokens else None
         )
-        outcomes = [run_case(model, tok, c, instructions=long) for c in held_out_cases(seed, per_kind)]
-    return EvalResult(outcomes, time.monotonic() - t0, demo_model_version(path))
+        outcomes = [
+            run_case(model, tok, c, instructions=long, tool_set=tool_set)
+            for c in held_out_cases(seed, per_kind)
+        ]
+    return EvalResult(outcomes, time.monotonic() - t0, demo_model_version(path), tool_set=tool_set)
 
 
 def write_report(
-    directory: Path, result: EvalResult, extra: list[str] | None = None, command: str | None = None
+    directory: Path,
+    result: EvalResult,
+    extra: list[str] | None = None,
+    command: str | None = None,
+    name: str = "REPORT.md",
 ) -> Path:
     """REPORT.md: the rates, then one line per request (what it called, what it answered)."""
+    under = "" if result.tool_set == "mkcode" else f" under {result.tool_set}'s tool set"
     lines = [
-        f"# Demo model {result.version}: held-out evaluation",
+        f"# Demo model {result.version}: held-out evaluation{under}",
         "",
         "Scripted requests in phrasings the training dialogues never use, each in a fresh temporary",
         "workspace with mkcode's real tools executing the calls (`backend/demo/evaluate.py`,",
@@ -304,7 +341,7 @@ def write_report(
         lines.append(
             f"- [{o.case.kind}] {o.case.request!r} → {calls} → {o.answer.strip()!r} ({', '.join(marks)})"
         )
-    out = directory / "REPORT.md"
+    out = directory / name
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -388,3 +425,55 @@ def long_context_check(path: Path, target_tokens: int = 12_000) -> dict[str, Any
         "first_call": [(c.name, c.arguments) for c in parsed.tool_calls],
         "finite": bool(torch.isfinite(logits).all()),
     }
+
+
+def result_json(result: EvalResult) -> dict[str, Any]:
+    """The rates and every request's calls, answer and marks, JSON-ready."""
+    return {
+        "version": result.version,
+        "tool_set": result.tool_set,
+        "seconds": round(result.seconds, 1),
+        "rates": {k: list(v) for k, v in result.rates().items()},
+        "requests": [
+            {
+                "kind": o.case.kind,
+                "request": o.case.request,
+                "calls": o.calls,
+                "answer": o.answer,
+                "right_tool": o.right_tool,
+                "invented": o.invented,
+                "edited": o.edited,
+            }
+            for o in result.outcomes
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mkcode.backend.demo.evaluate DIR`: the held-out rates of the checkpoint in DIR."""
+    import argparse
+    import sys
+
+    from mkcode.backend.demo.vocabularies import SET_NAMES
+
+    p = argparse.ArgumentParser(prog="python -m mkcode.backend.demo.evaluate", description=main.__doc__)
+    p.add_argument("model", type=Path, help="checkpoint directory")
+    p.add_argument("--tool-set", default="mkcode", choices=[n for n in SET_NAMES if n != "renamed"])
+    p.add_argument("--per-kind", type=int, default=8, help="requests per kind (default 8)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
+    p.add_argument("--json", type=Path, help="write the rates and transcripts here")
+    p.add_argument("--markdown", type=Path, help="write a report in REPORT.md's format here")
+    args = p.parse_args(argv)
+    result = evaluate_checkpoint(
+        args.model, per_kind=args.per_kind, device=args.device, tool_set=args.tool_set
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result_json(result), indent=1) + "\n")
+    if args.markdown:
+        write_report(args.markdown.parent, result, name=args.markdown.name)
+    print(f"{args.tool_set}: {result.summary()}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,6 +18,10 @@ This is how the checkpoint in `backend/demo/checkpoint/` was made; the app never
 the held-out set and write REPORT.md into DIR):
 
     python -m mkcode.backend.demo.trainer --out DIR --device cuda     # or --device cpu (slow)
+
+`--tool-sets mixed` trains on several tool vocabularies (`vocabularies.py`: mkcode's, OpenCode's,
+Codex CLI's, random renamings), one per step, so that the model calls whatever tools a client
+sends; the default, mkcode's registry alone, is the data of the shipped checkpoint, unchanged.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from mkcode.backend.demo.vocabularies import MIXES
 
 Progress = Callable[[str], None]
 
@@ -58,6 +64,9 @@ DEMO_MODEL_VERSION = "3"  # bumped whenever the shipped checkpoint is retrained
 FROZEN_TOKENIZER = Path(__file__).resolve().parent / "checkpoint" / "tokenizer.json"
 
 
+DEFAULT_TOOL_SETS: tuple[tuple[str, float], ...] = (("mkcode", 1.0),)
+
+
 @dataclass(frozen=True)
 class DemoTrainConfig:
     seed: int = 0
@@ -76,6 +85,9 @@ class DemoTrainConfig:
     workers: int = 0  # data processes (0: generate in the training process)
     max_seconds: float | None = None  # stop early (recorded in the report) past this much training time
     eval_dialogues: int = 8  # fresh dialogues decoded greedily after training (report only)
+    # Tool vocabularies (vocabularies.py), drawn one per step with these weights. The default, mkcode's
+    # registry alone, is the data the shipped checkpoint was trained on, byte for byte.
+    tool_sets: tuple[tuple[str, float], ...] = DEFAULT_TOOL_SETS
 
     def key(self) -> dict[str, Any]:
         """What the trained weights depend on (besides the torch build and device)."""
@@ -128,16 +140,37 @@ def _init_data(tokenizer_json: str, tools: list[dict[str, Any]]) -> None:
     _W["prefix"] = tok.apply_chat_template([], tools, add_generation_prompt=False)
 
 
-def encode_dialogue(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def _prefix(tools: list[dict[str, Any]]) -> tuple[str, list[int]]:
+    """(text, ids) of the tool-schema prefix for `tools` (mkcode's: computed once)."""
+    if tools is _W["tools"]:
+        return _W["prefix_text"], _W["prefix"]
+    last = _W.get("last_prefix")
+    if last is None or last[0] is not tools:
+        tok = _W["tok"]
+        text = tok.render([], tools, add_generation_prompt=False)
+        last = _W["last_prefix"] = (
+            tools,
+            text,
+            tok.apply_chat_template([], tools, add_generation_prompt=False),
+        )
+    return last[1], last[2]
+
+
+def encode_dialogue(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
     """(suffix ids after the tool-schema prefix, indices of the assistant's tokens in it). The
-    prefix ends with a control token, so encoding the rest alone gives the same ids as the whole."""
+    prefix ends with a control token, so encoding the rest alone gives the same ids as the whole.
+    `tools`: the dialogue's tool set (default: mkcode's)."""
     from mkcode.backend.chat import special_tokens as st
 
     tok = _W["tok"]
-    text = tok.render(messages, _W["tools"], add_generation_prompt=False)
-    if not text.startswith(_W["prefix_text"]):
+    tools = _W["tools"] if tools is None else tools
+    prefix_text, _ = _prefix(tools)
+    text = tok.render(messages, tools, add_generation_prompt=False)
+    if not text.startswith(prefix_text):
         raise RuntimeError("a dialogue does not start with the tool-schema prefix; the template changed?")
-    suffix = tok.encode(text[len(_W["prefix_text"]) :])
+    suffix = tok.encode(text[len(prefix_text) :])
     chatbot, eot = tok.token_to_id(st.CHATBOT), tok.token_to_id(st.END_OF_TURN)
     targets, inside = [], False
     for i, t in enumerate(suffix):
@@ -149,18 +182,35 @@ def encode_dialogue(messages: list[dict[str, Any]]) -> tuple[list[int], list[int
     return suffix, targets
 
 
-def make_batch(job: tuple[DemoTrainConfig, int]) -> list[tuple[list[int], list[int]]]:
-    """The dialogues of one training step, drawn from a generator seeded by (seed, step)."""
+StepBatch = tuple[list[int], list[tuple[list[int], list[int]]]]  # (prefix ids, [(suffix ids, targets)])
+
+
+def make_batch(job: tuple[DemoTrainConfig, int]) -> StepBatch:
+    """The tool-schema prefix and the dialogues of one training step. The dialogues are drawn from a
+    generator seeded by (seed, step); the step's tool set, and its translation of the dialogues, from
+    a second one, so the default (mkcode's set alone) draws nothing more than it always did."""
     from mkcode.backend.demo.dialogues import make_dialogue
+    from mkcode.backend.demo.vocabularies import draw_tool_set, translate
 
     config, step = job
     rng = random.Random(f"demo-{config.seed}-{step}")
+    if config.tool_sets == DEFAULT_TOOL_SETS:
+        ts = None
+    else:
+        vrng = random.Random(f"demo-tools-{config.seed}-{step}")
+        ts = draw_tool_set(config.tool_sets, vrng, _W["tools"])
+    tools = _W["tools"] if ts is None or ts.name == "mkcode" else ts.tools
+
+    def encoded(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+        return encode_dialogue(messages if ts is None else translate(messages, ts, vrng), tools)
+
     if config.long_every and step % config.long_every == config.long_every - 1:
-        return [
-            encode_dialogue(make_dialogue(rng, rng.randint(*config.long_chars)))
-            for _ in range(config.long_batch)
+        rows = [
+            encoded(make_dialogue(rng, rng.randint(*config.long_chars))) for _ in range(config.long_batch)
         ]
-    return [encode_dialogue(make_dialogue(rng)) for _ in range(config.batch_size)]
+    else:
+        rows = [encoded(make_dialogue(rng)) for _ in range(config.batch_size)]
+    return _prefix(tools)[1], rows
 
 
 def batches(config: DemoTrainConfig, tokenizer_json: str, tools: list[dict[str, Any]]) -> Iterator[Any]:
@@ -226,7 +276,6 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
     weights = _moved(cfg, synthetic_weights(cfg, config.seed), dev)
     params = _trainable(weights)
     tools = _tool_schemas()
-    prefix = tok.apply_chat_template([], tools, add_generation_prompt=False)
     pad = cfg.pad_token_id or 0
     opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay)
 
@@ -237,10 +286,13 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
         return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     losses: list[float] = []
-    prefix_t = torch.tensor(prefix, device=dev)
+    prefix: list[int] = []
+    prefix_t = None
     steps_done = 0
     t_step5 = None
-    for step, batch in enumerate(batches(config, raw_tok.to_str(), tools)):
+    for step, (step_prefix, batch) in enumerate(batches(config, raw_tok.to_str(), tools)):
+        if prefix_t is None or step_prefix != prefix:  # the step's tool set
+            prefix, prefix_t = step_prefix, torch.tensor(step_prefix, device=dev)
         S = max(len(s) for s, _ in batch)
         suffix = torch.full((len(batch), S), pad, dtype=torch.long)
         rows, labels = [], []
@@ -339,8 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, help="data processes (default: 0 on the CPU, 8 on a GPU)")
     p.add_argument("--max-seconds", type=float, help="stop training early past this many seconds")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation (REPORT.md)")
+    p.add_argument(
+        "--tool-sets",
+        choices=sorted(MIXES),
+        help="tool vocabularies of the training data: mkcode (default: the registry's tools only) or mixed "
+        "(also OpenCode's and Codex CLI's tools and random renamings, one set per step)",
+    )
     args = p.parse_args(argv)
     overrides = {"batch_size": args.batch_size, "workers": args.workers, "max_seconds": args.max_seconds}
+    if args.tool_sets is not None:
+        overrides["tool_sets"] = MIXES[args.tool_sets]
     return train_to(
         args.out,
         args.steps,
@@ -375,7 +435,13 @@ def train_to(
         from mkcode.backend.demo.evaluate import evaluate_checkpoint, write_report
 
         result = evaluate_checkpoint(out)
-        write_report(out, result, command=_command(config))
+        extra = []
+        if config.tool_sets != DEFAULT_TOOL_SETS:  # the clients' vocabularies too
+            for name in ("opencode", "codex"):
+                other = evaluate_checkpoint(out, tool_set=name)
+                extra.append(f"Under {name}'s tool set: {other.summary()}.")
+                print(f"{name}: {other.summary()}", file=sys.stderr)
+        write_report(out, result, extra=extra, command=_command(config))
         print(result.summary(), file=sys.stderr)
     print(out)
     return 0
@@ -387,6 +453,9 @@ def _command(config: DemoTrainConfig) -> str:
     for name in ("steps", "seed", "batch_size"):
         if getattr(config, name) != getattr(default, name):
             cmd += f" --{name.replace('_', '-')} {getattr(config, name)}"
+    if config.tool_sets != default.tool_sets:
+        named = [k for k, v in MIXES.items() if v == config.tool_sets]
+        cmd += f" --tool-sets {named[0]}" if named else f" (tool_sets={list(config.tool_sets)})"
     return cmd
 
 

@@ -209,7 +209,11 @@ def test_batches_do_not_depend_on_the_number_of_workers() -> None:
     inline = list(trainer.batches(config, tj, tools))
     pooled = list(trainer.batches(replace(config, workers=2), tj, tools))
     assert inline == pooled
-    assert [len(b) for b in inline] == [3, config.long_batch, 3, config.long_batch]
+    assert [len(rows) for _prefix, rows in inline] == [3, config.long_batch, 3, config.long_batch]
+    mixed = replace(config, tool_sets=(("opencode", 1.0), ("codex", 1.0), ("renamed", 1.0)))
+    assert list(trainer.batches(mixed, tj, tools)) == list(
+        trainer.batches(replace(mixed, workers=2), tj, tools)
+    )
 
 
 @pytest.mark.slow
