@@ -10,7 +10,7 @@ import pytest
 
 from mkcode.backend.megakernel import abi, build
 
-RING_FUNCS = ("gemv_ring", "ring_issue", "ring_arm", "gemv_ring_op")
+RING_FUNCS = ("gemv_ring", "ring_issue", "ring_arm", "gemv_ring_op", "ring_slice_op")
 
 
 def test_kernel_flags_follow_the_environment(monkeypatch):
