@@ -8,9 +8,9 @@
 #   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s): every
 #            GEMV op (whole rows and K-range boxes) with the exact stage count its plan streams
 #   bench    gpu_check bench at BS 1 (BATCHES), ctx 8K: the default kernel (the reference path,
-#            prefetch=0 twice), then the ring kernel (prefetch=0, 8, 0, 8: its register path and
-#            the ring in turn), each line with tok/s and % of SOL; the ring kernel's timeline in ring
-#            mode (--timeline-mode 8)
+#            prefetch=0 twice), then the ring kernel (prefetch=0, then 8, 4104 twice: its register
+#            path, the ring, the ring with bulk-copied activations, MK_MODE_RING_BULK_ACT), each line with
+#            tok/s and % of SOL; the ring kernel's timeline in ring mode (--timeline-mode 8)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
 # Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, release.log).
 set -u
@@ -43,7 +43,7 @@ for stage in "$@"; do
       MKCODE_MK_RING=0 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_default" \
         --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 2>&1 | tee "$OUT/bench_default.log" | grep -E "^BS|copy|rror"
       MKCODE_MK_RING=1 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_ring" \
-        --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=8 prefetch=0 prefetch=8 --timeline-mode 8 \
+        --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=8 prefetch=4104 prefetch=8 prefetch=4104 --timeline-mode 8 \
         2>&1 | tee "$OUT/bench_ring.log" | grep -E "^BS|check|copy|rror|MOE|QKV|LM_HEAD|ROUTER|OPROJ|ATTN |span" ;;
     release)
       MKCODE_MK_RING=1 timeout ${T_REL:-200} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q \
