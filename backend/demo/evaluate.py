@@ -311,8 +311,10 @@ def write_report(
     extra: list[str] | None = None,
     command: str | None = None,
     name: str = "REPORT.md",
+    others: list[EvalResult] | None = None,
 ) -> Path:
-    """REPORT.md: the rates, then one line per request (what it called, what it answered)."""
+    """REPORT.md: the rates, then one line per request (what it called, what it answered); `others`
+    (the same set under other tool sets) each get a section of their own after it."""
     under = "" if result.tool_set == "mkcode" else f" under {result.tool_set}'s tool set"
     lines = [
         f"# Demo model {result.version}: held-out evaluation{under}",
@@ -321,16 +323,40 @@ def write_report(
         "workspace with mkcode's real tools executing the calls (`backend/demo/evaluate.py`,",
         f"greedy decoding, float32 on the CPU; {len(result.outcomes)} requests in {result.seconds:.0f} s).",
         "",
-        "| measure | count | rate |",
-        "|---|---|---|",
+        *_table(result),
     ]
-    for k, (a, b) in result.rates().items():
-        lines.append(f"| {k} | {a}/{b} | {100 * a / max(b, 1):.0f}% |")
     if command:
         lines += ["", f"Trained with `{command}`; evaluated with `mkcode demo-model --evaluate` (same set)."]
     if extra:
         lines += ["", *extra]
-    lines += ["", "## Requests", ""]
+    for other in others or []:
+        lines += [
+            "",
+            f"## Under {other.tool_set}'s tool set",
+            "",
+            f"The same requests with {other.tool_set}'s tools offered (its tool names, arguments, result "
+            "formats and environment message; `evaluate_checkpoint(path, tool_set=...)`, "
+            f"{other.seconds:.0f} s):",
+            "",
+            *_table(other),
+        ]
+    lines += ["", "## Requests", "", *_request_lines(result)]
+    for other in others or []:
+        lines += ["", f"## Requests under {other.tool_set}'s tool set", "", *_request_lines(other)]
+    out = directory / name
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _table(result: EvalResult) -> list[str]:
+    lines = ["| measure | count | rate |", "|---|---|---|"]
+    for k, (a, b) in result.rates().items():
+        lines.append(f"| {k} | {a}/{b} | {100 * a / max(b, 1):.0f}% |")
+    return lines
+
+
+def _request_lines(result: EvalResult) -> list[str]:
+    lines = []
     for o in result.outcomes:
         calls = ", ".join(f"{n}({json.loads(a) if _is_json(a) else a})" for n, a in o.calls) or "no call"
         marks = [("tool ok" if o.right_tool else "WRONG TOOL")]
@@ -341,9 +367,7 @@ def write_report(
         lines.append(
             f"- [{o.case.kind}] {o.case.request!r} → {calls} → {o.answer.strip()!r} ({', '.join(marks)})"
         )
-    out = directory / name
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return lines
 
 
 def _is_json(text: str) -> bool:
@@ -450,7 +474,8 @@ def result_json(result: EvalResult) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mkcode.backend.demo.evaluate DIR`: the held-out rates of the checkpoint in DIR."""
+    """`python -m mkcode.backend.demo.evaluate DIR`: the held-out rates of the checkpoint in DIR, under
+    one or more tool sets (mkcode's, OpenCode's, Codex CLI's)."""
     import argparse
     import sys
 
@@ -458,20 +483,36 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m mkcode.backend.demo.evaluate", description=main.__doc__)
     p.add_argument("model", type=Path, help="checkpoint directory")
-    p.add_argument("--tool-set", default="mkcode", choices=[n for n in SET_NAMES if n != "renamed"])
+    p.add_argument(
+        "--tool-set",
+        nargs="+",
+        default=["mkcode"],
+        choices=[n for n in SET_NAMES if n != "renamed"],
+        help="tool sets to evaluate under, in order (default mkcode)",
+    )
     p.add_argument("--per-kind", type=int, default=8, help="requests per kind (default 8)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
-    p.add_argument("--json", type=Path, help="write the rates and transcripts here")
-    p.add_argument("--markdown", type=Path, help="write a report in REPORT.md's format here")
-    args = p.parse_args(argv)
-    result = evaluate_checkpoint(
-        args.model, per_kind=args.per_kind, device=args.device, tool_set=args.tool_set
+    p.add_argument("--json", type=Path, help="write every set's rates and transcripts here")
+    p.add_argument(
+        "--report", type=Path, help="write a report in REPORT.md's format here (the first set first)"
     )
+    p.add_argument("--trained-with", help="the training command, quoted in the report")
+    args = p.parse_args(argv)
+    results = []
+    for name in args.tool_set:
+        result = evaluate_checkpoint(args.model, per_kind=args.per_kind, device=args.device, tool_set=name)
+        print(f"{name}: {result.summary()}", file=sys.stderr, flush=True)
+        results.append(result)
     if args.json:
-        args.json.write_text(json.dumps(result_json(result), indent=1) + "\n")
-    if args.markdown:
-        write_report(args.markdown.parent, result, name=args.markdown.name)
-    print(f"{args.tool_set}: {result.summary()}", file=sys.stderr)
+        args.json.write_text(json.dumps([result_json(r) for r in results], indent=1) + "\n")
+    if args.report:
+        write_report(
+            args.report.parent,
+            results[0],
+            command=args.trained_with,
+            name=args.report.name,
+            others=results[1:],
+        )
     return 0
 
 

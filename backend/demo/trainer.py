@@ -435,14 +435,13 @@ def train_to(
         from mkcode.backend.demo.evaluate import evaluate_checkpoint, write_report
 
         result = evaluate_checkpoint(out)
-        extra = []
+        print(result.summary(), file=sys.stderr)
+        others = []
         if config.tool_sets != DEFAULT_TOOL_SETS:  # the clients' vocabularies too
             for name in ("opencode", "codex"):
-                other = evaluate_checkpoint(out, tool_set=name)
-                extra.append(f"Under {name}'s tool set: {other.summary()}.")
-                print(f"{name}: {other.summary()}", file=sys.stderr)
-        write_report(out, result, extra=extra, command=_command(config))
-        print(result.summary(), file=sys.stderr)
+                others.append(evaluate_checkpoint(out, tool_set=name))
+                print(f"{name}: {others[-1].summary()}", file=sys.stderr)
+        write_report(out, result, command=_command(config), others=others)
     print(out)
     return 0
 

@@ -376,6 +376,8 @@ def _entries(listing: str) -> list[str]:
 
 
 def _abs(cwd: str, rel: str) -> str:
+    if rel.startswith("/"):
+        return rel
     return cwd if rel in (".", "") else f"{cwd.rstrip('/')}/{rel}"
 
 

@@ -312,3 +312,55 @@ def test_the_evaluation_runs_a_codex_shaped_request(monkeypatch: pytest.MonkeyPa
     assert re.search(
         r"Process exited with code 0\\nOriginal token count: \d+\\nOutput:\\na\.py\\nsrc/\\n", prompts[1]
     )
+
+
+def test_the_flags_reach_the_training_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`python -m mkcode.backend.demo.trainer --tool-sets mixed` and `mkcode demo-model --train
+    --tool-sets mixed` train on the mixed sets; without the flag, on mkcode's alone."""
+    import argparse
+
+    from mkcode.app.commands import demo
+
+    seen: list[trainer.DemoTrainConfig] = []
+    monkeypatch.setattr(trainer, "train_demo_model", lambda out, config, progress: seen.append(config))
+    assert (
+        trainer.main(["--out", str(tmp_path / "a"), "--steps", "2", "--no-eval", "--tool-sets", "mixed"]) == 0
+    )
+    assert trainer.main(["--out", str(tmp_path / "b"), "--steps", "2", "--no-eval"]) == 0
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args(
+        ["--train", "--out", str(tmp_path / "c"), "--steps", "2", "--tool-sets", "mixed"]
+    )
+    assert demo.run(args) == 0
+    assert [c.tool_sets for c in seen] == [vocab.MIXES["mixed"], vocab.MIXES["mkcode"], vocab.MIXES["mixed"]]
+    assert all(c.steps == 2 for c in seen)
+
+
+def test_the_report_has_a_section_per_tool_set(tmp_path: Path) -> None:
+    from mkcode.backend.demo import evaluate
+
+    case = evaluate.Case("run", "Run ls in the shell.", {"a.py": "x = 1\n"})
+    results = [
+        evaluate.EvalResult(
+            [evaluate.Outcome(case, calls, "ls shows: a.py.", ok, [], None)], 1.0, "4", tool_set=name
+        )
+        for name, calls, ok in [
+            ("mkcode", [("run_shell", '{"command": "ls"}')], True),
+            ("codex", [("exec_command", '{"cmd": "ls"}')], True),
+            ("opencode", [], False),
+        ]
+    ]
+    path = evaluate.write_report(tmp_path, results[0], command="CMD", others=results[1:])
+    text = path.read_text()
+    assert text.startswith("# Demo model 4: held-out evaluation\n") and "Trained with `CMD`" in text
+    heads = [line for line in text.split("\n") if line.startswith("## ")]
+    assert heads == [
+        "## Under codex's tool set",
+        "## Under opencode's tool set",
+        "## Requests",
+        "## Requests under codex's tool set",
+        "## Requests under opencode's tool set",
+    ]
+    assert "exec_command({'cmd': 'ls'})" in text and "| correct tool choice | 0/1 | 0% |" in text
+    assert json.loads(json.dumps(evaluate.result_json(results[1])))["requests"][0]["right_tool"] is True
