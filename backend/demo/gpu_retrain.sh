@@ -5,13 +5,16 @@
 # Usage (repo root on the GPU machine; carry .whl/ holding wheels of bracex and wcmatch, which the
 # device image lacks; the run tool's $OUT comes back):
 #   bash backend/demo/gpu_retrain.sh
-# Settings (environment): STEPS (default 1600: the shipped 900 took 197 s on an H100), MAX_SECONDS
-# (default 470: training stops there, recorded in demo_report.json), SEED (0), TOOL_SETS (mixed),
-# DEVICE (cuda), BATCH_SIZE (the trainer's 48), PY (python3; the image's holds PyTorch).
+# Settings (environment): STEPS (default 2000: the shipped 900 took 197 s on an H100, and a step
+# of mixed tool sets costs as many tokens as a default one), MAX_SECONDS (default 450: training stops
+# there, recorded in demo_report.json), SEED (0), TOOL_SETS (mixed), DEVICE (cuda), BATCH_SIZE (the
+# trainer's 48), PY (python3: the image's holds PyTorch).
 # Writes four files under $OUT (the run tool brings back at most 8): gpu.txt, train.log,
 # demo_report.json and checkpoint.tgz (the directory `checkpoint/`: weights, tokenizer, VERSION,
-# SHA256SUMS, demo_report.json). The held-out evaluation runs shell commands through mkcode's sandbox, which the
-# device lacks: evaluate on a CPU machine afterwards (python -m mkcode.backend.demo.evaluate, below).
+# SHA256SUMS, demo_report.json). The held-out evaluation runs shell commands through mkcode's
+# sandbox, which the device lacks: evaluate on a CPU machine afterwards with
+#   python -m mkcode.backend.demo.evaluate DIR --tool-set mkcode opencode codex --report DIR/REPORT.md
+# A CPU smoke of this script: OUT=/tmp/x DEVICE=cpu STEPS=2 BATCH_SIZE=4 PY=.venv/bin/python bash ...
 set -o pipefail
 OUT=${OUT:-/tmp/demo_out}
 mkdir -p "$OUT"
@@ -27,8 +30,8 @@ export PYTHONPATH="$SITE":${PYTHONPATH:-} PYTHONUNBUFFERED=1
 WORK=$(mktemp -d)
 t0=$(date +%s)
 "$PY" -m mkcode.backend.demo.trainer --out "$WORK/checkpoint" --device "${DEVICE:-cuda}" \
-  --tool-sets "${TOOL_SETS:-mixed}" --steps "${STEPS:-1600}" --seed "${SEED:-0}" \
-  --max-seconds "${MAX_SECONDS:-470}" ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} --no-eval 2>&1 | tee "$OUT/train.log"
+  --tool-sets "${TOOL_SETS:-mixed}" --steps "${STEPS:-2000}" --seed "${SEED:-0}" \
+  --max-seconds "${MAX_SECONDS:-450}" ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} --no-eval 2>&1 | tee "$OUT/train.log"
 rc=$?
 echo "trainer exit $rc after $(( $(date +%s) - t0 ))s"
 if [ -d "$WORK/checkpoint" ]; then
