@@ -97,7 +97,7 @@ class MegakernelBackend:
         native_module=None,
         asynchronous: bool = False,
         allow_whatif: bool = False,
-        verify_rows: bool = False,
+        verify_rows: bool = True,
     ):
         """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
         with the same `device_info()`/`launch()` and a `make_event()`, which lets the host logic
@@ -105,9 +105,9 @@ class MegakernelBackend:
         backend); the caller must call `wait_step()` before it reads results on the host, which is
         where the watchdog runs and a kernel error is raised. `verify_rows`: accept steps with several
         rows of one sequence (DecodeBatch.seq_rows), run on schedules whose attention drains wait
-        for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator). Off by
-        default until tests/backend/megakernel/test_verify_rows_gpu.py has passed on a GPU; the
-        engine turns speculation off for a backend without it."""
+        for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator, and on an
+        H100 by tests/backend/megakernel/test_verify_rows_gpu.py). On by default; built with
+        it off, the backend refuses such steps and the engine turns speculation off."""
         if tiling is not None and tiling.whatif_norm and not allow_whatif:
             raise ValueError(
                 "Tiling.whatif_norm computes wrong results: a measurement for gpu_check bench only"
@@ -130,8 +130,7 @@ class MegakernelBackend:
         self.verify_rows_note = (
             None
             if self.verify_rows
-            else "the megakernel's verify rows are proven in the emulator and wait for a GPU run of "
-            "tests/backend/megakernel/test_verify_rows_gpu.py"
+            else "this megakernel backend was built with verify_rows=False, so it runs no verify rows"
         )
         self._pos_obj, self._pos_ver, self._pos_list = None, -1, []  # _host_positions' last read
         self._armed = None  # the event of the last step whose error word is on its way back
