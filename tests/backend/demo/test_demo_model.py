@@ -90,6 +90,21 @@ def test_dialogues_vary_file_names_so_answers_must_copy_them() -> None:
     assert len(stems - set(STEMS)) > 60
 
 
+def test_working_directories_vary_in_depth_and_name_so_paths_must_be_copied() -> None:
+    """OpenCode's tools take absolute paths, which the model copies from the environment block: the
+    training directories are 1-4 components deep and mostly names seen once (tempfile-like too)."""
+    from mkcode.backend.demo.dialogues import training_system_prompt, working_directory_path
+
+    rng = random.Random(5)
+    paths = [working_directory_path(rng) for _ in range(400)]
+    assert all(p.startswith("/") and "//" not in p and not p.endswith("/") for p in paths)
+    assert {p.count("/") for p in paths} == {1, 2, 3, 4}
+    assert len(set(paths)) > 300
+    assert any(re.search(r"-[a-z0-9_]{8}$|/tmp[a-z0-9_]{8}$", p) for p in paths)
+    system = training_system_prompt(random.Random(6))
+    assert re.search(r"^Working directory: /\S+$", system, re.M)
+
+
 def test_every_answer_names_only_files_the_conversation_showed() -> None:
     """No training answer teaches inventing a file name: each one in an answer was in the request,
     a tool call or a tool's output before it (never only in the system prompt's examples)."""
@@ -228,3 +243,45 @@ def test_trained_demo_model_emits_parseable_tool_calls(demo_model: Path) -> None
     tok = ChatTokenizer(demo_model)
     result = tool_call_rate(ck.config, ck.weights, tok, _tool_schemas(), seed=4242, n=6)
     assert result["valid"] >= 5, json.dumps(result["samples"], indent=1)
+
+
+@pytest.mark.parametrize(("tool_set", "kept"), [("mkcode", True), ("codex", False)])
+def test_the_evaluation_keeps_the_plan_in_the_history_as_mkcodes_agent_does(
+    monkeypatch: pytest.MonkeyPatch, tool_set: str, kept: bool
+) -> None:
+    """mkcode's agent keeps a tool call's reasoning in the history (app/agent/loop.py), and the
+    training dialogues do too; an OpenAI-wire client drops it. The held-out evaluation must replay
+    the history the way the client it stands for does, or it measures the wrong model."""
+    from types import SimpleNamespace
+
+    from mkcode.backend.demo import evaluate as ev
+
+    plan = "I will read a.py first, then rename f to g."
+    name = {"mkcode": "read_file", "codex": "exec_command"}[tool_set]
+    args = {"mkcode": {"path": "a.py"}, "codex": {"cmd": "cat a.py"}}[tool_set]
+    call = json.dumps([{"tool_call_id": "0", "tool_name": name, "parameters": args}])
+    outputs = iter(
+        [
+            f"<|START_THINKING|>{plan}<|END_THINKING|><|START_ACTION|>{call}<|END_ACTION|>",
+            "<|START_RESPONSE|>Renamed f to g in a.py.<|END_RESPONSE|>",
+        ]
+    )
+    seen: list[list[dict]] = []
+
+    class Tok:
+        eos_token_ids = (0,)
+
+        def apply_chat_template(self, messages, tools, add_generation_prompt):
+            seen.append(json.loads(json.dumps(messages)))
+            return [1]
+
+        def decode(self, ids, skip_special_tokens):
+            return next(outputs)
+
+    monkeypatch.setattr(ev, "greedy", lambda cfg, w, ids, eos, n: [2])
+    case = ev.Case("edit", "Rename f to g in a.py.", {"a.py": "def f():\n    return 1\n"}, ("a.py", "def f(", "def g("))
+    out = ev.run_case(SimpleNamespace(cfg=None, weights=None), Tok(), case, tool_set=tool_set)
+    assert out.answer == "Renamed f to g in a.py." and len(seen) == 2
+    turn = next(m for m in seen[1] if m["role"] == "assistant")
+    assert turn["tool_calls"][0]["function"]["name"] == name
+    assert turn.get("reasoning_content") == (plan if kept else None)
