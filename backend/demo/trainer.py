@@ -84,6 +84,9 @@ class DemoTrainConfig:
     threads: int = 1  # torch CPU threads; one is several times faster per step than two on a 2-core machine
     workers: int = 0  # data processes (0: generate in the training process)
     max_seconds: float | None = None  # stop early (recorded in the report) past this much training time
+    # stop after this many steps of the `steps`-step schedule: how a run stopped by max_seconds is
+    # reproduced on any machine (the learning-rate schedule still spans `steps`)
+    stop_after: int | None = None
     eval_dialogues: int = 8  # fresh dialogues decoded greedily after training (report only)
     # Tool vocabularies (vocabularies.py), drawn one per step with these weights. The default, mkcode's
     # registry alone, is the data the shipped checkpoint was trained on, byte for byte.
@@ -319,6 +322,9 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
         if config.max_seconds is not None and time.monotonic() - t0 > config.max_seconds:
             say(f"stopping after {steps_done} steps: past max_seconds={config.max_seconds}")
             break
+        if config.stop_after is not None and steps_done >= config.stop_after:
+            say(f"stopping after {steps_done} steps of {config.steps}: --stop-after")
+            break
     t_end = time.monotonic()
     train_s = t_end - t0
     for p in params:
@@ -391,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, help="data processes (default: 0 on the CPU, 8 on a GPU)")
     p.add_argument("--max-seconds", type=float, help="stop training early past this many seconds")
     p.add_argument(
+        "--stop-after", type=int, help="stop after this many steps of the --steps schedule (reproduces a timed-out run)"
+    )
+    p.add_argument(
         "--no-eval",
         action="store_true",
         help="skip every evaluation: the fresh dialogues after training and the held-out set (REPORT.md)",
@@ -402,7 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         "(also OpenCode's and Codex CLI's tools and random renamings, one set per step)",
     )
     args = p.parse_args(argv)
-    overrides = {"batch_size": args.batch_size, "workers": args.workers, "max_seconds": args.max_seconds}
+    overrides = {
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "max_seconds": args.max_seconds,
+        "stop_after": args.stop_after,
+    }
     if args.tool_sets is not None:
         overrides["tool_sets"] = MIXES[args.tool_sets]
     return train_to(
@@ -461,6 +475,8 @@ def _command(config: DemoTrainConfig) -> str:
     if config.tool_sets != default.tool_sets:
         named = [k for k, v in MIXES.items() if v == config.tool_sets]
         cmd += f" --tool-sets {named[0]}" if named else f" (tool_sets={list(config.tool_sets)})"
+    if config.stop_after is not None:
+        cmd += f" --stop-after {config.stop_after}"
     return cmd
 
 

@@ -364,3 +364,14 @@ def test_the_report_has_a_section_per_tool_set(tmp_path: Path) -> None:
     ]
     assert "exec_command({'cmd': 'ls'})" in text and "| correct tool choice | 0/1 | 0% |" in text
     assert json.loads(json.dumps(evaluate.result_json(results[1])))["requests"][0]["right_tool"] is True
+
+
+def test_a_timed_out_run_is_recorded_as_a_command_that_reproduces_it(tmp_path) -> None:
+    """A run stopped by --max-seconds depends on the machine's speed; its report names the steps it
+    ran as --stop-after (the learning-rate schedule still spans --steps), which the CLI accepts."""
+    cfg = replace(trainer.DemoTrainConfig(), device="cuda", steps=2400, stop_after=2341, tool_sets=vocab.MIXES["mixed"])
+    cmd = trainer._command(cfg)
+    assert cmd.endswith("--device cuda --steps 2400 --tool-sets mixed --stop-after 2341")
+    assert cfg.key()["stop_after"] == 2341 and "max_seconds" not in cfg.key()
+    argv = ["--out", str(tmp_path), *cmd.split("--out DIR ")[1].split(), "--no-eval"]
+    assert trainer.main(argv) == 2  # parsed; refused only because the directory exists
