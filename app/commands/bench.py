@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--alpha", type=_floats, default=[0.5, 0.7, 0.9, 1.0], help="per-draft acceptance rates")
     s.add_argument("--batch", type=_ints, default=[1], help="sequences per step, each with k+1 rows")
     s.add_argument("--routing", choices=["uniform", "skewed"], default="uniform")
+    s.add_argument(
+        "--backend",
+        default="graph",
+        help="comma list of graph,megakernel (the megakernel: up to 8 rows a step)",
+    )
     s.add_argument("--steps", type=int, default=50, help="timed steps per point (median reported)")
     s.add_argument("--warmup", type=int, default=5)
     s.add_argument("--drafter-only", action="store_true", help="only the drafter's CPU cost (no GPU)")
@@ -113,6 +118,10 @@ def run_spec(args: argparse.Namespace) -> int:
     if any(not 0 <= a <= 1 for a in args.alpha):
         print("mkcode bench spec: --alpha values must be in [0, 1]")
         return 2
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if not backends or any(b not in ("graph", "megakernel") for b in backends):
+        print(f"mkcode bench spec: --backend {args.backend!r}: a comma list of graph,megakernel")
+        return 2
     if args.drafter_only:
         run_drafter_only()
         return 0
@@ -128,6 +137,7 @@ def run_spec(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         out=args.out,
         engine_tokens=args.engine_tokens,
+        backends=backends,
     )
     run_spec_bench(opts)
     return 0

@@ -1,13 +1,13 @@
 """`mkcode bench spec`: what a speculative verify step costs and what it buys.
 
-For each context and k = 1..7 the graph backend runs verify steps of `batch` sequences with k+1
-rows each (positions ctx..ctx+k over one block table, random weights at the full geometry,
+For each context and k = 1..7 the graph backend (and with `backends` the megakernel, up to its 8
+rows) runs verify steps of `batch` sequences with k+1 rows each (positions ctx..ctx+k over one block table, random weights at the full geometry,
 synthetic KV), CUDA-event timed like `mkcode bench decode`; k = 0 is the plain step at the same
 context. For a per-draft acceptance probability a (draft i is accepted when drafts 1..i-1 were and
 with probability a), a verify step emits E = 1 + a + ... + a^k tokens per sequence on average, so
 the effective speed is E * batch / t(k), reported as % of the plain step's tok/s at the same
 context. Each step's % of speed-of-light comes from `accounting.step_bytes` (its k+1 rows' KV
-and the distinct experts they routed to, as the graph backend measured) over the measured HBM
+and the distinct experts they routed to, as the graph backend measured on the same inputs) over the measured HBM
 bandwidth. The drafter's CPU cost per step (propose + index the accepted tokens) is measured at
 1K, 32K and 128K tokens of context (this part runs without a GPU too: --drafter-only).
 """
@@ -43,6 +43,7 @@ class SpecBenchOptions:
     seed: int = 0
     device: str = "cuda"  # "cpu": the graph backend's torch twins, timed on the host (tests only)
     engine_tokens: int = 0  # > 0: also time the engine end to end (BS 1, greedy) for this many tokens
+    backends: list[str] = field(default_factory=lambda: ["graph"])  # graph, megakernel (a GPU only)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -134,6 +135,11 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
 
     cfg = opts.config or north_mini_code_config()
     dev = torch.device(opts.device)
+    unknown = sorted(set(opts.backends) - {"graph", "megakernel"})
+    if unknown or not opts.backends:
+        raise ValueError(f"backends {opts.backends}: each must be graph or megakernel")
+    if "megakernel" in opts.backends and dev.type != "cuda":
+        raise ValueError("the megakernel backend needs a CUDA GPU (the CPU runs the graph backend's twins)")
     if max(opts.batches) * (max(opts.ks) + 1) > GraphDecodeBackend.max_batch:
         raise ValueError(
             f"batch {max(opts.batches)} x {max(opts.ks) + 1} rows exceeds the graph backend's 32 rows"
@@ -150,59 +156,52 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
     # room for the end-to-end engine run: its tokens and the last step's verify rows
     longest = max(opts.contexts) + opts.engine_tokens + MAX_DRAFTS + 1
     backend = GraphDecodeBackend(model, max_pages=longest // PAGE_SIZE + 2)
-    results = []
-    for nb, ctx in [(b, c) for b in opts.batches for c in opts.contexts]:
-        plain_ms = None
-        for k in [0, *opts.ks]:
-            rows = k + 1
-            tables, positions, _ = verify_tables(cfg, ctx, k, nb, dev)
-            gen = torch.Generator(device=dev).manual_seed(opts.seed + k)
-            batch = DecodeBatch(
-                token_ids=torch.randint(0, cfg.vocab_size, (nb * rows,), device=dev, generator=gen),
-                positions=positions,
-                block_tables=tables,
-                kv_pool=pool,
-                seq_rows=(rows,) * nb if k else None,
-            )
-            ms = median(timer(lambda: backend.decode(batch), opts.steps, opts.warmup))  # noqa: B023
-            distinct = backend.routed_experts()
-            pos = [ctx + i for _ in range(nb) for i in range(rows)]
-            sb = step_bytes(cfg, pos, distinct)
-            sol_ms, _ = speed_of_light(sb.total, bw, len(pos))
-            if k == 0:
-                plain_ms = ms
-            plain_tok_s = nb / (plain_ms / 1e3)
-            eff = {
-                str(a): {
-                    "tokens_per_step": expected_tokens(a, k),
-                    "tok_per_s": expected_tokens(a, k) * nb / (ms / 1e3),
-                    "pct_of_plain": 100.0 * expected_tokens(a, k) * plain_ms / ms,
-                }
-                for a in opts.alphas
-            }
-            r = {
-                "batch": nb,
-                "context": ctx,
-                "k": k,
-                "rows": nb * rows,
-                "ms_per_step": ms,
-                "cost_vs_plain": ms / plain_ms,
-                "plain_tok_per_s": plain_tok_s,
-                "bytes_per_step": sb.total,
-                "sol_ms": sol_ms,
-                "pct_sol": 100.0 * sol_ms / ms,
-                "distinct_experts_mean": sum(distinct)
-                / max(1, sum(1 for i in range(len(distinct)) if not cfg.is_dense(i))),
-                "effective": eff,
-            }
-            results.append(r)
-            effs = "  ".join(
-                f"a={a}: {v['tok_per_s']:7.1f} tok/s ({v['pct_of_plain']:5.1f}%)" for a, v in eff.items()
-            )
-            log(
-                f"B={nb} ctx={ctx:<6} k={k} rows={nb * rows:<2} {ms:7.3f} ms ({r['cost_vs_plain']:.3f}x plain) "
-                f"{r['pct_sol']:5.1f}% SOL  {effs}"
-            )
+    results: list[dict] = []
+    distinct_by_case: dict[tuple[int, int, int], list[int]] = {}  # (batch, ctx, k): the graph's routing
+    for name in ["graph", *(["megakernel"] if "megakernel" in opts.backends else [])]:
+        be = backend if name == "graph" else _megakernel(model)
+        for nb, ctx in [(b, c) for b in opts.batches for c in opts.contexts]:
+            plain_ms = None
+            for k in [0, *opts.ks]:
+                rows = k + 1
+                if nb * rows > be.max_batch:
+                    log(f"{name} B={nb} ctx={ctx} k={k}: {nb * rows} rows exceed its {be.max_batch}; skipped")
+                    continue
+                tables, positions, _ = verify_tables(cfg, ctx, k, nb, dev)
+                gen = torch.Generator(device=dev).manual_seed(opts.seed + k)
+                batch = DecodeBatch(
+                    token_ids=torch.randint(0, cfg.vocab_size, (nb * rows,), device=dev, generator=gen),
+                    positions=positions,
+                    block_tables=tables,
+                    kv_pool=pool,
+                    seq_rows=(rows,) * nb if k else None,
+                )
+                ms = median(timer(lambda: be.decode(batch), opts.steps, opts.warmup))  # noqa: B023
+                if name == "graph":
+                    distinct_by_case[(nb, ctx, k)] = backend.routed_experts()
+                else:
+                    be.wait_step()  # asynchronous: a kernel error surfaces here
+                distinct = distinct_by_case[(nb, ctx, k)]
+                pos = [ctx + i for _ in range(nb) for i in range(rows)]
+                sb = step_bytes(cfg, pos, distinct)
+                sol_ms, _ = speed_of_light(sb.total, bw, len(pos))
+                if k == 0:
+                    plain_ms = ms
+                r = _verify_result(
+                    name, nb, ctx, k, ms, plain_ms, sb.total, sol_ms, distinct, cfg, opts.alphas
+                )
+                results.append(r)
+                effs = "  ".join(
+                    f"a={a}: {v['tok_per_s']:7.1f} tok/s ({v['pct_of_plain']:5.1f}%)"
+                    for a, v in r["effective"].items()
+                )
+                log(
+                    f"{name} B={nb} ctx={ctx:<6} k={k} rows={nb * rows:<2} {ms:7.3f} ms "
+                    f"({r['cost_vs_plain']:.3f}x plain) {r['pct_sol']:5.1f}% SOL  {effs}"
+                )
+        if name == "megakernel":
+            del be
+            torch.cuda.empty_cache()
     engine_runs = []
     if opts.engine_tokens > 0:
         for ctx in opts.contexts:
@@ -227,6 +226,42 @@ def run_spec_bench(opts: SpecBenchOptions, log=print) -> dict:
         opts.out.mkdir(parents=True, exist_ok=True)
         (opts.out / "spec.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def _megakernel(model):
+    """The megakernel on the bench model, asynchronous like the graph backend's decode (the CUDA
+    events then time the GPU alone), with verify rows."""
+    from mkcode.backend.megakernel.backend import MegakernelBackend
+
+    return MegakernelBackend(model.cfg, model.w, asynchronous=True, verify_rows=True)
+
+
+def _verify_result(name, nb, ctx, k, ms, plain_ms, total_bytes, sol_ms, distinct, cfg, alphas) -> dict:
+    """One timed verify step (k = 0: the plain step) and what it buys at each acceptance rate."""
+    eff = {
+        str(a): {
+            "tokens_per_step": expected_tokens(a, k),
+            "tok_per_s": expected_tokens(a, k) * nb / (ms / 1e3),
+            "pct_of_plain": 100.0 * expected_tokens(a, k) * plain_ms / ms,
+        }
+        for a in alphas
+    }
+    moe = [d for i, d in enumerate(distinct) if not cfg.is_dense(i)]
+    return {
+        "backend": name,
+        "batch": nb,
+        "context": ctx,
+        "k": k,
+        "rows": nb * (k + 1),
+        "ms_per_step": ms,
+        "cost_vs_plain": ms / plain_ms,
+        "plain_tok_per_s": nb / (plain_ms / 1e3),
+        "bytes_per_step": total_bytes,
+        "sol_ms": sol_ms,
+        "pct_sol": 100.0 * sol_ms / ms,
+        "distinct_experts_mean": sum(moe) / max(1, len(moe)),
+        "effective": eff,
+    }
 
 
 def engine_speeds(model, backend, ctx: int, new_tokens: int, seed: int, log=print) -> dict:

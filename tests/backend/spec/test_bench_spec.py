@@ -4,6 +4,7 @@ backend's torch twins, and the command's argument checks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mkcode.app.cli import main
@@ -64,6 +65,7 @@ def test_bench_runs_on_the_graph_twins():
     finally:
         torch.set_num_threads(n)
     res = rep["results"]
+    assert {r["backend"] for r in res} == {"graph"}
     assert [(r["batch"], r["k"], r["rows"]) for r in res] == [
         (1, 0, 1),
         (1, 1, 2),
@@ -87,5 +89,13 @@ def test_bench_runs_on_the_graph_twins():
 def test_command_checks_and_drafter_only(capsys):
     assert main(["bench", "spec", "--k", "8"]) == 2
     assert main(["bench", "spec", "--alpha", "1.5"]) == 2
+    assert main(["bench", "spec", "--backend", "graph,vllm"]) == 2
     assert main(["bench", "spec", "--drafter-only"]) == 0
     assert "us/step" in capsys.readouterr().out
+
+
+def test_the_megakernel_is_timed_only_on_a_gpu():
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        run_spec_bench(SpecBenchOptions(contexts=[100], backends=["graph", "megakernel"], device="cpu"))
+    with pytest.raises(ValueError, match="graph or megakernel"):
+        run_spec_bench(SpecBenchOptions(contexts=[100], backends=["torch"], device="cpu"))
