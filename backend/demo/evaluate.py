@@ -240,7 +240,9 @@ def run_case(
             calls += [(c.name, c.arguments) for c in parsed.tool_calls]
             turn: dict[str, Any] = {"role": "assistant", "content": parsed.content, "tool_calls": tool_calls}
             if tool_set == "mkcode" and parsed.reasoning:  # mkcode's agent keeps its plan in the history
-                turn["reasoning_content"] = parsed.reasoning  # (app/agent/loop.py); OpenAI-wire clients drop it
+                turn["reasoning_content"] = (
+                    parsed.reasoning
+                )  # (app/agent/loop.py); OpenAI-wire clients drop it
             messages.append(turn)
             messages += results
         invented = invented_names(answer, case.files)

@@ -397,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, help="data processes (default: 0 on the CPU, 8 on a GPU)")
     p.add_argument("--max-seconds", type=float, help="stop training early past this many seconds")
     p.add_argument(
-        "--stop-after", type=int, help="stop after this many steps of the --steps schedule (reproduces a timed-out run)"
+        "--stop-after",
+        type=int,
+        help="stop after this many steps of the --steps schedule (reproduces a timed-out run)",
     )
     p.add_argument(
         "--no-eval",

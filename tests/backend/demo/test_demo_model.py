@@ -264,7 +264,9 @@ def test_the_evaluation_keeps_the_plan_in_the_history_as_mkcodes_agent_does(
             return next(outputs)
 
     monkeypatch.setattr(ev, "greedy", lambda cfg, w, ids, eos, n: [2])
-    case = ev.Case("edit", "Rename f to g in a.py.", {"a.py": "def f():\n    return 1\n"}, ("a.py", "def f(", "def g("))
+    case = ev.Case(
+        "edit", "Rename f to g in a.py.", {"a.py": "def f():\n    return 1\n"}, ("a.py", "def f(", "def g(")
+    )
     out = ev.run_case(SimpleNamespace(cfg=None, weights=None), Tok(), case, tool_set=tool_set)
     assert out.answer == "Renamed f to g in a.py." and len(seen) == 2
     turn = next(m for m in seen[1] if m["role"] == "assistant")

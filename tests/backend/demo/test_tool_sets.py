@@ -369,7 +369,9 @@ def test_the_report_has_a_section_per_tool_set(tmp_path: Path) -> None:
 def test_a_timed_out_run_is_recorded_as_a_command_that_reproduces_it(tmp_path) -> None:
     """A run stopped by --max-seconds depends on the machine's speed; its report names the steps it
     ran as --stop-after (the learning-rate schedule still spans --steps), which the CLI accepts."""
-    cfg = replace(trainer.DemoTrainConfig(), device="cuda", steps=2400, stop_after=2341, tool_sets=vocab.MIXES["mixed"])
+    cfg = replace(
+        trainer.DemoTrainConfig(), device="cuda", steps=2400, stop_after=2341, tool_sets=vocab.MIXES["mixed"]
+    )
     cmd = trainer._command(cfg)
     assert cmd.endswith("--device cuda --steps 2400 --tool-sets mixed --stop-after 2341")
     assert cfg.key()["stop_after"] == 2341 and "max_seconds" not in cfg.key()
