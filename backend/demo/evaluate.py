@@ -239,10 +239,9 @@ def run_case(
             labels += [vocab.action_labels(ts, c.name, c.arguments, root) for c in parsed.tool_calls]
             calls += [(c.name, c.arguments) for c in parsed.tool_calls]
             turn: dict[str, Any] = {"role": "assistant", "content": parsed.content, "tool_calls": tool_calls}
-            if tool_set == "mkcode" and parsed.reasoning:  # mkcode's agent keeps its plan in the history
-                turn["reasoning_content"] = (
-                    parsed.reasoning
-                )  # (app/agent/loop.py); OpenAI-wire clients drop it
+            # mkcode's agent keeps a call's plan in the history (app/agent/loop.py); OpenAI-wire clients drop it
+            if tool_set == "mkcode" and parsed.reasoning:
+                turn["reasoning_content"] = parsed.reasoning
             messages.append(turn)
             messages += results
         invented = invented_names(answer, case.files)
