@@ -429,3 +429,235 @@ def run_block(
                     cons[w] = s + 1
         item0 += total
     return res
+
+
+# ---- claims one item ahead (MK_MODE_RING_AHEAD) ------------------------------------------------------
+#
+# A grid of blocks, each running its static per-SM list of items in order; an item's dependency wait
+# passes once the items it names (on any block) have signalled. With `ahead`, the loader of an item's
+# last call runs on into the NEXT item of its list: the next item's first min(D, total) stages
+# (ahead_upto), gated only by free slots, while the consumers finish this item, before the next
+# item's wait; an item whose plan is empty has its armer arm the next item at its start instead. The
+# loader learns the next item from the list (the kernel: s_ring_next, the next static descriptor);
+# `loader_order` lets a test give it another order (a broken protocol the model must catch). Every
+# copy carries its (item, stage) tag: a consumer that reads another item's weights, or another
+# stage's, is an error.
+
+
+@dataclass
+class GridItem:
+    """An item of a block's list: its plan (per-tile stage counts; empty: no ring stages) and the
+    items (block, index) whose signals its dependency wait needs."""
+
+    tiles: list[int]
+    deps: list[tuple[int, int]] = field(default_factory=list)
+
+
+def ahead_upto(next_total: int, depth: int) -> int:
+    """How many of the next item's stages the last call's loader issues (the kernel: ring_ahead)."""
+    return min(depth, next_total)
+
+
+@dataclass
+class GridResult:
+    ok: bool
+    deadlock: bool = False
+    errors: list[str] = field(default_factory=list)
+    consumed: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)  # (b, i): tags read
+    ahead_issued: int = 0  # stages issued for a later item than the one running
+    # (b, i): item i's stages issued while an earlier item of block b ran (before item i's wait)
+    early: dict[tuple[int, int], int] = field(default_factory=dict)
+    steps: int = 0
+
+
+def run_grid(
+    blocks: list[list[GridItem]],
+    depth: int = RING_D,
+    warps: int = RING_CW,
+    ahead: bool = True,
+    pick=None,
+    loader_order: list[list[int]] | None = None,
+    ahead_n=ahead_upto,
+    max_steps: int = 400000,
+) -> GridResult:
+    """Run every block's items through the ring protocol (each block its own ring) with dependency
+    waits across blocks, interleaving all actors of all blocks as pick(enabled) chooses.
+
+    Per block and item: the pre-wait phase (the armer issues up to min(D, total) of the item's stages
+    (with ahead, of the next item's when the item's plan is empty); thread 0's wait passes once every
+    dependency signalled; a barrier ends it), then one call per tile (the loader, RING_CW consumer
+    warps; the kernel's upto, and with ahead the last call's loader goes on into the next item by
+    ahead_n(next_total, D) stages), then the signal. loader_order[b]: the item order block b's loader
+    streams (default: its list's order)."""
+    rng = random.Random(0)
+    pick = pick or (lambda enabled: rng.randrange(len(enabled)))
+    res = GridResult(ok=True)
+    nb = len(blocks)
+    order = loader_order or [list(range(len(items))) for items in blocks]
+    # the loader's stream: seq -> (item, stage) in the loader's order
+    stream = [[(i, k) for i in order[b] for k in range(sum(blocks[b][i].tiles))] for b in range(nb)]
+    # where each item's stages start in the loader's numbering (its view of item0)
+    lstart = []
+    for b in range(nb):
+        at, pos = {}, 0
+        for i in order[b]:
+            at[i] = pos
+            pos += sum(blocks[b][i].tiles)
+        lstart.append(at)
+
+    class Blk:
+        def __init__(self, b: int):
+            self.b = b
+            self.item = 0  # the item being run (consumer order = list order)
+            self.phase = "pre"  # pre, call, done
+            self.tile = 0
+            self.item0 = 0  # consumers' numbering of the item's first stage
+            self.issued = 0
+            self.released = [0] * depth
+            self.arrivals = [0] * depth
+            self.landed = [(-1, None)] * depth
+            self.in_flight: list[int] = []
+            self.full_phase = [0] * depth
+            self.waited = False
+            self.cons: list[int] = []
+            self.lo = 0  # loader's (or armer's) target this phase
+
+    blk = [Blk(b) for b in range(nb)]
+    signalled: set[tuple[int, int]] = set()
+
+    def total(b: int, i: int) -> int:
+        return sum(blocks[b][i].tiles) if 0 <= i < len(blocks[b]) else 0
+
+    def next_total(b: int, i: int) -> int:  # the loader's next item after item i (its order)
+        pos = order[b].index(i) if i in order[b] else -1
+        return total(b, order[b][pos + 1]) if 0 <= pos < len(order[b]) - 1 else 0
+
+    def can_issue(x: Blk) -> bool:
+        if x.issued >= len(stream[x.b]):
+            return False
+        slot, k = x.issued % depth, x.issued // depth
+        return k == 0 or x.released[slot] >= k
+
+    def issue(x: Blk) -> None:
+        it = stream[x.b][x.issued][0]
+        if it != x.item:  # a later item's stage, issued while this one runs (before its wait)
+            res.ahead_issued += 1
+            res.early[(x.b, it)] = res.early.get((x.b, it), 0) + 1
+        x.in_flight.append(x.issued)
+        x.issued += 1
+
+    def start_item(x: Blk) -> None:
+        b = x.b
+        if x.item >= len(blocks[b]):
+            x.phase = "done"
+            return
+        x.phase, x.tile, x.waited = "pre", 0, False
+        t = total(b, x.item)
+        if t > 0:
+            x.lo = x.item0 + min(depth, t)
+        elif ahead:  # an item without ring stages arms the next one
+            x.lo = x.item0 + ahead_n(next_total(b, x.item), depth)
+        else:
+            x.lo = x.item0
+
+    def start_call(x: Blk) -> None:
+        b, tiles = x.b, blocks[x.b][x.item].tiles
+        ends = [sum(tiles[: t + 1]) for t in range(len(tiles))]
+        t, tot = x.tile, ends[-1]
+        x.lo = x.item0 + kernel_upto(ends, t, tot, depth)
+        if ahead and t == len(tiles) - 1:
+            x.lo += ahead_n(next_total(b, x.item), depth)
+        x.lo = max(x.lo, x.issued)
+        x.cons = [x.item0 + ends[t] - tiles[t]] * warps
+
+    def finish_item(x: Blk) -> None:
+        signalled.add((x.b, x.item))
+        x.item0 += total(x.b, x.item)
+        x.item += 1
+        start_item(x)
+
+    for x in blk:
+        start_item(x)
+    while True:
+        enabled = []
+        for x in blk:
+            b = x.b
+            for j in range(len(x.in_flight)):
+                enabled.append(("land", b, j))
+            if x.phase == "pre":
+                if x.issued < x.lo and can_issue(x):
+                    enabled.append(("issue", b, -1))
+                if not x.waited and all(d in signalled for d in blocks[b][x.item].deps):
+                    enabled.append(("wait", b, -1))
+                if x.waited and x.issued >= x.lo:
+                    enabled.append(("barrier", b, -1))
+            elif x.phase == "call":
+                if x.issued < x.lo and can_issue(x):
+                    enabled.append(("issue", b, -1))
+                tiles = blocks[b][x.item].tiles
+                end = x.item0 + sum(tiles[: x.tile + 1])
+                for w in range(warps):
+                    s = x.cons[w]
+                    if s < end and x.full_phase[s % depth] > s // depth:
+                        enabled.append(("consume", b, w))
+                if x.issued >= x.lo and all(c == end for c in x.cons):
+                    enabled.append(("barrier", b, -1))
+        if not enabled:
+            if all(x.phase == "done" for x in blk) and not any(x.in_flight for x in blk):
+                break
+            res.ok, res.deadlock = False, True
+            return res
+        res.steps += 1
+        if res.steps > max_steps:
+            raise RuntimeError("run_grid: step limit (a livelock in the model)")
+        kind, b, arg = enabled[pick(enabled)]
+        x = blk[b]
+        if kind == "land":
+            seq = x.in_flight.pop(arg)
+            slot = seq % depth
+            x.landed[slot] = (seq, stream[b][seq])
+            x.full_phase[slot] = max(x.full_phase[slot], seq // depth + 1)
+        elif kind == "issue":
+            issue(x)
+        elif kind == "wait":
+            x.waited = True
+        elif kind == "barrier":
+            if x.phase == "pre":
+                if total(b, x.item) == 0:
+                    finish_item(x)  # its op runs off the ring, then it signals
+                else:
+                    x.phase, x.tile = "call", 0
+                    start_call(x)
+            else:
+                x.tile += 1
+                if x.tile == len(blocks[b][x.item].tiles):
+                    finish_item(x)
+                else:
+                    start_call(x)
+        else:  # consume
+            w = arg
+            s = x.cons[w]
+            slot = s % depth
+            seq, tag = x.landed[slot]
+            want = (x.item, s - x.item0)
+            if seq != s:
+                res.ok = False
+                res.errors.append(
+                    f"block {b} item {x.item} stage {want[1]} read seq {seq}'s data (overwritten)"
+                )
+            elif tag != want:
+                res.ok = False
+                res.errors.append(f"block {b} item {x.item} stage {want[1]} read {tag}'s weights")
+            if w == 0:
+                res.consumed.setdefault((b, x.item), []).append(tag)
+            x.arrivals[slot] += 1
+            if x.arrivals[slot] == warps * (x.released[slot] + 1):
+                x.released[slot] += 1
+            x.cons[w] = s + 1
+    for b in range(nb):
+        for i in range(len(blocks[b])):
+            want = [(i, k) for k in range(total(b, i))]
+            if res.consumed.get((b, i), []) != want:
+                res.ok = False
+                res.errors.append(f"block {b} item {i} consumed {res.consumed.get((b, i))}, not its weights")
+    return res
