@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 18
+#define MK_ABI_VERSION 19
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -106,11 +106,14 @@ enum MkError {
   MK_ERR_BAD_ARGS = 5,
   MK_ERR_NAN_LOGITS = 6,    // a greedy row whose LM-head tiles all have NaN maxima (no argmax)
 };
-#define MK_ERR_WORDS 8
+#define MK_ERR_WORDS 9
 // Word 7 of the error buffer (MK_MODE_RING, a kernel built with MK_RING=1): the weight-ring stages
 // consumed, summed over the launches and blocks that ended normally (never reset by the host; tests
 // compare it before and after a launch). Not an error: word 0 alone says whether a step failed.
 #define MK_ERR_RING_STAGES 7
+// Word 8 (MK_MODE_RING_AHEAD, likewise summed): the stages issued for an item while the item before
+// it on the block ran (before the item's own dependency wait). Not an error.
+#define MK_ERR_RING_AHEAD 8
 
 // Pointers in the parameter block, in order (an X-macro: C++ fills the struct from it, Python
 // passes the tensors' data_ptr() in the same order).
@@ -366,3 +369,11 @@ enum MkTmapHeader {
 // its dependency wait by cp.async.bulk (one copy per row, after fence.proxy.async) into the GEMV's
 // output region, then converts them to the bf16 rows the consumers read; else the threads' loads.
 #define MK_MODE_RING_BULK_ACT 4096
+// MK_MODE_RING_AHEAD (with MK_MODE_RING, a kernel built with MK_RING=1; an A/B switch until it
+// measures faster): claims one item ahead on the per-SM static lists. The last ring call of a static
+// item goes on to issue the next static item's first min(RING_D, its stages) stages (gated only by
+// the slots this call's consumers free, never by the next item's dependency wait), and a static item
+// without ring stages arms the next one at its start; the next item's armer then finds them issued.
+// Items claimed from a DRAIN queue arm themselves as without the bit. Weights only: the activations
+// are read after the wait as before. ring_model.run_grid is the protocol's model.
+#define MK_MODE_RING_AHEAD 8192

@@ -458,6 +458,14 @@ def ahead_upto(next_total: int, depth: int) -> int:
     return min(depth, next_total)
 
 
+def ahead_stages(totals: list[int], depth: int = RING_D) -> int:
+    """The stages a block with MK_MODE_RING_AHEAD issues for an item while the item before it runs
+    (MK_ERR_RING_AHEAD), its static list's plans totalling `totals` (0: an item without ring
+    stages): each item after the first gets its first min(D, total) that way, from the previous
+    item's last call or, when that one streams nothing, from its armer."""
+    return sum(min(depth, t) for t in totals[1:])
+
+
 @dataclass
 class GridResult:
     ok: bool

@@ -4,13 +4,15 @@
 # kernel's backends carry tensor maps (tensor_maps.py): K-range tiles stream as TMA boxes.
 # Usage (repo root, GPU machine): bash backend/megakernel/ring_run.sh [step] [tests] [bench] [release]
 #   step     the ring kernel (MKCODE_MK_RING=1): one reduced 2-layer step in ring mode vs the fp32
-#            reference (gpu_check step --mode 8); a failure stops the call
+#            reference (gpu_check step --mode 8), then with claims one item ahead (--mode 8200 =
+#            MK_MODE_RING | MK_MODE_RING_AHEAD); a failure stops the call
 #   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s): every
 #            GEMV op (whole rows and K-range boxes) with the exact stage count its plan streams
 #   bench    gpu_check bench at BS 1 (BATCHES), ctx 8K: the default kernel (the reference path,
-#            prefetch=0 twice), then the ring kernel (prefetch=0, then 8, 4104 twice: its register
-#            path, the ring, the ring with bulk-copied activations, MK_MODE_RING_BULK_ACT), each line with
-#            tok/s and % of SOL; the ring kernel's timeline in ring mode (--timeline-mode 8)
+#            prefetch=0 twice), then the ring kernel (prefetch=0, then 8, 8200, 4104, 8, 8200: its
+#            register path, the ring, the ring claiming one item ahead (MK_MODE_RING_AHEAD), the ring
+#            with bulk-copied activations (MK_MODE_RING_BULK_ACT)), each line with tok/s and % of SOL;
+#            the ring kernel's timeline with claims ahead (--timeline-mode TL_MODE, default 8200)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
 # Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, release.log).
 set -u
@@ -35,7 +37,9 @@ for stage in "$@"; do
   case $stage in
     step)
       MKCODE_MK_RING=1 timeout ${T_STEP:-90} python3 -m mkcode.backend.megakernel.gpu_check step --mode 8 2>&1 | tee "$OUT/step.log" | tail -4
-      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring step failed: stop"; exit 1; } ;;
+      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring step failed: stop"; exit 1; }
+      MKCODE_MK_RING=1 timeout ${T_STEP:-90} python3 -m mkcode.backend.megakernel.gpu_check step --mode 8200 2>&1 | tee "$OUT/step_ahead.log" | tail -4
+      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring-ahead step failed: stop"; exit 1; } ;;
     tests)
       MKCODE_MK_RING=1 timeout ${T_TESTS:-320} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q -x \
         -p no:cacheprovider -k "not release" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
@@ -43,7 +47,7 @@ for stage in "$@"; do
       MKCODE_MK_RING=0 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_default" \
         --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 2>&1 | tee "$OUT/bench_default.log" | grep -E "^BS|copy|rror"
       MKCODE_MK_RING=1 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_ring" \
-        --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=8 prefetch=4104 prefetch=8 prefetch=4104 --timeline-mode 8 \
+        --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=8 prefetch=8200 prefetch=4104 prefetch=8 prefetch=8200 --timeline-mode ${TL_MODE:-8200} \
         2>&1 | tee "$OUT/bench_ring.log" | grep -E "^BS|check|copy|rror|MOE|QKV|LM_HEAD|ROUTER|OPROJ|ATTN |span" ;;
     release)
       MKCODE_MK_RING=1 timeout ${T_REL:-200} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q \

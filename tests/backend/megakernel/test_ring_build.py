@@ -10,7 +10,7 @@ import pytest
 
 from mkcode.backend.megakernel import abi, build
 
-RING_FUNCS = ("gemv_ring", "ring_issue", "ring_arm", "gemv_ring_op", "ring_slice_op")
+RING_FUNCS = ("gemv_ring", "ring_issue", "ring_arm", "ring_ahead", "gemv_ring_op", "ring_slice_op")
 
 
 def test_kernel_flags_follow_the_environment(monkeypatch):
@@ -40,7 +40,11 @@ def test_ring_mode_is_a_free_prefetch_bit():
         if k.startswith(("MK_MODE_", "MK_PREFETCH_")) and k != "MK_PREFETCH_DEFAULT"
     ]
     assert abi.MK_MODE_RING == 8 and bits.count(abi.MK_MODE_RING) == 1
-    assert abi.MK_ERR_RING_STAGES < abi.MK_ERR_WORDS
+    # its variants: bits of their own above MK_MODE_RING_BULK_ACT's
+    assert abi.MK_MODE_RING_BULK_ACT == 4096 and bits.count(abi.MK_MODE_RING_BULK_ACT) == 1
+    assert abi.MK_MODE_RING_AHEAD == 8192 and bits.count(abi.MK_MODE_RING_AHEAD) == 1
+    assert abi.MK_ERR_RING_STAGES < abi.MK_ERR_WORDS and abi.MK_ERR_RING_AHEAD < abi.MK_ERR_WORDS
+    assert abi.MK_ERR_RING_AHEAD != abi.MK_ERR_RING_STAGES
 
 
 def _ptxas_functions(log: str) -> dict[str, tuple[int, int, int]]:

@@ -388,6 +388,18 @@ def test_claim_ahead_never_deadlocks_and_each_item_reads_its_own_weights(adversa
     assert ahead > 0  # the run-ahead happened
 
 
+def test_the_stages_issued_ahead_are_the_kernels_count():
+    """MK_ERR_RING_AHEAD's expected value (ahead_stages, what the GPU tests compare with) is what
+    the protocol issues ahead, under any interleaving."""
+    rng = random.Random(11)
+    for trial in range(20):
+        grid = _random_grid(rng, 3, 12)
+        res = rm.run_grid(grid, pick=_pick("random", trial))
+        assert res.ok
+        want = sum(rm.ahead_stages([sum(it.tiles) for it in items]) for items in grid)
+        assert res.ahead_issued == want
+
+
 def test_the_next_items_stages_stream_before_its_wait_which_another_sm_holds():
     """Block 0: A (3 stages), then B (its wait needs block 1's C, which needs A): with the
     run-ahead B's first D stages are issued during A's call, while C cannot have run yet."""
