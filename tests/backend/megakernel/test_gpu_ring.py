@@ -373,23 +373,13 @@ def release():
     return cfg, random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["ring", "one_item_ahead"])
 @pytest.mark.parametrize(
     "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
 )
-def test_step_through_the_ring_release_geometry(release, contexts):
+def test_step_through_the_ring_release_geometry(release, contexts, ahead):
     cfg, w = release
     t = tiling_for_batch(cfg, default_tiling(cfg), len(contexts))
     be = MegakernelBackend(cfg, w, tiling=t)
-    with ring(be):
-        _step_check(cfg, w, be, contexts, seed=len(contexts) + 90)
-
-
-@pytest.mark.parametrize(
-    "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
-)
-def test_step_claiming_one_item_ahead_release_geometry(release, contexts):
-    cfg, w = release
-    t = tiling_for_batch(cfg, default_tiling(cfg), len(contexts))
-    be = MegakernelBackend(cfg, w, tiling=t)
-    with ring(be, mode=AHEAD, ahead=-1):
-        _step_check(cfg, w, be, contexts, seed=len(contexts) + 95)
+    with ring(be, mode=AHEAD, ahead=-1) if ahead else ring(be):
+        _step_check(cfg, w, be, contexts, seed=len(contexts) + (95 if ahead else 90))
