@@ -111,3 +111,17 @@ def test_a_killed_processs_folder_goes_with_the_next_sweep():
     assert os.path.isdir(d)  # nothing ran at the kill
     assert d in scratch.sweep_stale(os.path.dirname(d))
     assert not os.path.exists(d)
+
+
+def test_a_forked_child_leaves_its_parents_folder():
+    d = scratch.path()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child exits through atexit-free os._exit after remove()
+            scratch.remove()
+            os._exit(0 if os.path.isdir(d) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.path.isdir(d) and scratch.path() == d
+    finally:
+        scratch.remove()

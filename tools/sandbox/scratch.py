@@ -31,17 +31,20 @@ def path() -> str:
         if _dir is None or not os.path.isdir(_dir):
             sweep_stale()
             _dir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
-            atexit.register(remove)
         return _dir
 
 
 def remove() -> None:
-    """Remove this process's folder now (idempotent; a later `path()` makes a new one)."""
+    """Remove this process's folder now (idempotent; a later `path()` makes a new one). A forked
+    child that inherited its parent's folder forgets it without removing it."""
     global _dir
     with _lock:
         d, _dir = _dir, None
-    if d is not None:
+    if d is not None and os.path.basename(d).startswith(f"{PREFIX}{os.getpid()}-"):
         shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(remove)  # once per process; a no-op where no folder was made
 
 
 def sweep_stale(base: str | None = None) -> list[str]:
