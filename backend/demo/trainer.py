@@ -21,7 +21,8 @@ the held-out set and write REPORT.md into DIR):
 
 `--tool-sets mixed` trains on several tool vocabularies (`vocabularies.py`: mkcode's, OpenCode's,
 Codex CLI's, random renamings), one per step, so that the model calls whatever tools a client
-sends; the default, mkcode's registry alone, is the data of the shipped checkpoint, unchanged.
+sends (the shipped checkpoint, version 4, was trained so: REPORT.md quotes the command); the
+default, mkcode's registry alone, is the data of versions 1-3, unchanged.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-from mkcode.backend.demo.vocabularies import MIXES
 
 Progress = Callable[[str], None]
 
@@ -89,7 +88,7 @@ class DemoTrainConfig:
     stop_after: int | None = None
     eval_dialogues: int = 8  # fresh dialogues decoded greedily after training (report only)
     # Tool vocabularies (vocabularies.py), drawn one per step with these weights. The default, mkcode's
-    # registry alone, is the data the shipped checkpoint was trained on, byte for byte.
+    # registry alone, is the data demo models 1-3 were trained on, byte for byte (4: MIXES["mixed"]).
     tool_sets: tuple[tuple[str, float], ...] = DEFAULT_TOOL_SETS
 
     def key(self) -> dict[str, Any]:
@@ -388,6 +387,8 @@ def write_checkpoint(out: Path, cfg: Any, weights: Any, raw_tok: Any, dtype: Any
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m mkcode.backend.demo.trainer --out DIR`: train, seal and evaluate a demo checkpoint."""
+    from mkcode.backend.demo.vocabularies import MIXES
+
     p = argparse.ArgumentParser(prog="python -m mkcode.backend.demo.trainer", description=main.__doc__)
     p.add_argument("--out", type=Path, required=True, help="directory to write (must not exist)")
     p.add_argument("--device", default="cpu", help="cuda or cpu (default cpu)")
@@ -475,6 +476,8 @@ def _command(config: DemoTrainConfig) -> str:
         if getattr(config, name) != getattr(default, name):
             cmd += f" --{name.replace('_', '-')} {getattr(config, name)}"
     if config.tool_sets != default.tool_sets:
+        from mkcode.backend.demo.vocabularies import MIXES
+
         named = [k for k, v in MIXES.items() if v == config.tool_sets]
         cmd += f" --tool-sets {named[0]}" if named else f" (tool_sets={list(config.tool_sets)})"
     if config.stop_after is not None:
