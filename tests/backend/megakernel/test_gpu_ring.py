@@ -143,33 +143,6 @@ def inline(weights):
     return weights, MegakernelBackend(CFG, weights, tiling=replace(default_tiling(CFG), norm_inline=1))
 
 
-def _fused_descs(cols: int, B: int, seed: int) -> list[list[int]]:
-    """Fused MoE items of `cols` columns (their up tiles go through the ring, their down slices keep
-    the register GEMV)."""
-    import numpy as np
-
-    c = CFG
-    rng = np.random.default_rng(seed)
-    slots = sorted(rng.choice(B * c.num_experts_per_tok, size=min(B, 3), replace=False).tolist())
-    table = [(5, slots), (11, [s for s in range(B * c.num_experts_per_tok) if s not in slots][:8])]
-    per = c.intermediate_size // cols
-    return [
-        moe_item(
-            table,
-            2,
-            i,
-            0,
-            per,
-            partial(Tiling(moe_up_cols=cols).moe_up_tile, CFG),
-            0,
-            128,
-            lambda ly, e: expert_counter(CFG, ly, e),
-            True,
-        )
-        for i in range(2 * per)
-    ]
-
-
 def test_the_backend_built_its_tensor_maps(plain, inline):
     """The ring kernel's backends carry a map of every kind, box rows fitted to their tiling (O-proj
     and dense down tiles of 64 rows, the experts' 512 hidden rows in boxes of 256)."""
