@@ -367,27 +367,35 @@ def _engine(weights, be, speculative, pages: int = 48):
     return Engine(ReferenceModel(CFG, weights), pool, be, options=EngineOptions(speculative=speculative))
 
 
-def test_engine_speculates_on_the_megakernel_only_with_its_flag(bf16_weights):
-    """Without the flag the engine turns speculation off and says why; with it, greedy tokens through
-    the emulated megakernel are those of the plain run, with verify steps that accepted drafts."""
+def _greedy_off_and_ngram(weights, prompts, max_tokens: int, pages: int = 48) -> dict[str, list[list[int]]]:
+    """The prompts' greedy tokens through the emulated megakernel (verify_rows on) with speculation
+    off and with n-gram drafts, each mode on an engine of its own (the ngram run must verify and
+    accept drafts)."""
     from mkcode.backend.engine.request import GenerationRequest
     from mkcode.backend.sampling import SamplingParams
 
-    off = _engine(bf16_weights, _backend(bf16_weights, verify_rows=False), "ngram")
-    assert off.speculative == "off" and "verify_rows=False" in off.spec_note
-    motif = [7, 300, 41, 99, 5]
-    prompts = [[motif[j % 5] for j in range(58)], [11, 12, 13] + motif * 3]
     out = {}
     for mode in ("off", "ngram"):
-        engine = _engine(bf16_weights, _backend(bf16_weights, verify_rows=True), mode)
+        engine = _engine(weights, _backend(weights, verify_rows=True), mode, pages=pages)
         assert engine.speculative == mode
-        sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         streams = [engine.submit(GenerationRequest(list(p), sp)) for p in prompts]
         engine.run_until_idle()
         engine.check_accounting()
         out[mode] = [s.result(0).token_ids for s in streams]
         if mode == "ngram":
             assert engine.stats.spec_verify_steps > 0 and engine.stats.spec_accepted_tokens > 0
+    return out
+
+
+def test_engine_speculates_on_the_megakernel_only_with_its_flag(bf16_weights):
+    """Without the flag the engine turns speculation off and says why; with it, greedy tokens through
+    the emulated megakernel are those of the plain run, with verify steps that accepted drafts."""
+    off = _engine(bf16_weights, _backend(bf16_weights, verify_rows=False), "ngram")
+    assert off.speculative == "off" and "verify_rows=False" in off.spec_note
+    motif = [7, 300, 41, 99, 5]
+    prompts = [[motif[j % 5] for j in range(58)], [11, 12, 13] + motif * 3]
+    out = _greedy_off_and_ngram(bf16_weights, prompts, max_tokens=12)
     assert out["off"] == out["ngram"]
 
 
@@ -400,23 +408,11 @@ def test_engine_speculative_equals_plain_as_on_the_gpu(bf16_weights, batch):
     race the emulator does not model)."""
     import random
 
-    from mkcode.backend.engine.request import GenerationRequest
-    from mkcode.backend.sampling import SamplingParams
-
     rng, V = random.Random(batch), CFG.vocab_size
     prompts = []
     for i in range(batch):
         motif = [rng.randrange(3, V) for _ in range(rng.randrange(3, 9))]
         body = [motif[j % len(motif)] for j in range(rng.choice((40, 63, 130)))]
         prompts.append(body if i % 2 == 0 else [rng.randrange(3, V) for _ in range(70)] + body[:20])
-    out = {}
-    for mode in ("off", "ngram"):
-        engine = _engine(bf16_weights, _backend(bf16_weights, verify_rows=True), mode, pages=400)
-        sp = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
-        streams = [engine.submit(GenerationRequest(list(p), sp)) for p in prompts]
-        engine.run_until_idle()
-        engine.check_accounting()
-        out[mode] = [s.result(0).token_ids for s in streams]
-        if mode == "ngram":
-            assert engine.stats.spec_verify_steps > 0 and engine.stats.spec_accepted_tokens > 0
+    out = _greedy_off_and_ngram(bf16_weights, prompts, max_tokens=96, pages=400)
     assert out["off"] == out["ngram"]
