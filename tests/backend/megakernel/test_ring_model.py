@@ -80,16 +80,21 @@ ADVERSARIES = {
 }
 
 
+def _pick(adversaries: dict, name: str, trial: int):
+    """The scheduler `name` of `adversaries`; "random" (None): one seeded by `trial`."""
+    pick = adversaries[name]
+    if pick is None:
+        r = random.Random(trial)
+        pick = lambda en, r=r: r.randrange(len(en))  # noqa: E731
+    return pick
+
+
 @pytest.mark.parametrize("adversary", list(ADVERSARIES))
 def test_the_kernels_protocol_never_deadlocks_nor_overwrites(adversary):
     rng = random.Random(hash(adversary) & 0xFFFF)
     for trial in range(40):
         items = _random_items(rng, 6)
-        pick = ADVERSARIES[adversary]
-        if pick is None:
-            r = random.Random(trial)
-            pick = lambda en, r=r: r.randrange(len(en))  # noqa: E731
-        res = run_block(items, pick=pick)
+        res = run_block(items, pick=_pick(ADVERSARIES, adversary, trial))
         assert res.ok and not res.deadlock, (items, res)
 
 
@@ -321,11 +326,7 @@ def test_release_items_with_box_tiles_never_deadlock(adversary, B):
     names = sorted(kinds)
     for trial in range(6):
         items = [kinds[rng.choice(names)] for _ in range(8)]
-        pick = ADVERSARIES[adversary]
-        if pick is None:
-            r = random.Random(trial)
-            pick = lambda en, r=r: r.randrange(len(en))  # noqa: E731
-        res = run_block(items, pick=pick)
+        res = run_block(items, pick=_pick(ADVERSARIES, adversary, trial))
         assert res.ok and not res.deadlock, (items, res)
 
 
@@ -361,14 +362,6 @@ GRID_ADVERSARIES = {
 }
 
 
-def _pick(name: str, trial: int):
-    pick = GRID_ADVERSARIES[name]
-    if pick is None:
-        r = random.Random(trial)
-        pick = lambda en, r=r: r.randrange(len(en))  # noqa: E731
-    return pick
-
-
 @pytest.mark.parametrize("adversary", list(GRID_ADVERSARIES))
 def test_claim_ahead_never_deadlocks_and_each_item_reads_its_own_weights(adversary):
     """Every block streams its next item's first stages during its current item's last call (or at
@@ -380,7 +373,7 @@ def test_claim_ahead_never_deadlocks_and_each_item_reads_its_own_weights(adversa
     for trial in range(30):
         grid = _random_grid(rng, rng.randint(2, 4), 14)
         for on in (False, True):
-            res = rm.run_grid(grid, ahead=on, pick=_pick(adversary, trial))
+            res = rm.run_grid(grid, ahead=on, pick=_pick(GRID_ADVERSARIES, adversary, trial))
             assert res.ok and not res.deadlock, (grid, res.errors)
             if not on:
                 assert res.ahead_issued == 0
@@ -394,7 +387,7 @@ def test_the_stages_issued_ahead_are_the_kernels_count():
     rng = random.Random(11)
     for trial in range(20):
         grid = _random_grid(rng, 3, 12)
-        res = rm.run_grid(grid, pick=_pick("random", trial))
+        res = rm.run_grid(grid, pick=_pick(GRID_ADVERSARIES, "random", trial))
         assert res.ok
         want = sum(rm.ahead_stages([sum(it.tiles) for it in items]) for items in grid)
         assert res.ahead_issued == want
