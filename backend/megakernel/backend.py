@@ -166,10 +166,11 @@ class MegakernelBackend:
             ws_tiling = replace(self.tiling, lm_rows=min(lm_rows, self.tiling.lm_rows))
         self.ws = Workspace.allocate(cfg, ws_tiling, self.device)
         # the layer pointers, then (a ring kernel) the weight ring's tensor maps (tensor_maps.py), their
-        # box rows fitted to the tilings the steps use (short and long contexts)
-        tilings = [
+        # box rows fitted to the tilings the steps use (short and long contexts; a generator: only a
+        # ring kernel's backend builds them)
+        tilings = (
             self._tiling_for(b, pos) for b in range(1, abi.MK_MAX_TOKENS + 1) for pos in (None, 1 << 20)
-        ]
+        )
         table, self.tmap_box_rows = tensor_maps.backend_table(
             cfg, weights, _layer_weight_ptrs(cfg, weights, self.device), tilings, native_module
         )
