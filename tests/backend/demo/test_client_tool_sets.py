@@ -29,7 +29,15 @@ from mkcode.backend.demo import vocabularies as vocab
 from mkcode.backend.runtime import RuntimeOptions, build_runtime
 from mkcode.backend.server.client_config import codex_config, opencode_config
 from tests.backend.checkpoint.tiny import tiny_checkpoint
-from tests.backend.server.test_e2e_agents import MODEL, _agent_binary, _call, _home_env, _serve, _turn
+from tests.backend.server.test_e2e_agents import (
+    MODEL,
+    _agent_binary,
+    _call,
+    _run_codex,
+    _run_opencode,
+    _serve,
+    _turn,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -124,26 +132,8 @@ def test_opencode_sends_the_opencode_shaped_tool_set(runtime, tmp_path: Path) ->
     ]
     script = Calls("bash", calls)
     with _serve(runtime, script) as srv:
-        env = _home_env(tmp_path)
-        env.update(
-            OPENCODE_CONFIG_CONTENT=json.dumps(
-                opencode_config(srv.base_url + "/v1", MODEL, context=65536, output=512)
-            ),
-            OPENCODE_DISABLE_MODELS_FETCH="1",
-            OPENCODE_DISABLE_AUTOUPDATE="1",
-            OPENCODE_DISABLE_SHARE="1",
-            OPENCODE_DISABLE_LSP_DOWNLOAD="1",
-            PWD=str(project),
-        )
-        proc = subprocess.run(
-            [str(opencode), "run", "--format", "json", "TOOLTEST"],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            stdin=subprocess.DEVNULL,
-        )
+        config = json.dumps(opencode_config(srv.base_url + "/v1", MODEL, context=65536, output=512))
+        proc = _run_opencode(opencode, tmp_path, project, config, "TOOLTEST", timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     main = [r for r in script.requests if any(t["name"] == "bash" for t in r["tools"])]
     ts = vocab.opencode_set()
@@ -169,20 +159,16 @@ def test_codex_sends_the_codex_shaped_tool_set(runtime, tmp_path: Path) -> None:
     ]
     script = Calls("exec_command", calls)
     with _serve(runtime, script) as srv:
-        env = _home_env(tmp_path)
-        codex_home = Path(env["HOME"]) / ".codex"
-        codex_home.mkdir()
-        (codex_home / "config.toml").write_text(codex_config(srv.base_url + "/v1", MODEL))
-        env["CODEX_HOME"] = str(codex_home)
-        env["LC_ALL"] = "C"
-        argv = [str(codex), "exec", "--json", "--skip-git-repo-check", "-s", "danger-full-access"]
-        proc = subprocess.run(
-            [*argv, "-C", str(project), "TOOLTEST"],
-            env=env,
-            capture_output=True,
-            text=True,
+        config = codex_config(srv.base_url + "/v1", MODEL)
+        proc = _run_codex(
+            codex,
+            tmp_path,
+            project,
+            config,
+            "TOOLTEST",
             timeout=240,
-            stdin=subprocess.DEVNULL,
+            json_events=True,
+            env_extra={"LC_ALL": "C"},
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ts = vocab.codex_set()

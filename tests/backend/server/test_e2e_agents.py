@@ -122,6 +122,76 @@ def _home_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def _run_opencode(
+    opencode: Path, tmp: Path, project: Path, config: str, prompt: str, *, timeout: int
+) -> subprocess.CompletedProcess[str]:
+    """`opencode run --format json PROMPT` in `project`, with `config` (the JSON of
+    `opencode_config`) and a fresh home under `tmp`."""
+    env = _home_env(tmp)
+    env.update(
+        OPENCODE_CONFIG_CONTENT=config,
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        OPENCODE_DISABLE_AUTOUPDATE="1",
+        OPENCODE_DISABLE_SHARE="1",
+        OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+        PWD=str(project),  # OpenCode takes its working directory from $PWD, not the real cwd
+    )
+    return subprocess.run(
+        [str(opencode), "run", "--format", "json", prompt],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _run_codex(
+    codex: Path,
+    tmp: Path,
+    work: Path,
+    config: str,
+    prompt: str,
+    *,
+    timeout: int,
+    json_events: bool = False,
+    env_extra: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`codex exec [--json] --skip-git-repo-check -s danger-full-access -C WORK PROMPT`, with
+    `config` (the TOML of `codex_config`) as its config.toml in a fresh home under `tmp`."""
+    env = _home_env(tmp)
+    codex_home = Path(env["HOME"]) / ".codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(config)
+    env["CODEX_HOME"] = str(codex_home)
+    env.update(env_extra or {})
+    flags = ["--json"] if json_events else []
+    return subprocess.run(
+        [
+            str(codex),
+            "exec",
+            *flags,
+            "--skip-git-repo-check",
+            "-s",
+            "danger-full-access",
+            "-C",
+            str(work),
+            prompt,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _events(stdout: str) -> list[dict]:
+    """The JSON events a client printed, one a line."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
 def _grammar_walk(rt, tools: list[dict]) -> None:
     """Compile the agent's real tool schemas into the auto-mode grammar and take a few steps."""
     grammars = create_app(rt).state.mkcode.grammars
@@ -143,26 +213,9 @@ def test_opencode_run_calls_a_tool(agent_runtime, tmp_path):
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     with _serve(agent_runtime, script) as srv:
         config = opencode_config(srv.base_url + "/v1", MODEL, context=65536, output=512)
-        env = _home_env(tmp_path)
-        env.update(
-            OPENCODE_CONFIG_CONTENT=json.dumps(config),
-            OPENCODE_DISABLE_MODELS_FETCH="1",
-            OPENCODE_DISABLE_AUTOUPDATE="1",
-            OPENCODE_DISABLE_SHARE="1",
-            OPENCODE_DISABLE_LSP_DOWNLOAD="1",
-            PWD=str(project),  # OpenCode takes its working directory from $PWD, not the real cwd
-        )
-        proc = subprocess.run(
-            [str(opencode), "run", "--format", "json", "TOOLTEST"],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = _run_opencode(opencode, tmp_path, project, json.dumps(config), "TOOLTEST", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    events = _events(proc.stdout)
     # OpenCode's bash tool may run with a private /tmp (where pytest's tmp_path lives), so the
     # proof that the call ran is its reported output, echoed back by the scripted final turn.
     tools = [e["part"] for e in events if e.get("type") == "tool_use"]
@@ -184,28 +237,8 @@ def test_codex_exec_calls_a_tool(agent_runtime, tmp_path):
         "exec_command", {"cmd": f"echo {MARKER} > {work / 'marker.txt'} && cat {work / 'marker.txt'}"}
     )
     with _serve(agent_runtime, script) as srv:
-        env = _home_env(tmp_path)
-        codex_home = Path(env["HOME"]) / ".codex"
-        codex_home.mkdir()
-        (codex_home / "config.toml").write_text(codex_config(srv.base_url + "/v1", MODEL))
-        env["CODEX_HOME"] = str(codex_home)
-        proc = subprocess.run(
-            [
-                str(codex),
-                "exec",
-                "--skip-git-repo-check",
-                "-s",
-                "danger-full-access",
-                "-C",
-                str(work),
-                "TOOLTEST",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            stdin=subprocess.DEVNULL,
-        )
+        config = codex_config(srv.base_url + "/v1", MODEL)
+        proc = _run_codex(codex, tmp_path, work, config, "TOOLTEST", timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"done: {MARKER}" in proc.stdout, proc.stdout[-2000:]
     _grammar_walk(agent_runtime, script.requests[0]["tools"])

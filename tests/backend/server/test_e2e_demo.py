@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +24,7 @@ from mkcode.app.commands import serve
 from mkcode.backend.demo.shipped import SHIPPED_DIR
 from mkcode.backend.server.runner import ServerThread, free_port
 
-from .test_e2e_agents import _agent_binary, _home_env
+from .test_e2e_agents import _agent_binary, _events, _run_codex, _run_opencode
 
 pytestmark = pytest.mark.slow
 
@@ -67,26 +65,9 @@ def test_opencode_run_round_trip_on_the_demo_model(demo_server, tmp_path):
     project.mkdir()
     (project / "app.py").write_text("def build():\n    return 1\n")
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    env = _home_env(tmp_path)
-    env.update(
-        OPENCODE_CONFIG_CONTENT=config,
-        OPENCODE_DISABLE_MODELS_FETCH="1",
-        OPENCODE_DISABLE_AUTOUPDATE="1",
-        OPENCODE_DISABLE_SHARE="1",
-        OPENCODE_DISABLE_LSP_DOWNLOAD="1",
-        PWD=str(project),
-    )
-    proc = subprocess.run(
-        [str(opencode), "run", "--format", "json", "Where's build defined?"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = _run_opencode(opencode, tmp_path, project, config, "Where's build defined?", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    events = _events(proc.stdout)
     tools = [e["part"] for e in events if e.get("type") == "tool_use"]
     assert tools, proc.stdout[-3000:]
     assert tools[0]["state"]["status"] == "completed", tools[0]
@@ -105,31 +86,9 @@ def test_codex_exec_on_the_demo_model(demo_server, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     (work / "app.py").write_text("def build():\n    return 1\n")
-    env = _home_env(tmp_path)
-    codex_home = Path(env["HOME"]) / ".codex"
-    codex_home.mkdir()
-    (codex_home / "config.toml").write_text(config)
-    env["CODEX_HOME"] = str(codex_home)
-    argv = [
-        str(codex),
-        "exec",
-        "--json",
-        "--skip-git-repo-check",
-        "-s",
-        "danger-full-access",
-        "-C",
-        str(work),
-    ]
-    proc = subprocess.run(
-        [*argv, "Run ls in the shell."],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = _run_codex(codex, tmp_path, work, config, "Run ls in the shell.", timeout=400, json_events=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    events = _events(proc.stdout)
     done = [e for e in events if e.get("type") == "turn.completed"]
     assert done and done[-1]["usage"]["input_tokens"] > 8192, proc.stdout[-3000:]
     assert done[-1]["usage"]["reasoning_output_tokens"] > 0  # the server counts reasoning tokens
