@@ -23,7 +23,18 @@ from mkcode.backend.chat.template import chat_template
 from mkcode.backend.chat.tokenizer import ChatTokenizer
 from mkcode.backend.demo import trainer
 from mkcode.backend.demo import vocabularies as vocab
-from mkcode.backend.demo.dialogues import make_dialogue
+from mkcode.backend.demo.dialogues import (
+    make_dialogue,
+    task_edit,
+    task_explore,
+    task_find,
+    task_glob,
+    task_list,
+    task_read,
+    task_read_missing,
+    training_project,
+    training_system_prompt,
+)
 
 # Computed from the trainer before tool vocabularies existed (commit fb8c821): the default config's
 # data must stay these bytes, so that the shipped checkpoint's command still reproduces it.
@@ -145,17 +156,6 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_shell_forms_print_what_the_real_commands_print(tmp_path: Path) -> None:
     """Codex's shell-only vocabulary: ls -AF, cat -n, grep -rn, find | sort and sed -i, run by bash on
     the project, print exactly the output (and exit with the code) the training data shows."""
-    from mkcode.backend.demo.dialogues import (
-        task_edit,
-        task_find,
-        task_glob,
-        task_list,
-        task_read,
-        task_read_missing,
-        training_project,
-        training_system_prompt,
-    )
-
     rng = random.Random(8)
     forms = set()
     for k in range(24):
@@ -199,17 +199,6 @@ def test_the_evaluation_executor_returns_what_the_training_data_shows(
     """A translated call run against the project on disk through `vocabularies.execute` (mkcode's
     registry underneath: the held-out evaluation's path) returns the dialogue's result."""
     monkeypatch.setenv("LC_ALL", "C")  # ls and sort order bytewise, as the training data does
-    from mkcode.backend.demo.dialogues import (
-        task_edit,
-        task_explore,
-        task_find,
-        task_glob,
-        task_list,
-        task_read,
-        task_read_missing,
-        training_project,
-        training_system_prompt,
-    )
     from mkcode.tools import ToolRegistry, Workspace
 
     rng = random.Random(31)
