@@ -8,7 +8,8 @@
 # Settings (environment): STEPS (default 2000: the shipped 900 took 197 s on an H100, and a step
 # of mixed tool sets costs as many tokens as a default one), MAX_SECONDS (default 450: training stops
 # there, recorded in demo_report.json), STOP_AFTER (stop after this many steps of the STEPS schedule:
-# the shipped demo model 4 is STEPS=2400 STOP_AFTER=2341), SEED (0), TOOL_SETS (mixed), DEVICE (cuda), BATCH_SIZE (the
+# the shipped demo model 4 is STEPS=2400 STOP_AFTER=2341), INIT_FROM (a demo checkpoint directory to
+# continue from, e.g. backend/demo/checkpoint: the shipped model), SEED (0), TOOL_SETS (mixed), DEVICE (cuda), BATCH_SIZE (the
 # trainer's 48), PY (python3: the image's holds PyTorch).
 # Writes four files under $OUT (the run tool brings back at most 8): gpu.txt, train.log,
 # demo_report.json and checkpoint.tgz (the directory `checkpoint/`: weights, tokenizer, VERSION,
@@ -32,7 +33,7 @@ WORK=$(mktemp -d)
 t0=$(date +%s)
 "$PY" -m mkcode.backend.demo.trainer --out "$WORK/checkpoint" --device "${DEVICE:-cuda}" \
   --tool-sets "${TOOL_SETS:-mixed}" --steps "${STEPS:-2000}" --seed "${SEED:-0}" \
-  --max-seconds "${MAX_SECONDS:-450}" ${STOP_AFTER:+--stop-after "$STOP_AFTER"} ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} --no-eval 2>&1 | tee "$OUT/train.log"
+  --max-seconds "${MAX_SECONDS:-450}" ${STOP_AFTER:+--stop-after "$STOP_AFTER"} ${INIT_FROM:+--init-from "$INIT_FROM"} ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} --no-eval 2>&1 | tee "$OUT/train.log"
 rc=$?
 echo "trainer exit $rc after $(( $(date +%s) - t0 ))s"
 if [ -d "$WORK/checkpoint" ]; then

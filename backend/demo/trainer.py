@@ -90,11 +90,46 @@ class DemoTrainConfig:
     # Tool vocabularies (vocabularies.py), drawn one per step with these weights. The default, mkcode's
     # registry alone, is the data demo models 1-3 were trained on, byte for byte (4: MIXES["mixed"]).
     tool_sets: tuple[tuple[str, float], ...] = DEFAULT_TOOL_SETS
+    # Start from this demo checkpoint's weights instead of the synthetic initialisation (same geometry
+    # and vocabulary): how a retrain continues a shipped model. The key records its VERSION and the
+    # sha256 of its weights, not the path.
+    init_from: str | None = None
 
     def key(self) -> dict[str, Any]:
         """What the trained weights depend on (besides the torch build and device)."""
-        skip = ("eval_dialogues", "threads", "workers", "max_seconds")
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        skip = ("eval_dialogues", "threads", "workers", "max_seconds", "init_from")
+        key = {k: v for k, v in asdict(self).items() if k not in skip}
+        if self.init_from is not None:
+            key["init"] = init_identity(Path(self.init_from))
+        return key
+
+
+def init_identity(directory: Path) -> dict[str, str]:
+    """What a starting checkpoint is: its VERSION and the sha256 of its weights file."""
+    from mkcode.backend.demo.shipped import demo_model_version, sha256_file
+
+    return {"version": demo_model_version(directory), "sha256": sha256_file(directory / "model.safetensors")}
+
+
+def initial_weights(cfg: Any, config: DemoTrainConfig) -> Any:
+    """The synthetic initialisation, or the weights of `config.init_from` (float32), which must have
+    the trainer's geometry and vocabulary: a clear error otherwise, never a silent reshape."""
+    from mkcode.backend.checkpoint.loader import load_checkpoint
+    from mkcode.backend.checkpoint.synth import synthetic_weights
+
+    if config.init_from is None:
+        return synthetic_weights(cfg, config.seed)
+    import torch
+
+    loaded = load_checkpoint(config.init_from, dtype=torch.float32, progress=False)
+    want = {k: tuple(t.shape) for k, t in synthetic_weights(cfg, config.seed).state_dict(cfg).items()}
+    got = {k: tuple(t.shape) for k, t in loaded.weights.state_dict(loaded.config).items()}
+    if got != want:
+        differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        raise ValueError(
+            f"--init-from {config.init_from}: not the demo geometry (tensors that differ: {', '.join(differ[:4])})"
+        )
+    return loaded.weights
 
 
 def _tool_schemas() -> list[dict[str, Any]]:
@@ -265,7 +300,7 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
 
     from mkcode.backend.chat.template import chat_template
     from mkcode.backend.chat.tokenizer import ChatTokenizer
-    from mkcode.backend.checkpoint.synth import synthetic_config, synthetic_weights
+    from mkcode.backend.checkpoint.synth import synthetic_config
     from mkcode.backend.demo.forward import Batch, hidden_states, logits_at
 
     dev = torch.device(config.device)
@@ -275,7 +310,7 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
     raw_tok = demo_tokenizer()
     tok = ChatTokenizer.from_tokenizer(raw_tok, chat_template())
     cfg = synthetic_config("tiny", raw_tok, config.geometry)
-    weights = _moved(cfg, synthetic_weights(cfg, config.seed), dev)
+    weights = _moved(cfg, initial_weights(cfg, config), dev)
     params = _trainable(weights)
     tools = _tool_schemas()
     pad = cfg.pad_token_id or 0
@@ -292,7 +327,9 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
     prefix_t = None
     steps_done = 0
     t_step5 = None
+    data_wait, t_asked = 0.0, time.monotonic()  # time spent waiting for the data workers
     for step, (step_prefix, batch) in enumerate(batches(config, raw_tok.to_str(), tools)):
+        data_wait += time.monotonic() - t_asked
         if prefix_t is None or step_prefix != prefix:  # the step's tool set
             prefix, prefix_t = step_prefix, torch.tensor(step_prefix, device=dev)
         S = max(len(s) for s, _ in batch)
@@ -317,13 +354,17 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
         if step % 10 == 0 or step == config.steps - 1:
             losses.append(round(loss.item(), 4))
         if step % 50 == 0 or step == config.steps - 1:
-            say(f"step {step + 1}/{config.steps}  loss {loss.item():.3f}  {time.monotonic() - t0:.0f}s")
+            say(
+                f"step {step + 1}/{config.steps}  loss {loss.item():.3f}  {time.monotonic() - t0:.0f}s"
+                f"  (waiting for data {data_wait:.0f}s)"
+            )
         if config.max_seconds is not None and time.monotonic() - t0 > config.max_seconds:
             say(f"stopping after {steps_done} steps: past max_seconds={config.max_seconds}")
             break
         if config.stop_after is not None and steps_done >= config.stop_after:
             say(f"stopping after {steps_done} steps of {config.steps}: --stop-after")
             break
+        t_asked = time.monotonic()
     t_end = time.monotonic()
     train_s = t_end - t0
     for p in params:
@@ -341,6 +382,7 @@ def _train(out_dir: str | os.PathLike[str], config: DemoTrainConfig, say: Progre
         "seconds_per_step": round((t_end - t_step5) / (steps_done - 5), 4)
         if t_step5 and steps_done > 5
         else None,
+        "data_wait_seconds": round(data_wait, 1),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "config": config.key(),
@@ -398,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, help="data processes (default: 0 on the CPU, 8 on a GPU)")
     p.add_argument("--max-seconds", type=float, help="stop training early past this many seconds")
     p.add_argument(
+        "--init-from",
+        type=Path,
+        help="start from this demo checkpoint's weights (e.g. the shipped one) instead of the synthetic init",
+    )
+    p.add_argument(
         "--stop-after",
         type=int,
         help="stop after this many steps of the --steps schedule (reproduces a timed-out run)",
@@ -419,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "max_seconds": args.max_seconds,
         "stop_after": args.stop_after,
+        "init_from": str(args.init_from) if args.init_from else None,
     }
     if args.tool_sets is not None:
         overrides["tool_sets"] = MIXES[args.tool_sets]
@@ -482,6 +530,9 @@ def _command(config: DemoTrainConfig) -> str:
         cmd += f" --tool-sets {named[0]}" if named else f" (tool_sets={list(config.tool_sets)})"
     if config.stop_after is not None:
         cmd += f" --stop-after {config.stop_after}"
+    if config.init_from is not None:
+        init = init_identity(Path(config.init_from))
+        cmd += f" --init-from DEMO_MODEL_{init['version']} (weights sha256 {init['sha256'][:12]}…)"
     return cmd
 
 
