@@ -288,3 +288,28 @@ def test_the_evaluation_keeps_the_plan_in_the_history_as_mkcodes_agent_does(
     assert turn["tool_calls"][0]["function"]["name"] == name
     assert turn.get("reasoning_content") == (plan if kept else None)
 
+
+def test_init_from_starts_at_the_given_checkpoint_and_refuses_another_geometry(tmp_path: Path) -> None:
+    """`--init-from` loads the shipped weights (the key records its version and weights hash, not
+    its path); a checkpoint of another geometry is a clear error, never a silent reshape."""
+    from dataclasses import replace
+
+    from mkcode.backend.demo import trainer
+    from mkcode.backend.demo.shipped import SHIPPED_DIR, sha256_file
+
+    raw_tok = trainer.demo_tokenizer()
+    cfg = synthetic_config("tiny", raw_tok, trainer.DEMO_GEOMETRY)
+    config = replace(trainer.DemoTrainConfig(), init_from=str(SHIPPED_DIR))
+    got = trainer.initial_weights(cfg, config).state_dict(cfg)
+    fresh = synthetic_weights(cfg, 0).state_dict(cfg)
+    assert got.keys() == fresh.keys()
+    assert not torch.equal(got["model.embed_tokens.weight"], fresh["model.embed_tokens.weight"])
+    key = config.key()
+    assert "init_from" not in key
+    assert key["init"] == {"version": (SHIPPED_DIR / "VERSION").read_text().strip(),
+                           "sha256": sha256_file(SHIPPED_DIR / "model.safetensors")}  # fmt: skip
+    other = tmp_path / "other"
+    small = synthetic_config("tiny", raw_tok, {**trainer.DEMO_GEOMETRY, "hidden_size": 128})
+    trainer.write_checkpoint(other, small, synthetic_weights(small, 0), raw_tok)
+    with pytest.raises(ValueError, match="not the demo geometry"):
+        trainer.initial_weights(cfg, replace(config, init_from=str(other)))
