@@ -363,12 +363,6 @@ enum MkTmapHeader {
   MK_TH_LAYERS = 1,
   MK_TH_ROWS0 = 2,  // box rows of kind 0; kind k at MK_TH_ROWS0 + k (0: no maps of that kind)
 };
-// MK_MODE_RING_BULK_ACT (with MK_MODE_RING, a kernel built with MK_RING=1; an A/B switch until it
-// measures faster): a ring GEMV whose activations are plain fp32 rows (no RMSNorm, no residual copy:
-// O-proj, dense down, MoE down) of at most MK_MAX_TOKENS x OUT_FLOATS / 8 floats copies them after
-// its dependency wait by cp.async.bulk (one copy per row, after fence.proxy.async) into the GEMV's
-// output region, then converts them to the bf16 rows the consumers read; else the threads' loads.
-#define MK_MODE_RING_BULK_ACT 4096
 // MK_MODE_RING_AHEAD (with MK_MODE_RING, a kernel built with MK_RING=1; an A/B switch until it
 // measures faster): claims one item ahead on the per-SM static lists. The last ring call of a static
 // item goes on to issue the next static item's first min(RING_D, its stages) stages (gated only by

@@ -23,8 +23,6 @@
 // accumulators per 16-row group, adding a row block's sums at its last stage (ring_consume_box).
 // An item's plan (ring_plan) is its GEMV's tile and, for a fused MoE item, its down slice: the
 // loader of the first call runs on into the slice by up to RING_D stages (ring_model.kernel_upto).
-// MK_MODE_RING_BULK_ACT: a GEMV over plain fp32 rows copies them by cp.async.bulk after its wait
-// (stage_bulk), converting them from the output region, instead of the threads' L2 loads.
 // MK_MODE_RING_AHEAD (claims one item ahead, static per-SM lists only): the last ring call's loader
 // of a static item goes on into the next static item's first min(RING_D, total) stages (ring_ahead:
 // the slots this call's consumers free, so it never waits for a later call), and a static item
@@ -36,7 +34,9 @@
 // abandoned step waits for its in-flight stages before the block exits (ring_quiesce).
 // Measured and removed (2026-12-05, H100): stages of row pieces (32 rows x 512 k, one 1 KB copy per
 // row; a fused MoE item's down slice as 256-byte pieces) streamed at a third to a half of the
-// register GEMV's rate (BS 1 8K: 8.7-8.9 ms vs 3.57): bulk copies must be large.
+// register GEMV's rate (BS 1 8K: 8.7-8.9 ms vs 3.57): bulk copies must be large. So were a K-range
+// GEMV's fp32 activation rows by cp.async.bulk after its wait (MK_MODE_RING_BULK_ACT, bit 4096):
+// 4.46-4.51 ms against the thread loads' 4.45-4.48, equal.
 #pragma once
 
 namespace mk {
@@ -64,10 +64,6 @@ __shared__ uint32_t s_ring_ahead;
 // kind); s_tmap_rows[kind]: its box rows (0: that kind keeps the register GEMV)
 __shared__ unsigned long long s_tmap;
 __shared__ int s_tmap_rows[MK_TMAP_KINDS];
-// MK_MODE_RING_BULK_ACT: the activation rows' copies complete on s_act_full; s_act_uses counts its
-// phases (thread 0 advances it after a barrier that follows every thread's wait)
-__shared__ __align__(8) unsigned long long s_act_full;
-__shared__ uint32_t s_act_uses;
 
 __device__ __forceinline__ bool ring_on(const Params& p) { return (p.prefetch_mode & MK_MODE_RING) && p.use_mma; }
 
@@ -463,48 +459,6 @@ __device__ __forceinline__ void ring_consume_box(const Params& p, const RingTile
   }
 }
 
-// MK_MODE_RING_BULK_ACT: can the activations go by bulk copies (plain fp32 rows, 16-byte aligned,
-// 8 rows of klen floats within out_s's OUT_FLOATS)?
-__device__ __forceinline__ bool bulk_act_ok(const Params& p, const ActSrc& a, int klen) {
-  return (p.prefetch_mode & MK_MODE_RING_BULK_ACT) && a.norm_w == nullptr && a.copy == nullptr && klen > 0 &&
-         8 * klen <= OUT_FLOATS && (klen * 4) % 16 == 0 && (a.stride * 4) % 16 == 0 &&
-         (((uintptr_t)(a.src + a.k0)) & 15) == 0;
-}
-
-// The bulk staging (all threads, after the task's dependency wait and a barrier): every thread
-// orders its earlier generic accesses (the landing region's last readers; thread 0's acquire of the
-// rows other SMs released) before the async proxy (fence.proxy.async) and a barrier; thread 0 then
-// copies row n's klen floats (src[rows[n] * stride + k0 ..]) into land[n * klen] (fp32, out_s's
-// region); every thread waits for them (watchdog: MK_ERR_TIMEOUT, counter word -2 - RING_D) and
-// writes act_s[n][k] = bf16 (zeros for rows[n] < 0). The caller's barrier publishes act_s; land is
-// free after it.
-__device__ __forceinline__ void stage_bulk(const Params& p, const ActSrc& a, int klen, bf16* act_s, float* land) {
-  const uint32_t bar = smem_u32(&s_act_full), parity = s_act_uses & 1u;
-  const int lds = klen + ACT_PAD;
-  asm volatile("fence.proxy.async;" ::: "memory");
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t bytes = 0;
-    for (int n = 0; n < 8; ++n) bytes += a.rows[n] >= 0 ? (uint32_t)klen * 4u : 0u;
-    if (bytes) {
-      mbar_expect_tx(bar, bytes);
-      for (int n = 0; n < 8; ++n)
-        if (a.rows[n] >= 0)
-          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                           smem_u32(land + n * klen)),
-                       "l"(a.src + (size_t)a.rows[n] * a.stride + a.k0), "r"((uint32_t)klen * 4u), "r"(bar)
-                       : "memory");
-    } else {
-      mbar_arrive(bar);  // no row: the phase completes at once
-    }
-  }
-  mbar_wait(p, bar, parity, RING_D);
-  for (int i = threadIdx.x; i < 8 * klen; i += NT) {
-    const int n = i / klen, k = i - n * klen;
-    act_s[n * lds + k] = __float2bfloat16(a.rows[n] >= 0 ? land[i] : 0.f);
-  }
-}
-
 // The ring's GEMV of a task (gemv_op in ring mode, in place of gemv): out_s[r * 8 + n] with the
 // staging and the RMSNorm factor as gemv_mma. All threads; ends with __syncthreads().
 __device__ __noinline__ void gemv_ring(const Params& p, const RingPlan& pl, const ActSrc& act, bf16* act_s,
@@ -515,13 +469,7 @@ __device__ __noinline__ void gemv_ring(const Params& p, const RingPlan& pl, cons
   const uint32_t item0 = s_ring_cons;
   act_s = shared(act_s);
   out_s = shared(out_s);
-  if (!staged && bulk_act_ok(p, act, klen)) {  // MK_MODE_RING_BULK_ACT: the rows land in out_s first
-    stage_bulk(p, act, klen, act_s, out_s);
-    __syncthreads();
-    if (threadIdx.x == 0) ++s_act_uses;  // every thread waited for this phase before the barrier
-  } else if (!staged) {
-    stage_rows(act_s, act, klen);
-  }
+  if (!staged) stage_rows(act_s, act, klen);
   for (int i = threadIdx.x; i < t0.nrows * 8; i += NT) out_s[i] = 0.f;
   __syncthreads();
   if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
@@ -590,8 +538,7 @@ __device__ __forceinline__ void ring_init(const Params& p, uint32_t base) {
     mbar_init(smem_u32(&s_ring_full[s]), 1);
     mbar_init(smem_u32(&s_ring_empty[s]), RING_CW);
   }
-  mbar_init(smem_u32(&s_act_full), 1);
-  s_ring_issued = s_ring_cons = s_act_uses = s_ring_ahead = 0;
+  s_ring_issued = s_ring_cons = s_ring_ahead = 0;
   s_ring_slot = 0;
   s_ring_base = (base + MK_TMAP_SMEM_ALIGN - 1) & ~(uint32_t)(MK_TMAP_SMEM_ALIGN - 1);
   const size_t off = ((size_t)p.num_layers * MK_LW_COUNT * 8 + MK_TMAP_BYTES - 1) / MK_TMAP_BYTES * MK_TMAP_BYTES;

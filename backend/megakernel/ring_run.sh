@@ -9,9 +9,9 @@
 #   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s): every
 #            GEMV op (whole rows and K-range boxes) with the exact stage count its plan streams
 #   bench    gpu_check bench at BS 1 (BATCHES), ctx 8K: the default kernel (the reference path,
-#            prefetch=0 twice), then the ring kernel (prefetch=0, then 8, 8200, 4104, 8, 8200: its
-#            register path, the ring, the ring claiming one item ahead (MK_MODE_RING_AHEAD), the ring
-#            with bulk-copied activations (MK_MODE_RING_BULK_ACT)), each line with tok/s and % of SOL;
+#            prefetch=0 twice), then the ring kernel (prefetch=0, then 8, 8200, 8, 8200: its register
+#            path, the ring, the ring claiming one item ahead (MK_MODE_RING_AHEAD)), each line with
+#            tok/s and % of SOL;
 #            the ring kernel's timeline with claims ahead (--timeline-mode TL_MODE, default 8200);
 #            RING_VARIANTS replaces the ring kernel's variant list (a shorter call)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
@@ -48,7 +48,7 @@ for stage in "$@"; do
       MKCODE_MK_RING=0 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_default" \
         --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 2>&1 | tee "$OUT/bench_default.log" | grep -E "^BS|copy|rror"
       MKCODE_MK_RING=1 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_ring" \
-        --batches ${BATCHES:-1} --context 8192 --variants ${RING_VARIANTS:-prefetch=0 prefetch=8 prefetch=8200 prefetch=4104 prefetch=8 prefetch=8200} --timeline-mode ${TL_MODE:-8200} \
+        --batches ${BATCHES:-1} --context 8192 --variants ${RING_VARIANTS:-prefetch=0 prefetch=8 prefetch=8200 prefetch=8 prefetch=8200} --timeline-mode ${TL_MODE:-8200} \
         2>&1 | tee "$OUT/bench_ring.log" | grep -E "^BS|check|copy|rror|MOE|QKV|LM_HEAD|ROUTER|OPROJ|ATTN |span" ;;
     release)
       MKCODE_MK_RING=1 timeout ${T_REL:-200} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q \

@@ -57,9 +57,6 @@ RING_OPS = (
     abi.MK_OP_DENSE_DOWN,
 )
 K_RANGE_OPS = (abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN)
-# MK_MODE_RING_BULK_ACT: the GEMVs over plain fp32 rows stage them by bulk copies
-BULK = RING | abi.MK_MODE_RING_BULK_ACT
-BULK_OPS = (abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN, abi.MK_OP_MOE_DOWN)
 # MK_MODE_RING_AHEAD: claims one item ahead on the static lists (the next item's first stages stream
 # during this item's last call, or from the start of an item without ring stages)
 AHEAD = RING | abi.MK_MODE_RING_AHEAD
@@ -87,7 +84,7 @@ def _planned(be, descs) -> int:
 
 @contextmanager
 def ring(be, stages: int | None = None, mode: int = RING, ahead: int | None = None):
-    """The backend in ring mode (`mode`: RING, or with MK_MODE_RING_BULK_ACT / MK_MODE_RING_AHEAD);
+    """The backend in ring mode (`mode`: RING, or with MK_MODE_RING_AHEAD);
     afterwards back to the default. Asserts that the ring consumed exactly `stages` stages, or (None)
     some; and that it issued exactly `ahead` stages one item ahead (-1: some; None: with
     MK_MODE_RING_AHEAD some, else none)."""
@@ -171,18 +168,6 @@ def test_gemv_op_norm_inline_through_the_ring(inline, op, B):
     w, be = inline
     n = _planned(be, _op_descs(op, B, op * 10 + B))
     with ring(be, stages=n):
-        _op_check(CFG, w, be, op, B)
-
-
-@pytest.mark.parametrize("op", BULK_OPS, ids=lambda o: abi.OPNAMES[o])
-@pytest.mark.parametrize("B", [1, 5])
-@pytest.mark.parametrize("fixture", ["plain", "inline"])
-def test_bulk_copied_activations(request, fixture, op, B):
-    """MK_MODE_RING_BULK_ACT: the activation rows by cp.async.bulk after the wait (rows < 0 as zeros,
-    the MoE down's token slots), the same stages as without it."""
-    w, be = request.getfixturevalue(fixture)
-    n = _planned(be, _op_descs(op, B, op * 10 + B))
-    with ring(be, stages=n, mode=BULK):
         _op_check(CFG, w, be, op, B)
 
 
@@ -291,14 +276,6 @@ def test_step_with_k_range_down_tiles_through_the_ring(weights):
     assert ring_model.box_plan(t.moe_up_cols, t.moe_down_rows, rb) is not None  # boxes
     with ring(be):
         _step_check(CFG, weights, be, BS8_CONTEXTS, seed=77)
-
-
-@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_step_with_bulk_copied_activations(weights, contexts):
-    t = tiling_for_batch(CFG, default_tiling(CFG), len(contexts))
-    be = MegakernelBackend(CFG, weights, tiling=t)
-    with ring(be, mode=BULK):
-        _step_check(CFG, weights, be, contexts, seed=len(contexts) + 61)
 
 
 @pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256], BS8_CONTEXTS], ids=lambda c: f"bs{len(c)}")
