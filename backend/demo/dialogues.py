@@ -271,8 +271,7 @@ LIST_OBJECTS = ["the files", "all the files", "the project files", "every file",
                 "the directory contents", "the contents of the project", "the folder", "the repo contents",
                 "the top-level entries", "all files", "the entries"]  # fmt: skip
 LIST_PLACES = ["", "", " in the project", " in this repo", " in the repository", " here", " in the current directory",
-               " in the root", " at the top level", " in this folder", " of the project", " in the working directory",
-               " in the workspace"]  # fmt: skip
+               " in the root", " at the top level", " in this folder", " of the project", " in the working directory"]  # fmt: skip
 LIST_QUESTIONS = ["What files are there{place}?", "What files exist{place}?", "Which files are{place}?",
                   "What is in this directory?", "What's in the project?", "What's in this repo?", "What's here?",
                   "What does the project contain?", "What files does the repo have?", "Which files do I have?",
@@ -608,26 +607,16 @@ def long_instructions(rng: random.Random, target_chars: int) -> str:
     return "".join(parts)
 
 
-TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
-
-
-def working_directory_path(rng: random.Random) -> str:
-    """An absolute working directory of 1 to 4 components whose last one is a plain name, a random
-    word or a temporary folder's random name (`tempfile`'s 8 characters), so that the model learns to
-    copy whatever path it is given (OpenCode's tools take absolute paths) rather than a few it saw."""
-    parents = [rng.choice(["home", "work", "srv", "tmp", "Users", "repos", "var", word(rng)])
-               for _ in range(rng.randint(0, 3))]  # fmt: skip
-    temp = "".join(rng.choice(TEMP_CHARS) for _ in range(8))
-    leaf = rng.choice(["proj", "demo", "app", "repo", "code", word(rng), f"{word(rng)}-{word(rng)}",
-                       f"mkcode-demo-eval-{word(rng)}", f"tmp{temp}", f"{word(rng)}-{temp}"])  # fmt: skip
-    return "/" + "/".join([*parents, leaf])
-
-
 def training_system_prompt(rng: random.Random, long_chars: int = 0) -> str:
     """The system message: instructions (or `long_chars` of long agent instructions), then the
     environment, as mkcode's agent writes it; now and then an AGENTS.md section."""
     instructions = long_instructions(rng, long_chars) if long_chars else rng.choice(TRAIN_INSTRUCTIONS)
-    cwd = working_directory_path(rng)
+    cwd = "/" + "/".join(
+        rng.choice(["home", "work", "srv", "tmp", "Users", "repos", word(rng)]) for _ in range(2)
+    )
+    cwd += "/" + rng.choice(
+        ["proj", "demo", "app", "repo", "code", word(rng), f"mkcode-demo-eval-{word(rng)}"]
+    )
     env = [f"Working directory: {cwd}", f"Platform: {rng.choice([*PLATFORMS, 'Linux'])}",
            f"Date: 20{rng.randint(24, 27)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"]  # fmt: skip
     env.append(rng.choice(["Git repository: no", "Git repository: no", "Git status:\n## main", "Git status:\n## main\n M "

@@ -227,7 +227,7 @@ def make_batch(job: tuple[DemoTrainConfig, int]) -> StepBatch:
     generator seeded by (seed, step); the step's tool set, and its translation of the dialogues, from
     a second one, so the default (mkcode's set alone) draws nothing more than it always did."""
     from mkcode.backend.demo.dialogues import make_dialogue
-    from mkcode.backend.demo.vocabularies import PLAN_FREE_SHARE, draw_tool_set, translate, without_plans
+    from mkcode.backend.demo.vocabularies import draw_tool_set, translate
 
     config, step = job
     rng = random.Random(f"demo-{config.seed}-{step}")
@@ -239,12 +239,7 @@ def make_batch(job: tuple[DemoTrainConfig, int]) -> StepBatch:
     tools = _W["tools"] if ts is None or ts.name == "mkcode" else ts.tools
 
     def encoded(messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        if ts is None:
-            return encode_dialogue(messages, tools)
-        messages = translate(messages, ts, vrng)
-        if ts.name != "mkcode" and vrng.random() < PLAN_FREE_SHARE:
-            messages = without_plans(messages)
-        return encode_dialogue(messages, tools)
+        return encode_dialogue(messages if ts is None else translate(messages, ts, vrng), tools)
 
     if config.long_every and step % config.long_every == config.long_every - 1:
         rows = [

@@ -544,17 +544,6 @@ def translate_call(
     return ts.shell, {ts.shell_arg: cmd}, shell_result
 
 
-# Share of a client set's dialogues whose assistant turns carry no plan: OpenAI-wire clients (OpenCode,
-# Codex CLI) drop `reasoning_content` from the history they send back, so after a plan-free read the
-# model must take the next step (an edit) from the user's request, not from its own earlier plan.
-PLAN_FREE_SHARE = 0.5
-
-
-def without_plans(messages: list[Message]) -> list[Message]:
-    """The dialogue as a client that drops the assistant's plans sends it back (a new list)."""
-    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
-
-
 def translate(messages: list[Message], ts: ToolSet, rng: random.Random) -> list[Message]:
     """A dialogue written with mkcode's tools, rewritten into the set's vocabulary (a new list; the
     mkcode set returns `messages` itself, unchanged)."""

@@ -90,21 +90,6 @@ def test_dialogues_vary_file_names_so_answers_must_copy_them() -> None:
     assert len(stems - set(STEMS)) > 60
 
 
-def test_working_directories_vary_in_depth_and_name_so_paths_must_be_copied() -> None:
-    """OpenCode's tools take absolute paths, which the model copies from the environment block: the
-    training directories are 1-4 components deep and mostly names seen once (tempfile-like too)."""
-    from mkcode.backend.demo.dialogues import training_system_prompt, working_directory_path
-
-    rng = random.Random(5)
-    paths = [working_directory_path(rng) for _ in range(400)]
-    assert all(p.startswith("/") and "//" not in p and not p.endswith("/") for p in paths)
-    assert {p.count("/") for p in paths} == {1, 2, 3, 4}
-    assert len(set(paths)) > 300
-    assert any(re.search(r"-[a-z0-9_]{8}$|/tmp[a-z0-9_]{8}$", p) for p in paths)
-    system = training_system_prompt(random.Random(6))
-    assert re.search(r"^Working directory: /\S+$", system, re.M)
-
-
 def test_every_answer_names_only_files_the_conversation_showed() -> None:
     """No training answer teaches inventing a file name: each one in an answer was in the request,
     a tool call or a tool's output before it (never only in the system prompt's examples)."""
