@@ -116,14 +116,15 @@ def initial_weights(cfg: Any, config: DemoTrainConfig) -> Any:
     the trainer's geometry and vocabulary: a clear error otherwise, never a silent reshape."""
     from mkcode.backend.checkpoint.loader import load_checkpoint
     from mkcode.backend.checkpoint.synth import synthetic_weights
+    from mkcode.backend.model.weights import expected_shapes
 
     if config.init_from is None:
         return synthetic_weights(cfg, config.seed)
     import torch
 
+    # the loader checks every tensor against the checkpoint's own config.json; its shapes must be ours
     loaded = load_checkpoint(config.init_from, dtype=torch.float32, progress=False)
-    want = {k: tuple(t.shape) for k, t in synthetic_weights(cfg, config.seed).state_dict(cfg).items()}
-    got = {k: tuple(t.shape) for k, t in loaded.weights.state_dict(loaded.config).items()}
+    want, got = expected_shapes(cfg), expected_shapes(loaded.config)
     if got != want:
         differ = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
         raise ValueError(
