@@ -188,15 +188,12 @@ enum MkError {
 // tiles are moe_up_small columns wide, over its last columns. A MoE queue holds every expert's wide
 // tiles first, then every expert's small ones (Tiling.moe_up_small; up_tile in mk_kernel.cuh).
 
-// prefetch_mode bits: MK_PREFETCH_SELF = L2-prefetch a task's weights before its dependency wait,
-// MK_PREFETCH_NEXT = also the next static task's weights before running the current one.
-#define MK_PREFETCH_SELF 1
-#define MK_PREFETCH_NEXT 2
-// The default: no L2 prefetch (measured faster on the H200 in every run of 2026-11-29,
-// e.g. BS 1 5.73 vs 6.01 ms, BS 8 15.06 vs 15.45 ms: the bulk prefetches compete with the loads).
+// prefetch_mode: variant bits (A/B measurements and bisection); the product runs
+// MK_PREFETCH_DEFAULT. Measured slower and removed: L2 prefetches of a task's weights before its
+// wait, of the next static task's, of a layer head's tiles (bits 1, 2, 256; 2026-11-29/30: BS 1
+// 6.01 vs 5.73 ms, the bulk prefetches compete with the loads).
 #define MK_PREFETCH_DEFAULT 0
-// Variant bit in the same word (A/B measurements and bisection): MK_MODE_SIMT_ATTN = the SIMT
-// attention instead of the tensor-core one.
+// MK_MODE_SIMT_ATTN: the SIMT attention instead of the tensor-core one.
 #define MK_MODE_SIMT_ATTN 4
 // MK_MODE_RING (engine v2, issue 41 step 2; off until it measures faster): every GEMV-shaped op
 // (QKV, router, O-proj, dense up / down, MoE up / down / fused, LM head) streams its weights through
@@ -208,45 +205,12 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-// MK_MODE_NO_WARM (A/B switch): no warm-up runs. By default a static ADD_NORM, ROUTE or
-// ATTN_COMBINE (and a QKV tile: its epilogue, 2026-12-01) whose inputs are not ready yet first runs
-// its op without any global write (a dry
-// run), so that its code is in the instruction cache when the inputs arrive: an op an SM runs once
-// per layer otherwise fetches its code cold from L2 while HBM is saturated (MK_MODE_TWICE measured
-// add+norm 8.4 us cold, 2.9 us warm).
-#define MK_MODE_NO_WARM 32
-// MK_MODE_ATTN_SMEM_K (A/B switch, d = 128): the attention streams K and V through one round of
-// shared-memory pages (the path of 2026-11-29). The default loads K straight into registers and
-// streams only V through shared memory, two rounds ahead (mk_attn.cuh; measured 2026-11-30: BS 1
-// 4.03 vs 4.29 ms, BS 8 11.06 vs 11.79 ms, gpu_check in one call).
-#define MK_MODE_ATTN_SMEM_K 64
 
 // MK_MODE_TOKEN_ROWS (A/B switch): every MoE up item stages its own tokens' rows of h. By default a
 // MoE up item stages all the batch rows of h(l) (its mma computes 8 token columns either way) and
 // the next up items of the layer on that SM reuse them; a MoE drain stages them while it waits
 // for ROUTE.
 #define MK_MODE_TOKEN_ROWS 128
-
-// MK_PREFETCH_HEAD: a layer's first GEMV tasks (QKV, ROUTER, DENSE_UP: they wait for the previous
-// layer's add+norm, a window in which nothing else of the step can stream) L2-prefetch their weight
-// tiles before that wait (cp.async.bulk.prefetch.L2), so their GEMVs read L2 when the norm lands.
-// Only these tiles (~21 MB per layer): MK_PREFETCH_SELF prefetches every task's tile (2026-11-29:
-// slower; every SM's next tile together overflows L2). Measured slower too (2026-11-30: QKV GEMVs
-// -1 us, MoE down tiles +1.4 us, BS 1 step +1.5 %): off, an A/B switch.
-#define MK_PREFETCH_HEAD 256
-
-// MK_MODE_ATTN_PAIRS (A/B switch, d = 128): the attention item before 2026-12-01 (attn_kreg_t: warp
-// pairs in lock-step, rounds of two pages, three block barriers per round). By default the item runs
-// as 16 independent warp pipelines (attn_warp_t, mk_attn.cuh: 16-key groups, K as the QK's A
-// operand, no block barrier in the loop; measured 2026-12-01, gpu_check, same call: BS 8 8.822 /
-// 8.724 vs 9.003 / 8.983 ms, BS 4 6.064 / 5.929 vs 6.147 / 6.173, sliding-layer items 22.9 vs ~33 us).
-#define MK_MODE_ATTN_PAIRS 1024
-
-// MK_MODE_LM_RESTAGE (A/B switch): every LM-head tile stages the final norm's rows of x(L) itself
-// (the path before 2026-12-02). By default an SM's LM-head tiles after its first reuse the rows its
-// first one staged (s_h_staged = num_layers): the rows are the same for every tile, and with
-// Tiling.lm_queue an SM runs ~16 tiles of ~16 us each, ~3 us of which was this staging.
-#define MK_MODE_LM_RESTAGE 2048
 
 // claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
 // EAGER: before running the current one (its words land meanwhile), two ahead while more than W

@@ -2,9 +2,10 @@
 // Included by mk_kernel.cuh after View and Smem. Semantics: emulator_ops (ATTN): the split's
 // normalised output o_part and its log-sum-exp lse_part, combined later by ATTN_COMBINE.
 //
-// Three implementations: at d = 128 by default attn_warp_t (16 independent warp pipelines, below;
-// 2026-12-01), with MK_MODE_ATTN_PAIRS attn_kreg_t (lock-step warp pairs, 2026-11-30), and for
-// other head dims or MK_MODE_ATTN_SMEM_K attn_mma_t, the page ring described next.
+// Two implementations: at d = 128 attn_warp_t (16 independent warp pipelines, below), for d = 32
+// and 64 attn_mma_t, the page ring described next. (Measured and removed: at d = 128 the page ring
+// (BS 1 4.29 vs 4.03 ms, 2026-11-30) and K in registers with lock-step warp pairs (BS 8 9.00 vs 8.77
+// ms, 2026-12-01).)
 //
 // attn_mma_t's data flow: the item's K/V pages stream through a ring of ATTN_STAGES shared-memory page slots by
 // cp.async (16 B per thread-copy, L2 only). The first ATTN_STAGES pages are issued BEFORE the
@@ -64,7 +65,7 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32
 }
 
 // O^T's accumulator fragments (NTM m16 tiles of dims; columns: heads 2t, 2t + 1) times their heads'
-// factors c0, c1: the online softmax's rescale on a new maximum (attn_kreg_t, attn_warp_t).
+// factors c0, c1: the online softmax's rescale on a new maximum (attn_warp_t).
 template <int NTM>
 __device__ __forceinline__ void scale_ot(float (&o)[NTM][4], float c0, float c1) {
 #pragma unroll
@@ -202,283 +203,13 @@ __device__ __noinline__ void attn_prologue_t(const Params& p, const int* d, Smem
     attn_issue<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, j, s.raw, true);
 }
 
-// ---- MK_MODE_ATTN_PAIRS (d = 128, the default before 2026-12-01): K straight into registers, V through
-// shared memory, warp pairs in lock-step ---------------------------------------------------------------
-//
-// The one-round ring above keeps 64 KB of K/V in flight and then computes: ~4.5 us per round of two
-// pages at BS 8 (items of 36 us, ~14 GB/s per SM against ~35 for the GEMVs). Here each warp loads
-// its key group's K fragments from global memory straight into registers (the QK B fragment is 16
-// contiguous bytes per thread, as in the shared-memory path), and only V goes through shared memory,
-// in slots for two rounds (4 pages x 17 KB, less than the K+V round): round r's V is issued two
-// iterations before its PV, and K one round ahead (K(0) before the Q setup). Iteration r: issue
-// K(r+1) -> PV(r-1) -> free V(r-1)'s slots for V(r+1) -> QK(r) on the K(r) issued an iteration ago ->
-// softmax(r); the last PV after the loop. (K issued in its own iteration left one memory latency
-// exposed per round: 35.7 -> 31.9 us per BS 8 item with K one round ahead, 2026-11-30.)
-constexpr int KREG_VSLOTS = 2 * ATTN_PPR;  // V page slots: two rounds
-
-__host__ __device__ inline bool attn_kreg(const Params& p) {
-  return !(p.prefetch_mode & MK_MODE_ATTN_SMEM_K) && p.head_dim == 128;
-}
-
-// Issue the V half of page j into V slot j % KREG_VSLOTS (nothing past the item's pages; no commit).
-template <int HD>
-__device__ __forceinline__ void kreg_issue_v(const View& V, int l, int b, int kvh, const AttnSpan& sp, int j,
-                                             unsigned char* slots, bool before_wait) {
-  using SH = AttnShape<HD>;
-  if (j >= sp.np) return;
-  constexpr int CH = HD / 8;
-  const long long pg = sp.pa + j;
-  const int phys = V.page(l, b, (int)(pg * 64));
-  bf16* Vs = reinterpret_cast<bf16*>(slots) + (size_t)(j % KREG_VSLOTS) * 64 * SH::VLD;
-  const bf16* Vg = V.kv(phys, 1, kvh, 0);
-#pragma unroll 1
-  for (int i = threadIdx.x; i < 64 * CH; i += NT) {
-    const int key = i / CH, ch = i % CH;
-    const long long kp = pg * 64 + key;
-    const bool ok = kp >= sp.a && kp < sp.e;
-    if (before_wait && ok && kp == sp.pos) continue;
-    cp_async16(Vs + key * SH::VLD + ch * 8, Vg + key * HD + ch * 8, ok);
-  }
-}
-
-// One round's V pages as one cp.async group (committed even when empty: uniform group counts).
-template <int HD>
-__device__ __forceinline__ void kreg_issue_v_round(const View& V, int l, int b, int kvh, const AttnSpan& sp, int r,
-                                                unsigned char* slots, bool before_wait) {
-#pragma unroll 1
-  for (int i = 0; i < ATTN_PPR; ++i) kreg_issue_v<HD>(V, l, b, kvh, sp, ATTN_PPR * r + i, slots, before_wait);
-  cp_async_commit();
-}
-
-template <int HD>
-__device__ __noinline__ void kreg_prologue_t(const Params& p, const int* d, Smem& s) {
-  View V(p);
-  const AttnSpan sp = attn_span(p, V, d);
-  if (sp.np == 0) return;
-  kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 0, s.raw, true);
-  kreg_issue_v_round<HD>(V, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], sp, 1, s.raw, true);
-}
-
-// The math is the shared-memory path's (Q as the A operand, rows >= G zero; K as B: 16 contiguous
-// bytes per thread and row = the k slots {2t, 2t+1, 2t+8, 2t+9} of two k16 steps, here straight
-// from global memory; PV with V from ldmatrix.trans). The two warps of a key group split its 16 keys
-// (warp `half` loads keys half * 8 .. + 8: 16 registers of K in flight per thread, no key loaded
-// twice), share the row maxima through shared memory (a block barrier), and hand each other their
-// half of P for the PV (read after the next iteration's block barrier). Q's fragments live in
-// shared memory, loaded per mma. Round r's PV runs in iteration r + 1, while K(r + 2) is in flight.
-// Its output setup, Q fragments and merge are spelled out here rather than taken from AttnOut and
-// q_fragment (which attn_mma_t uses): with them ptxas allocated this function's round loops
-// differently (mkcode kernels loops, 2026-11-30: 9 local-memory accesses instead of 1 with the
-// helpers out of line, +80 instructions with them inlined); it was the measured default path until
-// 2026-12-01 (now MK_MODE_ATTN_PAIRS).
-template <int HD>
-__device__ __noinline__ void attn_kreg_t(const Params& p, const int* d, Smem& s) {
-  using SH = AttnShape<HD>;
-  constexpr int NC = HD / 32;
-  constexpr int V_BYTES = KREG_VSLOTS * 64 * SH::VLD * 2;
-  constexpr int Q_BYTES = NC * 32 * 16;
-  constexpr int X_BYTES = NWARPS * 8 * 4 + NWARPS * 32 * 4;  // row maxima, P halves
-  static_assert(V_BYTES + Q_BYTES + X_BYTES <= SH::SMEM, "V slots, Q and the exchange must fit");
-  View V(p);
-  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2];
-  const int G = p.num_heads / p.num_kv_heads;
-  const AttnSpan sp = attn_span(p, V, d);
-  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * HD;
-  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
-  if (sp.np == 0) {
-    for (int i = threadIdx.x; i < G * HD; i += NT) o_base[((size_t)(i / HD) * p.max_splits + split) * HD + i % HD] = 0.f;
-    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
-    return;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const int kg = warp >> 1, half = warp & 1, mate = warp ^ 1;
-  constexpr int CH = HD / 8;
-  // This warp's 8 keys of its group in page jr (keys (kg & 3) * 16 + half * 8 + gid), all dims: the
-  // QK's B fragments. K of round r + 1 is issued at the top of round r, so two rounds of K are in
-  // flight per thread (one round was a full memory latency exposed per round: ~4.5 us per round of
-  // two pages at BS 8). Round 0's K is issued first of all, before the Q setup.
-  auto k_row = [&](int jr) {
-    const long long pg = sp.pa + (jr < sp.np ? jr : sp.np - 1);
-    return V.kv(V.page(l, b, (int)(pg * 64)), 0, kvh, (kg & 3) * 16 + half * 8 + gid) + t * 8;
-  };
-  uint4 kx[NC];
-  {
-    const int j0 = kg >> 2;
-    const bf16* Kg = k_row(j0);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) kx[c] = ld_cg16_if(Kg + c * 32, j0 < sp.np);
-  }
-  bf16* vslots = reinterpret_cast<bf16*>(s.raw);
-  const uint4* qs = reinterpret_cast<const uint4*>(s.raw + V_BYTES);  // [NC][32 lanes]
-  float* xmax = reinterpret_cast<float*>(s.raw + V_BYTES + Q_BYTES);  // [NWARPS][8 heads]
-  uint32_t* xp = reinterpret_cast<uint32_t*>(xmax + NWARPS * 8);      // [NWARPS][32 lanes]
-  // the current token's V row (written by this step's QKV) into its slot, if the prologue skipped it
-  if (sp.pos >= sp.a && sp.pos < sp.e) {
-    const int j = (int)(sp.pos / 64 - sp.pa);
-    if (j < KREG_VSLOTS && threadIdx.x < CH) {
-      const int key = (int)(sp.pos % 64);
-      const int phys = V.page(l, b, (int)sp.pos);
-      const uint4 v = ld_cg16(V.kv(phys, 1, kvh, key) + threadIdx.x * 8);
-      *reinterpret_cast<uint4*>(vslots + (size_t)j * 64 * SH::VLD + key * SH::VLD + threadIdx.x * 8) = v;
-    }
-  }
-  // Q of head gid as A-operand row gid, pre-scaled into log2 units, bf16 (rows >= G zero), by warp 0
-  if (warp == 0) {
-    const float scale = p.attn_scale * 1.4426950408889634f;
-    const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)(kvh * G + (gid < G ? gid : 0)) * HD + t * 8;
-    uint4* qw = reinterpret_cast<uint4*>(s.raw + V_BYTES);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (gid < G) {
-        x0 = ld_cg4(qsrc + c * 32);
-        x1 = ld_cg4(qsrc + c * 32 + 4);
-      }
-      qw[c * 32 + lane] = make_uint4(pack_bf16(x0.x * scale, x0.y * scale), pack_bf16(x0.z * scale, x0.w * scale),
-                                     pack_bf16(x1.x * scale, x1.y * scale), pack_bf16(x1.z * scale, x1.w * scale));
-    }
-  }
-  __syncthreads();
-  // O^T = V^T P^T per warp half: A = V^T from ldmatrix.trans, B = P^T (the P halves as they come
-  // out of the QK: head gid, keys 2t.. / 2t + 8..), C = dims tile * 16 + gid (+ 8) x heads 2t, 2t + 1:
-  // 16 accumulator registers, none of them a dead head row
-  constexpr int NTM = HD / 32;  // m16 tiles of dims in this warp's half
-  float o[NTM][4];
-#pragma unroll
-  for (int n = 0; n < NTM; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m = -INFINITY, lsum = 0.f;  // of head gid; lsum: this warp's keys only (the pair's sum at the end)
-  bool live = false;                 // the previous round had a visible key (uniform over the pair)
-  int j_prev = 0;
-  const int rounds = (sp.np + ATTN_PPR - 1) / ATTN_PPR;
-  auto pv = [&](int jp) {
-    // P of keys 0-7 of the group from warp half 0, keys 8-15 from half 1 (written before a barrier)
-    const uint32_t mine = xp[warp * 32 + lane], theirs = xp[mate * 32 + lane];
-    const uint32_t pa0 = half ? theirs : mine, pa2 = half ? mine : theirs;
-    const bf16* Vs = vslots + (size_t)(jp % KREG_VSLOTS) * 64 * SH::VLD + (kg & 3) * 16 * SH::VLD;
-    // lanes 0-7: keys 0-7 / dims +0; 8-15: keys 0-7 / +8; 16-23: keys 8-15 / +0; 24-31: keys 8-15 / +8
-    const bf16* vrow = Vs + ((lane & 7) + ((lane >> 4) & 1) * 8) * SH::VLD + half * (HD / 2) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-    for (int n = 0; n < NTM; ++n) {
-      uint32_t a0, a1, a2, a3;
-      ldsm_x4_trans(a0, a1, a2, a3, vrow + n * 16);
-      mma16816(o[n], a0, a1, a2, a3, pa0, pa2);
-    }
-  };
-  for (int r = 0; r < rounds; ++r) {
-    const int j = ATTN_PPR * r + (kg >> 2);
-    // 1. K(r + 1) (predicated: none past the item's pages; K(r) is in kx since the last round)
-    uint4 kn[NC];
-    {
-      const int jn = j + ATTN_PPR;
-      const bf16* Kg = k_row(jn);
-#pragma unroll
-      for (int c = 0; c < NC; ++c) kn[c] = ld_cg16_if(Kg + c * 32, jn < sp.np);
-    }
-    // 2. the previous round's PV while K(r) lands
-    if (r > 0) {
-      cp_async_wait<1>();  // V(r - 1) has landed (V(r) may still be in flight); the P halves are written
-      __syncthreads();
-      if (live) pv(j_prev);
-      __syncthreads();  // V(r - 1)'s slots and the P halves are free
-    }
-    // 3. S = Q K^T for this warp's 8 keys (c0, c1: head gid, keys 2t, 2t + 1)
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (j < sp.np) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const uint4 qa = qs[c * 32 + lane];
-        mma16816(sc, qa.x, 0u, qa.y, 0u, kx[c].x, kx[c].y);
-        mma16816(sc, qa.z, 0u, qa.w, 0u, kx[c].z, kx[c].w);
-      }
-    }
-    // V(r + 1) into V(r - 1)'s slots (not while K is in flight: its address math would push the K
-    // registers to local memory); it has the whole next iteration to land
-    if (r > 0) kreg_issue_v_round<HD>(V, l, b, kvh, sp, r + 1, s.raw, false);
-    // 4. online softmax over the pair's 16 keys (the row maxima through shared memory, exchanged
-    // over a block barrier: with a named barrier of the pair (bar.sync id, 64) compute-sanitizer's
-    // racecheck reported hazards all over the next tasks, which a block barrier does not)
-    live = false;
-    float mx = -INFINITY;
-    if (j < sp.np) {
-      const long long k0 = (sp.pa + j) * 64 + (kg & 3) * 16 + half * 8 + 2 * t;
-      if (k0 < sp.a || k0 >= sp.e) sc[0] = -INFINITY;  // also drops unwritten slots' garbage
-      if (k0 + 1 < sp.a || k0 + 1 >= sp.e) sc[1] = -INFINITY;
-      mx = fmaxf(sc[0], sc[1]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      if (t == 0) xmax[warp * 8 + gid] = mx;
-    }
-    __syncthreads();
-    if (j < sp.np) {
-      mx = fmaxf(mx, xmax[mate * 8 + gid]);
-      const float m_new = fmaxf(m, mx);
-      uint32_t pown = 0u;
-      if (m_new != -INFINITY) {  // the same for both warps of the pair (every head sees the same keys)
-        const float corr = exp2f(m - m_new);
-        const float p0 = exp2f(sc[0] - m_new), p1 = exp2f(sc[1] - m_new);
-        lsum = lsum * corr + (p0 + p1);
-        m = m_new;
-        // O^T's columns are heads 2t, 2t + 1: their factors from the lanes of those head rows
-        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t), c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-        scale_ot(o, c0, c1);
-        pown = pack_bf16(p0, p1);
-        live = true;
-      }
-      xp[warp * 32 + lane] = pown;
-    }
-    j_prev = j;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) kx[c] = kn[c];
-  }
-  // the last round's PV (its V is the second most recent group: the newest is V(rounds), empty,
-  // or V(1) when there is one round)
-  cp_async_wait<1>();
-  __syncthreads();
-  if (live) pv(j_prev);
-  cp_async_wait_all();
-  lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-  lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-  __syncthreads();  // the V slots become the merge scratch (the pair's lsum goes through it too)
-  float* Ms = reinterpret_cast<float*>(s.raw);
-  float* Ls = Ms + NWARPS * 8;
-  float* Os = Ls + NWARPS * 8;  // [NWARPS][8][HD/2]
-  if (t == 0) {
-    Ms[warp * 8 + gid] = m;
-    Ls[warp * 8 + gid] = lsum;
-  }
-#pragma unroll
-  for (int n = 0; n < NTM; ++n) {
-    float* h0 = Os + (warp * 8 + 2 * t) * (HD / 2) + n * 16 + gid;  // head 2t; head 2t + 1 one row on
-    h0[0] = o[n][0];
-    h0[HD / 2] = o[n][1];
-    h0[8] = o[n][2];
-    h0[HD / 2 + 8] = o[n][3];
-  }
-  __syncthreads();
-  // each warp's O covers its group's 16 keys, its lsum only its own 8: the pair's sum is the group's
-  for (int i = threadIdx.x; i < G * HD; i += NT) {
-    const int hq = i / HD, dim = i % HD, h = dim / (HD / 2), dl = dim % (HD / 2);
-    float M = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < NWARPS / 2; ++k) M = fmaxf(M, Ms[(2 * k + h) * 8 + hq]);
-    float num = 0.f, den = 0.f;
-#pragma unroll
-    for (int k = 0; k < NWARPS / 2; ++k) {
-      const int w = 2 * k + h;
-      const float f = exp2f(Ms[w * 8 + hq] - M);  // 0 for a group that saw no key
-      den += (Ls[w * 8 + hq] + Ls[(w ^ 1) * 8 + hq]) * f;
-      num += Os[(w * 8 + hq) * (HD / 2) + dl] * f;
-    }
-    o_base[((size_t)hq * p.max_splits + split) * HD + dim] = num / den;
-    if (dim == 0) lse_base[hq * p.max_splits + split] = M * 0.6931471805599453f + logf(den);
-  }
-}
+// d = 128 takes the warp pipelines below (attn_warp_t), other head dims the page ring above.
+__host__ __device__ inline bool attn_warps(const Params& p) { return p.head_dim == 128; }
 
 // ---- the d = 128 default: sixteen independent warp pipelines --------------------------------
 //
-// attn_kreg_t runs its 16 warps in lock-step: three block barriers per round of two pages, the warp
-// pairs exchanging row maxima and P halves, so every round waits for the slowest warp's loads
-// (the 2026-12-01 phases: ~3 us per round of 64 KB, most of it in the issue phases and barriers).
+// Warps in lock-step (pairs exchanging row maxima and P halves, three block barriers per round of two
+// pages) waited every round for the slowest warp's loads (~3 us per round of 64 KB, 2026-12-01).
 // Here each warp owns whole groups of 16 keys (group g = 16 keys of page g / 4; warp w takes
 // groups w, w + NWARPS, ...), i.e. 4 pages per block round, and needs nobody else until the merge:
 // - K of its 16 keys straight into registers (lane (gid, t): keys gid and gid + 8, the 8 dims at
@@ -722,18 +453,14 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
 // Before the dependency wait of an ATTN item: start its first pages (fast path only).
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
   if (!attn_fast(p)) return;
-  if (attn_kreg(p)) {
-    if (p.prefetch_mode & MK_MODE_ATTN_PAIRS)
-      kreg_prologue_t<128>(p, d, s);
-    else
-      warp_prologue_t<128>(p, d, s);
+  if (attn_warps(p)) {
+    warp_prologue_t<128>(p, d, s);
     return;
   }
-  switch (p.head_dim) {
-    case 32: attn_prologue_t<32>(p, d, s); break;
-    case 64: attn_prologue_t<64>(p, d, s); break;
-    default: attn_prologue_t<128>(p, d, s); break;
-  }
+  if (p.head_dim == 32)
+    attn_prologue_t<32>(p, d, s);
+  else
+    attn_prologue_t<64>(p, d, s);
 }
 
 template <int HD>
@@ -859,18 +586,14 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
 
 // The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
-  if (attn_kreg(p)) {
-    if (p.prefetch_mode & MK_MODE_ATTN_PAIRS)
-      attn_kreg_t<128>(p, d, s);
-    else
-      attn_warp_t<128>(p, d, s);
+  if (attn_warps(p)) {
+    attn_warp_t<128>(p, d, s);
     return;
   }
-  switch (p.head_dim) {
-    case 32: attn_mma_t<32>(p, d, s); break;
-    case 64: attn_mma_t<64>(p, d, s); break;
-    default: attn_mma_t<128>(p, d, s); break;
-  }
+  if (p.head_dim == 32)
+    attn_mma_t<32>(p, d, s);
+  else
+    attn_mma_t<64>(p, d, s);
 }
 
 }  // namespace mk

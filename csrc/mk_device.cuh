@@ -70,8 +70,8 @@ __device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterp
 // ld_cg16 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
 // branch, so a run of them keeps every load in flight (op_add_norm: guarded by `if`, each load sat
 // in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth). volatile
-// with a memory clobber: issued where it is written, not sunk to its first use (attn_kreg_t's K of
-// the next round is issued before the current round's PV).
+// with a memory clobber: issued where it is written, not sunk to its first use (attn_warp_t's K of
+// the next key group is issued before the current group's PV).
 __device__ __forceinline__ uint4 ld_cg16_if(const void* p, bool pred) {
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
   asm volatile(
@@ -92,14 +92,6 @@ __device__ __forceinline__ float ld_cg_if(const float* p, bool pred) {
                : "l"(p), "r"((int)pred)
                : "memory");
   return r;
-}
-
-// Ask L2 to fetch an immutable weight range before the task waits on its inputs.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  // 16-byte aligned, size a multiple of 16 (callers round down; a prefetch is only a hint)
-  bytes &= ~15u;
-  if (bytes == 0 || (reinterpret_cast<uintptr_t>(p) & 15)) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ uint64_t globaltimer() {

@@ -245,7 +245,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     a = ActSrc{V.moe_act(l), p.moe_inter, rows, d[MK_F_A3]};  // its K range's columns
     rows_mode = 2;
   } else if (op == MK_OP_LM_HEAD) {  // the final norm's rows, staged by this SM's first LM tile
-    staged = !(p.prefetch_mode & MK_MODE_LM_RESTAGE) && s_h_staged == p.num_layers;
+    staged = s_h_staged == p.num_layers;
   }
   if (!staged) {
     if (rows_mode == 0)
@@ -307,7 +307,7 @@ __device__ __noinline__ void qkv_prologue(const Params& p, const int* d) {
 
 // The QKV tile's epilogue (its facts from qkv_prologue): RoPE on Q and K, Q to q(l), K / V rows into
 // the KV cache at each row's position.
-// dry: a warm-up run (no global write; see MK_MODE_NO_WARM).
+// dry: a warm-up run (no global write; see warmable).
 __device__ void op_qkv(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
@@ -473,7 +473,7 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
 // on the weights), then the warps load the lse values, one per lane and split, and keep them in
 // registers for the max and the exponentials (loaded again, they were a second L2 round trip on
 // the attention chain; the split outputs, loaded after the barrier, a third).
-// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+// dry: a warm-up run (no global writes; see warmable).
 constexpr int COMBINE_PRE = 16;
 
 __device__ __noinline__ void attn_combine_at(const Params& p, int l, int b, int kvh, int S, Smem& s, bool dry) {
@@ -627,7 +627,7 @@ constexpr int ETAB_STRIDE = 2 + MK_MAX_TOKENS;  // an expert-table row: expert, 
 // Three block barriers in all (2026-11-30: the previous version counted every slot's rank against
 // all earlier slots and scanned 12 keys per lane per round; ROUTE took ~5 us at BS 1 and ~7 us at
 // BS 8, and ~10 us per drain when every MoE drain routed itself).
-// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+// dry: a warm-up run (no global writes; see warmable).
 // Garbage logits are harmless: NaN becomes -inf, so the chosen experts are K distinct valid indices.
 template <int J>
 __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
@@ -858,7 +858,7 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
 // MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
 // of one per partial).
-// dry: a warm-up run (no global writes; see MK_MODE_NO_WARM).
+// dry: a warm-up run (no global writes; see warmable).
 // Before the wait (run_task): the layer's flags and the next norm's weight pointer (s_an).
 __device__ void add_norm_prologue(const Params& p, const int* d) {
   if (threadIdx.x == 0) {
@@ -984,7 +984,7 @@ __device__ void op_lm_head(const Params& p, const int* d, Smem& s) {
   }
   // the staged rows (and their norm sums) stay for this SM's next LM tile (gemv_op); read after
   // run_task's closing barrier, as op_moe_up's
-  if (threadIdx.x == 0) s_h_staged = (p.prefetch_mode & MK_MODE_LM_RESTAGE) ? -1 : p.num_layers;
+  if (threadIdx.x == 0) s_h_staged = p.num_layers;
 }
 
 __device__ __noinline__ void op_sample(const Params& p) {
@@ -1532,25 +1532,14 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 
 // ---- prefetch, run, signal ------------------------------------------------------------------------
 
-// Issue L2 prefetches of the task's immutable weights (before its dependency wait): the tile of
-// task_gemv, one range per contiguous block of rows (thread 0: the first nsplit rows, thread 32:
-// the rest) or one per row when the tile is a K range of longer rows.
-__device__ void prefetch_weights(const Params& p, const int* d) {
-  Gemv g;
-  if (!task_gemv(p, d, g)) return;
-  const int tid = threadIdx.x;
-  if (g.ld0 == g.klen && g.ld1 == g.klen) {
-    if (tid == 0) prefetch_l2(g.W0, (uint32_t)g.nsplit * g.klen * 2);
-    if (tid == 32 && g.nrows > g.nsplit) prefetch_l2(g.W1, (uint32_t)(g.nrows - g.nsplit) * g.klen * 2);
-  } else if (tid < g.nrows) {
-    prefetch_l2(gemv_row(g, tid), (uint32_t)g.klen * 2);
-  }
-}
-
-// Warm-up (see MK_MODE_NO_WARM): the ops that an SM runs once per layer, as static tasks.
+// Warm-up: a static ADD_NORM, ROUTE or ATTN_COMBINE (and a QKV tile: its epilogue) whose inputs are
+// not ready yet first runs its op without any global write (a dry run), so that its code is in the
+// instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
+// code cold from L2 while HBM is saturated (MK_MODE_TWICE measured add+norm 8.4 us cold, 2.9 us
+// warm; the step without warm-ups was measured slower and that switch removed).
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
-  return !(p.prefetch_mode & MK_MODE_NO_WARM) && d[MK_F_ID] >= 0 &&
+  return d[MK_F_ID] >= 0 &&
          (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
 }
 
@@ -1645,10 +1634,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
     s_h_staged = -1;
   uint64_t t1 = 0;
-  if ((p.prefetch_mode & MK_PREFETCH_SELF) ||
-      ((p.prefetch_mode & MK_PREFETCH_HEAD) &&
-       (d[MK_F_OP] == MK_OP_QKV || d[MK_F_OP] == MK_OP_ROUTER || d[MK_F_OP] == MK_OP_DENSE_UP)))
-    prefetch_weights(p, d);
 #if MK_RING
   // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (lane 0 of warp
   // RING_ARMER; thread 0 waits); MK_MODE_RING_AHEAD: a static task without them arms the next one's
@@ -2044,9 +2029,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   }
   for (int i = 0; i < n; ++i) {
     __syncthreads();
-    // Software pipelining across tasks: while this task waits and streams its own weights, L2
-    // fetches the next static task's weights, so its loads hit L2 instead of paying HBM latency.
-    if (p.prefetch_mode & MK_PREFETCH_NEXT) prefetch_weights(p, s_next);
     if (s_desc[MK_F_OP] != MK_OP_DRAIN) {
       if (!run_task(p, s_desc, s, s_rows, &s_flag, &s_tl_n)) {
         return;

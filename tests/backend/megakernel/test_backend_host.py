@@ -169,11 +169,11 @@ def test_launch_parameters_follow_their_inputs(be):
     c = fake.calls[-1]
     assert c["ptrs"]["timeline"] == be.timeline.data_ptr() and c["ints"]["timeline_cap"] == 16
     be.timeline = None
-    be.prefetch_mode = abi.MK_PREFETCH_SELF
+    be.prefetch_mode = abi.MK_MODE_TOKEN_ROWS
     be.decode(batch)
     c = fake.calls[-1]
     assert c["ptrs"]["timeline"] == 0 and c["ints"]["timeline_cap"] == 0
-    assert c["ints"]["prefetch_mode"] == abi.MK_PREFETCH_SELF
+    assert c["ints"]["prefetch_mode"] == abi.MK_MODE_TOKEN_ROWS
 
 
 def test_inputs_are_normalised(be, weights):
@@ -262,9 +262,9 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
         == abi.MK_PREFETCH_DEFAULT
         == 0
     )
-    monkeypatch.setenv("MKCODE_MK_PREFETCH", "3")
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", "132")
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
-    assert be.prefetch_mode == abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT
+    assert be.prefetch_mode == abi.MK_MODE_TOKEN_ROWS | abi.MK_MODE_SIMT_ATTN
 
 
 def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):

@@ -323,42 +323,13 @@ def test_route_at_release_width_with_ties(wide, B):
     _op_check(cfg, w, be, abi.MK_OP_ROUTE, B, prepare=ties)
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [abi.MK_MODE_ATTN_SMEM_K, abi.MK_MODE_ATTN_PAIRS],
-    ids=["smemk", "pairs"],
-)
 @pytest.mark.parametrize("B", [1, 5, 8])
-def test_attn_op_in_other_modes(small, B, mode):
-    """The ATTN op against its reference, as above, on the other d = 128 paths: MK_MODE_ATTN_SMEM_K
-    (the K/V page ring) and MK_MODE_ATTN_PAIRS (the lock-step warp pairs);
-    the default path, 16 independent warp pipelines, is what test_op_matches_semantics runs."""
-    _, be = small
-    be.prefetch_mode = mode
-    try:
-        test_op_matches_semantics(small, abi.MK_OP_ATTN, B)
-    finally:
-        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
-
-
-@pytest.mark.parametrize(
-    "mode",
-    [abi.MK_PREFETCH_DEFAULT, abi.MK_MODE_ATTN_PAIRS, abi.MK_MODE_ATTN_SMEM_K],
-    ids=["warps", "pairs", "smemk"],
-)
-@pytest.mark.parametrize("B", [1, 5, 8])
-def test_attn_op_one_split(small, B, mode):
+def test_attn_op_one_split(small, B):
     """One split per (row, kv head): items of up to 12 pages, so every warp pipeline runs several
     rounds of four pages (the three-split descriptors above give one round)."""
     w, be = small
-    be.prefetch_mode = mode
-    try:
-        descs = [
-            make_desc(abi.MK_OP_ATTN, ly, (b, h, 0, 1)) for ly in (0, 1) for b in range(B) for h in range(2)
-        ]
-        _op_check(CFG, w, be, abi.MK_OP_ATTN, B, descs=descs)
-    finally:
-        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
+    descs = [make_desc(abi.MK_OP_ATTN, ly, (b, h, 0, 1)) for ly in (0, 1) for b in range(B) for h in range(2)]
+    _op_check(CFG, w, be, abi.MK_OP_ATTN, B, descs=descs)
 
 
 # ---- whole steps ---------------------------------------------------------------------------------
@@ -400,28 +371,11 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     "use_mma,prefetch",
     [
         (1, abi.MK_PREFETCH_DEFAULT),
-        (1, abi.MK_PREFETCH_SELF),
         (0, abi.MK_PREFETCH_DEFAULT),
-        (1, abi.MK_PREFETCH_SELF | abi.MK_PREFETCH_NEXT),
         (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
-        (1, abi.MK_MODE_NO_WARM),  # without the warm-up runs of add+norm, route and combine
-        (1, abi.MK_MODE_ATTN_SMEM_K),  # K through the shared-memory page ring, not registers
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
-        (1, abi.MK_PREFETCH_HEAD),  # the layer head's tiles L2-prefetched before their wait
-        (1, abi.MK_MODE_ATTN_PAIRS),  # the attention as lock-step warp pairs (2026-11-30)
     ],
-    ids=[
-        "mma",
-        "mma-self",
-        "fma",
-        "mma-next",
-        "mma-twice",
-        "mma-nowarm",
-        "mma-smemk",
-        "mma-tokenrows",
-        "mma-head",
-        "mma-pairs",
-    ],
+    ids=["mma", "fma", "mma-twice", "mma-tokenrows"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
