@@ -106,14 +106,11 @@ enum MkError {
   MK_ERR_BAD_ARGS = 5,
   MK_ERR_NAN_LOGITS = 6,    // a greedy row whose LM-head tiles all have NaN maxima (no argmax)
 };
-#define MK_ERR_WORDS 9
+#define MK_ERR_WORDS 8
 // Word 7 of the error buffer (MK_MODE_RING, a kernel built with MK_RING=1): the weight-ring stages
 // consumed, summed over the launches and blocks that ended normally (never reset by the host; tests
 // compare it before and after a launch). Not an error: word 0 alone says whether a step failed.
 #define MK_ERR_RING_STAGES 7
-// Word 8 (MK_MODE_RING_AHEAD, likewise summed): the stages issued for an item while the item before
-// it on the block ran (before the item's own dependency wait). Not an error.
-#define MK_ERR_RING_AHEAD 8
 
 // Pointers in the parameter block, in order (an X-macro: C++ fills the struct from it, Python
 // passes the tensors' data_ptr() in the same order).
@@ -327,11 +324,3 @@ enum MkTmapHeader {
   MK_TH_LAYERS = 1,
   MK_TH_ROWS0 = 2,  // box rows of kind 0; kind k at MK_TH_ROWS0 + k (0: no maps of that kind)
 };
-// MK_MODE_RING_AHEAD (with MK_MODE_RING, a kernel built with MK_RING=1; an A/B switch until it
-// measures faster): claims one item ahead on the per-SM static lists. The last ring call of a static
-// item goes on to issue the next static item's first min(RING_D, its stages) stages (gated only by
-// the slots this call's consumers free, never by the next item's dependency wait), and a static item
-// without ring stages arms the next one at its start; the next item's armer then finds them issued.
-// Items claimed from a DRAIN queue arm themselves as without the bit. Weights only: the activations
-// are read after the wait as before. ring_model.run_grid is the protocol's model.
-#define MK_MODE_RING_AHEAD 8192

@@ -35,12 +35,6 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
     snprintf(msg, cap, "MK_MODE_RING (prefetch_mode bit 8) needs the kernel built with MKCODE_MK_RING=1");
     return cudaErrorInvalidValue;
   }
-#if MK_RING
-  if ((p.prefetch_mode & MK_MODE_RING_AHEAD) && !((p.prefetch_mode & MK_MODE_RING) && p.use_mma)) {
-    snprintf(msg, cap, "MK_MODE_RING_AHEAD (prefetch_mode bit 8192) needs MK_MODE_RING (bit 8) and use_mma");
-    return cudaErrorInvalidValue;
-  }
-#endif
   // ROUTE: logits, slots, counts, positions, chosen logits in s.out
   if (10 * p.num_experts + 16 * MK_MAX_TOKENS + NWARPS > OUT_FLOATS) {
     snprintf(msg, cap, "num_experts=%d is more than ROUTE takes", p.num_experts);

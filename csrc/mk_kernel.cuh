@@ -1636,7 +1636,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   uint64_t t1 = 0;
 #if MK_RING
   // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (lane 0 of warp
-  // RING_ARMER; thread 0 waits); MK_MODE_RING_AHEAD: a static task without them arms the next one's
+  // RING_ARMER; thread 0 waits)
   if (ring_on(p) && threadIdx.x == 32 * RING_ARMER) ring_arm(q, d);
 #endif
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
@@ -2034,9 +2034,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
         return;
       }
       advance(s_desc, s_next, ahead, lane_w, mine, i, n);
-#if MK_RING
-      if (threadIdx.x == 0) s_ring_slot = i + 1;  // MK_MODE_RING_AHEAD: the next static item's index
-#endif
       continue;
     }
     // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty. A MoE
@@ -2045,9 +2042,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && !(p.prefetch_mode & MK_MODE_TOKEN_ROWS) &&
                        s_desc[MK_F_NWAIT] >= 2;
     if (threadIdx.x == 0 && p.timeline) s_t0 = globaltimer();
-#if MK_RING
-    if (threadIdx.x == 0) s_ring_slot = -1;  // MK_MODE_RING_AHEAD: the drain's items arm themselves
-#endif
     // thread 0: the drain's first claim when it was made before the staging below (early)
     uint32_t early_c = 0;
     bool early = false;
@@ -2216,16 +2210,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       tl_record(p, &s_tl_n, MK_OP_DRAIN, s_desc[MK_F_LAYER], 0, s_t0, s_t1, s_t1);
     }
     advance(s_desc, s_next, ahead, lane_w, mine, i, n);
-#if MK_RING
-    if (threadIdx.x == 0) s_ring_slot = i + 1;  // MK_MODE_RING_AHEAD: the next static item's index
-#endif
   }
 #if MK_RING
   // the stages this block's GEMVs consumed through the ring (the tests' proof that the ring ran)
-  if (ring_on(p) && threadIdx.x == 0) {
-    atomicAdd((int*)p.err + MK_ERR_RING_STAGES, (int)s_ring_cons);
-    if (s_ring_ahead) atomicAdd((int*)p.err + MK_ERR_RING_AHEAD, (int)s_ring_ahead);
-  }
+  if (ring_on(p) && threadIdx.x == 0) atomicAdd((int*)p.err + MK_ERR_RING_STAGES, (int)s_ring_cons);
 #endif
 }
 

@@ -23,20 +23,15 @@
 // accumulators per 16-row group, adding a row block's sums at its last stage (ring_consume_box).
 // An item's plan (ring_plan) is its GEMV's tile and, for a fused MoE item, its down slice: the
 // loader of the first call runs on into the slice by up to RING_D stages (ring_model.kernel_upto).
-// MK_MODE_RING_AHEAD (claims one item ahead, static per-SM lists only): the last ring call's loader
-// of a static item goes on into the next static item's first min(RING_D, total) stages (ring_ahead:
-// the slots this call's consumers free, so it never waits for a later call), and a static item
-// without ring stages arms the next one at its start. The loader learns the next item from the
-// list itself (s_ring_slot + 1: the index of the static item the block runs next; its descriptor
-// from the list in global memory, the words the kernel's s_next holds), so its order is the consumers';
-// DRAIN items (claimed at run time) arm themselves as before.
 // Every stage issued is consumed by the item's GEMV (the plan is a function of the descriptor); an
 // abandoned step waits for its in-flight stages before the block exits (ring_quiesce).
 // Measured and removed (2026-12-05, H100): stages of row pieces (32 rows x 512 k, one 1 KB copy per
 // row; a fused MoE item's down slice as 256-byte pieces) streamed at a third to a half of the
 // register GEMV's rate (BS 1 8K: 8.7-8.9 ms vs 3.57): bulk copies must be large. So were a K-range
 // GEMV's fp32 activation rows by cp.async.bulk after its wait (MK_MODE_RING_BULK_ACT, bit 4096):
-// 4.46-4.51 ms against the thread loads' 4.45-4.48, equal.
+// 4.46-4.51 ms against the thread loads' 4.45-4.48, equal. So was claiming one item ahead on the
+// static lists (MK_MODE_RING_AHEAD, bit 8192: the last ring call's loader issuing the next static
+// item's first stages; 2026-12-06, H200, BS 1 8K: 4.115-4.120 ms against 4.118-4.121 without).
 #pragma once
 
 namespace mk {
@@ -54,12 +49,6 @@ __shared__ __align__(8) unsigned long long s_ring_empty[RING_D];
 __shared__ uint32_t s_ring_issued;  // stages issued since the launch (the issuing warp's lane 0)
 __shared__ uint32_t s_ring_cons;    // stages consumed (thread 0, after the consuming call's barrier)
 __shared__ uint32_t s_ring_base;    // shared-memory address of stage 0 (after the base carve-up)
-// MK_MODE_RING_AHEAD: the claim one item ahead, as an index into this block's static list: the
-// running static item's (-1: a DRAIN's items run; thread 0 writes it after each list item's advance
-// and 0 at the start, -1 when a DRAIN starts); the next item is the list's next, if any;
-// s_ring_ahead counts the stages issued for it (the issuing warp's lane 0; MK_ERR_RING_AHEAD)
-__shared__ int s_ring_slot;
-__shared__ uint32_t s_ring_ahead;
 // the tensor maps (mk_abi.h MK_TMAP_*): map (l, kind) at s_tmap + MK_TMAP_BYTES * (l * MK_TMAP_KINDS +
 // kind); s_tmap_rows[kind]: its box rows (0: that kind keeps the register GEMV)
 __shared__ unsigned long long s_tmap;
@@ -262,37 +251,12 @@ __device__ __noinline__ void ring_issue(const Params& p, const RingPlan& pl, uin
   s_ring_issued = seq;
 }
 
-// MK_MODE_RING_AHEAD (lane 0 of the issuing warp): while a static item runs, the next static item's
-// first stages (s_ring_slot + 1), at most RING_D, from seq `from` (the end of the running item's stages,
-// all issued): the items order their stages as the list orders the items. A stage's slot was
-// released by a stage of the running item (or an earlier one), so no wait here needs the next
-// item's consumers; its waits have the watchdog (mbar_wait).
-__device__ __noinline__ void ring_ahead(const Params& p, uint32_t from) {
-  const int idx = s_ring_slot + 1;  // 0: a DRAIN item
-  if (!(p.prefetch_mode & MK_MODE_RING_AHEAD) || idx <= 0 || idx >= ((const int*)p.ntasks)[blockIdx.x]) return;
-  const int* nd = (const int*)p.desc + ((size_t)blockIdx.x * p.max_tasks + idx) * MK_DESC_WORDS;
-  RingPlan nx;
-  if (!ring_plan(p, nd, nx)) return;  // (false for any op but the GEMV ops, for NOP and DRAIN)
-  if (s_ring_issued != from) {  // a protocol bug: the stream would shift under the consumers
-    raise_error(p, MK_ERR_BAD_ARGS, -1, -2 - RING_D - 1, (int)s_ring_issued, (int)from);
-    asm volatile("trap;");
-  }
-  const uint32_t upto = from + (uint32_t)min(RING_D, nx.total());
-  ring_issue(p, nx, from, upto);
-  s_ring_ahead += upto - from;
-}
-
 // Before an item's dependency wait (run_task; lane 0 of warp RING_ARMER): its plan's first stages, at
-// most RING_D (every slot is free: the items before it consumed all they issued; with
-// MK_MODE_RING_AHEAD the last one may have issued them already). An item without ring stages arms
-// the next static item instead (MK_MODE_RING_AHEAD; without the bit nothing).
+// most RING_D (every slot is free: the items before it consumed all they issued).
 __device__ __noinline__ void ring_arm(const Params& p, const int* d) {
   RingPlan pl;
   const uint32_t item0 = s_ring_cons;
-  if (!ring_plan(p, d, pl)) {
-    ring_ahead(p, item0);
-    return;
-  }
+  if (!ring_plan(p, d, pl)) return;
   ring_issue(p, pl, item0, item0 + (uint32_t)min(RING_D, pl.total()));
 }
 
@@ -476,7 +440,6 @@ __device__ __noinline__ void gemv_ring(const Params& p, const RingPlan& pl, cons
   if (warp == RING_LOADER) {
     if ((threadIdx.x & 31) == 0) {
       ring_issue(p, pl, item0, ring_upto(pl, 0, item0));
-      if (pl.n == 1) ring_ahead(p, item0 + (uint32_t)t0.stages);  // the item's last call
     }
   } else if (warp < RING_CW) {
     if (t0.map)
@@ -519,7 +482,6 @@ __device__ __noinline__ bool ring_slice_op(const Params& p, const int* d, const 
   if (warp == RING_LOADER) {
     if ((threadIdx.x & 31) == 0) {
       ring_issue(p, pl, item0, ring_upto(pl, ti, item0));
-      ring_ahead(p, item0 + (uint32_t)pl.total());  // the item's last call
     }
   } else if (warp < RING_CW) {
     ring_consume_box(p, t, seq0, shared(const_cast<bf16*>(act)), lds, BoxSink{nullptr, acc, p.hidden, nt, wtok, btok});
@@ -538,8 +500,7 @@ __device__ __forceinline__ void ring_init(const Params& p, uint32_t base) {
     mbar_init(smem_u32(&s_ring_full[s]), 1);
     mbar_init(smem_u32(&s_ring_empty[s]), RING_CW);
   }
-  s_ring_issued = s_ring_cons = s_ring_ahead = 0;
-  s_ring_slot = 0;
+  s_ring_issued = s_ring_cons = 0;
   s_ring_base = (base + MK_TMAP_SMEM_ALIGN - 1) & ~(uint32_t)(MK_TMAP_SMEM_ALIGN - 1);
   const size_t off = ((size_t)p.num_layers * MK_LW_COUNT * 8 + MK_TMAP_BYTES - 1) / MK_TMAP_BYTES * MK_TMAP_BYTES;
   const int* head = reinterpret_cast<const int*>(reinterpret_cast<const unsigned char*>(p.layer_w) + off);

@@ -572,10 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--variants",
         nargs="+",
-        default=["prefetch=1"],
+        default=["prefetch=0"],
         type=lambda v: (parse_variant(v), v)[1],
-        help="variants in order, each comma-separated key=value: prefetch (bits 1 self, 2 next, modes "
-        "MK_MODE_*), mma (0 FMA, 1 mma), or Tiling fields (moe_up_cols=64) on top of each batch size's "
+        help="variants in order, each comma-separated key=value: prefetch (the prefetch_mode word: "
+        "MK_MODE_* bits), mma (0 FMA, 1 mma), or Tiling fields (moe_up_cols=64) on top of each batch size's "
         "engine default (tiling_for_batch); unset prefetch / mma take the fastest so far",
     )
     b.set_defaults(func=bench)
@@ -584,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         type=int,
         default=abi.MK_PREFETCH_DEFAULT,
-        help="prefetch_mode bits (MK_PREFETCH_*, MK_MODE_*)",
+        help="prefetch_mode bits (MK_MODE_*)",
     )
     s.add_argument("--mma", type=int, default=1)
     s.add_argument("--sms", type=int, default=16, help="0: every SM")

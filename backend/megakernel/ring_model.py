@@ -431,17 +431,19 @@ def run_block(
     return res
 
 
-# ---- claims one item ahead (MK_MODE_RING_AHEAD) ------------------------------------------------------
+# ---- a loader that runs ahead across items -------------------------------------------------------------
 #
+# The protocol of a loader that streams past the running item into the next one of its block's list,
+# before that item's dependency wait (engine v2's role loops, docs/MEGAKERNEL.md; its first kernel
+# form, claims one item ahead on the static lists, was measured equal and removed).
 # A grid of blocks, each running its static per-SM list of items in order; an item's dependency wait
 # passes once the items it names (on any block) have signalled. With `ahead`, the loader of an item's
 # last call runs on into the NEXT item of its list: the next item's first min(D, total) stages
 # (ahead_upto), gated only by free slots, while the consumers finish this item, before the next
 # item's wait; an item whose plan is empty has its armer arm the next item at its start instead. The
-# loader learns the next item from the list (the kernel: s_ring_next, the next static descriptor);
-# `loader_order` lets a test give it another order (a broken protocol the model must catch). Every
-# copy carries its (item, stage) tag: a consumer that reads another item's weights, or another
-# stage's, is an error.
+# loader learns the next item from the list; `loader_order` lets a test give it another order (a
+# broken protocol the model must catch). Every copy carries its (item, stage) tag: a consumer that
+# reads another item's weights, or another stage's, is an error.
 
 
 @dataclass
@@ -454,16 +456,8 @@ class GridItem:
 
 
 def ahead_upto(next_total: int, depth: int) -> int:
-    """How many of the next item's stages the last call's loader issues (the kernel: ring_ahead)."""
+    """How many of the next item's stages the last call's loader issues."""
     return min(depth, next_total)
-
-
-def ahead_stages(totals: list[int], depth: int = RING_D) -> int:
-    """The stages a block with MK_MODE_RING_AHEAD issues for an item while the item before it runs
-    (MK_ERR_RING_AHEAD), its static list's plans totalling `totals` (0: an item without ring
-    stages): each item after the first gets its first min(D, total) that way, from the previous
-    item's last call or, when that one streams nothing, from its armer."""
-    return sum(min(depth, t) for t in totals[1:])
 
 
 @dataclass

@@ -2,20 +2,21 @@
 # One device-tool call for engine v2's weight ring (issue 41 step 2, MK_MODE_RING = prefetch bit 8):
 # correctness of the ring kernel first, then the old and the new path timed in the same call. The ring
 # kernel's backends carry tensor maps (tensor_maps.py): K-range tiles stream as TMA boxes.
-# Usage (repo root, GPU machine): bash backend/megakernel/ring_run.sh [step] [tests] [bench] [release]
+# Usage (repo root, GPU machine): bash backend/megakernel/ring_run.sh [step] [tests] [bench] [l1] [release]
 #   step     the ring kernel (MKCODE_MK_RING=1): one reduced 2-layer step in ring mode vs the fp32
-#            reference (gpu_check step --mode 8), then with claims one item ahead (--mode 8200 =
-#            MK_MODE_RING | MK_MODE_RING_AHEAD); a failure stops the call
+#            reference (gpu_check step --mode 8); a failure stops the call
 #   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s): every
 #            GEMV op (whole rows and K-range boxes) with the exact stage count its plan streams
 #   bench    gpu_check bench at BS 1 (BATCHES), ctx 8K: the default kernel (the reference path,
-#            prefetch=0 twice), then the ring kernel (prefetch=0, then 8, 8200, 8, 8200: its register
-#            path, the ring, the ring claiming one item ahead (MK_MODE_RING_AHEAD)), each line with
-#            tok/s and % of SOL;
-#            the ring kernel's timeline with claims ahead (--timeline-mode TL_MODE, default 8200);
-#            RING_VARIANTS replaces the ring kernel's variant list (a shorter call)
+#            prefetch=0 twice), then the ring kernel (prefetch=0, 8, 8: its register path, the ring),
+#            each line with tok/s and % of SOL; the ring kernel's timeline (--timeline-mode TL_MODE,
+#            default 8); RING_VARIANTS replaces the ring kernel's variant list
+#   l1       what the ring's shared memory costs the register paths: the default kernel and the ring
+#            kernel's register path (prefetch=0), each without and with MKCODE_MK_SMEM_PAD = the
+#            ring's bytes (RING_PAD, default RING_BYTES + MK_TMAP_SMEM_ALIGN: the same L1 share as
+#            ring mode), each with its timeline (one process per pad: the kernel reads it once)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
-# Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, release.log).
+# Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, l1_*, release.log).
 set -u
 OUT=${OUT:-/tmp/mk_out}
 mkdir -p "$OUT"
@@ -38,9 +39,7 @@ for stage in "$@"; do
   case $stage in
     step)
       MKCODE_MK_RING=1 timeout ${T_STEP:-90} python3 -m mkcode.backend.megakernel.gpu_check step --mode 8 2>&1 | tee "$OUT/step.log" | tail -4
-      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring step failed: stop"; exit 1; }
-      MKCODE_MK_RING=1 timeout ${T_STEP:-90} python3 -m mkcode.backend.megakernel.gpu_check step --mode 8200 2>&1 | tee "$OUT/step_ahead.log" | tail -4
-      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring-ahead step failed: stop"; exit 1; } ;;
+      [[ ${PIPESTATUS[0]} == 0 ]] || { echo "ring step failed: stop"; exit 1; } ;;
     tests)
       MKCODE_MK_RING=1 timeout ${T_TESTS:-320} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q -x \
         -p no:cacheprovider -k "not release" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
@@ -48,8 +47,16 @@ for stage in "$@"; do
       MKCODE_MK_RING=0 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_default" \
         --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 2>&1 | tee "$OUT/bench_default.log" | grep -E "^BS|copy|rror"
       MKCODE_MK_RING=1 timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/bench_ring" \
-        --batches ${BATCHES:-1} --context 8192 --variants ${RING_VARIANTS:-prefetch=0 prefetch=8 prefetch=8200 prefetch=8 prefetch=8200} --timeline-mode ${TL_MODE:-8200} \
+        --batches ${BATCHES:-1} --context 8192 --variants ${RING_VARIANTS:-prefetch=0 prefetch=8 prefetch=8} --timeline-mode ${TL_MODE:-8} \
         2>&1 | tee "$OUT/bench_ring.log" | grep -E "^BS|check|copy|rror|MOE|QKV|LM_HEAD|ROUTER|OPROJ|ATTN |span" ;;
+    l1)
+      for k in 0 1; do
+        for pad in 0 ${RING_PAD:-132096}; do
+          MKCODE_MK_RING=$k MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
+            --out "$OUT/l1_k${k}_p$pad" --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 --timeline-mode 0 \
+            2>&1 | tee "$OUT/l1_k${k}_p$pad.log" | grep -E "^BS|rror|^  [A-Z_]+\*? +n=|SM time"
+        done
+      done ;;
     release)
       MKCODE_MK_RING=1 timeout ${T_REL:-200} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q \
         -p no:cacheprovider -k release 2>&1 | tee "$OUT/release.log" | tail -8 ;;

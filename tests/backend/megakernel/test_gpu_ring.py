@@ -57,24 +57,10 @@ RING_OPS = (
     abi.MK_OP_DENSE_DOWN,
 )
 K_RANGE_OPS = (abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN)
-# MK_MODE_RING_AHEAD: claims one item ahead on the static lists (the next item's first stages stream
-# during this item's last call, or from the start of an item without ring stages)
-AHEAD = RING | abi.MK_MODE_RING_AHEAD
 
 
 def _stages(be) -> int:
     return int(be.err[abi.MK_ERR_RING_STAGES])
-
-
-def _ahead(be) -> int:
-    return int(be.err[abi.MK_ERR_RING_AHEAD])
-
-
-def _planned_ahead(be, descs, n_sms: int) -> int:
-    """The stages MK_MODE_RING_AHEAD issues ahead (ring_model.ahead_stages) when run_tasks deals
-    `descs` over n_sms static lists (descriptor i on list i % n_sms)."""
-    totals = [sum(ring_model.desc_stages(be.cfg, d, be.tmap_box_rows)) for d in descs]
-    return sum(ring_model.ahead_stages(totals[i::n_sms]) for i in range(n_sms))
 
 
 def _planned(be, descs) -> int:
@@ -83,13 +69,11 @@ def _planned(be, descs) -> int:
 
 
 @contextmanager
-def ring(be, stages: int | None = None, mode: int = RING, ahead: int | None = None):
-    """The backend in ring mode (`mode`: RING, or with MK_MODE_RING_AHEAD);
-    afterwards back to the default. Asserts that the ring consumed exactly `stages` stages, or (None)
-    some; and that it issued exactly `ahead` stages one item ahead (-1: some; None: with
-    MK_MODE_RING_AHEAD some, else none)."""
-    before, ahead_before = _stages(be), _ahead(be)
-    be.prefetch_mode = mode
+def ring(be, stages: int | None = None):
+    """The backend in ring mode, afterwards back to the default. Asserts that the ring consumed
+    exactly `stages` stages, or (None) some."""
+    before = _stages(be)
+    be.prefetch_mode = RING
     try:
         yield
     finally:
@@ -100,13 +84,6 @@ def ring(be, stages: int | None = None, mode: int = RING, ahead: int | None = No
         assert got > 0, "no GEMV went through the ring"
     else:
         assert got == stages, f"the ring consumed {got} stages, the plans stream {stages}"
-    got_ahead = _ahead(be) - ahead_before
-    if ahead is None:
-        ahead = -1 if mode & abi.MK_MODE_RING_AHEAD else 0
-    if ahead < 0:
-        assert got_ahead > 0, "no stage was issued one item ahead"
-    else:
-        assert got_ahead == ahead, f"{got_ahead} stages issued one item ahead, the plans say {ahead}"
 
 
 @contextmanager
@@ -169,36 +146,6 @@ def test_gemv_op_norm_inline_through_the_ring(inline, op, B):
     n = _planned(be, _op_descs(op, B, op * 10 + B))
     with ring(be, stages=n):
         _op_check(CFG, w, be, op, B)
-
-
-@pytest.mark.parametrize("op", RING_OPS, ids=lambda o: abi.OPNAMES[o])
-@pytest.mark.parametrize("B", [1, 8])
-@pytest.mark.parametrize("fixture", ["plain", "inline"])
-def test_gemv_op_claims_one_item_ahead(request, fixture, op, B):
-    """MK_MODE_RING_AHEAD: each static list's items after its first get their first min(D, total)
-    stages during the item before (exactly ring_model.ahead_stages' count), the same stages in all,
-    the outputs as the reference's."""
-    w, be = request.getfixturevalue(fixture)
-    descs = _op_descs(op, B, op * 10 + B)
-    n_sms = min(len(descs), 7)  # _op_check's lists
-    n, a = _planned(be, descs), _planned_ahead(be, descs, n_sms)
-    assert n > 0
-    with ring(be, stages=n, mode=AHEAD, ahead=a):
-        _op_check(CFG, w, be, op, B)
-
-
-@pytest.mark.parametrize("cols", [32, 128])
-@pytest.mark.parametrize("B", [1, 8])
-def test_fused_moe_items_claim_one_item_ahead(plain, cols, B):
-    """Fused items back to back on a list: the next item's up stages stream during this item's down
-    slice (cols 128: boxes) or during its register slice's item (cols 32: the up tile is the last
-    ring call)."""
-    w, be = plain
-    descs = _fused_descs(cols, B, seed=B + cols + 1)
-    n_sms = min(len(descs), 7)
-    assert len(descs) > n_sms  # lists of two items or more
-    with ring(be, stages=_planned(be, descs), mode=AHEAD, ahead=_planned_ahead(be, descs, n_sms)):
-        _op_check(CFG, w, be, abi.MK_OP_MOE_FUSED, B, descs=descs)
 
 
 @pytest.mark.parametrize("op", K_RANGE_OPS, ids=lambda o: abi.OPNAMES[o])
@@ -278,35 +225,6 @@ def test_step_with_k_range_down_tiles_through_the_ring(weights):
         _step_check(CFG, weights, be, BS8_CONTEXTS, seed=77)
 
 
-@pytest.mark.parametrize("contexts", [[300], [5, 300, 255, 256], BS8_CONTEXTS], ids=lambda c: f"bs{len(c)}")
-def test_step_claiming_one_item_ahead(weights, contexts):
-    """MK_MODE_RING_AHEAD: a whole step (static lists with DRAIN queues between them: their items
-    arm themselves) against the routed fp32 reference; some stages went one item ahead."""
-    t = tiling_for_batch(CFG, default_tiling(CFG), len(contexts))
-    be = MegakernelBackend(CFG, weights, tiling=t)
-    with ring(be, mode=AHEAD, ahead=-1):
-        _step_check(CFG, weights, be, contexts, seed=len(contexts) + 53)
-
-
-@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_consecutive_steps_claiming_one_item_ahead(weights, contexts):
-    t = tiling_for_batch(CFG, default_tiling(CFG), len(contexts))
-    be = MegakernelBackend(CFG, weights, tiling=t)
-    with ring(be, mode=AHEAD, ahead=-1):
-        _consecutive_steps(weights, be, contexts, seed=89, steps=4)
-
-
-def test_ring_ahead_without_the_ring_is_refused(plain):
-    """The bit alone (no MK_MODE_RING) is a launch error, not a silent register path."""
-    w, be = plain
-    be.prefetch_mode = abi.MK_MODE_RING_AHEAD
-    try:
-        with pytest.raises(Exception, match="MK_MODE_RING_AHEAD"):
-            _op_check(CFG, w, be, abi.MK_OP_QKV, 1)
-    finally:
-        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
-
-
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_consecutive_steps_through_the_ring(weights, contexts):
     """Four steps in a row on one backend: the ring's stage numbering runs on across items and
@@ -323,13 +241,12 @@ def release():
     return cfg, random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["ring", "one_item_ahead"])
 @pytest.mark.parametrize(
     "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
 )
-def test_step_through_the_ring_release_geometry(release, contexts, ahead):
+def test_step_through_the_ring_release_geometry(release, contexts):
     cfg, w = release
     t = tiling_for_batch(cfg, default_tiling(cfg), len(contexts))
     be = MegakernelBackend(cfg, w, tiling=t)
-    with ring(be, mode=AHEAD, ahead=-1) if ahead else ring(be):
-        _step_check(cfg, w, be, contexts, seed=len(contexts) + (95 if ahead else 90))
+    with ring(be):
+        _step_check(cfg, w, be, contexts, seed=len(contexts) + 90)
