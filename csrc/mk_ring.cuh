@@ -36,7 +36,10 @@
 
 namespace mk {
 
-constexpr int RING_D = 4;                   // stages
+#ifndef MK_RING_D
+#define MK_RING_D 4  // build.py RING_D_ENV (measurement only): another depth
+#endif
+constexpr int RING_D = MK_RING_D;           // stages
 constexpr int RING_STAGE = 32 * 1024;       // bytes of one stage: 8 rows of klen <= 2048
 constexpr int RING_BYTES = RING_D * RING_STAGE;
 constexpr int RING_ROWS = 8;                // rows per stage

@@ -29,11 +29,22 @@ KERNEL_FLAGS = ["-Xptxas", "-v"]
 # MKCODE_MK_RING=1: the kernel with engine v2's weight ring compiled in (csrc/mk_ring.cuh, selected at
 # run time by the MK_MODE_RING bit of prefetch_mode); unset, the default object has none of its code.
 RING_ENV = "MKCODE_MK_RING"
+# MKCODE_MK_RING_D=N (measurement only, with RING_ENV): a ring of N stages instead of 4 (less shared
+# memory, more L1 for the register paths).
+RING_D_ENV = "MKCODE_MK_RING_D"
 
 
 def kernel_flags() -> list[str]:
-    """The kernel object's extra flags: ptxas statistics, and MK_RING=1 when RING_ENV is 1."""
-    return KERNEL_FLAGS + (["-DMK_RING=1"] if os.environ.get(RING_ENV) == "1" else [])
+    """The kernel object's extra flags: ptxas statistics, MK_RING=1 when RING_ENV is 1 (and
+    MK_RING_D=N when RING_D_ENV is a stage count from 2 to 8)."""
+    if os.environ.get(RING_ENV) != "1":
+        return list(KERNEL_FLAGS)
+    depth = os.environ.get(RING_D_ENV)
+    if depth is None:
+        return [*KERNEL_FLAGS, "-DMK_RING=1"]
+    if not (depth.isdigit() and 2 <= int(depth) <= 8):
+        raise BuildError(f"{RING_D_ENV}={depth!r}: a ring depth from 2 to 8 stages")
+    return [*KERNEL_FLAGS, "-DMK_RING=1", f"-DMK_RING_D={int(depth)}"]
 
 
 class BuildError(RuntimeError):

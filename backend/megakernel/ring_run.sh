@@ -14,7 +14,8 @@
 #   l1       what the ring's shared memory costs the register paths: the default kernel and the ring
 #            kernel's register path (prefetch=0), each without and with MKCODE_MK_SMEM_PAD = the
 #            ring's bytes (RING_PAD, default RING_BYTES + MK_TMAP_SMEM_ALIGN: the same L1 share as
-#            ring mode), each with its timeline (one process per pad: the kernel reads it once)
+#            ring mode; the default kernel also with 64 KB), each with its timeline (one process per
+#            pad: the kernel reads it once); then ring mode with a ring of L1_DEPTH (2) stages
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
 # Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, l1_*, release.log).
 set -u
@@ -50,13 +51,17 @@ for stage in "$@"; do
         --batches ${BATCHES:-1} --context 8192 --variants ${RING_VARIANTS:-prefetch=0 prefetch=8 prefetch=8} --timeline-mode ${TL_MODE:-8} \
         2>&1 | tee "$OUT/bench_ring.log" | grep -E "^BS|check|copy|rror|MOE|QKV|LM_HEAD|ROUTER|OPROJ|ATTN |span" ;;
     l1)
-      for k in 0 1; do
-        for pad in 0 ${RING_PAD:-132096}; do
-          MKCODE_MK_RING=$k MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
-            --out "$OUT/l1_k${k}_p$pad" --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 --timeline-mode 0 \
-            2>&1 | tee "$OUT/l1_k${k}_p$pad.log" | grep -E "^BS|rror|^  [A-Z_]+\*? +n=|SM time"
-        done
-      done ;;
+      rp=${RING_PAD:-132096}
+      for kp in 0:0 0:65536 0:$rp 1:0 1:$rp; do
+        k=${kp%%:*} pad=${kp#*:}
+        MKCODE_MK_RING=$k MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
+          --out "$OUT/l1_k${k}_p$pad" --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 --timeline-mode 0 \
+          2>&1 | tee "$OUT/l1_k${k}_p$pad.log" | grep -E "^BS|rror|^  [A-Z_]+\*? +n=|SM time"
+      done
+      d=${L1_DEPTH:-2}  # ring mode with a shallower ring (MKCODE_MK_RING_D: less shared memory, more L1)
+      MKCODE_MK_RING=1 MKCODE_MK_RING_D=$d timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
+        --out "$OUT/l1_d$d" --batches ${BATCHES:-1} --context 8192 --variants prefetch=8 prefetch=8 --timeline-mode 8 \
+        2>&1 | tee "$OUT/l1_d$d.log" | grep -E "^BS|check|rror|^  [A-Z_]+\*? +n=|SM time" ;;
     release)
       MKCODE_MK_RING=1 timeout ${T_REL:-200} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q \
         -p no:cacheprovider -k release 2>&1 | tee "$OUT/release.log" | tail -8 ;;
