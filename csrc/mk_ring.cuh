@@ -37,9 +37,10 @@
 namespace mk {
 
 #ifndef MK_RING_D
-#define MK_RING_D 4  // build.py RING_D_ENV (measurement only): another depth
+constexpr int RING_D = 4;  // stages (ring_model reads this line)
+#else
+constexpr int RING_D = MK_RING_D;  // build.py RING_D_ENV (measurement only): another depth
 #endif
-constexpr int RING_D = MK_RING_D;           // stages
 constexpr int RING_STAGE = 32 * 1024;       // bytes of one stage: 8 rows of klen <= 2048
 constexpr int RING_BYTES = RING_D * RING_STAGE;
 constexpr int RING_ROWS = 8;                // rows per stage
