@@ -41,6 +41,9 @@ constexpr int RING_D = 4;  // stages (ring_model reads this line)
 #else
 constexpr int RING_D = MK_RING_D;  // build.py RING_D_ENV (measurement only): another depth
 #endif
+#ifndef MK_RING_ARM
+#define MK_RING_ARM RING_D  // build.py RING_ARM_ENV (measurement only): stages armed before the wait
+#endif
 constexpr int RING_STAGE = 32 * 1024;       // bytes of one stage: 8 rows of klen <= 2048
 constexpr int RING_BYTES = RING_D * RING_STAGE;
 constexpr int RING_ROWS = 8;                // rows per stage
@@ -256,12 +259,12 @@ __device__ __noinline__ void ring_issue(const Params& p, const RingPlan& pl, uin
 }
 
 // Before an item's dependency wait (run_task; lane 0 of warp RING_ARMER): its plan's first stages, at
-// most RING_D (every slot is free: the items before it consumed all they issued).
+// most MK_RING_ARM <= RING_D (every slot is free: the items before it consumed all they issued).
 __device__ __noinline__ void ring_arm(const Params& p, const int* d) {
   RingPlan pl;
   const uint32_t item0 = s_ring_cons;
-  if (!ring_plan(p, d, pl)) return;
-  ring_issue(p, pl, item0, item0 + (uint32_t)min(RING_D, pl.total()));
+  if (MK_RING_ARM == 0 || !ring_plan(p, d, pl)) return;
+  ring_issue(p, pl, item0, item0 + (uint32_t)min(min(MK_RING_ARM, RING_D), pl.total()));
 }
 
 // Thread 0, before the block leaves an abandoned step: every stage still in flight has landed.
