@@ -32,18 +32,14 @@
 // 4.46-4.51 ms against the thread loads' 4.45-4.48, equal. So was claiming one item ahead on the
 // static lists (MK_MODE_RING_AHEAD, bit 8192: the last ring call's loader issuing the next static
 // item's first stages; 2026-12-06, H200, BS 1 8K: 4.115-4.120 ms against 4.118-4.121 without).
+// Measured on the H100 (2026-12-06, BS 1 8K, builds made for the measurement): a 2-stage ring,
+// 4.65-4.74 ms against 4.37-4.44 (slower); arming 0 or 1 stages before the wait instead of 4,
+// 4.43-4.49 against 4.44-4.46 (equal).
 #pragma once
 
 namespace mk {
 
-#ifndef MK_RING_D
-constexpr int RING_D = 4;  // stages (ring_model reads this line)
-#else
-constexpr int RING_D = MK_RING_D;  // build.py RING_D_ENV (measurement only): another depth
-#endif
-#ifndef MK_RING_ARM
-#define MK_RING_ARM RING_D  // build.py RING_ARM_ENV (measurement only): stages armed before the wait
-#endif
+constexpr int RING_D = 4;                   // stages
 constexpr int RING_STAGE = 32 * 1024;       // bytes of one stage: 8 rows of klen <= 2048
 constexpr int RING_BYTES = RING_D * RING_STAGE;
 constexpr int RING_ROWS = 8;                // rows per stage
@@ -259,12 +255,12 @@ __device__ __noinline__ void ring_issue(const Params& p, const RingPlan& pl, uin
 }
 
 // Before an item's dependency wait (run_task; lane 0 of warp RING_ARMER): its plan's first stages, at
-// most MK_RING_ARM <= RING_D (every slot is free: the items before it consumed all they issued).
+// most RING_D (every slot is free: the items before it consumed all they issued).
 __device__ __noinline__ void ring_arm(const Params& p, const int* d) {
   RingPlan pl;
   const uint32_t item0 = s_ring_cons;
-  if (MK_RING_ARM == 0 || !ring_plan(p, d, pl)) return;
-  ring_issue(p, pl, item0, item0 + (uint32_t)min(min(MK_RING_ARM, RING_D), pl.total()));
+  if (!ring_plan(p, d, pl)) return;
+  ring_issue(p, pl, item0, item0 + (uint32_t)min(RING_D, pl.total()));
 }
 
 // Thread 0, before the block leaves an abandoned step: every stage still in flight has landed.

@@ -29,28 +29,11 @@ KERNEL_FLAGS = ["-Xptxas", "-v"]
 # MKCODE_MK_RING=1: the kernel with engine v2's weight ring compiled in (csrc/mk_ring.cuh, selected at
 # run time by the MK_MODE_RING bit of prefetch_mode); unset, the default object has none of its code.
 RING_ENV = "MKCODE_MK_RING"
-# Measurement-only ring geometry (with RING_ENV), environment variable -> (define, lowest, highest):
-# MKCODE_MK_RING_D, the ring's stages (4: less shared memory leaves more L1 to the register paths);
-# MKCODE_MK_RING_ARM, the stages an item issues before its dependency wait (min(RING_D, stages)).
-RING_D_ENV = "MKCODE_MK_RING_D"
-RING_ARM_ENV = "MKCODE_MK_RING_ARM"
-RING_KNOBS = {RING_D_ENV: ("MK_RING_D", 2, 8), RING_ARM_ENV: ("MK_RING_ARM", 0, 8)}
 
 
 def kernel_flags() -> list[str]:
-    """The kernel object's extra flags: ptxas statistics, MK_RING=1 when RING_ENV is 1 (and a define
-    for each RING_KNOBS variable set, in its range)."""
-    if os.environ.get(RING_ENV) != "1":
-        return list(KERNEL_FLAGS)
-    flags = [*KERNEL_FLAGS, "-DMK_RING=1"]
-    for env, (define, lo, hi) in RING_KNOBS.items():
-        value = os.environ.get(env)
-        if value is None:
-            continue
-        if not (value.isdigit() and lo <= int(value) <= hi):
-            raise BuildError(f"{env}={value!r}: {define} takes {lo} to {hi}")
-        flags.append(f"-D{define}={int(value)}")
-    return flags
+    """The kernel object's extra flags: ptxas statistics, and MK_RING=1 when RING_ENV is 1."""
+    return KERNEL_FLAGS + (["-DMK_RING=1"] if os.environ.get(RING_ENV) == "1" else [])
 
 
 class BuildError(RuntimeError):

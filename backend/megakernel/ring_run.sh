@@ -2,7 +2,7 @@
 # One device-tool call for engine v2's weight ring (issue 41 step 2, MK_MODE_RING = prefetch bit 8):
 # correctness of the ring kernel first, then the old and the new path timed in the same call. The ring
 # kernel's backends carry tensor maps (tensor_maps.py): K-range tiles stream as TMA boxes.
-# Usage (repo root, GPU machine): bash backend/megakernel/ring_run.sh [step] [tests] [bench] [l1] [arm] [release]
+# Usage (repo root, GPU machine): bash backend/megakernel/ring_run.sh [step] [tests] [bench] [l1] [release]
 #   step     the ring kernel (MKCODE_MK_RING=1): one reduced 2-layer step in ring mode vs the fp32
 #            reference (gpu_check step --mode 8); a failure stops the call
 #   tests    tests/backend/megakernel/test_gpu_ring.py without the release geometry (T_TESTS s): every
@@ -15,8 +15,7 @@
 #            kernel's register path (prefetch=0), each without and with MKCODE_MK_SMEM_PAD = the
 #            ring's bytes (RING_PAD, default RING_BYTES + MK_TMAP_SMEM_ALIGN: the same L1 share as
 #            ring mode; the default kernel also with 64 KB), each with its timeline (one process per
-#            pad: the kernel reads it once); then ring mode with a ring of L1_DEPTH (2) stages
-#   arm      ring mode arming ARMS (0 1) stages before an item's wait (MKCODE_MK_RING_ARM; default 4)
+#            pad: the kernel reads it once)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
 # Logs under $OUT (ptxas.txt, step.log, tests.log, bench_default/, bench_ring/, l1_*, release.log).
 set -u
@@ -58,16 +57,6 @@ for stage in "$@"; do
         MKCODE_MK_RING=$k MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
           --out "$OUT/l1_k${k}_p$pad" --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 prefetch=0 --timeline-mode 0 \
           2>&1 | tee "$OUT/l1_k${k}_p$pad.log" | grep -E "^BS|rror|^  [A-Z_]+\*? +n=|SM time"
-      done
-      d=${L1_DEPTH:-2}  # ring mode with a shallower ring (MKCODE_MK_RING_D: less shared memory, more L1)
-      MKCODE_MK_RING=1 MKCODE_MK_RING_D=$d timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
-        --out "$OUT/l1_d$d" --batches ${BATCHES:-1} --context 8192 --variants prefetch=8 prefetch=8 --timeline-mode 8 \
-        2>&1 | tee "$OUT/l1_d$d.log" | grep -E "^BS|check|rror|^  [A-Z_]+\*? +n=|SM time" ;;
-    arm)  # ring mode with fewer stages armed before the wait (MKCODE_MK_RING_ARM in ARMS; bench's ring arms 4)
-      for a in ${ARMS:-0 1}; do
-        MKCODE_MK_RING=1 MKCODE_MK_RING_ARM=$a timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \
-          --out "$OUT/arm$a" --batches ${BATCHES:-1} --context 8192 --variants prefetch=8 prefetch=8 --timeline-mode 8 \
-          2>&1 | tee "$OUT/arm$a.log" | grep -E "^BS|check|rror|^  [A-Z_]+\*? +n=|SM time"
       done ;;
     release)
       MKCODE_MK_RING=1 timeout ${T_REL:-200} python3 -m pytest tests/backend/megakernel/test_gpu_ring.py -m gpu -q \

@@ -22,20 +22,6 @@ def test_kernel_flags_follow_the_environment(monkeypatch):
     assert build.kernel_flags() == [*build.KERNEL_FLAGS, "-DMK_RING=1"]
 
 
-def test_ring_geometry_is_a_ring_build_measurement_switch(monkeypatch):
-    monkeypatch.setenv(build.RING_D_ENV, "2")
-    monkeypatch.setenv(build.RING_ARM_ENV, "0")
-    monkeypatch.delenv(build.RING_ENV, raising=False)
-    assert build.kernel_flags() == build.KERNEL_FLAGS  # the default object ignores them
-    monkeypatch.setenv(build.RING_ENV, "1")
-    assert build.kernel_flags() == [*build.KERNEL_FLAGS, "-DMK_RING=1", "-DMK_RING_D=2", "-DMK_RING_ARM=0"]
-    monkeypatch.delenv(build.RING_ARM_ENV)
-    for bad in ("1", "9", "four", ""):
-        monkeypatch.setenv(build.RING_D_ENV, bad)
-        with pytest.raises(build.BuildError, match="MK_RING_D takes 2 to 8"):
-            build.kernel_flags()
-
-
 @pytest.mark.skipif(bool(build.missing_requirements()), reason="needs nvcc")
 def test_the_ring_kernel_has_its_own_cache_key(monkeypatch):
     nvcc = build.find_nvcc()
