@@ -25,16 +25,9 @@
 // loader of the first call runs on into the slice by up to RING_D stages (ring_model.kernel_upto).
 // Every stage issued is consumed by the item's GEMV (the plan is a function of the descriptor); an
 // abandoned step waits for its in-flight stages before the block exits (ring_quiesce).
-// Measured and removed (2026-12-05, H100): stages of row pieces (32 rows x 512 k, one 1 KB copy per
-// row; a fused MoE item's down slice as 256-byte pieces) streamed at a third to a half of the
-// register GEMV's rate (BS 1 8K: 8.7-8.9 ms vs 3.57): bulk copies must be large. So were a K-range
-// GEMV's fp32 activation rows by cp.async.bulk after its wait (MK_MODE_RING_BULK_ACT, bit 4096):
-// 4.46-4.51 ms against the thread loads' 4.45-4.48, equal. So was claiming one item ahead on the
-// static lists (MK_MODE_RING_AHEAD, bit 8192: the last ring call's loader issuing the next static
-// item's first stages; 2026-12-06, H200, BS 1 8K: 4.115-4.120 ms against 4.118-4.121 without).
-// Measured on the H100 (2026-12-06, BS 1 8K, builds made for the measurement): a 2-stage ring,
-// 4.65-4.74 ms against 4.37-4.44 (slower); arming 0 or 1 stages before the wait instead of 4,
-// 4.43-4.49 against 4.44-4.46 (equal).
+// Measured and removed (figures: docs/PERF.md's engine v2 rows, docs/MEGAKERNEL.md): stages of row
+// pieces (bulk copies must be large), bulk-copied activations (bit 4096), claims one item ahead on
+// the static lists (bit 8192), a 2-stage ring, arming fewer than RING_D stages before the wait.
 #pragma once
 
 namespace mk {

@@ -13,7 +13,7 @@
 #            default 8); RING_VARIANTS replaces the ring kernel's variant list
 #   l1       what the ring's shared memory costs the register paths: the default kernel and the ring
 #            kernel's register path (prefetch=0), each without and with MKCODE_MK_SMEM_PAD = the
-#            ring's bytes (RING_PAD, default RING_BYTES + MK_TMAP_SMEM_ALIGN: the same L1 share as
+#            ring's bytes (RING_PAD, default RING_BYTES + MK_TMAP_SMEM_ALIGN from the headers: the same L1 share as
 #            ring mode; the default kernel also with 64 KB), each with its timeline (one process per
 #            pad: the kernel reads it once)
 #   release  the ring tests at the release geometry (8K, BS 1 and 8)
@@ -51,7 +51,7 @@ for stage in "$@"; do
         --batches ${BATCHES:-1} --context 8192 --variants ${RING_VARIANTS:-prefetch=0 prefetch=8 prefetch=8} --timeline-mode ${TL_MODE:-8} \
         2>&1 | tee "$OUT/bench_ring.log" | grep -E "^BS|check|copy|rror|MOE|QKV|LM_HEAD|ROUTER|OPROJ|ATTN |span" ;;
     l1)
-      rp=${RING_PAD:-132096}
+      rp=${RING_PAD:-$(python3 -c "from mkcode.backend.megakernel import abi, ring_model as r; print(r.RING_D * r.RING_STAGE + abi.MK_TMAP_SMEM_ALIGN)")}
       for kp in 0:0 0:65536 0:$rp 1:0 1:$rp; do
         k=${kp%%:*} pad=${kp#*:}
         MKCODE_MK_RING=$k MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-150} python3 -m mkcode.backend.megakernel.gpu_check bench \

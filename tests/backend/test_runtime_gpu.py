@@ -27,22 +27,14 @@ def small_ckpt(tmp_path_factory):
     return synth_checkpoint("small", tmp_path_factory.mktemp("ckpt") / "small", seed=0)
 
 
-def _run(
-    ckpt, decode: str, prompts=PROMPTS, lengths=None, speculative: str = "ngram"
-) -> tuple[list[list[int]], float, str]:
+def _run(ckpt, decode: str, prompts=PROMPTS, lengths=None, **options) -> tuple[list[list[int]], float, str]:
+    """`options`: further RuntimeOptions fields (the product's defaults otherwise)."""
     from mkcode.backend.engine.request import GenerationRequest
     from mkcode.backend.runtime import RuntimeOptions, build_runtime
     from mkcode.backend.sampling import SamplingParams
 
     rt = build_runtime(
-        RuntimeOptions(
-            model=ckpt,
-            device="cuda",
-            decode=decode,
-            progress=False,
-            kv_memory_gb=4.0,
-            speculative=speculative,
-        )
+        RuntimeOptions(model=ckpt, device="cuda", decode=decode, progress=False, kv_memory_gb=4.0, **options)
     )
     try:
         eng = rt.engine

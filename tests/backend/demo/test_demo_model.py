@@ -291,8 +291,8 @@ def test_init_from_starts_at_the_given_checkpoint_and_refuses_another_geometry(t
     assert not torch.equal(got["model.embed_tokens.weight"], fresh["model.embed_tokens.weight"])
     key = config.key()
     assert "init_from" not in key
-    assert key["init"] == {"version": (SHIPPED_DIR / "VERSION").read_text().strip(),
-                           "sha256": sha256_file(SHIPPED_DIR / "model.safetensors")}  # fmt: skip
+    version = (SHIPPED_DIR / "VERSION").read_text().strip()
+    assert key["init"] == {"version": version, "sha256": sha256_file(SHIPPED_DIR / "model.safetensors")}
     other = tmp_path / "other"
     small = synthetic_config("tiny", raw_tok, {**trainer.DEMO_GEOMETRY, "hidden_size": 128})
     trainer.write_checkpoint(other, small, synthetic_weights(small, 0), raw_tok)
