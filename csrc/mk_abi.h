@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 19
+#define MK_ABI_VERSION 20
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -74,7 +74,8 @@ enum MkField {
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
-//   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns
+//   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns (A3 =
+//                            MK_MOE_LOCAL: A0 = the row's top-k rank, see the end of this file)
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
 //                            A2 = its MLP counter, A3 = its tail queue or -1, A4 =
 //                            MK_DRAIN_LATE_ROUTE or 0)
@@ -324,3 +325,11 @@ enum MkTmapHeader {
   MK_TH_LAYERS = 1,
   MK_TH_ROWS0 = 2,  // box rows of kind 0; kind k at MK_TH_ROWS0 + k (0: no maps of that kind)
 };
+
+// Tiling.moe_local (ABI 20): at one row, a MoE layer has no ROUTE and no MoE queue. Each fused item
+// is a static task (A3 = MK_MOE_LOCAL, A0 = a top-k rank j, NTOK 1, slot j) with two waits: h(l)
+// (the previous layer's end), then the router tiles. Between them it stages h(l); after the second
+// it ranks the router's logits itself (the top-k and routing weights ROUTE computes), takes the
+// expert of rank j and its weight, and runs as a fused item of that expert. Every item of a layer
+// reads the same logits with the same code, so they agree on the experts without a table.
+#define MK_MOE_LOCAL 1

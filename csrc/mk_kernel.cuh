@@ -615,11 +615,54 @@ constexpr int ROUTE_J = 12;
 
 constexpr int ETAB_STRIDE = 2 + MK_MAX_TOKENS;  // an expert-table row: expert, tokens, slots
 
+// Row `row`'s top-k by one warp (all 32 lanes; E <= 32 * J logits in shared memory, NaN already
+// made -inf): lane r < K returns the expert of rank r, ties to the lower id. Its lanes hold the
+// keys of experts lane + 32 j in registers and each of the K rounds is one warp max and one warp
+// min (the order of a sequential arg-max). ROUTE and a self-routing fused item (MK_MOE_LOCAL) share it.
+template <int J>
+__device__ __forceinline__ int warp_topk(const float* row, int E, int K, int lane) {
+  uint32_t key[J];  // key 0, below every float's key, marks a taken or absent expert
+#pragma unroll
+  for (int j = 0; j < J; ++j) key[j] = lane + 32 * j < E ? fkey(row[lane + 32 * j]) : 0u;
+  int my_e = -1;  // lane r < K: the expert of rank r
+  for (int r = 0; r < K; ++r) {
+    uint32_t mine = 0;
+    int mj = 0;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (key[j] > mine) {  // strictly greater: ties keep the lower id
+        mine = key[j];
+        mj = j;
+      }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, mine);
+    const uint32_t e = __reduce_min_sync(0xffffffffu, mine == top ? (uint32_t)(lane + 32 * mj) : 0xffffffffu);
+    if (lane == r) my_e = (int)e;
+    if (mine == top && (uint32_t)(lane + 32 * mj) == e) {  // the winner: take it
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (j == mj) key[j] = 0u;
+    }
+  }
+  return my_e;
+}
+
+// The routing weight of lane r < K's expert (warp_topk's my_e) over the row's K winners: softmax,
+// or sigmoid (normalised over the K with norm_topk). All 32 lanes.
+__device__ __forceinline__ float warp_topk_weight(const Params& p, const float* row, int my_e, int K, int lane) {
+  const float v = lane < K ? row[my_e] : 0.f;
+  const float m = __shfl_sync(0xffffffffu, v, 0);  // rank 0: the largest
+  float w = 0.f;
+  if (lane < K) w = p.selection_sigmoid ? 1.f / (1.f + expf(-v)) : expf(v - m);
+  float sum = w;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!p.selection_sigmoid || p.norm_topk) w /= sum;
+  return w;
+}
+
 // Top-k per row (ties to the lower expert id), routing weights, the expert table (experts
-// ascending, slots b*k+j ascending). Top-k by warp arg-maxes: warp b takes row b, its lanes hold the
-// keys of experts lane + 32 j in registers (J = ceil(E / 32), a template constant: 4 at E = 128) and
-// each of the K rounds is one warp max and one warp min (ties to the lower id, the order of a
-// sequential arg-max); the winning lane records the expert and ORs bit b into the expert's row mask.
+// ascending, slots b*k+j ascending). Top-k by warp arg-maxes (warp_topk): warp b takes row b (J =
+// ceil(E / 32), a template constant: 4 at E = 128); lane r < K ORs bit b into its expert's row mask.
 // The routing weights come from the K winners in the same warp (a warp sum). The table needs no
 // counting loops: an expert's table position is the number of chosen experts below it (warp
 // ballots over the row masks), its token count the mask's popcount, and slot (b, j)'s place among
@@ -656,38 +699,9 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
   if (warp < B) {
     const int b = warp;
     const float* row = lg + b * E;
-    uint32_t key[J];  // key 0, below every float's key, marks a taken or absent expert
-#pragma unroll
-    for (int j = 0; j < J; ++j) key[j] = lane + 32 * j < E ? fkey(row[lane + 32 * j]) : 0u;
-    int my_e = -1;  // lane r < K: the expert of rank r
-    for (int r = 0; r < K; ++r) {
-      uint32_t mine = 0;
-      int mj = 0;
-#pragma unroll
-      for (int j = 0; j < J; ++j)
-        if (key[j] > mine) {  // strictly greater: ties keep the lower id
-          mine = key[j];
-          mj = j;
-        }
-      const uint32_t top = __reduce_max_sync(0xffffffffu, mine);
-      const uint32_t e = __reduce_min_sync(0xffffffffu, mine == top ? (uint32_t)(lane + 32 * mj) : 0xffffffffu);
-      if (lane == r) my_e = (int)e;
-      if (mine == top && (uint32_t)(lane + 32 * mj) == e) {  // the winner: take it
-        atomicOr(&rmask[e], 1u << b);
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-          if (j == mj) key[j] = 0u;
-      }
-    }
-    // the weights of row b: lane r < K holds the logit of rank r
-    const float v = lane < K ? row[my_e] : 0.f;
-    const float m = __shfl_sync(0xffffffffu, v, 0);  // rank 0: the largest
-    float w = 0.f;
-    if (lane < K) w = p.selection_sigmoid ? 1.f / (1.f + expf(-v)) : expf(v - m);
-    float sum = w;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (!p.selection_sigmoid || p.norm_topk) w /= sum;
+    const int my_e = warp_topk<J>(row, E, K, lane);
+    if (lane < K) atomicOr(&rmask[my_e], 1u << b);
+    const float w = warp_topk_weight(p, row, my_e, K, lane);
     if (lane < K) {
       fid[b * K + lane] = my_e;
       if (!dry) V.route_w(l)[b * K + lane] = w;
@@ -739,6 +753,63 @@ __device__ __noinline__ void op_route(const Params& p, int l, Smem& s, bool dry)
     route_impl<ROUTE_J>(p, l, s, dry);
 }
 
+// A fused item that routes itself (Tiling.moe_local, mk_abi.h MK_MOE_LOCAL).
+__device__ __forceinline__ bool moe_local(const int* d) {
+  return d[MK_F_OP] == MK_OP_MOE_FUSED && d[MK_F_A3] == MK_MOE_LOCAL;
+}
+
+// Tiling.moe_local (mk_abi.h MK_MOE_LOCAL), after the router tiles' wait: rank row 0's logits as
+// ROUTE does (warp_topk, warp_topk_weight) and make this item one of the expert of rank A0: that
+// expert into its descriptor's A0 (the SM's own copy in shared memory, which task_gemv and
+// op_moe_fused read) and its routing weight into s_rw[0]. The logits go through s.out, free until
+// the GEMV; the staged h rows (s.act) and their norm sums stay. Nothing on the device reads the
+// expert table, route_w or moe_info in this mode; the rank's first tile writes them for the host.
+template <int J>
+__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
+  View V(p);
+  const int E = p.num_experts, K = p.top_k, rank = d[MK_F_A0];
+  float* lg = shared(s.out);
+  const float* src = V.rlogits(d[MK_F_LAYER]);
+  for (int e = threadIdx.x; e < E; e += NT) {
+    const float v = __ldcg(src + e);
+    lg[e] = isnan(v) ? -INFINITY : v;  // as ROUTE: a total order, K distinct experts
+  }
+  __syncthreads();  // also: every thread has read A0 before it changes below
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const int my_e = warp_topk<J>(lg, E, K, lane);
+    const float w = warp_topk_weight(p, lg, my_e, K, lane);
+    if (lane == rank) {
+      d[MK_F_A0] = my_e;
+      s_rw[0] = w;
+    }
+    if (d[MK_F_A1] == 0) {  // the rank's first column tile records the routing as ROUTE would
+      // (the expert table, route_w, moe_info): what the tests and the benches read back
+      const int l = d[MK_F_LAYER], e_r = __shfl_sync(0xffffffffu, my_e, rank);
+      const int at = __popc(__ballot_sync(0xffffffffu, lane < K && my_e < e_r));  // experts ascending
+      if (lane == rank) {
+        int* row = V.expert_tab(l) + (size_t)at * ETAB_STRIDE;
+        row[0] = my_e;
+        row[1] = 1;
+        row[2] = rank;  // slot b * K + j of row 0
+        V.route_w(l)[rank] = w;
+      }
+      if (rank == 0 && lane == 0) {
+        V.moe_info(l)[0] = K;
+        V.moe_info(l)[1] = K * p.moe_up_tiles;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s) {
+  if (p.num_experts <= 128)
+    moe_local_route_impl<4>(p, d, s);
+  else
+    moe_local_route_impl<ROUTE_J>(p, d, s);
+}
+
 // Before ROUTE's dependency wait: reset the layer's dynamic counters (its MoE queue head and the
 // per-expert up counts). Nothing reads them in this step before ROUTE signals route[l] (the drains
 // wait for it), the previous step is over, and that signal's release orders these writes before it;
@@ -780,7 +851,9 @@ __device__ void op_moe_up(const Params& p, const int* d, Smem& s) {
 __device__ __noinline__ void moe_prologue(const Params& p, const int* d) {
   View V(p);
   const int l = d[MK_F_LAYER];
-  if ((int)threadIdx.x < d[MK_F_NTOK]) cp_async4_ca(&s_rw[threadIdx.x], V.route_w(l) + d[MK_F_SLOT0 + threadIdx.x]);
+  // a self-routing item (MK_MOE_LOCAL) gets its weight from moe_local_route; ROUTE wrote the others'
+  if ((int)threadIdx.x < d[MK_F_NTOK] && !moe_local(d))
+    cp_async4_ca(&s_rw[threadIdx.x], V.route_w(l) + d[MK_F_SLOT0 + threadIdx.x]);
   if (threadIdx.x == 0 && d[MK_F_OP] == MK_OP_MOE_FUSED)
     cp_async8_ca(&s_wdown, (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT + MK_LW_EXP_DOWN);
   cp_async_commit();
@@ -1626,6 +1699,27 @@ __device__ __noinline__ void attn_last_split(const Params& p, const int* d, Smem
   }
 }
 
+__device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows);
+
+// A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
+// ready), stage h(l)'s rows unless this SM holds them (s_h_staged), then return (false: the step
+// was abandoned); run_task then waits for the router tiles and gemv_op finds the rows staged.
+__device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
+  const int l = d[MK_F_LAYER];
+  if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
+  __syncthreads();
+  if (!*flag) return false;  // uniform
+  if (s_h_staged != l) {     // uniform: written by thread 0 before barriers only
+    rows_identity(rows, p.batch);
+    __syncthreads();
+    drain_stage_h(p, l, s, rows);
+    __syncthreads();
+    if (threadIdx.x == 0) s_h_staged = l;  // run_task's barrier after its wait publishes it
+  }
+  __syncthreads();  // every thread has read *flag and s_h_staged before thread 0 writes them again
+  return true;
+}
+
 __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int* flag, int* tl_n) {
   const uint64_t t0 = p.timeline ? globaltimer() : 0;
   const Params& q = s_params;  // for the out-of-line ops (s_params)
@@ -1644,6 +1738,11 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
+  // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
+  if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
+    cp_async_wait_all();  // no copy may land after the block has left
+    return false;
+  }
   bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
   if (warmable(p, d)) {
     if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
@@ -1668,6 +1767,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 #endif
     return false;
   }
+  if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
   switch (d[MK_F_OP]) {
     case MK_OP_NOP:

@@ -178,6 +178,8 @@ class OpSemantics:
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
         self.moe_tables: dict[int, MoeTable] = {}  # what ROUTE wrote, per layer (host copy)
+        # Tiling.moe_local: each layer's (experts, weights) of row 0 by rank, as its items rank them
+        self.local_routes: dict[int, tuple[list[int], list[float]]] = {}
         self._tables: list | None = None  # the block tables as lists (read once, by _kv_page)
         self._fresh: dict[tuple[int, int], list[int]] | None = None  # see _fresh_positions
 
@@ -466,22 +468,9 @@ class OpSemantics:
             acc.writes += [(("moe_acc", layer, b), 0, cfg.hidden_size) for b in self._rows()]
             if self.math:
                 self.ws["moe_acc"][layer, :B] = 0
+        ids_l, w = self._topk(layer)
         if self.math:
-            # NaN ranks as -inf (as in the kernel); equal logits in expert order (the kernel's
-            # tie rule: the lower id first; torch.topk leaves the order of ties open)
-            logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
-            top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-            top, ids = top[:, :K], ids[:, :K]
-            if cfg.expert_selection_fn == "softmax":
-                w = torch.softmax(top, dim=-1)
-            else:
-                w = torch.sigmoid(top)
-                if cfg.norm_topk_prob:
-                    w = w / w.sum(-1, keepdim=True)
-            ids_l = ids.tolist()
             self.ws["route_w"][layer, : B * K] = w.reshape(-1)
-        else:
-            ids_l = [list(self.rng.choice(E, K, replace=False)) for _ in range(B)]
         by_expert: dict[int, list[int]] = {}
         for b in range(B):
             for j in range(K):
@@ -495,6 +484,26 @@ class OpSemantics:
         self.ws["expert_tab"][layer] = rows.to(self.ws["expert_tab"].device)
         self.ws["moe_info"][layer, 0] = len(table)
         return acc
+
+    def _topk(self, layer) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Each row's top-k experts by rank and their routing weights [B, K] (None without math:
+        random experts), from the router's logits as ROUTE (and a self-routing item) ranks them."""
+        cfg, B = self.cfg, self.B
+        E, K = cfg.num_experts, cfg.num_experts_per_tok
+        if not self.math:
+            return [[int(e) for e in self.rng.choice(E, K, replace=False)] for _ in range(B)], None
+        # NaN ranks as -inf (as in the kernel); equal logits in expert order (the kernel's tie rule:
+        # the lower id first; torch.topk leaves the order of ties open)
+        logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
+        top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+        top, ids = top[:, :K], ids[:, :K]
+        if cfg.expert_selection_fn == "softmax":
+            w = torch.softmax(top, dim=-1)
+        else:
+            w = torch.sigmoid(top)
+            if cfg.norm_topk_prob:
+                w = w / w.sum(-1, keepdim=True)
+        return ids.tolist(), w
 
     def _moe_slots(self, d) -> list[int]:
         return [int(d[abi.MK_F_SLOT0 + j]) for j in range(int(d[abi.MK_F_NTOK]))]
@@ -547,19 +556,39 @@ class OpSemantics:
 
     def op_moe_fused(self, layer, a, d) -> Access:
         """Up tile (columns c0 .. c0+n) then the down slice of those columns for every hidden row,
-        weighted by each token's routing weight and added into its row's moe_acc."""
+        weighted by each token's routing weight and added into its row's moe_acc. A self-routing
+        item (A3 = MK_MOE_LOCAL, Tiling.moe_local) is rank A0 of row 0: it ranks the router's logits
+        itself and takes that rank's expert and weight (no table, no route_w)."""
         e, c0, n = a[0], a[1], a[2]
-        K, H = self.cfg.num_experts_per_tok, self.cfg.hidden_size
+        K, H, E = self.cfg.num_experts_per_tok, self.cfg.hidden_size, self.cfg.num_experts
         slots = self._moe_slots(d)
-        acc = Access(
-            reads=self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots],
-            accums=[((*self._sum_key(layer), s // K), 0, H) for s in slots],
-        )
+        local = a[3] == abi.MK_MOE_LOCAL
+        if local:
+            if layer not in self.local_routes:  # every item of the layer ranks the same logits
+                ids_l, w = self._topk(layer)
+                self.local_routes[layer] = (ids_l[0], [] if w is None else w[0].tolist())
+            experts, weights = self.local_routes[layer]
+            rank = e
+            e = experts[rank]
+            reads = [*self._h_reads(layer), (("rlogits", layer, 0), 0, E)]
+        else:
+            reads = self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots]
+        acc = Access(reads=reads, accums=[((*self._sum_key(layer), s // K), 0, H) for s in slots])
+        if local and c0 == 0:  # the rank's first tile records the routing for the host, as the kernel
+            acc.writes = [(("route_w", layer), rank, rank + 1), (("moe_tab_local", layer), rank, rank + 1)]
+            if self.math:
+                at = sum(1 for x in experts if x < e)  # the table's experts ascending
+                self.ws["expert_tab"][layer, at, :3] = torch.tensor([e, 1, rank], dtype=torch.int32)
+                self.ws["route_w"][layer, rank] = weights[rank]
+                self.ws["moe_info"][layer, 0] = K
         if self.math:
             rows = torch.tensor([s // K for s in slots])
             act = self._up_act(layer, e, c0, n, slots)
             y = act @ self.w.layers[layer].experts_down[e][:, c0 : c0 + n].float().T  # [tokens, H]
-            wts = self.ws["route_w"][layer, torch.tensor(slots)]
+            if local:
+                wts = torch.tensor([weights[rank]], dtype=y.dtype, device=y.device)
+            else:
+                wts = self.ws["route_w"][layer, torch.tensor(slots)]
             # index_add_: a row that holds two of the item's slots gets both terms (an indexed +=
             # keeps only one; real routing never picks an expert twice for a token, the op tests do)
             acc_l = self.ws["x"][layer + 1] if self.inline else self.ws["moe_acc"][layer]

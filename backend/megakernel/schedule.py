@@ -286,6 +286,10 @@ def build_schedule(
     # O-proj tiles signal it too), with Tiling.norm_inline
     prev_end: tuple[tuple[int, int], ...] = ()
     inline = bool(tiling.norm_inline)
+    # Tiling.moe_local: the fused items are static tasks that route themselves (one row only)
+    local = bool(tiling.moe_local)
+    if local and (B != 1 or verify_rows):
+        raise ValueError("Tiling.moe_local routes one row: batch 1 without verify rows only")
     for layer in range(L):
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
@@ -346,16 +350,18 @@ def build_schedule(
                     make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)),
                     mlp_sm(t),
                 )
-        else:
+        moe_sms: list[int] = []  # Tiling.moe_local: the SMs of the layer's fused items
+        if not dense:
             n_router = E // tiling.router_rows
             router_c = counter(f"router[{layer}]", n_router)
-            route_c = counter(f"route[{layer}]", 1)
-            # signalled by the device-made MoE items that end the MLP (amount: their tokens): the
-            # fused items (every token slot is in one item per column tile), else the down tiles
+            route_c = counter(f"route[{layer}]", 1) if not local else abi.MK_NO_COUNTER
+            # signalled by the MoE items that end the MLP (amount: their tokens): the fused items
+            # (every token slot is in one item per column tile), else the down tiles
             up_tiles, _ = tiling.moe_tiles(cfg)
             mlp_items = up_tiles if tiling.moe_fused else tiling.moe_downs_per_expert(cfg)
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + (n_o if inline else 0))
-            cs.totals[mlp_c] += B * K * mlp_items
+            if not local:  # device-made items (Tiling.moe_local: static tasks, counted by emit)
+                cs.totals[mlp_c] += B * K * mlp_items
             for t in range(n_router):
                 emit(
                     make_desc(
@@ -366,8 +372,29 @@ def build_schedule(
                         (router_c,),
                     )
                 )
-            keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
-            emit(make_desc(abi.MK_OP_ROUTE, layer, keep, ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
+            if not local:
+                keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
+                emit(make_desc(abi.MK_OP_ROUTE, layer, keep, ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
+            else:  # the SMs without this layer's QKV or router tiles, from a point that turns per layer
+                busy = set(deal[first_qkv:])
+                free = [s for s in range(n_work) if s not in busy]
+                turn = (layer * K * up_tiles) % max(1, len(free))
+                moe_sms = (free[turn:] + free[:turn])[: K * up_tiles]
+                if len(moe_sms) < K * up_tiles:
+                    raise ValueError(
+                        f"moe_local: {K * up_tiles} fused items need as many SMs free of the layer's "
+                        f"QKV and router tiles, {len(free)} are"
+                    )
+                wait_local = (*wait_h, (router_c, n_router))  # h(l) first: the item stages it meanwhile
+                for m in range(K * up_tiles):
+                    j, t = divmod(m, up_tiles)
+                    _, c0, cols = tiling.moe_up_tile(cfg, 1, t)
+                    item = make_desc(
+                        abi.MK_OP_MOE_FUSED, layer, (j, c0, cols, abi.MK_MOE_LOCAL), wait_local, (mlp_c,)
+                    )
+                    item[abi.MK_F_NTOK] = 1
+                    item[abi.MK_F_SLOT0] = j
+                    emit(item, moe_sms[m])
 
         # 3. attention splits into this layer's host queue, claimed by drains
         attn_items = []
@@ -399,6 +426,8 @@ def build_schedule(
             busy = set(head)
             later = [s for s in dict.fromkeys(head[n_qkv:]) if s < n_work and s not in on_qkv_sms]
             pool = [s for s in range(n_work) if s not in busy] + later + qkv_sms
+        if moe_sms:  # not behind a fused item (~40 us) in its SM's list
+            pool = [s for s in (pool or range(n_work)) if s not in set(moe_sms)]
         dealt = not pool  # drains dealt round-robin move the cursor (kept so with dense_apart)
         if apart:  # the QKV tiles' SMs, then the others
             pool = qkv_sms + apart
@@ -475,8 +504,16 @@ def build_schedule(
         if norm_early and tiling.whatif_norm != 2 and not inline:
             add_norms()
 
-        # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part)
-        if not dense:
+        # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part). With
+        # Tiling.moe_local the tail is a host queue of its own, drained by every work SM without a
+        # fused item; its drains wait for the router tiles, which initialise the sum x(l+1) that
+        # the O-proj tiles add into (the MoE drains' wait on ROUTE covered that)
+        if moe_sms:
+            free = [s for s in range(n_work) if s not in set(moe_sms)]
+            qid = host_queue(f"attn_tail[{layer}]", tail, len(free))
+            for sm in free:
+                emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), ((router_c, n_router),)), sm)
+        elif not dense:
             tail_q = len(qinfo)
             # claimed through the MoE head; word 3: how many down tiles come before the tail
             tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs

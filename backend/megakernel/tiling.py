@@ -154,6 +154,15 @@ class Tiling:
     # geometry) instead of every tile of the layer. Measured 2026-12-02: equal with attention drains (their
     # items are claimed after a QKV tile), faster with attn_in_moe = 3 (WIDE_QKV_BY_HEAD).
     qkv_by_head: int = 0
+    # 1 (one row only: build_schedule refuses it at other batch sizes): a MoE layer has no ROUTE and
+    # no MoE queue. Its fused items are static tasks on SMs that hold none of the layer's QKV or
+    # router tiles; each stages h(l), waits for the router tiles, ranks the logits itself and runs
+    # its rank's expert (mk_abi.h MK_MOE_LOCAL). The O-proj tiles go to a host queue whose drains
+    # wait for the router tiles too (those initialise the sum x(l+1) the O-proj adds into). Takes
+    # ROUTE (~4 us), the MoE drains' wake-up and claim (~3 us) and the item's staging off the
+    # MoE chain, which ended each H100 BS 1 layer (2026-12-06 timeline: ROUTE ready 11.7 us after
+    # the layer's start, the first up GEMV at 22.0). Needs moe_fused and norm_inline.
+    moe_local: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -164,6 +173,12 @@ class Tiling:
         need(self.attn_in_moe in (0, 1, 2, 3), "attn_in_moe must be 0, 1, 2 or 3")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
+        need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
+        need(
+            not self.moe_local or (self.moe_fused and self.norm_inline),
+            "moe_local needs moe_fused and norm_inline",
+        )
+        need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
@@ -335,6 +350,7 @@ class Tiling:
 # check copies them as given and scales only the sizes: gpu_check.reduced_check).
 SWITCH_FIELDS = frozenset(
     {
+        "moe_local",
         "moe_tail_last",
         "moe_tail_downs",
         "claim_policy",

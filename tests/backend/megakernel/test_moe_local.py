@@ -1,0 +1,136 @@
+"""Tiling.moe_local: at one row a MoE layer's fused items are static tasks that rank the router's
+logits themselves (no ROUTE, no MoE queue). The emulator runs such schedules under every
+interleaving against the reference; removing a wait the mode relies on must fail loudly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.emulator import STRATEGIES, Emulator, HazardError
+from mkcode.backend.megakernel.emulator_ops import StepInputs
+from mkcode.backend.megakernel.schedule import build_schedule
+from mkcode.backend.megakernel.tiling import Tiling, TilingError
+from mkcode.backend.megakernel.workspace import CounterBank, Workspace
+from mkcode.backend.model.weights import random_weights
+from tests.backend.megakernel.cases import clone_batch, kernel_routing, make_case, reference_step, tiny_config
+
+CFG = tiny_config()
+TILING = Tiling(
+    qkv_rows=32,
+    o_rows=32,
+    router_rows=4,
+    dense_up_cols=32,
+    dense_down_rows=32,
+    mlp_splits=2,
+    moe_up_cols=32,
+    moe_down_rows=32,
+    lm_rows=96,
+    max_splits=8,
+    moe_fused=1,
+    norm_inline=1,
+    moe_local=1,
+)
+N_SMS = 16  # 8 QKV and 2 router tiles per layer leave SMs for the 4 fused items (top-2 x 2 tiles)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(CFG, seed=1, std=0.1)
+
+
+def _run(weights, context, strategy, sched, seed=0):
+    case = make_case(CFG, [context], seed=seed + 11)
+    ref_batch = clone_batch(case.batch)
+    ref = reference_step(CFG, weights, ref_batch)
+    ws = Workspace.allocate(CFG, TILING, "cpu")
+    ws.poison()
+    batch = clone_batch(case.batch)
+    inp = StepInputs(batch.token_ids, batch.positions, batch.block_tables, batch.kv_pool)
+    Emulator(CFG, weights, sched, ws, CounterBank(sched.n_counters, start=5)).step(inp, strategy, seed)
+    return ws, batch, ref, ref_batch
+
+
+def _ops(sched, layer):
+    return [int(t[abi.MK_F_OP]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer]
+
+
+@pytest.mark.parametrize("context", [0, 70, 200])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_self_routing_items_match_the_reference(weights, context, strategy):
+    sched = build_schedule(CFG, 1, [context], N_SMS, TILING)
+    for layer in range(CFG.num_hidden_layers):
+        if CFG.is_dense(layer):
+            continue
+        ops = _ops(sched, layer)
+        assert abi.MK_OP_ROUTE not in ops
+        assert ops.count(abi.MK_OP_MOE_FUSED) == CFG.num_experts_per_tok * 2  # 64 columns in 32-col tiles
+        # every drain of the layer is a host-queue drain (attention, then the O-proj tail)
+        drains = [t for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer and int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN]
+        assert {int(t[abi.MK_F_A0]) for t in drains} == {abi.MK_QUEUE_HOST}
+    ws, batch, ref, ref_batch = _run(weights, context, strategy, sched)
+    torch.testing.assert_close(ws["logits"][:1], ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-4, atol=1e-5)
+    assert ws["tokens_out"][:1].tolist() == ref.argmax(-1).tolist()
+    # the items record their routing as ROUTE would: the reference forced to it changes nothing
+    forced = reference_step(CFG, weights, clone_batch(make_case(CFG, [context], seed=11).batch), kernel_routing(CFG, ws, 1))
+    torch.testing.assert_close(forced, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_items_sit_apart_from_the_layers_qkv_and_router_tiles():
+    sched = build_schedule(CFG, 1, [70], N_SMS, TILING)
+    sm_of = {tid: sm for sm, ids in enumerate(sched.sm_lists) for tid in ids}
+    for layer in range(1, CFG.num_hidden_layers):
+        ids = [int(t[abi.MK_F_ID]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer]
+        by_op: dict[int, set[int]] = {}
+        for i in ids:
+            by_op.setdefault(int(sched.tasks[i][abi.MK_F_OP]), set()).add(sm_of[i])
+        fused = by_op[abi.MK_OP_MOE_FUSED]
+        assert len(fused) == CFG.num_experts_per_tok * 2
+        assert not fused & (by_op[abi.MK_OP_QKV] | by_op[abi.MK_OP_ROUTER] | by_op[abi.MK_OP_DRAIN])
+
+
+def _task(sched, op, layer, **where):
+    for t in sched.tasks:
+        if int(t[abi.MK_F_OP]) == op and int(t[abi.MK_F_LAYER]) == layer:
+            if all(int(t[getattr(abi, k)]) == v for k, v in where.items()):
+                return int(t[abi.MK_F_ID])
+    raise LookupError(op)
+
+
+@pytest.mark.parametrize(
+    "what,slot",
+    [
+        ("item", 1),  # a fused item's wait for the router tiles: it ranks logits not written yet
+        ("tail_drain", 0),  # the O-proj drains' wait for the router tiles that initialise x(l+1)
+    ],
+)
+def test_deleted_wait_is_caught(weights, what, slot):
+    sched = build_schedule(CFG, 1, [70], N_SMS, TILING)
+    if what == "item":
+        tid = _task(sched, abi.MK_OP_MOE_FUSED, 1)
+    else:  # the last drain of layer 1: a drain of its O-proj tail queue
+        tid = max(
+            int(t[abi.MK_F_ID])
+            for t in sched.tasks
+            if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_LAYER]) == 1
+        )
+        assert int(sched.tasks[tid][abi.MK_F_WAIT0]) == sched.counters.index("router[1]")
+    broken = sched.without_wait(tid, slot)
+    with pytest.raises(HazardError, match=r"race|never written"):
+        for strategy in STRATEGIES:
+            _run(weights, 70, strategy, broken)
+
+
+def test_moe_local_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match="batch 1"):
+        build_schedule(CFG, 2, [70, 3], N_SMS, TILING)
+    with pytest.raises(ValueError, match="SMs free"):
+        build_schedule(CFG, 1, [70], 6, TILING)
+    with pytest.raises(TilingError, match="moe_fused and norm_inline"):
+        replace(TILING, norm_inline=0).validate(CFG)
+    with pytest.raises(TilingError, match="attn_in_moe"):
+        replace(TILING, attn_in_moe=1).validate(CFG)
