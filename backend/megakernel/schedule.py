@@ -374,7 +374,10 @@ def build_schedule(
                 )
             if not local:
                 keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
-                emit(make_desc(abi.MK_OP_ROUTE, layer, keep, ((router_c, n_router),), (route_c,)), ctrl_sm(layer))
+                emit(
+                    make_desc(abi.MK_OP_ROUTE, layer, keep, ((router_c, n_router),), (route_c,)),
+                    ctrl_sm(layer),
+                )
             else:  # the SMs without this layer's QKV or router tiles, from a point that turns per layer
                 busy = set(deal[first_qkv:])
                 free = [s for s in range(n_work) if s not in busy]

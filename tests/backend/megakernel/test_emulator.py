@@ -507,7 +507,9 @@ def test_release_geometry_engine_tilings(batch, fused):
     base = default_tiling(cfg)
     engine = tiling_for_batch(cfg, base, batch)
     assert engine.moe_fused == (batch < 4)  # fused items below WIDE_MOE_FROM_BATCH rows
-    tiling = replace(engine, moe_fused=fused)  # and the other kind of items on the same tiling
+    assert engine.moe_local == (batch == 1)  # self-routing fused items at one row
+    # and the other kind of items on the same tiling (up / down tiles need ROUTE's queue)
+    tiling = replace(engine, moe_fused=fused, moe_local=engine.moe_local if fused else 0)
     if fused and engine.moe_up_small:  # fused items take one up-tile size
         tiling = replace(tiling, moe_up_small=0, moe_up_small_tiles=0)
     if fused and tiling.moe_up_cols > 256:  # a fused item's down slice takes up to 256 columns
@@ -522,7 +524,8 @@ def test_release_geometry_engine_tilings(batch, fused):
     # every static task but the drains ran, every host-queue item (attention, the MoE tail) and MoE
     # items on top
     n_static = sum(1 for t in sched.tasks if int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN)
-    assert rep.events > n_static + len(sched.queue_desc)
+    # (self-routing fused items, Tiling.moe_local, are static tasks: no device-made items on top)
+    assert rep.events >= n_static + len(sched.queue_desc) + (0 if tiling.moe_local else 1)
 
 
 def test_forced_routing_reference_reads_the_device_table(weights):
@@ -804,7 +807,7 @@ def test_attention_in_the_moe_queue_missing_wait_is_caught(weights, mode):
 def test_attention_in_the_moe_queue_release_geometry(batch, mode):
     """attn_in_moe on the engine's tiling at the release geometry: no deadlock, every counter at its
     total, the happens-before check."""
-    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=mode)
+    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=mode, moe_local=0)  # no MoE queue with it
     assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
         sched.queue_desc
     )
@@ -940,7 +943,9 @@ def test_downs_in_end_order_read_their_own_tile(weights, monkeypatch, mode):
 def test_downs_in_end_order_release_geometry(batch, mode):
     """moe_down_ready on the engine's tiling at the release geometry: no deadlock, every counter at
     its total, the happens-before check."""
-    sched, rep = _release_engine_step(batch, 3, 5, 9, moe_down_ready=mode, moe_fused=0, norm_inline=1)
+    sched, rep = _release_engine_step(
+        batch, 3, 5, 9, moe_down_ready=mode, moe_fused=0, norm_inline=1, moe_local=0
+    )
     assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
         sched.queue_desc
     )

@@ -15,7 +15,7 @@ import torch
 from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
 from mkcode.backend.megakernel.sampling import SamplingParams, sample_row
-from mkcode.backend.megakernel.schedule import expert_counter, make_desc
+from mkcode.backend.megakernel.schedule import build_schedule, expert_counter, make_desc
 from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
@@ -447,6 +447,30 @@ def test_consecutive_steps_fused_moe(small, contexts):
     w, _ = small
     be = MegakernelBackend(CFG, w, tiling=_fused_tiling("batch", len(contexts)))
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
+
+
+def _local_backend(w, **over):
+    """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
+    return MegakernelBackend(CFG, w, tiling=replace(_fused_tiling("batch", 1), moe_local=1, **over))
+
+
+@pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
+@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
+def test_step_matches_reference_self_routing_moe(small, contexts, use_mma):
+    """Tiling.moe_local: every fused item ranks the router's logits itself; the expert choices it
+    records (the table kernel_routing reads) are checked as near-ties against the reference's."""
+    w, _ = small
+    be = _local_backend(w)
+    assert build_schedule(CFG, 1, contexts, be.n_sms, be.tiling).summary().get("ROUTE", 0) == 0
+    be.use_mma = use_mma
+    _step_check(CFG, w, be, contexts, seed=7)
+    K = CFG.num_experts_per_tok
+    assert be.ws["moe_info"][1, 0].item() == K  # recorded by the items, as ROUTE would
+
+
+def test_consecutive_steps_self_routing_moe(small):
+    w, _ = small
+    _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:

@@ -102,7 +102,13 @@ def test_attn_idle_first_places_drains_on_idle_sms_first():
 
     # 16 splits: 64 attention items per layer, more than the idle SMs with 64-row QKV tiles (80 of
     # them; the BS 1 default's 128-row tiles leave 80 idle SMs)
-    t = replace(tiling_for_batch(CFG, default_tiling(CFG), 1), attn_idle_first=1, max_splits=16, qkv_rows=64)
+    t = replace(
+        tiling_for_batch(CFG, default_tiling(CFG), 1),
+        attn_idle_first=1,
+        max_splits=16,
+        qkv_rows=64,
+        moe_local=0,
+    )  # (80 QKV and 8 router tiles leave too few SMs for the 48 self-routing fused items)
     s = build_schedule(CFG, 1, [8192], 132, t)
     sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
     layer = 5
@@ -498,7 +504,9 @@ def test_reduced_tiling_carries_options_that_need_each_other():
     t, dropped = gpu_check.reduced_tiling(bs1)
     t.validate(reduced_config())
     assert (t.combine_ctrl, t.ctrl_sms, t.moe_fused) == (bs1.combine_ctrl, bs1.ctrl_sms, bs1.moe_fused)
-    assert dropped == []
+    # the reduced default has no norm_inline (a size there), which self-routing items need; the
+    # reduced check runs BS 4, where they cannot run anyway
+    assert dropped == ["moe_local=1 does not fit the reduced geometry, kept 0"]
     t, dropped = gpu_check.reduced_tiling(replace(bs1, moe_up_cols=48))
     assert t.moe_up_cols == default_tiling(reduced_config()).moe_up_cols
     assert any(d.startswith("moe_up_cols=48 does not fit") for d in dropped)
@@ -557,7 +565,8 @@ def test_moe_tiles_widen_with_the_batch():
         # every engine tiling takes norm_inline (ENGINE_NORM_INLINE) where the config allows it, and
         # the LM-head queue (ENGINE_LM_QUEUE)
         assert t.norm_inline == ENGINE_NORM_INLINE and t.lm_queue == ENGINE_LM_QUEUE
-        t = replace(t, norm_inline=0, lm_queue=0)
+        assert t.moe_local == int(b == 1)  # self-routing fused items at one row (SINGLE_MOE_LOCAL)
+        t = replace(t, norm_inline=0, lm_queue=0, moe_local=0)
         if t.combine_ctrl:  # small batches: fused MoE items below SMALL_FUSED_BELOW rows, the
             # combines on at least 4 control SMs, 256-row LM-head tiles
             assert not wide and t.ctrl_sms == max(b, 4) and t.moe_fused == int(b < SMALL_FUSED_BELOW)
