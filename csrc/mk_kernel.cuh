@@ -1731,7 +1731,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 #if MK_RING
   // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (lane 0 of warp
   // RING_ARMER; thread 0 waits)
-  if (ring_on(p) && threadIdx.x == 32 * RING_ARMER) ring_arm(q, d);
+  // (not a self-routing fused item: its expert is known only after the wait; its stages start then)
+  if (ring_on(p) && threadIdx.x == 32 * RING_ARMER && !moe_local(d)) ring_arm(q, d);
 #endif
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
