@@ -491,9 +491,12 @@ def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
 
 
 def _engine_tiling(contexts: list[int], **over):
-    """The engine's tiling for this batch size (tiling_for_batch) with `over` on top."""
+    """The engine's tiling for this batch size (tiling_for_batch) with `over` on top (norm_inline=0
+    takes the BS 1 self-routing items off too: they need it)."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
+    if over.get("norm_inline") == 0:
+        over.setdefault("moe_local", 0)
     return replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), **over)
 
 
