@@ -13,27 +13,15 @@ from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.emulator import STRATEGIES, Emulator, HazardError
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.schedule import build_schedule
-from mkcode.backend.megakernel.tiling import Tiling, TilingError
+from mkcode.backend.megakernel.tiling import TilingError
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.weights import random_weights
 from tests.backend.megakernel.cases import clone_batch, kernel_routing, make_case, reference_step, tiny_config
+from tests.backend.megakernel.test_emulator import TILING as EMULATOR_TILING
 
 CFG = tiny_config()
-TILING = Tiling(
-    qkv_rows=32,
-    o_rows=32,
-    router_rows=4,
-    dense_up_cols=32,
-    dense_down_rows=32,
-    mlp_splits=2,
-    moe_up_cols=32,
-    moe_down_rows=32,
-    lm_rows=96,
-    max_splits=8,
-    moe_fused=1,
-    norm_inline=1,
-    moe_local=1,
-)
+# test_emulator's small tiles, with the fused items routing themselves
+TILING = replace(EMULATOR_TILING, moe_fused=1, norm_inline=1, moe_local=1)
 N_SMS = 16  # 8 QKV and 2 router tiles per layer leave SMs for the 4 fused items (top-2 x 2 tiles)
 
 
