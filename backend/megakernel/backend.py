@@ -20,7 +20,7 @@ import torch
 from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.megakernel import abi, tensor_maps
 from mkcode.backend.megakernel.sampling import SamplingParams, pack
-from mkcode.backend.megakernel.schedule import Schedule, build_schedule
+from mkcode.backend.megakernel.schedule import Schedule, build_schedule, moe_local_fits
 from mkcode.backend.megakernel.tiling import (
     Tiling,
     TilingError,
@@ -238,7 +238,12 @@ class MegakernelBackend:
 
     def _tiling_for(self, B: int, position: int | None = None) -> Tiling:
         """The tiling of a B-row step whose split bucket is `position` (None: a short context)."""
-        return tiling_for_batch(self.cfg, self.tiling, B, position) if self.auto_tiling else self.tiling
+        if not self.auto_tiling:
+            return self.tiling
+        t = tiling_for_batch(self.cfg, self.tiling, B, position)
+        # the one-row self-routing items need SMs free of the QKV and router tiles: on a part with
+        # too few SMs the engine keeps ROUTE (an explicit tiling is refused by build_schedule)
+        return t if not t.moe_local or moe_local_fits(self.cfg, t, self.n_sms) else replace(t, moe_local=0)
 
     def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
         """Build and upload the schedules for these batch sizes at this context (all rows at it), so

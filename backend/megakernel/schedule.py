@@ -189,6 +189,17 @@ def qkv_row_head(cfg: ModelConfig, row: int) -> int:
     return ((row - cfg.q_width) % cfg.kv_width) // cfg.head_dim
 
 
+def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
+    """Whether a one-row MoE layer's self-routing fused items (Tiling.moe_local) find as many SMs
+    free of the layer's QKV and router tiles, dealt round-robin over the work SMs (build_schedule)."""
+    n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
+    n_work = n_sms - n_ctrl
+    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
+    n_router = max(cfg.num_experts, 1) // tiling.router_rows
+    up_tiles, _ = tiling.moe_tiles(cfg)
+    return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
+
+
 def build_schedule(
     cfg: ModelConfig,
     batch: int,

@@ -127,3 +127,16 @@ def test_moe_local_is_refused_where_it_cannot_run():
         replace(TILING, norm_inline=0).validate(CFG)
     with pytest.raises(TilingError, match="attn_in_moe"):
         replace(TILING, attn_in_moe=1).validate(CFG)
+
+
+@pytest.mark.parametrize("n_sms", [6, 12, 13, 14, 16, 132])
+def test_fits_says_what_the_builder_does(n_sms):
+    """moe_local_fits (the engine's check before it takes the mode) agrees with build_schedule."""
+    from mkcode.backend.megakernel.schedule import moe_local_fits
+
+    try:
+        build_schedule(CFG, 1, [70], n_sms, TILING)
+        built = True
+    except ValueError:
+        built = False
+    assert moe_local_fits(CFG, TILING, n_sms) == built
