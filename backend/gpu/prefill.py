@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from mkcode.backend.gpu.prepared import PreparedModel, prepare
 from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
 from mkcode.backend.kv.sequence import PagedKVView
+from mkcode.backend.model import ops
 from mkcode.backend.model.reference import ReferenceModel, Segment
 
 
@@ -131,12 +132,7 @@ class GpuPrefill:
             else:
                 logits = hf @ pl.router.float().t()
                 top, sel = torch.topk(logits, cfg.num_experts_per_tok, dim=-1)
-                if cfg.expert_selection_fn == "softmax":
-                    w = torch.softmax(top, -1)
-                else:
-                    w = torch.sigmoid(top)
-                    if cfg.norm_topk_prob:
-                        w = w / w.sum(-1, keepdim=True)
+                w = ops.route_weights(top, cfg.expert_selection_fn, cfg.norm_topk_prob)
                 x = x + a.float() + grouped_experts(h, w, sel, pl.experts_gate_up, pl.experts_down)
         if not logits_rows:
             return torch.empty(0, cfg.vocab_size, device=x.device)

@@ -496,14 +496,8 @@ class OpSemantics:
         # the lower id first; torch.topk leaves the order of ties open)
         logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
         top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-        top, ids = top[:, :K], ids[:, :K]
-        if cfg.expert_selection_fn == "softmax":
-            w = torch.softmax(top, dim=-1)
-        else:
-            w = torch.sigmoid(top)
-            if cfg.norm_topk_prob:
-                w = w / w.sum(-1, keepdim=True)
-        return ids.tolist(), w
+        w = ops.route_weights(top[:, :K], cfg.expert_selection_fn, cfg.norm_topk_prob)
+        return ids[:, :K].tolist(), w
 
     def _moe_slots(self, d) -> list[int]:
         return [int(d[abi.MK_F_SLOT0 + j]) for j in range(int(d[abi.MK_F_NTOK]))]

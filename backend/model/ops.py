@@ -78,15 +78,17 @@ def route(
     sigmoid: sigmoid of the k logits, renormalised to sum to 1 when norm_topk_prob."""
     logits = F.linear(h, router_w)
     top_logits, ids = torch.topk(logits, top_k, dim=-1)
+    return route_weights(top_logits, selection_fn, norm_topk_prob).to(h.dtype), ids
+
+
+def route_weights(top_logits: torch.Tensor, selection_fn: str, norm_topk_prob: bool) -> torch.Tensor:
+    """The routing weights (fp32) of the k selected logits [T, k], as `route` describes."""
     if selection_fn == "softmax":
-        w = torch.softmax(top_logits.float(), dim=-1)
-    elif selection_fn == "sigmoid":
+        return torch.softmax(top_logits.float(), dim=-1)
+    if selection_fn == "sigmoid":
         w = torch.sigmoid(top_logits.float())
-        if norm_topk_prob:
-            w = w / w.sum(-1, keepdim=True)
-    else:
-        raise ValueError(f"unknown expert_selection_fn {selection_fn!r}")
-    return w.to(h.dtype), ids
+        return w / w.sum(-1, keepdim=True) if norm_topk_prob else w
+    raise ValueError(f"unknown expert_selection_fn {selection_fn!r}")
 
 
 def swiglu(h: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

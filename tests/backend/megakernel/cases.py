@@ -197,15 +197,9 @@ class ForcedRoutingModel(ReferenceModel):
             if set(own.indices[b].tolist()) != set(ids[b].tolist()):
                 lag = float(own.values[b, -1] - logits[b, ids[b]].min()) / float(logits[b].std())
                 self.flips.append((i, b, lag))
-        top = logits.gather(1, ids)
-        if cfg.expert_selection_fn == "softmax":
-            w = torch.softmax(top, dim=-1)
-        else:
-            w = torch.sigmoid(top)
-            if cfg.norm_topk_prob:
-                w = w / w.sum(-1, keepdim=True)
         from mkcode.backend.model import ops
 
+        w = ops.route_weights(logits.gather(1, ids), cfg.expert_selection_fn, cfg.norm_topk_prob)
         return ops.moe(h, w.to(h.dtype), ids, lw.experts_gate_up, lw.experts_down)
 
 
