@@ -1701,22 +1701,29 @@ __device__ __noinline__ void attn_last_split(const Params& p, const int* d, Smem
 
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows);
 
-// A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
-// ready), stage h(l)'s rows unless this SM holds them (s_h_staged), then return (false: the step
-// was abandoned); run_task then waits for the router tiles and gemv_op finds the rows staged.
-__device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
-  const int l = d[MK_F_LAYER];
-  if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
-  __syncthreads();
-  if (!*flag) return false;  // uniform
-  if (s_h_staged != l) {     // uniform: written by thread 0 before barriers only
+// h(l)'s batch rows into shared memory unless this SM holds them (s_h_staged): a MoE drain between
+// its norm and ROUTE waits, a self-routing fused item between its h and router waits. It ends
+// with a barrier after which every thread has read s_h_staged and any flag thread 0 set before
+// the call (racecheck found thread 0's next write of the drain's s_flag racing those reads without
+// it); thread 0 then marks the rows staged, for the caller's next barrier to publish.
+__device__ __forceinline__ void stage_h_once(const Params& p, int l, Smem& s, int* rows) {
+  if (s_h_staged != l) {  // uniform: s_h_staged is written before barriers
     rows_identity(rows, p.batch);
     __syncthreads();
     drain_stage_h(p, l, s, rows);
-    __syncthreads();
-    if (threadIdx.x == 0) s_h_staged = l;  // run_task's barrier after its wait publishes it
   }
-  __syncthreads();  // every thread has read *flag and s_h_staged before thread 0 writes them again
+  __syncthreads();
+  if (threadIdx.x == 0) s_h_staged = l;
+}
+
+// A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
+// ready) and stage h(l) (false: the step was abandoned); run_task then waits for the router tiles
+// and gemv_op finds the rows staged.
+__device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
+  if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
+  __syncthreads();
+  if (!*flag) return false;  // uniform
+  stage_h_once(p, d[MK_F_LAYER], s, rows);
   return true;
 }
 
@@ -2162,15 +2169,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       if (!s_flag) {
         return;
       }
-      if (s_h_staged != s_desc[MK_F_LAYER]) {  // uniform: s_h_staged is written before barriers
-        rows_identity(s_rows, p.batch);
-        __syncthreads();
-        drain_stage_h(s_params, s_desc[MK_F_LAYER], s, s_rows);
-      }
-      // every thread has read s_flag and s_h_staged before thread 0 writes them again (racecheck
-      // found the write of s_flag below racing the read above without this barrier)
-      __syncthreads();
-      if (threadIdx.x == 0) s_h_staged = s_desc[MK_F_LAYER];  // the barrier below publishes it
+      stage_h_once(s_params, s_desc[MK_F_LAYER], s, s_rows);  // its closing barrier: see there
     }
     if (threadIdx.x == 0) {
       s_flag = early || wait_task(p, s_desc, true, pre_h ? 1 : 0);
