@@ -278,6 +278,46 @@ def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dic
     return {"layers": out, "mean_us": {k: statistics.mean(v) for k, v in by_kind.items()}}
 
 
+def layer_chain(recs: torch.Tensor, layers: set[int]) -> list[dict]:
+    """Each op's phases in `layers`, in us from the end of the previous layer (its last END_OPS
+    signal), as medians over those layers: the first and the median end of wait, the median GEMV
+    start and end (0 for ops without one), the median and the last end after signals; rows sorted by
+    median end of wait, so the layer's chains read top to bottom. `layer_us`: the median layer."""
+    rows = recs.tolist()
+    layer_end: dict[int, int] = defaultdict(int)
+    for row in rows:
+        if _op(row) in END_OPS:
+            layer = (row[1] >> 8) & 0xFF
+            layer_end[layer] = max(layer_end[layer], row[7])
+    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    by_layer: dict[tuple[str, int], list[list[int]]] = defaultdict(list)
+    for row in rows:
+        layer = (row[1] >> 8) & 0xFF
+        if layer in layers and layer - 1 in layer_end and _op(row) != "DRAIN":
+            by_layer[(_op(row), layer)].append(row)
+    lengths = [
+        (layer_end[x] - layer_end[x - 1]) / 1e3 for x in layers if x in layer_end and x - 1 in layer_end
+    ]
+    for (op, layer), rs in by_layer.items():
+        base = layer_end[layer - 1]
+
+        def rel(t: int, base: int = base) -> float:
+            return (t - base) / 1e3
+
+        d = per[op]
+        d["count"].append(len(rs))
+        d["ready_first"].append(rel(min(r[3] for r in rs)))
+        d["ready"].append(rel(statistics.median(r[3] for r in rs)))
+        g = [r for r in rs if r[4] and r[5]]
+        d["gemv0"].append(rel(statistics.median(r[4] for r in g)) if g else 0.0)
+        d["gemv1"].append(rel(statistics.median(r[5] for r in g)) if g else 0.0)
+        d["end"].append(rel(statistics.median(r[7] for r in rs)))
+        d["end_last"].append(rel(max(r[7] for r in rs)))
+    out = [{"op": op, **{k: statistics.median(v) for k, v in d.items()}} for op, d in per.items()]
+    out.sort(key=lambda d: d["ready"])
+    return [{"layer_us": statistics.median(lengths) if lengths else 0.0}, *out]
+
+
 def _op(row: list[int]) -> str:
     """The opcode name of a record row ([block, word 0, ...], as `records` returns them)."""
     return abi.OPNAMES.get(row[1] & 0xFF, "?")
@@ -647,6 +687,12 @@ def main(argv: list[str] | None = None) -> int:
         "mean length by kind, the release config's full / sliding / dense layers (layer_lengths)",
     )
     p.add_argument(
+        "--chain",
+        action="store_true",
+        help="instead: each op's phases (ready, GEMV, end) in us from the previous layer's end, "
+        "medians over the release config's MoE layers 3-46 (layer_chain)",
+    )
+    p.add_argument(
         "--moe",
         action="store_true",
         help="instead: the layer's MoE up / down tiles by time (moe_phase: ready, end, the downs' "
@@ -666,6 +712,19 @@ def main(argv: list[str] | None = None) -> int:
             head = f"{d['head_us']:6.1f}" if "head_us" in d else "     -"
             print(f"{d['layer']:5d} {d['kind']:8s} {d['length_us']:7.1f} {head}")
         print("mean " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(ll["mean_us"].items())))
+        return 0
+    if args.chain:
+        dense = _release_layer_kinds()[1]
+        head, *ops = layer_chain(recs, {x for x in range(3, 47) if x not in dense})
+        print(f"median layer {head['layer_us']:.1f} us; per op, us from the previous layer's end (medians)")
+        print(
+            f"{'op':12s} {'n':>4s} {'ready0':>7s} {'ready':>7s} {'gemv0':>7s} {'gemv1':>7s} {'end':>7s} {'last':>7s}"
+        )
+        for d in ops:
+            print(
+                f"{d['op']:12s} {d['count']:4.0f} {d['ready_first']:7.1f} {d['ready']:7.1f} {d['gemv0']:7.1f} "
+                f"{d['gemv1']:7.1f} {d['end']:7.1f} {d['end_last']:7.1f}"
+            )
         return 0
     if args.moe:
         ph = moe_phase(recs, args.layer, args.bin)

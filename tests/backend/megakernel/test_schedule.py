@@ -337,6 +337,45 @@ def test_layer_lengths_by_kind(tmp_path, capsys):
     assert "    0 dense        9.0    3.0" in out and out.strip().endswith("sliding 15.0")
 
 
+def test_layer_chain_medians(tmp_path, capsys):
+    """timeline.layer_chain: each op's phases from the previous layer's last end signal, medians over
+    the layers asked for; the CLI's --chain prints them."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 8, "cpu")
+    tl[0, 0] = torch.tensor(
+        [abi.MK_OP_OPROJ | (2 << 8), 100, 200, 300, 500, 600, 1000]
+    )  # layer 2 ends at 1 us
+    for k, (layer, off) in enumerate([(3, 1000), (4, 11000)]):  # layer 3 ends at 11 us, layer 4 at 23
+        tl[0, 1 + 2 * k] = torch.tensor(
+            [abi.MK_OP_QKV | (layer << 8), off, off + 500, off + 1000, off + 3000, off + 3500, off + 4000]
+        )
+        tl[1, 1 + 2 * k] = torch.tensor(
+            [
+                abi.MK_OP_MOE_FUSED | (layer << 8),
+                off,
+                off + 2000,
+                off + 2500,
+                off + 8000,
+                off + 9000,
+                off + 10000 + 2000 * k,
+            ]
+        )
+    head, *ops = timeline.layer_chain(timeline.records(tl), {3, 4})
+    assert head["layer_us"] == 11.0  # 10 and 12
+    assert [d["op"] for d in ops] == ["QKV", "MOE_FUSED"]  # by ready: 0.5 before 2.0
+    qkv, moe = ops
+    assert (qkv["ready"], qkv["gemv0"], qkv["gemv1"], qkv["end_last"]) == (0.5, 1.0, 3.0, 4.0)
+    assert moe["end_last"] == 11.0  # layer 3: 10, layer 4: 12
+    path = tmp_path / "timeline_bs1.pt"
+    torch.save(timeline.records(tl), path)
+    assert timeline.main([str(path), "--chain"]) == 0  # the release MoE layers 3-46: layers 3 and 4 here
+    out = capsys.readouterr().out
+    assert out.startswith("median layer 11.0 us") and "MOE_FUSED" in out
+
+
 def test_sm_states_of_a_layer(tmp_path, capsys):
     """timeline.sm_states: per bin of a layer (previous add+norm end to its own), the blocks that
     stream (a GEMV interval, an ATTN run), sit in fixed costs, wait (by the waiting op) or idle; and
