@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 20
+#define MK_ABI_VERSION 21
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -108,10 +108,6 @@ enum MkError {
   MK_ERR_NAN_LOGITS = 6,    // a greedy row whose LM-head tiles all have NaN maxima (no argmax)
 };
 #define MK_ERR_WORDS 8
-// Word 7 of the error buffer (MK_MODE_RING, a kernel built with MK_RING=1): the weight-ring stages
-// consumed, summed over the launches and blocks that ended normally (never reset by the host; tests
-// compare it before and after a launch). Not an error: word 0 alone says whether a step failed.
-#define MK_ERR_RING_STAGES 7
 
 // Pointers in the parameter block, in order (an X-macro: C++ fills the struct from it, Python
 // passes the tensors' data_ptr() in the same order).
@@ -189,16 +185,11 @@ enum MkError {
 // prefetch_mode: variant bits (A/B measurements and bisection); the product runs
 // MK_PREFETCH_DEFAULT. Measured slower and removed: L2 prefetches of a task's weights before its
 // wait, of the next static task's, of a layer head's tiles (bits 1, 2, 256; 2026-11-29/30: BS 1
-// 6.01 vs 5.73 ms, the bulk prefetches compete with the loads).
+// 6.01 vs 5.73 ms, the bulk prefetches compete with the loads); engine v2's weight ring (bit 8 and
+// its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md).
 #define MK_PREFETCH_DEFAULT 0
 // MK_MODE_SIMT_ATTN: the SIMT attention instead of the tensor-core one.
 #define MK_MODE_SIMT_ATTN 4
-// MK_MODE_RING (engine v2, issue 41 step 2; off until it measures faster): every GEMV-shaped op
-// (QKV, router, O-proj, dense up / down, MoE up / down / fused, LM head) streams its weights through
-// a shared-memory ring of bulk copies on mbarriers (mk_ring.cuh), its first stages issued before its
-// dependency wait; the register GEMV (gemv_mma) is the reference. Needs use_mma; adds RING_BYTES of
-// dynamic shared memory.
-#define MK_MODE_RING 8
 // MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
@@ -294,37 +285,6 @@ enum MkLayerWeight {
 #define MK_DRAIN_LATE_ROUTE 1
 #define MK_ROUTE_KEEP_HEAD 1
 #define MK_EMBED_RESET_HEADS 1
-
-// Tensor maps of the weight ring (ABI 18; read only by a kernel built with MK_RING=1, in MK_MODE_RING).
-// The GEMV tiles over a K range of longer rows (O-proj, dense down, a MoE down tile of a K range, a
-// fused item's down slice) stream through the ring as TMA boxes (cp.async.bulk.tensor.2d) of
-// [box rows][MK_TMAP_BOX_K] bf16 with the 128-byte swizzle (MK_TMAP_SWIZZLE: 16-byte chunk c of box
-// row r lands at chunk c ^ (r & 7)). The maps sit in layer_w's allocation after its
-// [L][MK_LW_COUNT] pointers, at byte MK_TMAP_OFFSET = L * MK_LW_COUNT * 8 rounded up to
-// MK_TMAP_BYTES: a header of MK_TMAP_BYTES (int32 words MkTmapHeader), then MK_TMAP_BYTES per
-// (layer, kind) map, map (l, kind) at header + MK_TMAP_BYTES * (1 + l * MK_TMAP_KINDS + kind) (an
-// absent weight's map is zeros). A kind whose box rows word is 0 keeps the register GEMV; a tile
-// takes the ring only if its rows are a multiple of the kind's box rows and its K of MK_TMAP_BOX_K.
-// Python builds them (mkcode.backend.megakernel.tensor_maps), the module encodes them
-// (cuTensorMapEncodeTiled through the runtime's driver entry point).
-#define MK_TMAP_BYTES 128         // one CUtensorMap (and its alignment in the table; the API needs 64)
-#define MK_TMAP_BOX_K 64          // k elements of a box row: 128 bytes, the swizzle span
-#define MK_TMAP_BOX_ROWS_MAX 256  // the hardware's box dimension limit
-#define MK_TMAP_BOX_ROWS_MIN 16   // one mma row group
-#define MK_TMAP_SWIZZLE 128       // bytes (CU_TENSOR_MAP_SWIZZLE_128B)
-#define MK_TMAP_SMEM_ALIGN 1024   // the swizzle's period: ring stages start at multiples of it
-#define MK_TMAP_MAGIC 1346456916  // header word 0: the bytes "TMAP"
-enum MkTmapKind {
-  MK_TMAP_O = 0,           // W_o [H][Hq * d]: the O-proj tiles (rows a0.., K a2..a3)
-  MK_TMAP_DENSE_DOWN = 1,  // W_down [H][D]: the dense down tiles
-  MK_TMAP_EXP_DOWN = 2,    // experts' down [E * H][I]: MoE down tiles of a K range, fused down slices
-  MK_TMAP_KINDS = 3,
-};
-enum MkTmapHeader {
-  MK_TH_MAGIC = 0,
-  MK_TH_LAYERS = 1,
-  MK_TH_ROWS0 = 2,  // box rows of kind 0; kind k at MK_TH_ROWS0 + k (0: no maps of that kind)
-};
 
 // Tiling.moe_local (ABI 20): at one row, a MoE layer has no ROUTE and no MoE queue. Each fused item
 // is a static task (A3 = MK_MOE_LOCAL, A0 = a top-k rank j, NTOK 1, slot j) with two waits: h(l)

@@ -9,15 +9,7 @@ static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
 
 namespace mk {
 
-// MK_MODE_RING: the weight ring after the base carve-up (base_smem_bytes is a multiple of 128), its
-// start rounded up to MK_TMAP_SMEM_ALIGN (the TMA boxes' 128-byte swizzle; ring_init)
-size_t smem_bytes(const Params& p, int max_k) {
-#if MK_RING
-  if ((p.prefetch_mode & MK_MODE_RING) && p.use_mma)
-    return base_smem_bytes(p, max_k) + (size_t)RING_BYTES + MK_TMAP_SMEM_ALIGN;
-#endif
-  return base_smem_bytes(p, max_k);
-}
+size_t smem_bytes(const Params& p, int max_k) { return base_smem_bytes(p, max_k); }
 
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap) {
   int dev = 0, sms = 0;
@@ -29,10 +21,6 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
   }
   if (p.n_sms < 1 || p.n_sms > sms) {
     snprintf(msg, cap, "n_sms=%d but the GPU has %d SMs (every block must be resident)", p.n_sms, sms);
-    return cudaErrorInvalidValue;
-  }
-  if ((p.prefetch_mode & MK_MODE_RING) && !MK_RING) {
-    snprintf(msg, cap, "MK_MODE_RING (prefetch_mode bit 8) needs the kernel built with MKCODE_MK_RING=1");
     return cudaErrorInvalidValue;
   }
   // ROUTE: logits, slots, counts, positions, chosen logits in s.out

@@ -180,22 +180,6 @@ __device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
   }
 }
 
-}  // namespace mk
-
-// Engine v2's weight ring (MK_MODE_RING; needs task_gemv) is compiled only into a kernel built with
-// MK_RING=1 (build.py: MKCODE_MK_RING=1): the default object stays the reference path's, instruction
-// for instruction (the ring's calls change the register allocation of the GEMV core and the step
-// kernel's stack frame, 280 -> 392 bytes: the ring kernel's register path measured 3.82-3.93 ms per
-// BS 1 8K step against the default object's 3.59-3.64, H100, 2026-12-05, same call).
-#ifndef MK_RING
-#define MK_RING 0
-#endif
-#if MK_RING
-#include "mk_ring.cuh"
-#endif
-
-namespace mk {
-
 // ---- the GEMV ops' common part ----------------------------------------------------------------------
 //
 // Every GEMV op (QKV, O-proj, dense up / down, router, MoE up / down, LM head) runs this one piece
@@ -256,9 +240,6 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, g);
-#if MK_RING
-  if (ring_on(p) && gemv_ring_op(p, d, g, a, s.act, s.out, staged)) return;  // MK_MODE_RING
-#endif
   gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
@@ -902,9 +883,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
-#if MK_RING
-  if (ring_on(p) && ring_slice_op(p, d, act, lds, acc, s_w, s_b, nt)) return;  // MK_MODE_RING: TMA boxes
-#endif
   if (!p.use_mma) {
     gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
     return;
@@ -1735,12 +1713,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
     s_h_staged = -1;
   uint64_t t1 = 0;
-#if MK_RING
-  // MK_MODE_RING: the GEMV's first weight stages stream while the task waits (lane 0 of warp
-  // RING_ARMER; thread 0 waits)
-  // (not a self-routing fused item: its expert is known only after the wait; its stages start then)
-  if (ring_on(p) && threadIdx.x == 32 * RING_ARMER && !moe_local(d)) ring_arm(q, d);
-#endif
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
@@ -1770,9 +1742,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   __syncthreads();
   if (!*flag) {
     cp_async_wait_all();  // no copy may land after the block has left
-#if MK_RING
-    if (threadIdx.x == 0 && ring_on(p)) ring_quiesce();  // nor a ring stage armed before the wait
-#endif
     return false;
   }
   if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
@@ -2114,9 +2083,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   if (threadIdx.x == 0) {
     s_tl_n = 0;
     s_h_staged = -1;
-#if MK_RING
-    if (ring_on(p)) ring_init(p, smem_u32(mk_dyn_smem) + (uint32_t)base_smem_bytes(p, max_k));
-#endif
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
   if (threadIdx.x < sizeof(Params) / 4)
@@ -2311,10 +2277,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     }
     advance(s_desc, s_next, ahead, lane_w, mine, i, n);
   }
-#if MK_RING
-  // the stages this block's GEMVs consumed through the ring (the tests' proof that the ring ran)
-  if (ring_on(p) && threadIdx.x == 0) atomicAdd((int*)p.err + MK_ERR_RING_STAGES, (int)s_ring_cons);
-#endif
 }
 
 }  // namespace mk

@@ -3,7 +3,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime (no -lcuda)
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -75,46 +74,6 @@ void launch(const std::vector<long long>& ptrs, const std::vector<long long>& in
   if (e != cudaSuccess) throw std::runtime_error(std::string("mk_native: ") + msg);
 }
 
-// cuTensorMapEncodeTiled, found once through the runtime's driver entry point (the module links only
-// the CUDA runtime).
-typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static_assert(sizeof(CUtensorMap) == MK_TMAP_BYTES, "mk_abi.h MK_TMAP_BYTES must be sizeof(CUtensorMap)");
-static_assert(MK_TMAP_BOX_K * 2 == MK_TMAP_SWIZZLE && MK_TMAP_SWIZZLE == 128, "a box row is one 128-byte swizzle span");
-
-EncodeTiled encoder() {
-  static EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
-      throw std::runtime_error(std::string("mk_native: cuTensorMapEncodeTiled not found (") + cudaGetErrorString(e) + ")");
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
-// The weight ring's tensor map (mk_abi.h MK_TMAP_*) of a row-major bf16 matrix at `ptr`: `rows` rows
-// of `cols` elements, `row_bytes` apart; boxes of [box_rows][MK_TMAP_BOX_K], 128-byte swizzle, no
-// interleave, L2 promotion of 256 bytes. The geometry is checked in Python first
-// (tensor_maps.MapSpec.check); the driver's refusal is raised with its code.
-py::bytes encode_tensor_map(long long ptr, long long rows, long long cols, long long row_bytes, int box_rows) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-  const cuuint64_t strides[1] = {(cuuint64_t)row_bytes};
-  const cuuint32_t box[2] = {(cuuint32_t)MK_TMAP_BOX_K, (cuuint32_t)box_rows};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, reinterpret_cast<void*>(ptr), dims, strides,
-                               box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::invalid_argument("mk_native: cuTensorMapEncodeTiled failed (CUresult " + std::to_string((int)r) +
-                                ") for " + std::to_string(rows) + " x " + std::to_string(cols) + " rows of " +
-                                std::to_string(row_bytes) + " bytes, box rows " + std::to_string(box_rows));
-  return py::bytes(reinterpret_cast<const char*>(&map), sizeof(map));
-}
-
 py::dict device_info() {
   py::dict d;
   int n = 0;
@@ -148,6 +107,4 @@ PYBIND11_MODULE(mk_native, m) {
   m.def("launch", &launch, py::arg("ptrs"), py::arg("ints"), py::arg("floats"), py::arg("max_k"), py::arg("stream"));
   m.def("smem_bytes", &smem_for, py::arg("ptrs"), py::arg("ints"), py::arg("floats"), py::arg("max_k"));
   m.def("device_info", &device_info);
-  m.def("encode_tensor_map", &encode_tensor_map, py::arg("ptr"), py::arg("rows"), py::arg("cols"), py::arg("row_bytes"),
-        py::arg("box_rows"));
 }

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
-from mkcode.backend.megakernel import abi, tensor_maps
+from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.sampling import SamplingParams, pack
 from mkcode.backend.megakernel.schedule import Schedule, build_schedule, moe_local_fits
 from mkcode.backend.megakernel.tiling import (
@@ -165,16 +165,9 @@ class MegakernelBackend:
             lm_rows = min(self._tiling_for(b).lm_rows for b in range(1, abi.MK_MAX_TOKENS + 1))
             ws_tiling = replace(self.tiling, lm_rows=min(lm_rows, self.tiling.lm_rows))
         self.ws = Workspace.allocate(cfg, ws_tiling, self.device)
-        # the layer pointers, then (a ring kernel) the weight ring's tensor maps (tensor_maps.py), their
-        # box rows fitted to the tilings the steps use (short and long contexts; a generator: only a
-        # ring kernel's backend builds them)
-        tilings = (
-            self._tiling_for(b, pos) for b in range(1, abi.MK_MAX_TOKENS + 1) for pos in (None, 1 << 20)
+        self.layer_w = torch.tensor(
+            _layer_weight_ptrs(cfg, weights, self.device), dtype=torch.int64, device=self.device
         )
-        table, self.tmap_box_rows = tensor_maps.backend_table(
-            cfg, weights, _layer_weight_ptrs(cfg, weights, self.device), tilings, native_module
-        )
-        self.layer_w = torch.from_numpy(table).to(self.device)
         flags = []
         for i in range(cfg.num_hidden_layers):
             f = (abi.MK_LAYER_ROPE if cfg.uses_rope(i) else 0) | (

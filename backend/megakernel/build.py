@@ -26,14 +26,6 @@ MODULE_SOURCE = "mk_module.cu"  # the pybind11 binding: host code only
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr"]
 KERNEL_FLAGS = ["-Xptxas", "-v"]
-# MKCODE_MK_RING=1: the kernel with engine v2's weight ring compiled in (csrc/mk_ring.cuh, selected at
-# run time by the MK_MODE_RING bit of prefetch_mode); unset, the default object has none of its code.
-RING_ENV = "MKCODE_MK_RING"
-
-
-def kernel_flags() -> list[str]:
-    """The kernel object's extra flags: ptxas statistics, and MK_RING=1 when RING_ENV is 1."""
-    return KERNEL_FLAGS + (["-DMK_RING=1"] if os.environ.get(RING_ENV) == "1" else [])
 
 
 class BuildError(RuntimeError):
@@ -126,7 +118,7 @@ def _headers() -> list[Path]:
 
 def _compile_cmd(nvcc: str, source: str, out: Path, python: bool) -> list[str]:
     inc = [f"-I{CSRC}"] + ([f"-I{pybind11_include()}", f"-I{python_include()}"] if python else [])
-    flags = NVCC_FLAGS + ([] if python else kernel_flags())
+    flags = NVCC_FLAGS + ([] if python else KERNEL_FLAGS)
     return [nvcc, *ARCH_FLAGS, *flags, *inc, str(CSRC / source), "-c", "-o", str(out)]
 
 
@@ -159,7 +151,7 @@ def _cached_step(name: str, key: str, make, force: bool, verbose: bool) -> tuple
 def _keys(nvcc: str) -> tuple[str, str, str]:
     ver = nvcc_version(nvcc)
     kfiles = [*_headers(), CSRC / KERNEL_SOURCE]
-    kkey = _key([*ARCH_FLAGS, *NVCC_FLAGS, *kernel_flags(), ver], kfiles)
+    kkey = _key([*ARCH_FLAGS, *NVCC_FLAGS, *KERNEL_FLAGS, ver], kfiles)
     mkey = _key(
         [*ARCH_FLAGS, *NVCC_FLAGS, ver, sys.version, str(pybind11_include())],
         [*_headers(), CSRC / MODULE_SOURCE],
