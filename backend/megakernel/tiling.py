@@ -52,14 +52,6 @@ class Tiling:
     # a drain keeps a claim two ahead while more than this many items remain before the queue's far
     # end (0: the SM count; mk_abi.h MK_CLAIM_*)
     claim_window: int = 0
-    # attention drains per layer at most (0: one per SM, as many as items). Fewer drains leave more
-    # SMs to the MoE queue while the attention runs: each drain then takes several items.
-    attn_drains: int = 0
-    # 1: a MoE layer's ADD_NORM tasks come before its MoE drains in the global order (when the batch
-    # is at most half the SM count), so the SMs holding them wait for the layer's end instead of
-    # draining MoE items first (the add+norm then starts one hop after the last down tile, its
-    # warm-up run done, instead of after its SM's last item and the warm-up)
-    norm_early: int = 0
     # 1: a layer's attention drains go to the SMs that hold its QKV and router tiles (busy until the
     # attention can start anyway; at most one drain each), so every other SM starts the layer with
     # its MoE drain and takes MoE up tiles as soon as the routing is known (round-robin dealing put
@@ -114,16 +106,6 @@ class Tiling:
     # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
     # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
     lm_queue: int = 0
-    # 1: a dense layer's MLP tiles (dense up, dense down) are dealt over the work SMs that hold none
-    # of its QKV tiles, and its attention drains go to the QKV tiles' SMs first. Dealt round-robin,
-    # the BS 8 layer 0's attention items waited behind 96 dense-up tiles on their SMs (ready at
-    # +41-48 us, its QKV tiles done at +28; the layer 118 us, 2026-12-02 timeline)
-    dense_apart: int = 0
-    # the most attention splits per (row, kv head) in sliding-window layers (0: as max_splits /
-    # split_cap): at BS 8 and 8K a sliding layer's 3 splits make 96 items of ~26 us (one wave of
-    # the attention drains beside 28 MoE SMs), a full layer's ~46 us; fewer sliding splits leave
-    # more SMs to the MoE queue while the attention runs (2026-12-02)
-    sliding_max_splits: int = 0
     # 1: a MoE layer's attention items are the first items of its MoE queue's attention tail
     # (before the combines and O-proj tiles: after the up tiles, or after moe_tail_downs down tiles)
     # and the layer has no attention drains. Every work SM then starts the layer on the up tiles
@@ -171,7 +153,6 @@ class Tiling:
             if not cond:
                 raise TilingError(f"tiling {self}: {what}")
 
-        need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
         need(self.attn_in_moe in (0, 1, 2, 3), "attn_in_moe must be 0, 1, 2 or 3")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
@@ -190,7 +171,6 @@ class Tiling:
             self.moe_down_ready != 1 or self.norm_inline,
             "moe_down_ready=1 needs norm_inline (the K-split downs add into x)",
         )
-        need(self.sliding_max_splits >= 0, "sliding_max_splits must be >= 0 (0: as max_splits)")
         need(self.claim_window >= 0, "claim_window must be >= 0 (0: the SM count)")
 
         H, d = cfg.hidden_size, cfg.head_dim
@@ -216,7 +196,6 @@ class Tiling:
             not (self.moe_tail_last and self.moe_tail_downs),
             "moe_tail_downs and moe_tail_last exclude each other",
         )
-        need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(self.attn_idle_first in (0, 1), "attn_idle_first must be 0 or 1")
         need(
@@ -228,7 +207,6 @@ class Tiling:
         need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
         need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
-        need(self.dense_apart in (0, 1), "dense_apart must be 0 or 1")
         need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
@@ -312,8 +290,7 @@ class Tiling:
     def most_splits(self) -> int:
         """The most attention splits per (row, kv head) this tiling gives at any context: the split
         stride of its workspace (o_part / lse_part) and of the kernel's max_splits."""
-        most = max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
-        return max(most, self.sliding_max_splits)
+        return max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
 
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
@@ -357,8 +334,6 @@ SWITCH_FIELDS = frozenset(
         "moe_tail_downs",
         "claim_policy",
         "claim_window",
-        "attn_drains",
-        "norm_early",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",
@@ -368,8 +343,6 @@ SWITCH_FIELDS = frozenset(
         "moe_up_small",
         "moe_up_small_tiles",
         "lm_queue",
-        "dense_apart",
-        "sliding_max_splits",
         "attn_in_moe",
         "moe_down_ready",
         "qkv_by_head",
@@ -735,7 +708,7 @@ def attention_splits(
         pages = visible_pages(pb, cfg.sliding_window if sliding else None)
         total = pages * len(positions) * cfg.num_key_value_heads
         grain = max(2, math.ceil(total / max(n_sms, 1)))
-        cap = tiling.sliding_max_splits if sliding and tiling.sliding_max_splits else split_cap(tiling, pages)
+        cap = split_cap(tiling, pages)
         out[sliding] = [max(1, min(cap, math.ceil(pages / grain)))] * len(positions)
     return out
 

@@ -521,40 +521,36 @@ def test_claim_policies_reduced(small, contexts, policy, window):
 
 
 @pytest.mark.parametrize(
-    "early,with_qkv,ctrl,combine,idle",
+    "with_qkv,ctrl,combine,idle",
     [
-        (1, 0, 0, 0, 0),
-        (0, 1, 0, 0, 0),
-        (1, 1, 0, 0, 0),
-        (0, 0, 1, 0, 0),
-        (0, 1, 8, 0, 0),
-        (0, 0, 4, 1, 0),
-        (0, 1, 8, 1, 0),
-        (0, 0, 8, 0, 1),
-        (1, 0, 4, 1, 1),
+        (0, 0, 0, 0),
+        (1, 0, 0, 0),
+        (0, 1, 0, 0),
+        (1, 8, 0, 0),
+        (0, 4, 1, 0),
+        (1, 8, 1, 0),
+        (0, 8, 0, 1),
+        (0, 4, 1, 1),
     ],
     ids=[
-        "early",
+        "plain",
         "qkv",
-        "early-qkv",
         "ctrl1",
         "qkv-ctrl8",
         "ctrl4-combine",
         "qkv-ctrl8-combine",
         "idle-ctrl8",
-        "idle-early-ctrl4-combine",
+        "idle-ctrl4-combine",
     ],
 )
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_task_placement_reduced(small, contexts, early, with_qkv, ctrl, combine, idle):
-    """Tiling.norm_early (the add+norm tasks ahead of the MoE drains on their SMs, waiting there),
-    Tiling.attn_with_qkv (attention drains on the QKV / router SMs), Tiling.attn_idle_first (on the
+def test_task_placement_reduced(small, contexts, with_qkv, ctrl, combine, idle):
+    """Tiling.attn_with_qkv (attention drains on the QKV / router SMs), Tiling.attn_idle_first (on the
     SMs holding neither first), Tiling.ctrl_sms (ROUTE and ADD_NORM alone on the last SMs) and
     Tiling.combine_ctrl (a MoE layer's combines there too, static and warm): three steps in a row."""
     w, _ = small
     t = _engine_tiling(
         contexts,
-        norm_early=early,
         attn_with_qkv=with_qkv,
         attn_idle_first=idle,
         ctrl_sms=ctrl,
@@ -595,15 +591,6 @@ def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
     t = _engine_tiling(contexts, moe_up_cols=wide, moe_up_small=small_cols, moe_up_small_tiles=n_small)
     assert not t.moe_fused and t.moe_up_layout(CFG)[1] == n_small
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=31, steps=3)
-
-
-@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_dense_apart_reduced(small, contexts):
-    """Tiling.dense_apart: the dense layer's MLP tiles off its QKV SMs, its attention drains on them
-    first; three steps against the reference."""
-    w, _ = small
-    t = _engine_tiling(contexts, dense_apart=1)
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=43, steps=3)
 
 
 def test_long_context_split_cap_reduced(small):

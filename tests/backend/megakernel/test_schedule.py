@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import replace
 from itertools import pairwise
 
@@ -16,8 +16,6 @@ from mkcode.backend.megakernel.tiling import (
     TilingError,
     attention_splits,
     default_tiling,
-    split_bucket_position,
-    tiling_for_batch,
 )
 from mkcode.backend.model.config import north_mini_code_config
 from tests.backend.megakernel.cases import tiny_config
@@ -137,29 +135,6 @@ def test_split_policy_buckets_and_caps():
     assert all(x <= 4 for x in s8[False])  # short rows: few splits
     ragged = attention_splits(CFG, [10, 5000, 9000], t, 132)
     assert len(set(ragged[False])) == 1 and len(set(ragged[True])) == 1
-
-
-def test_sliding_layers_take_their_own_split_cap():
-    """Tiling.sliding_max_splits caps the sliding-window layers' splits only (full layers keep
-    max_splits), raises the workspace's split stride when it is the larger, and refuses < 0."""
-    t = tiling_for_batch(CFG, default_tiling(CFG), 8, split_bucket_position([8191] * 8, default_tiling(CFG)))
-    base = attention_splits(CFG, [8191] * 8, t, 132)
-    assert base == {False: [3] * 8, True: [3] * 8}
-    two = attention_splits(CFG, [8191] * 8, replace(t, sliding_max_splits=2), 132)
-    assert two == {False: [3] * 8, True: [2] * 8}
-    wide = replace(t, sliding_max_splits=4)  # the policy's one wave at 8K: 4 of a sliding layer's 64 pages
-    assert attention_splits(CFG, [8191] * 8, wide, 132)[True] == [4] * 8
-    assert replace(t, split_tokens=0, sliding_max_splits=5).most_splits() == 5  # the o_part stride
-    s = build_schedule(CFG, 8, [8191] * 8, 132, replace(t, sliding_max_splits=2))
-    n_attn = Counter(
-        int(d[abi.MK_F_LAYER]) for d in s.queue_desc if d[abi.MK_F_OP] == abi.MK_OP_ATTN
-    )  # host-queue items: (row, kv head, split)
-    assert {n_attn[layer] for layer in range(CFG.num_hidden_layers) if CFG.is_sliding(layer)} == {2 * 8 * 4}
-    assert {n_attn[layer] for layer in range(CFG.num_hidden_layers) if not CFG.is_sliding(layer)} == {
-        3 * 8 * 4
-    }
-    with pytest.raises(TilingError, match="sliding_max_splits"):
-        replace(t, sliding_max_splits=-1).validate(CFG)
 
 
 def test_bad_tilings_are_refused():
@@ -867,50 +842,6 @@ def test_whatif_norm_is_refused_outside_the_measurement():
         MegakernelBackend(
             CFG, None, tiling=replace(default_tiling(CFG), whatif_norm=1), native_module=object()
         )
-
-
-@pytest.mark.parametrize("batch", [1, 8])
-def test_dense_apart_keeps_the_dense_mlp_off_the_attention_sms(batch):
-    """Tiling.dense_apart at the release geometry: the dense layer's up and down tiles lie on SMs
-    without its QKV tiles, its attention drains on the QKV tiles' SMs first (dealt round-robin, the
-    MLP tiles wrap onto the QKV SMs); the MoE layers' tasks are the same."""
-    from mkcode.backend.megakernel.tiling import tiling_for_batch
-
-    cfg = north_mini_code_config()
-    base = tiling_for_batch(cfg, default_tiling(cfg), batch)
-    t = replace(base, dense_apart=1)
-    contexts = [8192 + 977 * b for b in range(batch)]
-    sched = build_schedule(cfg, batch, contexts, 132, t, attention_splits(cfg, contexts, t, 132))
-    ref = build_schedule(cfg, batch, contexts, 132, base, attention_splits(cfg, contexts, base, 132))
-
-    def placement(s):
-        sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
-
-        def on(op, kind=None):
-            return [
-                sm_of[i]
-                for i, d in enumerate(s.tasks)
-                if d[abi.MK_F_OP] == op
-                and d[abi.MK_F_LAYER] == 0
-                and (kind is None or d[abi.MK_F_A0] == kind)
-            ]
-
-        qkv = set(on(abi.MK_OP_QKV))
-        return (
-            qkv,
-            set(on(abi.MK_OP_DENSE_UP) + on(abi.MK_OP_DENSE_DOWN)),
-            on(abi.MK_OP_DRAIN, abi.MK_QUEUE_HOST),
-        )
-
-    qkv, mlp, drains = placement(sched)
-    assert mlp and not qkv & mlp and set(drains[: len(qkv)]) <= qkv
-    qkv0, mlp0, _ = placement(ref)
-    assert qkv0 & mlp0
-    # the MoE layers' tasks are dealt to the same SMs as without it
-    first = next(i for i, d in enumerate(sched.tasks) if d[abi.MK_F_LAYER] == 1)
-    assert first == next(i for i, d in enumerate(ref.tasks) if d[abi.MK_F_LAYER] == 1)
-    tail = [sm_lists_of(s, first) for s in (sched, ref)]
-    assert tail[0] == tail[1]
 
 
 def sm_lists_of(s, first: int) -> list[list[int]]:
