@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 20
+#define MK_ABI_VERSION 21
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -68,9 +68,8 @@ enum MkField {
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
-//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits, A4 = the combine counter
-//                            (Tiling.combine_inline: the split that completes its row's kv head
-//                            merges the splits and signals it) or MK_NO_COUNTER
+//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits (A4 = MK_NO_COUNTER,
+//                            unused since ABI 21)
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
@@ -271,13 +270,10 @@ enum MkLayerWeight {
   MK_LW_COUNT = 11,
 };
 
-// A MoE layer's tail queue (its combines and O-proj items, claimed through the MoE head) sits after
-// this many of the queue's down tiles; the schedule writes it as the tail queue's word 3
-// (Tiling.moe_tail_downs; Tiling.moe_tail_last writes MK_TAIL_ALL_DOWNS: after every down tile).
-// The kernel and the emulator take min(word 3, the layer's down tiles).
-#define MK_TAIL_ALL_DOWNS 1073741824
+// A MoE layer's tail queue (its combines and O-proj items, claimed through the MoE head) sits right
+// after the queue's up tiles (its word 3 is 0: ABI 21 removed the tail among the down tiles).
 // Word MK_MOE_HEAD (2) of a MoE layer's tail queue (ABI 16): how many head items the MoE queue has
-// before its up tiles (Tiling.attn_in_moe = 2: the layer's attention items), stored right before
+// before its up tiles (Tiling.attn_in_moe: the layer's attention items), stored right before
 // the tail's items in the host queue buffer; -1 (MK_NO_COUNTER, a tail queue has no counter of its
 // own) or 0: none.
 #define MK_MOE_HEAD 2

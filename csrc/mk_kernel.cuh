@@ -1667,38 +1667,6 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();
 }
 
-// The signal of an attention split with Tiling.combine_inline (A4 = its combine counter): thread 0
-// adds to the split's counter with acquire-release semantics, and the split that brings it to the
-// step's target (base + splits: exactly one, the atomic returns each value once) merges the splits
-// of its (row, kv head) at once, then signals the combine counter. The release publishes this
-// split's partials to whichever split comes last; the acquire makes the others' visible to this
-// block (thread 0, then the barrier, as for a wait). Out of line: run_task stays as it was.
-__device__ __noinline__ void attn_last_split(const Params& p, const int* d, Smem& s, int* flag, int* tl_n,
-                                             uint64_t t0, uint64_t t1) {
-  const int c = d[MK_F_SIG0];
-  if (threadIdx.x == 0) {
-    const uint64_t t2 = p.timeline ? globaltimer() : 0;
-    uint32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                 : "=r"(old)
-                 : "l"((uint32_t*)p.counters + c)
-                 : "memory");
-    *flag = old + 1u == ((const uint32_t*)p.base)[c] + (uint32_t)d[MK_F_A3];
-    tl_record(p, tl_n, MK_OP_ATTN, d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
-  }
-  __syncthreads();
-  if (!*flag) return;  // uniform
-  const uint64_t c0 = p.timeline ? globaltimer() : 0;
-  if (threadIdx.x == 0) tl_marks[0] = tl_marks[1] = 0;
-  attn_combine_at(p, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], d[MK_F_A3], s, false);
-  __syncthreads();  // every thread's writes are done
-  if (threadIdx.x == 0) {
-    const uint64_t c2 = p.timeline ? globaltimer() : 0;
-    signal_release((uint32_t*)p.counters + d[MK_F_A4], 1u);
-    tl_record(p, tl_n, MK_OP_ATTN_COMBINE, d[MK_F_LAYER], 1, c0, c0, c2);
-  }
-}
-
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows);
 
 // h(l)'s batch rows into shared memory unless this SM holds them (s_h_staged): a MoE drain between
@@ -1839,10 +1807,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       return false;
   }
   __syncthreads();  // every thread's writes are done
-  if (d[MK_F_OP] == MK_OP_ATTN && d[MK_F_A4] != MK_NO_COUNTER) {  // uniform (Tiling.combine_inline)
-    attn_last_split(q, d, s, flag, tl_n, t0, t1);
-    return true;
-  }
   if (threadIdx.x == 0) {
     const uint64_t t2 = p.timeline ? globaltimer() : 0;
     // release: the block's writes (ordered before thread 0 by the barrier above, and covered by
@@ -1891,11 +1855,10 @@ __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, cons
 // table row of its active expert (expert, tokens, slots) plus its index; n_act (the layer's active
 // experts) is read once per drain after ROUTE published.
 
-// The shape of a MoE queue: [0, n_up) up tiles, then the n_down down tiles with the n_tail tail items
-// after the first min(n_down, the tail queue's word 3) of them (schedule: Tiling.moe_tail_downs, or
-// MK_TAIL_ALL_DOWNS for Tiling.moe_tail_last). With head items (Tiling.attn_in_moe = 2, mk_abi.h
-// MK_MOE_HEAD) the queue's first s_moe_head claims are those, stored right before the tail's items,
-// and claim c >= s_moe_head is this shape's index c - s_moe_head.
+// The shape of a MoE queue: [0, n_up) up tiles, then the n_tail tail items, then the n_down down
+// tiles. With head items (Tiling.attn_in_moe, mk_abi.h MK_MOE_HEAD) the queue's first s_moe_head
+// claims are those, stored right before the tail's items, and claim c >= s_moe_head is this shape's
+// index c - s_moe_head.
 struct MoeQueue {
   int n_up, n_tail, n_down, tail_first, tail_at;
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
@@ -1903,7 +1866,7 @@ struct MoeQueue {
         n_tail(tq ? tq[1] : 0),
         n_down(n_act * p.moe_down_tiles * (p.moe_down_ready == 1 ? p.moe_up_tiles : 1)),
         tail_first(tq ? tq[0] : 0),
-        tail_at(n_up + (tq ? min(n_down, tq[3]) : 0)) {}
+        tail_at(n_up) {}
   __device__ bool in_tail(uint32_t idx) const {
     return idx >= (uint32_t)tail_at && idx < (uint32_t)(tail_at + n_tail);
   }

@@ -75,8 +75,8 @@ class Schedule:
     tasks: np.ndarray  # int32 [n_tasks, W], global order
     sm_lists: list[list[int]]  # task ids per SM, in order
     queue_desc: np.ndarray  # int32 [n_queue_desc, W]
-    # int32 [n_queues, 4]: first, length, head counter (MK_NO_COUNTER: the attention tail of a MoE
-    # layer, claimed through the layer's MoE queue head), then 0 (the tail: 1 = after the down tiles)
+    # int32 [n_queues, 4]: first, length, head counter (the attention tail of a MoE layer, claimed
+    # through the layer's MoE queue head: its head items, MK_MOE_HEAD, or MK_NO_COUNTER), then 0
     queue_info: np.ndarray
     counters: CounterSet
     n_lm_tiles: int
@@ -404,22 +404,18 @@ def build_schedule(
         for b in range(B):
             for h in range(Hkv):
                 s_n = rows_splits[b]
-                # A4: the combine counter when the last split combines (Tiling.combine_inline)
-                comb = comb_c[h] if tiling.combine_inline else abi.MK_NO_COUNTER
-                if tiling.combine_inline:
-                    cs.totals[comb_c[h]] += 1  # one combine per (row, kv head), by its last split
                 attn_items += [
                     make_desc(
                         abi.MK_OP_ATTN,
                         layer,
-                        (b, h, s, s_n, comb),
+                        (b, h, s, s_n, abi.MK_NO_COUNTER),
                         ((qkv_cs[h % qkv_heads], per_head),),
                         (att_c[b][h],),
                     )
                     for s in range(s_n)
                 ]
-        # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are the
-        # queue's head, before its up tiles (2; 3: claimed before ROUTE) (below); no attention drains
+        # Tiling.attn_in_moe: a MoE layer's attention items are its MoE queue's head, before its up
+        # tiles, claimed before ROUTE (below); no attention drains
         in_moe = bool(tiling.attn_in_moe) and not dense and not verify_rows
         n_drains = 0 if in_moe else min(len(attn_items), n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
@@ -460,7 +456,6 @@ def build_schedule(
             )
             for b in range(B)
             for h in range(Hkv)
-            if not tiling.combine_inline  # then the last attention split of each runs it
         ]
         n_comb = len(combines)
         if combine_ctrl:
@@ -478,10 +473,6 @@ def build_schedule(
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)
         ]
-        # each attention item waits on the QKV tiles (static tasks before every MoE drain), each tail
-        # item on items at lower queue indices, so no claim order deadlocks
-        if in_moe and tiling.attn_in_moe == 1:
-            tail = attn_items + tail
 
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part). With
         # Tiling.moe_local the tail is a host queue of its own, drained by every work SM without a
@@ -494,13 +485,14 @@ def build_schedule(
                 emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), ((router_c, n_router),)), sm)
         elif not dense:
             tail_q = len(qinfo)
-            # claimed through the MoE head; word 3: how many down tiles come before the tail
-            tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs
-            # Tiling.attn_in_moe = 2: the attention items as the MoE queue's head, right before the
-            # tail's items in the buffer, their count in the tail queue's word 2 (mk_abi.h MK_MOE_HEAD)
-            head = attn_items if in_moe and tiling.attn_in_moe >= 2 else []
+            # claimed through the MoE head, right after the up tiles. Tiling.attn_in_moe: the attention
+            # items as the MoE queue's head, right before the tail's items in the buffer, their count
+            # in the tail queue's word 2 (mk_abi.h MK_MOE_HEAD). Each attention item waits on the QKV
+            # tiles (static tasks before every MoE drain), each tail item on items at lower queue
+            # indices, so no claim order deadlocks
+            head = attn_items if in_moe else []
             first = enqueue(head + tail) + len(head)
-            qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, tail_after])
+            qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, 0])
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
             drain_h = wait_h[0] if inline else (norm[layer], B)

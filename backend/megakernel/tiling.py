@@ -42,12 +42,6 @@ class Tiling:
     split_tokens: int = 0
     split_cap: int = 0
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
-    moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
-    # the attention tail after this many of the layer's down tiles (0: right after the up tiles). At
-    # BS 8 the O-proj items claimed right after the ups waited ~12-25 us each for their combines
-    # (the attention ends ~30 us after the last up tile is claimed) while ready down tiles queued
-    # behind them
-    moe_tail_downs: int = 0
     claim_policy: int = abi.MK_CLAIM_EAGER  # when a drain claims its next item (MK_CLAIM_*, mk_abi.h)
     # a drain keeps a claim two ahead while more than this many items remain before the queue's far
     # end (0: the SM count; mk_abi.h MK_CLAIM_*)
@@ -75,11 +69,6 @@ class Tiling:
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
-    # 1: no combine tasks; the attention split of a (row, kv head) that signals last (its counter's
-    # atomic add returns the step's last value) merges the splits on its own SM at once. Queued
-    # combines were claimed ahead by SMs starting 45-us up tiles at BS 8, and the O-proj items
-    # claimed after them waited ~30 us on ~40 SMs per layer (2026-11-30, timeline)
-    combine_inline: int = 0
     # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
     # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
     # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
@@ -106,21 +95,15 @@ class Tiling:
     # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
     # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
     lm_queue: int = 0
-    # 1: a MoE layer's attention items are the first items of its MoE queue's attention tail
-    # (before the combines and O-proj tiles: after the up tiles, or after moe_tail_downs down tiles)
-    # and the layer has no attention drains. Every work SM then starts the layer on the up tiles
-    # once ROUTE is done and takes attention items when its up tile ends, instead of 96 SMs running
-    # the attention first and switching to the MoE queue ~50 us into a BS 8 layer (12.8 us per SM of
-    # claims, table reads and cold code, 2026-12-01). Dense layers keep their attention drains.
-    # 2: the attention items are the MoE queue's first items, before its up tiles (stored before
-    # the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD): the drains
-    # claim them once ROUTE is done, and an SM whose attention item ends claims its next item (an
-    # up tile) from the same queue, with no drain exit, no second wait on ROUTE and no expert-table
-    # copy. Measured 2026-12-02: the BS 8 switch 15.65 -> ~3 us median, but the attention starts after ROUTE
-    # and the step is +0.6-0.9 % at BS 8, +5 % at BS 1.
-    # 3: as 2, but the head items are claimed before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE: the queue
-    # head is reset by the EMBED of row 0, not by ROUTE), so the attention starts as soon as the QKV
-    # tiles end, as with attention drains; a drain waits for ROUTE at its first claim past the head.
+    # 3: a MoE layer's attention items are the MoE queue's first items, before its up tiles (stored
+    # before the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD), and the
+    # layer has no attention drains; the drains claim them before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE:
+    # the queue head is reset by the EMBED of row 0, not by ROUTE), so the attention starts as soon
+    # as the QKV tiles end, and an SM whose attention item ends claims its next item (an up tile)
+    # from the same queue, waiting for ROUTE at its first claim past the head: no drain exit, no
+    # switch (BS 8: 15.65 -> ~3 us median). Dense layers keep their attention drains. (1, the
+    # attention items leading the attention tail, +10 %, and 2, the head claimed after ROUTE,
+    # +0.6-0.9 % at BS 8 and +5 % at BS 1, were measured slower and removed; 2026-12-02.)
     attn_in_moe: int = 0
     # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
     # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
@@ -153,7 +136,7 @@ class Tiling:
             if not cond:
                 raise TilingError(f"tiling {self}: {what}")
 
-        need(self.attn_in_moe in (0, 1, 2, 3), "attn_in_moe must be 0, 1, 2 or 3")
+        need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1, 2), "moe_local must be 0, 1 or 2")
@@ -190,12 +173,6 @@ class Tiling:
             not self.split_tokens or self.split_cap >= self.max_splits,
             "split_cap (the workspace's split stride) must be >= max_splits when split_tokens is set",
         )
-        need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
-        need(0 <= self.moe_tail_downs < abi.MK_TAIL_ALL_DOWNS, "moe_tail_downs must be >= 0")
-        need(
-            not (self.moe_tail_last and self.moe_tail_downs),
-            "moe_tail_downs and moe_tail_last exclude each other",
-        )
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(self.attn_idle_first in (0, 1), "attn_idle_first must be 0 or 1")
         need(
@@ -224,11 +201,6 @@ class Tiling:
             )
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
-        need(self.combine_inline in (0, 1), "combine_inline must be 0 or 1")
-        need(
-            not (self.combine_inline and self.combine_ctrl),
-            "combine_inline and combine_ctrl exclude each other",
-        )
         need(
             self.claim_policy
             in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
@@ -330,8 +302,6 @@ class Tiling:
 SWITCH_FIELDS = frozenset(
     {
         "moe_local",
-        "moe_tail_last",
-        "moe_tail_downs",
         "claim_policy",
         "claim_window",
         "attn_with_qkv",
@@ -339,7 +309,6 @@ SWITCH_FIELDS = frozenset(
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
-        "combine_inline",
         "moe_up_small",
         "moe_up_small_tiles",
         "lm_queue",
@@ -563,7 +532,7 @@ SMALL_LM_ROWS = 256
 # KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
 SMALL_O_ROWS = 128
 # ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (2026-11-30, gpu_check BS 8
-# at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combine_inline 9.400, 8 splits 9.510,
+# at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combines by the last split 9.400, 8 splits 9.510,
 # 64 attention drains 9.794), then 9.242 / 9.228 vs 9.427 / 9.415, at position 256 7.941 vs 8.077
 # (call 20). Measured 2026-11-30 (eager claims, 256-column tiles): -1 to -1.5 %.
 WIDE_O_ROWS = 128

@@ -559,29 +559,6 @@ def test_task_placement_reduced(small, contexts, with_qkv, ctrl, combine, idle):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
 
 
-@pytest.mark.parametrize(
-    "tail_last,tail_downs", [(1, 0), (0, 4), (0, 40), (0, 100000)], ids=["last", "d4", "d40", "dall"]
-)
-def test_attention_tail_place_reduced(small, tail_last, tail_downs):
-    """Tiling.moe_tail_last / moe_tail_downs at BS 8 (separate up and down tiles): a MoE layer's
-    combines and O-proj items after all, some or more than all of its down tiles; three steps."""
-    w, _ = small
-    contexts = BS8_CONTEXTS
-    t = _engine_tiling(contexts, moe_tail_last=tail_last, moe_tail_downs=tail_downs)
-    assert not t.moe_fused
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=29, steps=3)
-
-
-@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_combine_by_the_last_split_reduced(small, contexts):
-    """Tiling.combine_inline on each batch size's tiling: no combine tasks, the attention split that
-    completes its (row, kv head) merges the splits (atom.acq_rel: exactly one split sees the last
-    value); three steps, so the counters' bases move between steps."""
-    w, _ = small
-    t = _engine_tiling(contexts, combine_inline=1, combine_ctrl=0)
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=37, steps=3)
-
-
 @pytest.mark.parametrize("wide,small_cols,n_small", [(64, 32, 2), (128, 64, 2), (64, 16, 4)])
 def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
     """Tiling.moe_up_small at BS 8 (separate up and down tiles): each expert's last columns in small
@@ -859,14 +836,13 @@ def test_moe_down_ready_reduced(small, contexts, mode):
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=53, steps=3)
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])
-def test_attention_in_the_moe_queue_reduced(small, contexts, mode):
-    """Tiling.attn_in_moe: the MoE layers' attention items in their MoE queues, in the tail (1) or
-    as the queue's head (2; 3: claimed before ROUTE, the heads reset by the EMBED of row 0; no
-    attention drains either way); three steps against the reference."""
+def test_attention_in_the_moe_queue_reduced(small, contexts):
+    """Tiling.attn_in_moe: the MoE layers' attention items as their MoE queues' heads, claimed
+    before ROUTE (the heads reset by the EMBED of row 0; no attention drains); three steps against
+    the reference."""
     w, _ = small
-    t = _engine_tiling(contexts, attn_in_moe=mode)
+    t = _engine_tiling(contexts, attn_in_moe=3)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=59, steps=3)
 
 
