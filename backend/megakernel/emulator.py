@@ -207,22 +207,20 @@ class Emulator:
         self.head_reset[head_c] = ev
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
-        """Claims as in the kernel: while more than W items (Tiling.claim_window; 0: n_sms) remain
-        between the next one and the queue's far end (a MoE queue: its last up tile, its end with
-        MK_CLAIM_EAGER_ALL), the claim after it is already in flight (an item claimed ahead waits
-        for the running one); beyond that a drain claims when it is free. With a lazy claim policy
-        (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the end (LAZY) or within W
-        items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its
+        """Claims as in the kernel (lazy, mk_abi.h): while more than n_sms items remain between the
+        next one and the queue's far end (a MoE queue: its last up tile), the claim after it is
+        already in flight (an item claimed ahead waits for the running one); beyond that an item
+        has no claim after it until it ran, so a drain claims when it is free. It stops at its
         first claim past the end and a host queue's drain then claims once more, so it over-claims
         exactly twice (the totals count it). A MoE queue's items: the head (the attention items with
         Tiling.attn_in_moe, before the tail's in the buffer; the tail queue's word 2), the up tiles,
-        then the layer's attention tail (host items of queue A3), then the down tiles; with Tiling.moe_fused the up tiles are fused
-        items (up tile + down slice) and there are no down tiles."""
+        then the layer's attention tail (host items of queue A3), then the down tiles; with
+        Tiling.moe_fused the up tiles are fused items (up tile + down slice) and there are no down
+        tiles."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
-        t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
             first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
-            far_end = end = length
+            far_end = length
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
@@ -237,19 +235,17 @@ class Emulator:
                 n_up = len(table) * self.up_tiles
                 n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
                 tail_at = h_len + n_up  # the tail right after the up tiles
-                end = h_len + n_tiles + t_len
-                # (the kernel's s_far: the up tiles' count, the head not counted, as without a head)
-                far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
-                return table, n_up, n_tiles, tail_at, end, far_end
+                # far end: the kernel's s_far, the up tiles' count (the head not counted)
+                return table, n_up, n_tiles, tail_at, n_up
 
             # Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): the head is claimed before ROUTE, whose
             # wait (its pair in the slot words) comes at the first claim past it; until then the
             # claims are lazy (far end 0) and the queue's end unknown
             late = int(d[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
             if late:
-                table, n_up, n_tiles, tail_at, end, far_end = None, 0, 0, 0, _U32, 0
+                table, n_up, n_tiles, tail_at, far_end = None, 0, 0, 0, 0
             else:
-                table, n_up, n_tiles, tail_at, end, far_end = shape()
+                table, n_up, n_tiles, tail_at, far_end = shape()
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -262,7 +258,7 @@ class Emulator:
                 raise HazardError(f"SM {sm} claims from {self._cname(head_c)} before its reset this step")
             return raw
 
-        window = t.claim_window or self.sched.n_sms  # the kernel's claim window
+        window = self.sched.n_sms  # the kernel's claim window
         nxt = claim()
         far = nxt + window < far_end
         ahead = claim() if far else None
@@ -282,16 +278,13 @@ class Emulator:
                     if not _reached(self.vals[rc], target):
                         yield _Wait(rc, target)
                     self.past[sm] |= self.release[rc]  # acquire
-                    table, n_up, n_tiles, tail_at, end, far_end = shape()
+                    table, n_up, n_tiles, tail_at, far_end = shape()
                 item = yield from self._moe_queue_item(
                     sm, table, arg, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len
                 )
                 if item is None:
                     return
-            lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + window >= far_end) or (
-                t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + window >= end
-            )
-            if lazy:  # `far` is False here: nothing is in flight
+            if idx + window >= far_end:  # lazy  # `far` is False here: nothing is in flight
                 yield None
                 yield from self._run_task(sm, item)
                 nxt = claim()

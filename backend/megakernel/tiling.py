@@ -42,10 +42,6 @@ class Tiling:
     split_tokens: int = 0
     split_cap: int = 0
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
-    claim_policy: int = abi.MK_CLAIM_EAGER  # when a drain claims its next item (MK_CLAIM_*, mk_abi.h)
-    # a drain keeps a claim two ahead while more than this many items remain before the queue's far
-    # end (0: the SM count; mk_abi.h MK_CLAIM_*)
-    claim_window: int = 0
     # 1: a layer's attention drains go to the SMs that hold its QKV and router tiles (busy until the
     # attention can start anyway; at most one drain each), so every other SM starts the layer with
     # its MoE drain and takes MoE up tiles as soon as the routing is known (round-robin dealing put
@@ -154,7 +150,6 @@ class Tiling:
             self.moe_down_ready != 1 or self.norm_inline,
             "moe_down_ready=1 needs norm_inline (the K-split downs add into x)",
         )
-        need(self.claim_window >= 0, "claim_window must be >= 0 (0: the SM count)")
 
         H, d = cfg.hidden_size, cfg.head_dim
         need(self.qkv_rows % 2 == 0, "qkv_rows must be even (RoPE pairs)")
@@ -201,11 +196,6 @@ class Tiling:
             )
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
-        need(
-            self.claim_policy
-            in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
-            "claim_policy must be one of MK_CLAIM_*",
-        )
         rows = {
             "qkv_rows": self.qkv_rows,
             "o_rows": self.o_rows,
@@ -302,8 +292,6 @@ class Tiling:
 SWITCH_FIELDS = frozenset(
     {
         "moe_local",
-        "claim_policy",
-        "claim_window",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",
@@ -393,14 +381,13 @@ def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
     return base
 
 
-# Claims (MK_CLAIM_*): lazy at every batch size. Measured on the H200 at 8K in one call (2026-11-29,
-# Measured 2026-11-29, gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
+# Claims: lazy at every batch size (the kernel's only policy since ABI 21, mk_abi.h; the others and
+# the claim window were removed). Measured on the H200 at 8K in one call (2026-11-29,
+# gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
 # BS 8 11.87 / 11.89 lazy, 11.72 lazy at the ends, 11.55 eager (BS 8 had several waves of up tiles,
 # and an eager claim's latency hid behind the running item). Measured 2026-11-30 (gpu_check, same call): with
 # the 384-column up tiles BS 8 lazy 9.532 / 9.522 ms, lazy at the end 9.838, eager (the 8x tiles)
 # 9.785; a 3-MB up tile claimed ahead holds its successor for ~40 us, while SMs that are free wait.
-SMALL_CLAIM_POLICY = abi.MK_CLAIM_LAZY
-WIDE_CLAIM_POLICY = abi.MK_CLAIM_LAZY
 
 # Attention splits per (row, kv head) at most below WIDE_MOE_FROM_BATCH rows (only BS 1 reaches the
 # default 32 at 8K): fewer, longer attention items leave more SMs to the MoE up tiles of the layer.
@@ -574,14 +561,14 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
 
 def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
-    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
+    SMALL_MOE_SCALES the config allows, at most SMALL_MAX_SPLITS attention splits (one
     per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP and `base`'s
     max_splits) with
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles (and SINGLE_QKV_ROWS-row QKV
     tiles at one row);
-    from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), WIDE_O_ROWS-row O-proj
+    from there on the widest of WIDE_MOE_SCALES, WIDE_O_ROWS-row O-proj
     tiles, at most WIDE_MAX_SPLITS attention splits (more at long contexts: WIDE_SPLIT_TOKENS) with
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
     WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
@@ -593,7 +580,7 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
+        t = replace(t, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
         long = (
             batch >= WIDE_LONG_FROM_BATCH and position is not None and position >= WIDE_PHASED_BELOW_POSITION
         )
@@ -618,7 +605,6 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
         )
     t = replace(
         t,
-        claim_policy=SMALL_CLAIM_POLICY,
         max_splits=min(t.max_splits, SMALL_MAX_SPLITS),
         split_tokens=SMALL_SPLIT_TOKENS,
         split_cap=min(t.max_splits, SMALL_SPLIT_CAP),

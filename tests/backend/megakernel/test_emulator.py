@@ -24,7 +24,7 @@ from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_t
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
-from tests.backend.megakernel.cases import CLAIM_CASES, clone_batch, make_case, reference_step, tiny_config
+from tests.backend.megakernel.cases import clone_batch, make_case, reference_step, tiny_config
 
 CFG = tiny_config()
 # small tiles so that every matrix becomes several tasks; lm_rows leaves a partial last tile
@@ -342,19 +342,20 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     assert np.all(bank.base[sched.counters.n_dynamic :] != 123) or True
 
 
-@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
+@pytest.mark.parametrize("n_sms", [N_SMS, 3])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
-def test_claim_policies(weights, strategy, policy, window, fused):
-    """Every claim policy (Tiling.claim_policy, claim_window) gives the reference step under every
-    interleaving, and two steps in a row on one bank (a drain's claims still total items + 2 per
-    host drain), with separate MoE up/down tiles and with fused MoE items (whose sums each step's
-    ROUTE zeroes again)."""
+def test_claims(weights, strategy, n_sms, fused):
+    """The lazy claims (two ahead while more than n_sms items remain before the queue's far end:
+    with 3 SMs most items are claimed ahead) give the reference step under every interleaving, and
+    two steps in a row on one bank (a drain's claims still total items + 2 per host drain), with
+    separate MoE up/down tiles and with fused MoE items (whose sums each step's ROUTE zeroes
+    again)."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    tiling = replace(TILING, claim_policy=policy, claim_window=window, moe_fused=fused)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    tiling = replace(TILING, moe_fused=fused)
+    sched = build_schedule(CFG, 3, contexts, n_sms, tiling)
     case = make_case(CFG, contexts, seed=5)
     ref_batch = clone_batch(case.batch)
     ws = Workspace.allocate(CFG, tiling, "cpu")
@@ -387,7 +388,6 @@ def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fu
         TILING,
         attn_with_qkv=with_qkv,
         ctrl_sms=ctrl,
-        claim_policy=abi.MK_CLAIM_LAZY,
         moe_fused=fused,
         combine_ctrl=combine,
     )
@@ -487,25 +487,18 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
     {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default before 2026-11-30
-    {"moe_up_cols": 384, "moe_down_rows": 512, "claim_policy": abi.MK_CLAIM_LAZY},  # since 2026-11-30
+    {"moe_up_cols": 384, "moe_down_rows": 512},  # since 2026-11-30
     {"max_splits": 8},
     {"qkv_rows": 128, "o_rows": 128},
-    {"claim_policy": abi.MK_CLAIM_EAGER},  # gpu_run.sh's default VARIANTS time both claim policies
-    {"claim_policy": abi.MK_CLAIM_LAZY},
-    {"claim_policy": abi.MK_CLAIM_EAGER_ALL},  # claims two ahead into the tail and the down tiles
-    {"claim_window": 16},
-    {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
-    {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
     {"attn_idle_first": 1, "max_splits": 12},  # attention drains on idle SMs first (BS 1 candidate)
-    {"attn_with_qkv": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},
     {"moe_fused": 1},  # up tile + down slice per item, atomic sums (the 2026-11-29 fused items)
-    {"moe_fused": 1, "moe_up_cols": 128, "claim_policy": abi.MK_CLAIM_LAZY, "ctrl_sms": 1},
+    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 1},
     {"moe_fused": 1, "moe_up_cols": 256, "ctrl_sms": 8, "attn_with_qkv": 1},  # the BS 8 engine's tiles
     # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
-    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1},
     {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
     # two up-tile sizes at the BS 8 engine's tiles (2026-11-30): wide tiles first, small ones last
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},

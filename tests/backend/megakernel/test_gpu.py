@@ -20,7 +20,6 @@ from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 from tests.backend.megakernel.cases import (
-    CLAIM_CASES,
     Fp32Weights,
     clone_batch,
     fill_lm_tiles,
@@ -507,17 +506,6 @@ def test_consecutive_steps_reduced(small):
     """Steps in a row on one counter bank (bases advance, counters never reset) stay exact."""
     w, be = small
     _consecutive_steps(w, be, [62, 190, 255], seed=9, steps=4)
-
-
-@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
-@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_claim_policies_reduced(small, contexts, policy, window):
-    """Every claim policy at BS 1 and 8 (the engine uses lazy at small and eager at large batches):
-    three steps in a row on one backend, so a claim count that broke a queue head's per-step total
-    would stall the next step."""
-    w, _ = small
-    t = _engine_tiling(contexts, claim_policy=policy, claim_window=window)
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=11, steps=3)
 
 
 @pytest.mark.parametrize(

@@ -609,14 +609,12 @@ def test_moe_tiles_widen_with_the_batch():
         assert (t.attn_in_moe, t.qkv_by_head) == ((WIDE_ATTN_IN_MOE, WIDE_QKV_BY_HEAD) if head_q else (0, 0))
         return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0, attn_in_moe=0, qkv_by_head=0)
 
-    lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
     base = default_tiling(cfg)
-    assert base.claim_policy == eager
     for b in (1, WIDE_MOE_FROM_BATCH - 1):
         small = tiling_for_batch(cfg, base, b)
         assert (small.moe_up_cols, small.moe_down_rows) == (128, 256)  # release geometry: 768 / 128 = 6 tiles
-        assert small.claim_policy == lazy and small.moe_fused == int(b < SMALL_FUSED_BELOW)
+        assert small.moe_fused == int(b < SMALL_FUSED_BELOW)
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
         assert (small.split_tokens, small.split_cap) == (
             SMALL_SPLIT_TOKENS,
@@ -627,7 +625,6 @@ def test_moe_tiles_widen_with_the_batch():
                 placement(small, b),
                 moe_up_cols=base.moe_up_cols,
                 moe_down_rows=base.moe_down_rows,
-                claim_policy=eager,
                 max_splits=base.max_splits,
                 split_tokens=0,
                 split_cap=0,
@@ -641,7 +638,6 @@ def test_moe_tiles_widen_with_the_batch():
     other = north_mini_code_config(4, intermediate_size=160)
     assert placement(tiling_for_batch(other, default_tiling(other), 1), 1) == replace(
         default_tiling(other),
-        claim_policy=lazy,
         max_splits=SMALL_MAX_SPLITS,
         split_tokens=SMALL_SPLIT_TOKENS,
         split_cap=min(default_tiling(other).max_splits, SMALL_SPLIT_CAP),
@@ -649,7 +645,7 @@ def test_moe_tiles_widen_with_the_batch():
     wide = tiling_for_batch(cfg, base, 8)
     # 384-column up tiles (768 weight rows: two per expert), 1024-row down tiles from
     # WIDE_BIG_DOWN_FROM_BATCH rows (512 below), one up size (768 - 4 x 128 leaves no whole
-    # 384-column tile), lazy claims
+    # 384-column tile)
     assert WIDE_BIG_DOWN_FROM_BATCH == 8
     assert (wide.moe_up_cols, wide.moe_down_rows) == (12 * base.moe_up_cols, 8 * base.moe_down_rows)
     four = tiling_for_batch(cfg, base, 4)
@@ -660,7 +656,7 @@ def test_moe_tiles_widen_with_the_batch():
     # the attention as the MoE queue's head, claimed before ROUTE, from WIDE_ATTN_IN_MOE_FROM_BATCH rows
     assert (four.attn_in_moe, wide.attn_in_moe) == (0, WIDE_ATTN_IN_MOE)
     assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
-    assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0) and wide.claim_policy == lazy
+    assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0)
     assert wide.o_rows == 128  # WIDE_O_ROWS
     wide = placement(wide, 8, wide=True)
     assert (
@@ -668,7 +664,6 @@ def test_moe_tiles_widen_with_the_batch():
             wide,
             moe_up_cols=base.moe_up_cols,
             moe_down_rows=base.moe_down_rows,
-            claim_policy=eager,
             o_rows=base.o_rows,
         )
         == base
@@ -692,7 +687,6 @@ def test_moe_tiles_widen_with_the_batch():
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == replace(
         default_tiling(odd),
-        claim_policy=lazy,
         o_rows=128,
         moe_down_rows=2 * default_tiling(odd).moe_down_rows,
     )
