@@ -68,9 +68,8 @@ enum MkField {
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
-//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits, A4 = the combine counter
-//                            (Tiling.combine_inline: the split that completes its row's kv head
-//                            merges the splits and signals it) or MK_NO_COUNTER
+//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits (A4 = MK_NO_COUNTER,
+//                            unused since ABI 21)
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
@@ -158,7 +157,7 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(claim_policy) X(claim_window) X(moe_fused) \
+  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) \
   X(moe_up_big) X(moe_up_small) X(norm_inline) X(moe_down_ready)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
@@ -201,20 +200,13 @@ enum MkError {
 // for ROUTE.
 #define MK_MODE_TOKEN_ROWS 128
 
-// claim_policy (a kernel parameter, Tiling.claim_policy): when a DRAIN claims its next queue item.
-// EAGER: before running the current one (its words land meanwhile), two ahead while more than W
-// items remain before the queue's far end (a host queue's end; a MoE queue's last up tile), W =
-// claim_window (a kernel parameter, Tiling.claim_window; 0: n_sms). A claim that is not two ahead
-// is a round trip the block waits for before the item runs (~2.5 us between BS 8 down tiles,
-// timeline). LAZY_END: within W items of the end, only after the current one ran, so that an idle
-// SM can take it meanwhile (an item claimed ahead is held by a busy SM: at BS 1 a third of a
-// layer's down tiles waited ~12 us for the SM that held them). LAZY: every claim that is not two
-// ahead is made after the current item ran. EAGER_ALL: EAGER with a MoE queue's far end at its end
-// (claims two ahead into the attention tail and the down tiles too).
-#define MK_CLAIM_EAGER 0
-#define MK_CLAIM_LAZY_END 1
-#define MK_CLAIM_LAZY 2
-#define MK_CLAIM_EAGER_ALL 3
+// Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
+// runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE
+// queue's last up tile); beyond that it claims its next item only after the current one ran, so
+// that an idle SM can take it meanwhile (an item claimed ahead is held by a busy SM: at BS 1 a
+// third of a layer's down tiles waited ~12 us for the SM that held them). ABI 21 removed the other
+// policies (eager, lazy at the end only, eager to the queue's end) and the claim window, measured
+// equal or slower (docs/PERF.md).
 
 // Timeline records (when `timeline` is set): word 0 = opcode | layer << 8 | queue-item flag << 16,
 // words 1-6 = %globaltimer (ns) at the task's start, after its waits, when its GEMV began (the
@@ -262,13 +254,10 @@ enum MkLayerWeight {
   MK_LW_COUNT = 11,
 };
 
-// A MoE layer's tail queue (its combines and O-proj items, claimed through the MoE head) sits after
-// this many of the queue's down tiles; the schedule writes it as the tail queue's word 3
-// (Tiling.moe_tail_downs; Tiling.moe_tail_last writes MK_TAIL_ALL_DOWNS: after every down tile).
-// The kernel and the emulator take min(word 3, the layer's down tiles).
-#define MK_TAIL_ALL_DOWNS 1073741824
+// A MoE layer's tail queue (its combines and O-proj items, claimed through the MoE head) sits right
+// after the queue's up tiles (its word 3 is 0: ABI 21 removed the tail among the down tiles).
 // Word MK_MOE_HEAD (2) of a MoE layer's tail queue (ABI 16): how many head items the MoE queue has
-// before its up tiles (Tiling.attn_in_moe = 2: the layer's attention items), stored right before
+// before its up tiles (Tiling.attn_in_moe: the layer's attention items), stored right before
 // the tail's items in the host queue buffer; -1 (MK_NO_COUNTER, a tail queue has no counter of its
 // own) or 0: none.
 #define MK_MOE_HEAD 2

@@ -1645,38 +1645,6 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();
 }
 
-// The signal of an attention split with Tiling.combine_inline (A4 = its combine counter): thread 0
-// adds to the split's counter with acquire-release semantics, and the split that brings it to the
-// step's target (base + splits: exactly one, the atomic returns each value once) merges the splits
-// of its (row, kv head) at once, then signals the combine counter. The release publishes this
-// split's partials to whichever split comes last; the acquire makes the others' visible to this
-// block (thread 0, then the barrier, as for a wait). Out of line: run_task stays as it was.
-__device__ __noinline__ void attn_last_split(const Params& p, const int* d, Smem& s, int* flag, int* tl_n,
-                                             uint64_t t0, uint64_t t1) {
-  const int c = d[MK_F_SIG0];
-  if (threadIdx.x == 0) {
-    const uint64_t t2 = p.timeline ? globaltimer() : 0;
-    uint32_t old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                 : "=r"(old)
-                 : "l"((uint32_t*)p.counters + c)
-                 : "memory");
-    *flag = old + 1u == ((const uint32_t*)p.base)[c] + (uint32_t)d[MK_F_A3];
-    tl_record(p, tl_n, MK_OP_ATTN, d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
-  }
-  __syncthreads();
-  if (!*flag) return;  // uniform
-  const uint64_t c0 = p.timeline ? globaltimer() : 0;
-  if (threadIdx.x == 0) tl_marks[0] = tl_marks[1] = 0;
-  attn_combine_at(p, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], d[MK_F_A3], s, false);
-  __syncthreads();  // every thread's writes are done
-  if (threadIdx.x == 0) {
-    const uint64_t c2 = p.timeline ? globaltimer() : 0;
-    signal_release((uint32_t*)p.counters + d[MK_F_A4], 1u);
-    tl_record(p, tl_n, MK_OP_ATTN_COMBINE, d[MK_F_LAYER], 1, c0, c0, c2);
-  }
-}
-
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows);
 
 // h(l)'s batch rows into shared memory unless this SM holds them (s_h_staged): a MoE drain between
@@ -1808,10 +1776,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       return false;
   }
   __syncthreads();  // every thread's writes are done
-  if (d[MK_F_OP] == MK_OP_ATTN && d[MK_F_A4] != MK_NO_COUNTER) {  // uniform (Tiling.combine_inline)
-    attn_last_split(q, d, s, flag, tl_n, t0, t1);
-    return true;
-  }
   if (threadIdx.x == 0) {
     const uint64_t t2 = p.timeline ? globaltimer() : 0;
     // release: the block's writes (ordered before thread 0 by the barrier above, and covered by
@@ -1860,11 +1824,10 @@ __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, cons
 // table row of its active expert (expert, tokens, slots) plus its index; n_act (the layer's active
 // experts) is read once per drain after ROUTE published.
 
-// The shape of a MoE queue: [0, n_up) up tiles, then the n_down down tiles with the n_tail tail items
-// after the first min(n_down, the tail queue's word 3) of them (schedule: Tiling.moe_tail_downs, or
-// MK_TAIL_ALL_DOWNS for Tiling.moe_tail_last). With head items (Tiling.attn_in_moe = 2, mk_abi.h
-// MK_MOE_HEAD) the queue's first s_moe_head claims are those, stored right before the tail's items,
-// and claim c >= s_moe_head is this shape's index c - s_moe_head.
+// The shape of a MoE queue: [0, n_up) up tiles, then the n_tail tail items, then the n_down down
+// tiles. With head items (Tiling.attn_in_moe, mk_abi.h MK_MOE_HEAD) the queue's first s_moe_head
+// claims are those, stored right before the tail's items, and claim c >= s_moe_head is this shape's
+// index c - s_moe_head.
 struct MoeQueue {
   int n_up, n_tail, n_down, tail_first, tail_at;
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
@@ -1872,7 +1835,7 @@ struct MoeQueue {
         n_tail(tq ? tq[1] : 0),
         n_down(n_act * p.moe_down_tiles * (p.moe_down_ready == 1 ? p.moe_up_tiles : 1)),
         tail_first(tq ? tq[0] : 0),
-        tail_at(n_up + (tq ? min(n_down, tq[3]) : 0)) {}
+        tail_at(n_up) {}
   __device__ bool in_tail(uint32_t idx) const {
     return idx >= (uint32_t)tail_at && idx < (uint32_t)(tail_at + n_tail);
   }
@@ -2021,11 +1984,11 @@ __device__ __noinline__ void resolve_ready_down(const Params& p, int l, int m, i
 // Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): a MoE drain that claimed its layer's head items
 // without waiting for ROUTE has claimed past them. Wait for ROUTE (its pair in the descriptor's
 // words MK_F_SLOT0, MK_F_SLOT0 + 1), then set up what a drain that waited for it at its start has:
-// the active experts, the queue's end and far index, the first expert-table rows in shared memory
+// the active experts, the queue's far index, the first expert-table rows in shared memory
 // (cp.async: they land during the staging), and h(l)'s rows staged (the head items may have
 // overwritten them). All the block's threads; false (uniform) when the step was abandoned.
 __device__ __noinline__ bool drain_late_route(const Params& p, const int* d, const int* qi, Smem& s, int* rows,
-                                              int* etab, int* nact, uint32_t* end, uint32_t* far_end, int* flag) {
+                                              int* etab, int* nact, uint32_t* far_end, int* flag) {
   const int l = d[MK_F_A1];
   if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_SLOT0], d[MK_F_SLOT0 + 1], d[MK_F_ID]);
   __syncthreads();
@@ -2038,8 +2001,7 @@ __device__ __noinline__ bool drain_late_route(const Params& p, const int* d, con
     const int n = ld_cg(View(p).moe_info(l));
     const MoeQueue q(p, n, qi);
     *nact = n;
-    *end = (uint32_t)s_moe_head + q.end();
-    *far_end = p.claim_policy == MK_CLAIM_EAGER_ALL ? *end : (uint32_t)q.n_up;
+    *far_end = (uint32_t)q.n_up;
   }
   if (s_h_staged != l) {  // uniform: written by thread 0 before barriers
     rows_identity(rows, p.batch);
@@ -2075,7 +2037,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   __shared__ int s_pend;        // 1: that claim is still in flight (thread 0's claim_far), see below
   __shared__ int s_nact;        // a MoE DRAIN's active experts
   __shared__ uint32_t s_far;    // a DRAIN claims ahead while n_sms items remain before this index
-  __shared__ uint32_t s_end;    // the DRAIN's queue end (claim_policy)
   __shared__ __align__(16) int s_raw[MK_DESC_WORDS];  // the next DRAIN item's words (drain_fetch)
   __shared__ __align__(16) int s_etab[ETAB_WORDS];     // a MoE DRAIN's first expert-table rows
   __shared__ int s_tl_n;      // timeline records written by this block
@@ -2155,7 +2116,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
                          (kind == MK_QUEUE_HOST ? qi[2] : p.dyn_base + arg * (p.num_experts + 1));
     const uint32_t head_base = kind == MK_QUEUE_HOST ? ((const uint32_t*)p.base)[qi[2]] : 0u;
     // While item i runs, item i+1's words are on their way into shared memory (drain_fetch) and,
-    // while more than `window` items remain before s_far (the queue's end; a MoE queue's last up tile),
+    // while more than `window` (n_sms) items remain before s_far (a host queue's end; a MoE queue's last up tile),
     // the claim of item i+2 is in flight. Beyond that a drain claims its next item only when it is
     // free: an item claimed ahead waits for the running one even when other SMs sit idle (one wave
     // of attention items at BS 1 ran as half a wave of pairs), and a MoE tail or down item claimed
@@ -2164,7 +2125,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // items + 2 per drain).
     uint32_t claim_far = 0;  // thread 0: the claim in flight (valid when far)
     bool far = false;
-    const uint32_t window = p.claim_window > 0 ? (uint32_t)p.claim_window : (uint32_t)p.n_sms;
+    const uint32_t window = (uint32_t)p.n_sms;
     // Tiling.attn_in_moe = 3: the head items are claimed before ROUTE; drain_late_route sets up the
     // MoE part at the first claim past them (until then the queue's end is unknown: s_nact < 0)
     const bool late = kind == MK_QUEUE_MOE && s_desc[MK_F_A4] == MK_DRAIN_LATE_ROUTE;
@@ -2178,15 +2139,12 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       s_moe_head = kind == MK_QUEUE_HOST || qi == nullptr ? 0 : max(0, qi[MK_MOE_HEAD]);
       if (late) {  // lazy claims over the head, like an attention drain's
         s_nact = -1;
-        s_end = 0xFFFFFFFFu;
         s_far = 0;
       } else {
         // (drain_late_route sets the same words for a late-route drain; folding both into one helper
         // changed 167 opcodes of this kernel's own code and its spills, 2026-12-02)
         s_nact = kind == MK_QUEUE_HOST ? 0 : ld_cg(View(p).moe_info(arg));  // ROUTE published it (we waited)
-        s_end = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : s_moe_head + MoeQueue(p, s_nact, qi).end();
-        s_far = kind == MK_QUEUE_HOST || p.claim_policy == MK_CLAIM_EAGER_ALL ? s_end
-                                                                             : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
+        s_far = kind == MK_QUEUE_HOST ? (uint32_t)qi[1] : (uint32_t)MoeQueue(p, s_nact, qi).n_up;
       }
       s_claim = c0;
       far = c0 + window < s_far;
@@ -2198,7 +2156,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     // (false: the step was abandoned, no copy left in flight)
     auto fetch = [&]() -> bool {
       if (s_nact < 0 && s_claim >= (uint32_t)s_moe_head &&
-          !drain_late_route(s_params, s_desc, qi, s, s_rows, s_etab, &s_nact, &s_end, &s_far, &s_flag)) {
+          !drain_late_route(s_params, s_desc, qi, s, s_rows, s_etab, &s_nact, &s_far, &s_flag)) {
         cp_async_wait_all();
         return false;
       }
@@ -2225,12 +2183,10 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
         resolve_ready_down(s_params, arg, v - 1, s_nact, s_etab, s_item);
         __syncthreads();  // its words are in s_item; everyone has read s_flag
       }
-      // Lazy claims (claim_policy, see MK_CLAIM_*): the next item is claimed only after this one
-      // ran. Uniform across the block (thread 0's `far` is not): `far` for this item was
-      // idx + window < s_far, and s_far <= s_end, so a lazy item never has a claim in flight.
-      const uint32_t ahead_n = idx + window;
-      const bool lazy = (p.claim_policy == MK_CLAIM_LAZY && ahead_n >= s_far) ||
-                        (p.claim_policy == MK_CLAIM_LAZY_END && ahead_n >= s_end);
+      // Lazy claims (mk_abi.h): within `window` items of s_far the next item is claimed only after
+      // this one ran. Uniform across the block (thread 0's `far` is not): `far` for this item was
+      // idx + window < s_far, so a lazy item never has a claim in flight.
+      const bool lazy = idx + window >= s_far;
       if (!lazy) {
         if (threadIdx.x == 0) {
           if (far) {  // the next item's claim has been in flight since the last item

@@ -350,8 +350,6 @@ class MegakernelBackend:
             "timeout_ms": max(1, int(self.timeout_s * 500)),
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
-            "claim_policy": t.claim_policy,
-            "claim_window": t.claim_window,
             "moe_fused": t.moe_fused,
             "moe_up_big": t.moe_up_layout(cfg)[0],
             "moe_up_small": t.moe_up_small,

@@ -30,7 +30,7 @@ import numpy as np
 
 from mkcode.backend.megakernel import abi
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item, ready_down_item
-from mkcode.backend.megakernel.schedule import Schedule, expert_counter, make_desc, moe_head_counter
+from mkcode.backend.megakernel.schedule import Schedule, expert_counter, moe_head_counter
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import ModelConfig
 from mkcode.backend.model.weights import ModelWeights
@@ -179,18 +179,6 @@ class Emulator:
                 self._signal(c, amount, past)
         if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and self.sched.tiling.moe_down_ready:
             self._publish_end(sm, d, past)
-        if int(d[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(d[abi.MK_F_A4]) != abi.MK_NO_COUNTER:
-            # Tiling.combine_inline: the split whose signal completed the (row, kv head) merges them
-            # (the kernel's atomic returns the last value to exactly one split; nothing ran between)
-            c = int(d[abi.MK_F_SIG0])
-            if (self.vals[c] - self.base[c]) & _U32 == int(d[abi.MK_F_A3]):
-                self.past[sm] |= self.release[c]  # the kernel's atom.acq_rel
-                b, h, splits = (int(d[abi.MK_F_A0 + i]) for i in (0, 1, 3))
-                comb = make_desc(
-                    abi.MK_OP_ATTN_COMBINE, int(d[abi.MK_F_LAYER]), (b, h, splits), (), (int(d[abi.MK_F_A4]),)
-                )
-                comb[abi.MK_F_ID] = int(d[abi.MK_F_ID])
-                yield from self._run_task(sm, comb)
         yield None
 
     def _publish_end(self, sm: int, d, past: int) -> None:
@@ -219,30 +207,25 @@ class Emulator:
         self.head_reset[head_c] = ev
 
     def _drain(self, sm: int, d) -> Generator[_Wait | None, None, None]:
-        """Claims as in the kernel: while more than W items (Tiling.claim_window; 0: n_sms) remain
-        between the next one and the queue's far end (a MoE queue: its last up tile, its end with
-        MK_CLAIM_EAGER_ALL), the claim after it is already in flight (an item claimed ahead waits
-        for the running one); beyond that a drain claims when it is free. With a lazy claim policy
-        (Tiling.claim_policy, MK_CLAIM_*) an item that is not far from the end (LAZY) or within W
-        items of the queue's end (LAZY_END) has no claim after it until it ran. It stops at its
+        """Claims as in the kernel (lazy, mk_abi.h): while more than n_sms items remain between the
+        next one and the queue's far end (a MoE queue: its last up tile), the claim after it is
+        already in flight (an item claimed ahead waits for the running one); beyond that an item
+        has no claim after it until it ran, so a drain claims when it is free. It stops at its
         first claim past the end and a host queue's drain then claims once more, so it over-claims
         exactly twice (the totals count it). A MoE queue's items: the head (the attention items with
-        Tiling.attn_in_moe = 2, before the tail's in the buffer; the tail queue's word 2), the up tiles,
-        then the layer's attention tail (host items of queue A3), then the down tiles (or the tail
-        last, when the tail queue's word 3 says so); with Tiling.moe_fused the up tiles are fused
-        items (up tile + down slice) and there are no down tiles."""
+        Tiling.attn_in_moe, before the tail's in the buffer; the tail queue's word 2), the up tiles,
+        then the layer's attention tail (host items of queue A3), then the down tiles; with
+        Tiling.moe_fused the up tiles are fused items (up tile + down slice) and there are no down
+        tiles."""
         kind, arg, mlp_c = int(d[abi.MK_F_A0]), int(d[abi.MK_F_A1]), int(d[abi.MK_F_A2])
-        t = self.sched.tiling
         if kind == abi.MK_QUEUE_HOST:
             first, length, head_c, _ = (int(v) for v in self.sched.queue_info[arg])
-            far_end = end = length
+            far_end = length
         else:
             head_c = moe_head_counter(self.cfg, arg)
             tail_q = int(d[abi.MK_F_A3])
-            t_first, t_len, t_after = (
-                (int(v) for v in self.sched.queue_info[tail_q][[0, 1, 3]]) if tail_q >= 0 else (0, 0, 0)
-            )
-            # Tiling.attn_in_moe = 2: the head items (mk_abi.h MK_MOE_HEAD; -1: none) come first,
+            t_first, t_len = (int(v) for v in self.sched.queue_info[tail_q][:2]) if tail_q >= 0 else (0, 0)
+            # Tiling.attn_in_moe: the head items (mk_abi.h MK_MOE_HEAD; -1: none) come first,
             # stored right before the tail's
             h_len = max(0, int(self.sched.queue_info[tail_q][abi.MK_MOE_HEAD])) if tail_q >= 0 else 0
             h_first = t_first - h_len
@@ -251,21 +234,18 @@ class Emulator:
                 table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
                 n_up = len(table) * self.up_tiles
                 n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
-                # word 3: downs before the tail
-                tail_at = h_len + n_up + min(len(table) * self.downs_per_expert, t_after)
-                end = h_len + n_tiles + t_len
-                # (the kernel's s_far: the up tiles' count, the head not counted, as without a head)
-                far_end = end if t.claim_policy == abi.MK_CLAIM_EAGER_ALL else n_up
-                return table, n_up, n_tiles, tail_at, end, far_end
+                tail_at = h_len + n_up  # the tail right after the up tiles
+                # far end: the kernel's s_far, the up tiles' count (the head not counted)
+                return table, n_up, n_tiles, tail_at, n_up
 
             # Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): the head is claimed before ROUTE, whose
             # wait (its pair in the slot words) comes at the first claim past it; until then the
             # claims are lazy (far end 0) and the queue's end unknown
             late = int(d[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
             if late:
-                table, n_up, n_tiles, tail_at, end, far_end = None, 0, 0, 0, _U32, 0
+                table, n_up, n_tiles, tail_at, far_end = None, 0, 0, 0, 0
             else:
-                table, n_up, n_tiles, tail_at, end, far_end = shape()
+                table, n_up, n_tiles, tail_at, far_end = shape()
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -278,7 +258,7 @@ class Emulator:
                 raise HazardError(f"SM {sm} claims from {self._cname(head_c)} before its reset this step")
             return raw
 
-        window = t.claim_window or self.sched.n_sms  # the kernel's claim window
+        window = self.sched.n_sms  # the kernel's claim window
         nxt = claim()
         far = nxt + window < far_end
         ahead = claim() if far else None
@@ -298,16 +278,13 @@ class Emulator:
                     if not _reached(self.vals[rc], target):
                         yield _Wait(rc, target)
                     self.past[sm] |= self.release[rc]  # acquire
-                    table, n_up, n_tiles, tail_at, end, far_end = shape()
+                    table, n_up, n_tiles, tail_at, far_end = shape()
                 item = yield from self._moe_queue_item(
                     sm, table, arg, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len
                 )
                 if item is None:
                     return
-            lazy = (t.claim_policy == abi.MK_CLAIM_LAZY and idx + window >= far_end) or (
-                t.claim_policy == abi.MK_CLAIM_LAZY_END and idx + window >= end
-            )
-            if lazy:  # `far` is False here: nothing is in flight
+            if idx + window >= far_end:  # lazy  # `far` is False here: nothing is in flight
                 yield None
                 yield from self._run_task(sm, item)
                 nxt = claim()

@@ -31,9 +31,8 @@ stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; each batch size runs on the engine's tiling for
 # it, tiling_for_batch, with the variant's keys on top; unset prefetch / mma take the fastest so far):
-#   prefetch=0  the default; then eager and lazy claims at both sizes (the engine: lazy below BS 4,
-#   eager from BS 4), and the default once more (the spread between runs of one call)
-VARIANTS=${VARIANTS:-"prefetch=0 claim_policy=0 claim_policy=2 prefetch=0"}
+#   prefetch=0  the default, twice (the spread between runs of one call)
+VARIANTS=${VARIANTS:-"prefetch=0 prefetch=0"}
 # same-call A/B: STAGE on each tree in turn (. = this one, "A work"; an ab_* folder made by
 # backend/megakernel/ab_tree.sh REV DIR, "B DIR REV"), ROUNDS (2) times (between calls the harness
 # varied by up to ~6 %); the lines matching PATTERN, into NAME.log. Each tree runs its own

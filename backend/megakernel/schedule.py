@@ -18,11 +18,6 @@ a MoE layer's combines; the others are dealt over the rest), and with Tiling.att
 attention drains go to the SMs holding the layer's QKV and router tiles (with Tiling.attn_idle_first
 first to the SMs holding neither, then the router tiles', then the QKV tiles').
 
-With Tiling.norm_early a MoE layer's ADD_NORM tasks come before its MoE drains, although they wait
-for items those drains claim: at most half the SMs hold one, and every SM holds one MoE drain of the
-layer, so the drains on the other SMs (whose earlier tasks never wait on an ADD_NORM of this layer)
-run the queue to its end; the emulator's adversarial orders check it.
-
 Layer order (the parallel block: attention and MLP read the same h, so MoE/dense tiles backfill the
 SMs that attention leaves idle): QKV, router/route (or dense up), attention drains, MoE drains,
 combines, dense down, O-proj, add+norm. Then the LM head and sampling.
@@ -80,8 +75,8 @@ class Schedule:
     tasks: np.ndarray  # int32 [n_tasks, W], global order
     sm_lists: list[list[int]]  # task ids per SM, in order
     queue_desc: np.ndarray  # int32 [n_queue_desc, W]
-    # int32 [n_queues, 4]: first, length, head counter (MK_NO_COUNTER: the attention tail of a MoE
-    # layer, claimed through the layer's MoE queue head), then 0 (the tail: 1 = after the down tiles)
+    # int32 [n_queues, 4]: first, length, head counter (the attention tail of a MoE layer, claimed
+    # through the layer's MoE queue head: its head items, MK_MOE_HEAD, or MK_NO_COUNTER), then 0
     queue_info: np.ndarray
     counters: CounterSet
     n_lm_tiles: int
@@ -339,17 +334,8 @@ def build_schedule(
             sig = (qkv_cs[qkv_row_head(cfg, r0) % qkv_heads],) + ((qkv_all,) if qkv_all is not None else ())
             emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, sig))
 
-        # Tiling.dense_apart: a dense layer's MLP tiles on the SMs without its QKV tiles, its
-        # attention drains on the QKV SMs first (the attention's chain is not behind MLP tiles)
         qkv_sms = list(dict.fromkeys(deal[first_qkv:]))
         on_qkv_sms = set(qkv_sms)
-        apart = [s for s in range(n_work) if s not in on_qkv_sms] if dense and tiling.dense_apart else []
-
-        def mlp_sm(k: int, apart: list[int] = apart) -> int | None:
-            if not apart:
-                return None
-            next(rr)  # the cursor moves as if dealt: the later layers are dealt as without it
-            return apart[k % len(apart)]
 
         # 2. MLP front: dense up tiles, or router tiles + ROUTE
         if dense:
@@ -360,10 +346,7 @@ def build_schedule(
             mlp_c = counter(f"mlp[{layer}]", n_down + (n_o if inline else 0))
             for t in range(n_up):
                 c0 = t * tiling.dense_up_cols
-                emit(
-                    make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)),
-                    mlp_sm(t),
-                )
+                emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
         moe_sms: list[int] = []  # Tiling.moe_local: the SMs of the layer's fused items
         if not dense:
             n_router = E // tiling.router_rows
@@ -421,24 +404,20 @@ def build_schedule(
         for b in range(B):
             for h in range(Hkv):
                 s_n = rows_splits[b]
-                # A4: the combine counter when the last split combines (Tiling.combine_inline)
-                comb = comb_c[h] if tiling.combine_inline else abi.MK_NO_COUNTER
-                if tiling.combine_inline:
-                    cs.totals[comb_c[h]] += 1  # one combine per (row, kv head), by its last split
                 attn_items += [
                     make_desc(
                         abi.MK_OP_ATTN,
                         layer,
-                        (b, h, s, s_n, comb),
+                        (b, h, s, s_n, abi.MK_NO_COUNTER),
                         ((qkv_cs[h % qkv_heads], per_head),),
                         (att_c[b][h],),
                     )
                     for s in range(s_n)
                 ]
-        # Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are the
-        # queue's head, before its up tiles (2; 3: claimed before ROUTE) (below); no attention drains
+        # Tiling.attn_in_moe: a MoE layer's attention items are its MoE queue's head, before its up
+        # tiles, claimed before ROUTE (below); no attention drains
         in_moe = bool(tiling.attn_in_moe) and not dense and not verify_rows
-        n_drains = 0 if in_moe else min(len(attn_items), n_work, tiling.attn_drains or n_work)
+        n_drains = 0 if in_moe else min(len(attn_items), n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
         if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
@@ -448,15 +427,10 @@ def build_schedule(
             pool = [s for s in range(n_work) if s not in busy] + later + qkv_sms
         if moe_sms:  # not behind a fused item (~40 us) in its SM's list
             pool = [s for s in (pool or range(n_work)) if s not in set(moe_sms)]
-        dealt = not pool  # drains dealt round-robin move the cursor (kept so with dense_apart)
-        if apart:  # the QKV tiles' SMs, then the others
-            pool = qkv_sms + apart
         if pool:
             n_drains = min(n_drains, len(pool))
         qid = host_queue(f"attn_head[{layer}]", attn_items, n_drains) if not in_moe else -1
         for k in range(n_drains):
-            if apart and dealt:
-                next(rr)
             emit(
                 make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), drain_waits),
                 pool[k] if pool else None,
@@ -482,7 +456,6 @@ def build_schedule(
             )
             for b in range(B)
             for h in range(Hkv)
-            if not tiling.combine_inline  # then the last attention split of each runs it
         ]
         n_comb = len(combines)
         if combine_ctrl:
@@ -500,29 +473,6 @@ def build_schedule(
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)
         ]
-        # each attention item waits on the QKV tiles (static tasks before every MoE drain), each tail
-        # item on items at lower queue indices, so no claim order deadlocks
-        if in_moe and tiling.attn_in_moe == 1:
-            tail = attn_items + tail
-
-        # 8. (early) the add+norm rows before the MoE drains (Tiling.norm_early; at most half the
-        # SMs hold one, so the MoE queue always has drains that are not blocked behind one)
-        mlp_target = cs.targets[cs.names[mlp_c]]
-        norm_early = bool(tiling.norm_early) and not dense and n_work >= 2 * B
-
-        def add_norms(
-            layer: int = layer, o_c: int = o_c, mlp_c: int = mlp_c, mlp_target: int = mlp_target
-        ) -> None:
-            for b in range(B):
-                emit(
-                    make_desc(
-                        abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
-                    ),
-                    ctrl_sm(b),
-                )
-
-        if norm_early and tiling.whatif_norm != 2 and not inline:
-            add_norms()
 
         # 4. MoE drains (device queue filled by ROUTE; the attention tail is its host part). With
         # Tiling.moe_local the tail is a host queue of its own, drained by every work SM without a
@@ -535,13 +485,14 @@ def build_schedule(
                 emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), ((router_c, n_router),)), sm)
         elif not dense:
             tail_q = len(qinfo)
-            # claimed through the MoE head; word 3: how many down tiles come before the tail
-            tail_after = abi.MK_TAIL_ALL_DOWNS if tiling.moe_tail_last else tiling.moe_tail_downs
-            # Tiling.attn_in_moe = 2: the attention items as the MoE queue's head, right before the
-            # tail's items in the buffer, their count in the tail queue's word 2 (mk_abi.h MK_MOE_HEAD)
-            head = attn_items if in_moe and tiling.attn_in_moe >= 2 else []
+            # claimed through the MoE head, right after the up tiles. Tiling.attn_in_moe: the attention
+            # items as the MoE queue's head, right before the tail's items in the buffer, their count
+            # in the tail queue's word 2 (mk_abi.h MK_MOE_HEAD). Each attention item waits on the QKV
+            # tiles (static tasks before every MoE drain), each tail item on items at lower queue
+            # indices, so no claim order deadlocks
+            head = attn_items if in_moe else []
             first = enqueue(head + tail) + len(head)
-            qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, tail_after])
+            qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, 0])
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
             drain_h = wait_h[0] if inline else (norm[layer], B)
@@ -570,7 +521,6 @@ def build_schedule(
             kspan = cfg.prefix_dense_intermediate_size // tiling.mlp_splits
             for s in range(tiling.mlp_splits):
                 for t in range(H // tiling.dense_down_rows):
-                    k = s * (H // tiling.dense_down_rows) + t
                     emit(
                         make_desc(
                             abi.MK_OP_DENSE_DOWN,
@@ -584,8 +534,7 @@ def build_schedule(
                             ),
                             ((up_c, n_up),),
                             (mlp_c,),
-                        ),
-                        mlp_sm(n_up + k),
+                        )
                     )
 
         # 7. O-proj (dense layers: static, after the dense down tiles)
@@ -594,8 +543,15 @@ def build_schedule(
                 emit(qd)
 
         # 8. residual add + next norm, per row
-        if not norm_early and tiling.whatif_norm != 2 and not inline:
-            add_norms()
+        mlp_target = cs.targets[cs.names[mlp_c]]
+        if tiling.whatif_norm != 2 and not inline:
+            for b in range(B):
+                emit(
+                    make_desc(
+                        abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
+                    ),
+                    ctrl_sm(b),
+                )
         prev_end = ((o_c, n_o), (mlp_c, mlp_target))
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)

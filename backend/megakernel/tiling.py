@@ -42,24 +42,6 @@ class Tiling:
     split_tokens: int = 0
     split_cap: int = 0
     split_bucket: int = 512  # smallest context bucket (tokens) the split policy plans for (then powers of 2)
-    moe_tail_last: int = 0  # 1: a MoE queue's attention tail (combines, O-proj) after the down tiles
-    # the attention tail after this many of the layer's down tiles (0: right after the up tiles). At
-    # BS 8 the O-proj items claimed right after the ups waited ~12-25 us each for their combines
-    # (the attention ends ~30 us after the last up tile is claimed) while ready down tiles queued
-    # behind them
-    moe_tail_downs: int = 0
-    claim_policy: int = abi.MK_CLAIM_EAGER  # when a drain claims its next item (MK_CLAIM_*, mk_abi.h)
-    # a drain keeps a claim two ahead while more than this many items remain before the queue's far
-    # end (0: the SM count; mk_abi.h MK_CLAIM_*)
-    claim_window: int = 0
-    # attention drains per layer at most (0: one per SM, as many as items). Fewer drains leave more
-    # SMs to the MoE queue while the attention runs: each drain then takes several items.
-    attn_drains: int = 0
-    # 1: a MoE layer's ADD_NORM tasks come before its MoE drains in the global order (when the batch
-    # is at most half the SM count), so the SMs holding them wait for the layer's end instead of
-    # draining MoE items first (the add+norm then starts one hop after the last down tile, its
-    # warm-up run done, instead of after its SM's last item and the warm-up)
-    norm_early: int = 0
     # 1: a layer's attention drains go to the SMs that hold its QKV and router tiles (busy until the
     # attention can start anyway; at most one drain each), so every other SM starts the layer with
     # its MoE drain and takes MoE up tiles as soon as the routing is known (round-robin dealing put
@@ -83,11 +65,6 @@ class Tiling:
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
-    # 1: no combine tasks; the attention split of a (row, kv head) that signals last (its counter's
-    # atomic add returns the step's last value) merges the splits on its own SM at once. Queued
-    # combines were claimed ahead by SMs starting 45-us up tiles at BS 8, and the O-proj items
-    # claimed after them waited ~30 us on ~40 SMs per layer (2026-11-30, timeline)
-    combine_inline: int = 0
     # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
     # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
     # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
@@ -114,31 +91,15 @@ class Tiling:
     # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
     # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
     lm_queue: int = 0
-    # 1: a dense layer's MLP tiles (dense up, dense down) are dealt over the work SMs that hold none
-    # of its QKV tiles, and its attention drains go to the QKV tiles' SMs first. Dealt round-robin,
-    # the BS 8 layer 0's attention items waited behind 96 dense-up tiles on their SMs (ready at
-    # +41-48 us, its QKV tiles done at +28; the layer 118 us, 2026-12-02 timeline)
-    dense_apart: int = 0
-    # the most attention splits per (row, kv head) in sliding-window layers (0: as max_splits /
-    # split_cap): at BS 8 and 8K a sliding layer's 3 splits make 96 items of ~26 us (one wave of
-    # the attention drains beside 28 MoE SMs), a full layer's ~46 us; fewer sliding splits leave
-    # more SMs to the MoE queue while the attention runs (2026-12-02)
-    sliding_max_splits: int = 0
-    # 1: a MoE layer's attention items are the first items of its MoE queue's attention tail
-    # (before the combines and O-proj tiles: after the up tiles, or after moe_tail_downs down tiles)
-    # and the layer has no attention drains. Every work SM then starts the layer on the up tiles
-    # once ROUTE is done and takes attention items when its up tile ends, instead of 96 SMs running
-    # the attention first and switching to the MoE queue ~50 us into a BS 8 layer (12.8 us per SM of
-    # claims, table reads and cold code, 2026-12-01). Dense layers keep their attention drains.
-    # 2: the attention items are the MoE queue's first items, before its up tiles (stored before
-    # the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD): the drains
-    # claim them once ROUTE is done, and an SM whose attention item ends claims its next item (an
-    # up tile) from the same queue, with no drain exit, no second wait on ROUTE and no expert-table
-    # copy. Measured 2026-12-02: the BS 8 switch 15.65 -> ~3 us median, but the attention starts after ROUTE
-    # and the step is +0.6-0.9 % at BS 8, +5 % at BS 1.
-    # 3: as 2, but the head items are claimed before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE: the queue
-    # head is reset by the EMBED of row 0, not by ROUTE), so the attention starts as soon as the QKV
-    # tiles end, as with attention drains; a drain waits for ROUTE at its first claim past the head.
+    # 3: a MoE layer's attention items are the MoE queue's first items, before its up tiles (stored
+    # before the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD), and the
+    # layer has no attention drains; the drains claim them before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE:
+    # the queue head is reset by the EMBED of row 0, not by ROUTE), so the attention starts as soon
+    # as the QKV tiles end, and an SM whose attention item ends claims its next item (an up tile)
+    # from the same queue, waiting for ROUTE at its first claim past the head: no drain exit, no
+    # switch (BS 8: 15.65 -> ~3 us median). Dense layers keep their attention drains. (1, the
+    # attention items leading the attention tail, +10 %, and 2, the head claimed after ROUTE,
+    # +0.6-0.9 % at BS 8 and +5 % at BS 1, were measured slower and removed; 2026-12-02.)
     attn_in_moe: int = 0
     # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
     # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
@@ -171,8 +132,7 @@ class Tiling:
             if not cond:
                 raise TilingError(f"tiling {self}: {what}")
 
-        need(self.attn_drains >= 0, "attn_drains must be >= 0 (0: one per SM)")
-        need(self.attn_in_moe in (0, 1, 2, 3), "attn_in_moe must be 0, 1, 2 or 3")
+        need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1, 2), "moe_local must be 0, 1 or 2")
@@ -190,8 +150,6 @@ class Tiling:
             self.moe_down_ready != 1 or self.norm_inline,
             "moe_down_ready=1 needs norm_inline (the K-split downs add into x)",
         )
-        need(self.sliding_max_splits >= 0, "sliding_max_splits must be >= 0 (0: as max_splits)")
-        need(self.claim_window >= 0, "claim_window must be >= 0 (0: the SM count)")
 
         H, d = cfg.hidden_size, cfg.head_dim
         need(self.qkv_rows % 2 == 0, "qkv_rows must be even (RoPE pairs)")
@@ -210,13 +168,6 @@ class Tiling:
             not self.split_tokens or self.split_cap >= self.max_splits,
             "split_cap (the workspace's split stride) must be >= max_splits when split_tokens is set",
         )
-        need(self.moe_tail_last in (0, 1), "moe_tail_last must be 0 or 1")
-        need(0 <= self.moe_tail_downs < abi.MK_TAIL_ALL_DOWNS, "moe_tail_downs must be >= 0")
-        need(
-            not (self.moe_tail_last and self.moe_tail_downs),
-            "moe_tail_downs and moe_tail_last exclude each other",
-        )
-        need(self.norm_early in (0, 1), "norm_early must be 0 or 1")
         need(self.attn_with_qkv in (0, 1), "attn_with_qkv must be 0 or 1")
         need(self.attn_idle_first in (0, 1), "attn_idle_first must be 0 or 1")
         need(
@@ -228,7 +179,6 @@ class Tiling:
         need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
         need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
-        need(self.dense_apart in (0, 1), "dense_apart must be 0 or 1")
         need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
@@ -246,16 +196,6 @@ class Tiling:
             )
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
-        need(self.combine_inline in (0, 1), "combine_inline must be 0 or 1")
-        need(
-            not (self.combine_inline and self.combine_ctrl),
-            "combine_inline and combine_ctrl exclude each other",
-        )
-        need(
-            self.claim_policy
-            in (abi.MK_CLAIM_EAGER, abi.MK_CLAIM_LAZY_END, abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER_ALL),
-            "claim_policy must be one of MK_CLAIM_*",
-        )
         rows = {
             "qkv_rows": self.qkv_rows,
             "o_rows": self.o_rows,
@@ -312,8 +252,7 @@ class Tiling:
     def most_splits(self) -> int:
         """The most attention splits per (row, kv head) this tiling gives at any context: the split
         stride of its workspace (o_part / lse_part) and of the kernel's max_splits."""
-        most = max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
-        return max(most, self.sliding_max_splits)
+        return max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
 
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
@@ -353,23 +292,14 @@ class Tiling:
 SWITCH_FIELDS = frozenset(
     {
         "moe_local",
-        "moe_tail_last",
-        "moe_tail_downs",
-        "claim_policy",
-        "claim_window",
-        "attn_drains",
-        "norm_early",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
-        "combine_inline",
         "moe_up_small",
         "moe_up_small_tiles",
         "lm_queue",
-        "dense_apart",
-        "sliding_max_splits",
         "attn_in_moe",
         "moe_down_ready",
         "qkv_by_head",
@@ -451,14 +381,13 @@ def _widest(cfg: ModelConfig, base: Tiling, scales) -> Tiling:
     return base
 
 
-# Claims (MK_CLAIM_*): lazy at every batch size. Measured on the H200 at 8K in one call (2026-11-29,
-# Measured 2026-11-29, gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
+# Claims: lazy at every batch size (the kernel's only policy since ABI 21, mk_abi.h; the others and
+# the claim window were removed). Measured on the H200 at 8K in one call (2026-11-29,
+# gpu_check): BS 1 4.36 / 4.39 ms lazy, 4.59 lazy at the queues' ends only, 4.74 eager;
 # BS 8 11.87 / 11.89 lazy, 11.72 lazy at the ends, 11.55 eager (BS 8 had several waves of up tiles,
 # and an eager claim's latency hid behind the running item). Measured 2026-11-30 (gpu_check, same call): with
 # the 384-column up tiles BS 8 lazy 9.532 / 9.522 ms, lazy at the end 9.838, eager (the 8x tiles)
 # 9.785; a 3-MB up tile claimed ahead holds its successor for ~40 us, while SMs that are free wait.
-SMALL_CLAIM_POLICY = abi.MK_CLAIM_LAZY
-WIDE_CLAIM_POLICY = abi.MK_CLAIM_LAZY
 
 # Attention splits per (row, kv head) at most below WIDE_MOE_FROM_BATCH rows (only BS 1 reaches the
 # default 32 at 8K): fewer, longer attention items leave more SMs to the MoE up tiles of the layer.
@@ -590,7 +519,7 @@ SMALL_LM_ROWS = 256
 # KB in the attention tail). BS 1, same call: 3.402 and 3.337 vs 3.450 / 3.428 ms (o_rows 32: 3.741).
 SMALL_O_ROWS = 128
 # ... and from WIDE_MOE_FROM_BATCH rows too, since the 384-column up tiles (2026-11-30, gpu_check BS 8
-# at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combine_inline 9.400, 8 splits 9.510,
+# at 8K): 9.287 ms vs 9.588 / 9.480 with 64-row tiles (call 19; combines by the last split 9.400, 8 splits 9.510,
 # 64 attention drains 9.794), then 9.242 / 9.228 vs 9.427 / 9.415, at position 256 7.941 vs 8.077
 # (call 20). Measured 2026-11-30 (eager claims, 256-column tiles): -1 to -1.5 %.
 WIDE_O_ROWS = 128
@@ -632,14 +561,14 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
 
 def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
-    SMALL_MOE_SCALES the config allows, lazy claims, at most SMALL_MAX_SPLITS attention splits (one
+    SMALL_MOE_SCALES the config allows, at most SMALL_MAX_SPLITS attention splits (one
     per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP and `base`'s
     max_splits) with
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
     SMALL_LM_ROWS-row LM-head tiles and SMALL_O_ROWS-row O-proj tiles (and SINGLE_QKV_ROWS-row QKV
     tiles at one row);
-    from there on the widest of WIDE_MOE_SCALES, lazy claims (WIDE_CLAIM_POLICY), WIDE_O_ROWS-row O-proj
+    from there on the widest of WIDE_MOE_SCALES, WIDE_O_ROWS-row O-proj
     tiles, at most WIDE_MAX_SPLITS attention splits (more at long contexts: WIDE_SPLIT_TOKENS) with
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
     WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
@@ -651,7 +580,7 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
     if not small:
-        t = replace(t, claim_policy=WIDE_CLAIM_POLICY, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
+        t = replace(t, attn_with_qkv=WIDE_LONG_ATTN_WITH_QKV)
         long = (
             batch >= WIDE_LONG_FROM_BATCH and position is not None and position >= WIDE_PHASED_BELOW_POSITION
         )
@@ -676,7 +605,6 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
         )
     t = replace(
         t,
-        claim_policy=SMALL_CLAIM_POLICY,
         max_splits=min(t.max_splits, SMALL_MAX_SPLITS),
         split_tokens=SMALL_SPLIT_TOKENS,
         split_cap=min(t.max_splits, SMALL_SPLIT_CAP),
@@ -735,7 +663,7 @@ def attention_splits(
         pages = visible_pages(pb, cfg.sliding_window if sliding else None)
         total = pages * len(positions) * cfg.num_key_value_heads
         grain = max(2, math.ceil(total / max(n_sms, 1)))
-        cap = tiling.sliding_max_splits if sliding and tiling.sliding_max_splits else split_cap(tiling, pages)
+        cap = split_cap(tiling, pages)
         out[sliding] = [max(1, min(cap, math.ceil(pages / grain)))] * len(positions)
     return out
 

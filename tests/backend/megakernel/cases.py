@@ -21,17 +21,6 @@ from mkcode.backend.model.config import ModelConfig, north_mini_code_config
 from mkcode.backend.model.reference import ReferenceModel, Segment
 from mkcode.backend.model.weights import LayerWeights, ModelWeights
 
-# (claim_policy, claim_window) pairs the emulator and GPU tests run: every policy, and claim windows
-# smaller than the SM count (0 = the SM count)
-CLAIM_CASES = {
-    "eager": (abi.MK_CLAIM_EAGER, 0),
-    "lazy_end": (abi.MK_CLAIM_LAZY_END, 0),
-    "lazy": (abi.MK_CLAIM_LAZY, 0),
-    "eager_all": (abi.MK_CLAIM_EAGER_ALL, 0),
-    "eager_all-w2": (abi.MK_CLAIM_EAGER_ALL, 2),
-    "lazy-w4": (abi.MK_CLAIM_LAZY, 4),
-}
-
 
 def tiny_config(**overrides) -> ModelConfig:
     """6 layers, full attention at 0 and 4, window 64, dense layer 0, 8 experts top-2, hidden 64,

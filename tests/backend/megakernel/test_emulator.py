@@ -24,7 +24,7 @@ from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_t
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
-from tests.backend.megakernel.cases import CLAIM_CASES, clone_batch, make_case, reference_step, tiny_config
+from tests.backend.megakernel.cases import clone_batch, make_case, reference_step, tiny_config
 
 CFG = tiny_config()
 # small tiles so that every matrix becomes several tasks; lm_rows leaves a partial last tile
@@ -188,63 +188,6 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
-# (moe_tail_last, moe_tail_downs): the tail after the ups, after every down tile, after 3 down tiles
-# (between them at this geometry: 3 rows x top-k experts x several down tiles each), after more down
-# tiles than the layer has (= after all of them)
-TAIL_PLACES = [(0, 0), (1, 0), (0, 3), (0, 100000)]
-
-
-@pytest.mark.parametrize(("tail_last", "tail_downs"), TAIL_PLACES)
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_attention_tail_after_the_down_tiles(weights, strategy, tail_last, tail_downs):
-    """Tiling.moe_tail_last / moe_tail_downs put a MoE queue's attention tail after all or some of
-    its down tiles: same results."""
-    from dataclasses import replace
-
-    contexts = [70, 3, 190]
-    tiling = replace(TILING, moe_tail_last=tail_last, moe_tail_downs=tail_downs, moe_fused=0)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
-    word3 = abi.MK_TAIL_ALL_DOWNS if tail_last else tail_downs
-    assert {int(q[3]) for q in sched.queue_info if q[2] == abi.MK_NO_COUNTER} == {word3}
-    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
-
-
-@pytest.mark.parametrize("fused", [0, 1])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_combine_by_the_last_split(weights, strategy, fused):
-    """Tiling.combine_inline: no combine tasks; the attention split whose signal completes its (row,
-    kv head) merges the splits at once (dense and MoE layers): same results, and every (row, kv
-    head) combined exactly once (a second combine would over-signal its counter)."""
-    from dataclasses import replace
-
-    contexts = [70, 3, 190]
-    tiling = replace(TILING, combine_inline=1, moe_fused=fused)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
-    ops = {int(t[abi.MK_F_OP]) for t in sched.tasks} | {int(q[abi.MK_F_OP]) for q in sched.queue_desc}
-    assert abi.MK_OP_ATTN_COMBINE not in ops
-    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
-
-
-def test_combine_by_the_last_split_needs_every_split(weights):
-    """With one split's signal missing, no split is the last: the combine never runs and the O-proj
-    items wait for it until the emulator reports the deadlock."""
-    from dataclasses import replace
-
-    from mkcode.backend.megakernel.emulator import DeadlockError
-
-    contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, combine_inline=1))
-    k = next(
-        i
-        for i, q in enumerate(sched.queue_desc)
-        if int(q[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(q[abi.MK_F_A3]) > 1
-    )
-    sched.queue_desc[k][abi.MK_F_NSIG] = 0
-    sched.queue_desc[k][abi.MK_F_SIG0] = abi.MK_NO_COUNTER
-    with pytest.raises(DeadlockError):
-        _run(weights, contexts, sched=sched, strategy="random")
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_up_tile_sizes(weights, strategy):
     """Tiling.moe_up_small: each expert's last columns in small up tiles queued after every expert's
@@ -272,15 +215,14 @@ def _assert_race_caught(weights, contexts, broken, what: str) -> None:
     assert caught, f"{what} went unnoticed in every interleaving"
 
 
-@pytest.mark.parametrize(("tail_last", "tail_downs"), TAIL_PLACES)
 @pytest.mark.parametrize("op", [abi.MK_OP_ATTN_COMBINE, abi.MK_OP_OPROJ])
-def test_deleted_attention_tail_dependency_is_caught(weights, op, tail_last, tail_downs):
+def test_deleted_attention_tail_dependency_is_caught(weights, op):
     """In MoE layers the combines and O-proj tiles are MoE queue items (between the up and the
-    down tiles, among the downs, or after them): a missing wait there is a race too."""
+    down tiles): a missing wait there is a race too."""
     from dataclasses import replace
 
     contexts = [70, 3]
-    tiling = replace(TILING, moe_tail_last=tail_last, moe_tail_downs=tail_downs, moe_fused=0)
+    tiling = replace(TILING, moe_fused=0)
     sched = build_schedule(CFG, 2, contexts, N_SMS, tiling)
     assert not any(t[abi.MK_F_OP] == op and t[abi.MK_F_LAYER] == 1 for t in sched.tasks)
     broken = sched.without_queue_wait(_find_item(sched, op, 1), 0)
@@ -400,19 +342,20 @@ def test_release_geometry_descriptors_and_counters(batch, layers, hazards):
     assert np.all(bank.base[sched.counters.n_dynamic :] != 123) or True
 
 
-@pytest.mark.parametrize("policy, window", list(CLAIM_CASES.values()), ids=list(CLAIM_CASES))
+@pytest.mark.parametrize("n_sms", [N_SMS, 3])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
-def test_claim_policies(weights, strategy, policy, window, fused):
-    """Every claim policy (Tiling.claim_policy, claim_window) gives the reference step under every
-    interleaving, and two steps in a row on one bank (a drain's claims still total items + 2 per
-    host drain), with separate MoE up/down tiles and with fused MoE items (whose sums each step's
-    ROUTE zeroes again)."""
+def test_claims(weights, strategy, n_sms, fused):
+    """The lazy claims (two ahead while more than n_sms items remain before the queue's far end:
+    with 3 SMs most items are claimed ahead) give the reference step under every interleaving, and
+    two steps in a row on one bank (a drain's claims still total items + 2 per host drain), with
+    separate MoE up/down tiles and with fused MoE items (whose sums each step's ROUTE zeroes
+    again)."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    tiling = replace(TILING, claim_policy=policy, claim_window=window, moe_fused=fused)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
+    tiling = replace(TILING, moe_fused=fused)
+    sched = build_schedule(CFG, 3, contexts, n_sms, tiling)
     case = make_case(CFG, contexts, seed=5)
     ref_batch = clone_batch(case.batch)
     ws = Workspace.allocate(CFG, tiling, "cpu")
@@ -428,26 +371,23 @@ def test_claim_policies(weights, strategy, policy, window, fused):
 
 
 @pytest.mark.parametrize(
-    "early,with_qkv,ctrl,combine",
-    [(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0), (0, 0, 1, 0), (1, 1, 2, 0), (0, 0, 3, 1), (1, 1, 2, 1)],
+    "with_qkv,ctrl,combine",
+    [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 2, 0), (0, 3, 1), (1, 2, 1)],
 )
 @pytest.mark.parametrize("contexts", [[70], [70, 3, 190]])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
-def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, combine, fused):
-    """Tiling.norm_early (a MoE layer's ADD_NORM tasks precede its MoE drains on their SMs and wait
-    there for the layer's end; up to half the SMs hold one) and Tiling.attn_with_qkv (attention
-    drains on the SMs of the QKV and router tiles): no deadlock under any interleaving and the
-    reference's step. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs (and a MoE
+def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fused):
+    """Tiling.attn_with_qkv (attention drains on the SMs of the QKV and router tiles): no deadlock
+    under any interleaving and the reference's step; a MoE layer's ADD_NORM tasks follow its MoE
+    drains. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs (and a MoE
     layer's combines with Tiling.combine_ctrl). With both kinds of MoE items (Tiling.moe_fused)."""
     from dataclasses import replace
 
     tiling = replace(
         TILING,
-        norm_early=early,
         attn_with_qkv=with_qkv,
         ctrl_sms=ctrl,
-        claim_policy=abi.MK_CLAIM_LAZY,
         moe_fused=fused,
         combine_ctrl=combine,
     )
@@ -460,7 +400,7 @@ def test_task_placement(weights, strategy, contexts, early, with_qkv, ctrl, comb
         for i, t in enumerate(layer1)
         if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
     )
-    assert (order.index(abi.MK_OP_ADD_NORM) < moe_drain) == bool(early and N_SMS - ctrl >= 2 * B)
+    assert order.index(abi.MK_OP_ADD_NORM) > moe_drain
 
     def is_ctrl_task(t) -> bool:  # ROUTE, ADD_NORM; with combine_ctrl a MoE layer's combines too
         op = int(t[abi.MK_F_OP])
@@ -547,41 +487,22 @@ def test_forced_routing_reference_reads_the_device_table(weights):
 # run on the emulator at the release geometry with the full happens-before check
 SWEEP_TILINGS = [
     {"moe_up_cols": 128, "moe_down_rows": 512},  # the BS >= 4 default before 2026-11-30
-    {"moe_up_cols": 384, "moe_down_rows": 512, "claim_policy": abi.MK_CLAIM_LAZY},  # since 2026-11-30
+    {"moe_up_cols": 384, "moe_down_rows": 512},  # since 2026-11-30
     {"max_splits": 8},
     {"qkv_rows": 128, "o_rows": 128},
-    {"claim_policy": abi.MK_CLAIM_EAGER},  # gpu_run.sh's default VARIANTS time both claim policies
-    {"claim_policy": abi.MK_CLAIM_LAZY},
-    {"attn_drains": 32},  # fewer attention drains: several items each, more SMs on the MoE queue
-    {"attn_drains": 16, "claim_policy": abi.MK_CLAIM_LAZY},
-    {"claim_policy": abi.MK_CLAIM_EAGER_ALL},  # claims two ahead into the tail and the down tiles
-    {"claim_window": 16},
-    {"claim_policy": abi.MK_CLAIM_EAGER_ALL, "claim_window": 8},
-    {"claim_policy": abi.MK_CLAIM_LAZY, "claim_window": 32},
-    {"norm_early": 1},  # add+norm tasks ahead of the MoE drains on their SMs
-    {"norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
     {"attn_idle_first": 1, "max_splits": 12},  # attention drains on idle SMs first (BS 1 candidate)
-    {"attn_with_qkv": 1, "norm_early": 1, "claim_policy": abi.MK_CLAIM_LAZY},
     {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},
     {"moe_fused": 1},  # up tile + down slice per item, atomic sums (the 2026-11-29 fused items)
-    {"moe_fused": 1, "moe_up_cols": 128, "claim_policy": abi.MK_CLAIM_LAZY, "norm_early": 1, "ctrl_sms": 1},
+    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 1},
     {"moe_fused": 1, "moe_up_cols": 256, "ctrl_sms": 8, "attn_with_qkv": 1},  # the BS 8 engine's tiles
     # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
-    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1, "claim_policy": abi.MK_CLAIM_LAZY},
+    {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1},
     {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
     # two up-tile sizes at the BS 8 engine's tiles (2026-11-30): wide tiles first, small ones last
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},
     {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 128, "moe_up_small_tiles": 2, "ctrl_sms": 8},
-    {"combine_inline": 1, "ctrl_sms": 8, "attn_with_qkv": 1},  # the last split combines (2026-11-30)
-    {
-        "combine_inline": 1,
-        "moe_fused": 1,
-        "moe_up_cols": 128,
-        "ctrl_sms": 4,
-        "claim_policy": abi.MK_CLAIM_LAZY,
-    },
 ]
 
 
@@ -652,50 +573,17 @@ def test_lm_queue_release_geometry(batch):
     assert rep.events >= static + len(sched.queue_desc)
 
 
-@pytest.mark.parametrize("contexts", [[5, 130, 64], [1, 2, 65, 127, 128, 129, 191, 255]])
-@pytest.mark.parametrize("strategy", ["random", "reverse"])
-def test_dense_apart_matches_reference(weights, contexts, strategy):
-    """Tiling.dense_apart (the dense layer's MLP tiles off its QKV SMs, its attention drains on
-    them first): the step equals the reference."""
-    from dataclasses import replace
-
-    sched = build_schedule(CFG, len(contexts), contexts, N_SMS, replace(TILING, dense_apart=1, norm_inline=1))
-    ws, batch, ref, ref_batch, _ = _run(weights, contexts, None, strategy, sched=sched)
-    _check(ws, batch, ref, ref_batch)
-
-
-@pytest.mark.parametrize("batch", [1, 8])
-def test_dense_apart_release_geometry(batch):
-    """Tiling.dense_apart on the engine's tiling at the release geometry (3 layers, the first
-    dense): no deadlock, every counter at its total, the happens-before check."""
-    sched, rep = _release_engine_step(batch, 3, 3, 6, dense_apart=1)
-    static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
-    assert rep.events > static
-
-
-# (moe_tail_downs, combine_inline, norm_inline): the tail (attention items first) right after the up
-# tiles, after 3 down tiles, with the combines by the last split, with the norm inside the GEMVs
-ATTN_IN_MOE_CASES = [(0, 0, 0), (3, 0, 0), (0, 1, 0), (0, 0, 1), (3, 1, 1)]
-
-
-@pytest.mark.parametrize(("tail_downs", "combine", "inline"), ATTN_IN_MOE_CASES)
+@pytest.mark.parametrize("inline", [0, 1])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("mode", [1, 2, 3])
-def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine, inline):
-    """Tiling.attn_in_moe: a MoE layer's attention items lead its MoE queue's tail (1) or are its
-    head, before the up tiles (2; 3: claimed before ROUTE, the head reset by the EMBED of row 0),
-    and the layer has no attention drains (the dense layer keeps its own): same results."""
+def test_attention_in_the_moe_queue(weights, strategy, inline):
+    """Tiling.attn_in_moe: a MoE layer's attention items are its MoE queue's head, before the up
+    tiles, claimed before ROUTE (the head reset by the EMBED of row 0), and the layer has no
+    attention drains (the dense layer keeps its own), with and without the norm inside the GEMVs:
+    same results."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    tiling = replace(
-        TILING,
-        attn_in_moe=mode,
-        moe_tail_downs=tail_downs,
-        combine_inline=combine,
-        norm_inline=inline,
-        moe_fused=0,
-    )
+    tiling = replace(TILING, attn_in_moe=3, norm_inline=inline, moe_fused=0)
     sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
     drains = [
         t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_HOST
@@ -710,24 +598,19 @@ def test_attention_in_the_moe_queue(weights, strategy, mode, tail_downs, combine
     ]
     for t in moe_drains:  # the head items (MK_MOE_HEAD): the layer's attention items, before the tail's
         first, _, n, _ = (int(v) for v in sched.queue_info[int(t[abi.MK_F_A3])])
-        if mode == 1:
-            assert n == abi.MK_NO_COUNTER
-            continue
         items = sched.queue_desc[first - n : first]
         assert n > 0 and all(int(q[abi.MK_F_OP]) == abi.MK_OP_ATTN for q in items)
         assert {int(q[abi.MK_F_LAYER]) for q in items} == {int(t[abi.MK_F_LAYER])}
-        late = mode == 3
-        assert int(t[abi.MK_F_A4]) == (abi.MK_DRAIN_LATE_ROUTE if late else 0)
+        assert int(t[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
         # a late-route drain waits for h alone at its start, ROUTE's pair in its slot words
         waits = [int(t[abi.MK_F_WAIT0 + 2 * i]) for i in range(abi.MK_MAX_WAITS)]
-        assert sum(c != abi.MK_NO_COUNTER for c in waits) == (1 if late else 2)
-        if late:
-            route_c = sched.counters.index(f"route[{int(t[abi.MK_F_LAYER])}]")
-            assert [int(v) for v in t[abi.MK_F_SLOT0 : abi.MK_F_SLOT0 + 2]] == [route_c, 1]
+        assert sum(c != abi.MK_NO_COUNTER for c in waits) == 1
+        route_c = sched.counters.index(f"route[{int(t[abi.MK_F_LAYER])}]")
+        assert [int(v) for v in t[abi.MK_F_SLOT0 : abi.MK_F_SLOT0 + 2]] == [route_c, 1]
     embeds = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_EMBED]
-    assert [int(t[abi.MK_F_A1]) for t in embeds] == [abi.MK_EMBED_RESET_HEADS if mode == 3 else 0, 0, 0]
+    assert [int(t[abi.MK_F_A1]) for t in embeds] == [abi.MK_EMBED_RESET_HEADS, 0, 0]
     routes = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_ROUTE]
-    assert {int(t[abi.MK_F_A0]) for t in routes} == {abi.MK_ROUTE_KEEP_HEAD if mode == 3 else 0}
+    assert {int(t[abi.MK_F_A0]) for t in routes} == {abi.MK_ROUTE_KEEP_HEAD}
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
@@ -735,22 +618,20 @@ def _late_route_schedule(contexts):
     return build_schedule(CFG, len(contexts), contexts, N_SMS, dc_replace(TILING, attn_in_moe=3, moe_fused=0))
 
 
-@pytest.mark.parametrize("mode", [2, 3])
-def test_late_route_runs_attention_before_route(weights, mode):
+def test_late_route_runs_attention_before_route(weights):
     """attn_in_moe = 3 claims the head items without waiting for ROUTE: with the control SMs (ROUTE)
-    run last whenever others can run, a MoE layer's attention items run before its ROUTE; with 2
-    (the drains wait for ROUTE) none does."""
+    run last whenever others can run, a MoE layer's attention items run before its ROUTE."""
     contexts = [70, 3, 190]
     case = make_case(CFG, contexts, seed=7)
     batch = clone_batch(case.batch)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, dc_replace(TILING, attn_in_moe=mode, moe_fused=0))
+    sched = _late_route_schedule(contexts)
     em = Emulator(CFG, weights, sched, Workspace.allocate(CFG, TILING, "cpu"), CounterBank(sched.n_counters))
     em.step(_inputs(batch), "in_order")
     ops = [(int(d[abi.MK_F_OP]), int(d[abi.MK_F_LAYER])) for d in em.event_descs]
     layer = next(i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i))
     route = ops.index((abi.MK_OP_ROUTE, layer))
     early = [i for i, o in enumerate(ops[:route]) if o == (abi.MK_OP_ATTN, layer)]
-    assert bool(early) == (mode == 3)
+    assert early
 
 
 # (what the broken schedule changes, the error): without the EMBED's reset of the MoE queue heads
@@ -789,25 +670,23 @@ def test_late_route_steps_in_a_row(weights):
     )
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
-def test_attention_in_the_moe_queue_missing_wait_is_caught(weights, mode):
+def test_attention_in_the_moe_queue_missing_wait_is_caught(weights):
     """attn_in_moe: an attention item in the MoE queue that does not wait for the QKV tiles reads
     K/V and Q before they are written; the hazard check reports it in some interleaving."""
     from dataclasses import replace
 
     contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, attn_in_moe=mode, moe_fused=0))
+    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, attn_in_moe=3, moe_fused=0))
     layer = next(i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i))
     broken = sched.without_queue_wait(_find_item(sched, abi.MK_OP_ATTN, layer), 0)
     _assert_race_caught(weights, contexts, broken, "a deleted attention wait in the MoE queue")
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("mode", [1, 2, 3])
-def test_attention_in_the_moe_queue_release_geometry(batch, mode):
+def test_attention_in_the_moe_queue_release_geometry(batch):
     """attn_in_moe on the engine's tiling at the release geometry: no deadlock, every counter at its
     total, the happens-before check."""
-    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=mode, moe_local=0)  # no MoE queue with it
+    sched, rep = _release_engine_step(batch, 3, 7, 8, attn_in_moe=3, moe_local=0)  # no MoE queue with it
     assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
         sched.queue_desc
     )
@@ -883,18 +762,15 @@ def test_qkv_counters_by_kv_head_release_geometry(batch):
     assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
 
 
-# (moe_down_ready, extra tiling): per up tile (K-split downs) and per expert, with the tail among the
-# downs, with two up-tile sizes (several up tiles per expert), with the attention in the MoE queue
+# (moe_down_ready, extra tiling): per up tile (K-split downs) and per expert, with two up-tile sizes
+# (several up tiles per expert), with the attention in the MoE queue
 DOWN_READY_CASES = [
     (1, {}),
-    (1, {"moe_tail_downs": 3}),
     (1, {"moe_up_small": 16, "moe_up_small_tiles": 2}),
     (2, {}),
-    (2, {"moe_up_small": 16, "moe_up_small_tiles": 2, "attn_in_moe": 1}),
-    (1, {"attn_in_moe": 2, "moe_tail_downs": 3}),
-    (2, {"attn_in_moe": 2}),
+    (2, {"moe_up_small": 16, "moe_up_small_tiles": 2, "attn_in_moe": 3}),
     (2, {"attn_in_moe": 3}),
-    (1, {"attn_in_moe": 3, "moe_tail_downs": 3}),
+    (1, {"attn_in_moe": 3}),
 ]
 
 

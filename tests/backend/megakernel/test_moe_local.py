@@ -150,7 +150,7 @@ def test_moe_local_is_refused_where_it_cannot_run():
     with pytest.raises(TilingError, match="moe_fused and norm_inline"):
         replace(TILING, norm_inline=0).validate(CFG)
     with pytest.raises(TilingError, match="attn_in_moe"):
-        replace(TILING, attn_in_moe=1).validate(CFG)
+        replace(TILING, attn_in_moe=3).validate(CFG)
 
 
 @pytest.mark.parametrize("tiling", [TILING, BEHIND_QKV], ids=["apart", "behind_qkv"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import replace
 from itertools import pairwise
 
@@ -16,8 +16,6 @@ from mkcode.backend.megakernel.tiling import (
     TilingError,
     attention_splits,
     default_tiling,
-    split_bucket_position,
-    tiling_for_batch,
 )
 from mkcode.backend.model.config import north_mini_code_config
 from tests.backend.megakernel.cases import tiny_config
@@ -137,29 +135,6 @@ def test_split_policy_buckets_and_caps():
     assert all(x <= 4 for x in s8[False])  # short rows: few splits
     ragged = attention_splits(CFG, [10, 5000, 9000], t, 132)
     assert len(set(ragged[False])) == 1 and len(set(ragged[True])) == 1
-
-
-def test_sliding_layers_take_their_own_split_cap():
-    """Tiling.sliding_max_splits caps the sliding-window layers' splits only (full layers keep
-    max_splits), raises the workspace's split stride when it is the larger, and refuses < 0."""
-    t = tiling_for_batch(CFG, default_tiling(CFG), 8, split_bucket_position([8191] * 8, default_tiling(CFG)))
-    base = attention_splits(CFG, [8191] * 8, t, 132)
-    assert base == {False: [3] * 8, True: [3] * 8}
-    two = attention_splits(CFG, [8191] * 8, replace(t, sliding_max_splits=2), 132)
-    assert two == {False: [3] * 8, True: [2] * 8}
-    wide = replace(t, sliding_max_splits=4)  # the policy's one wave at 8K: 4 of a sliding layer's 64 pages
-    assert attention_splits(CFG, [8191] * 8, wide, 132)[True] == [4] * 8
-    assert replace(t, split_tokens=0, sliding_max_splits=5).most_splits() == 5  # the o_part stride
-    s = build_schedule(CFG, 8, [8191] * 8, 132, replace(t, sliding_max_splits=2))
-    n_attn = Counter(
-        int(d[abi.MK_F_LAYER]) for d in s.queue_desc if d[abi.MK_F_OP] == abi.MK_OP_ATTN
-    )  # host-queue items: (row, kv head, split)
-    assert {n_attn[layer] for layer in range(CFG.num_hidden_layers) if CFG.is_sliding(layer)} == {2 * 8 * 4}
-    assert {n_attn[layer] for layer in range(CFG.num_hidden_layers) if not CFG.is_sliding(layer)} == {
-        3 * 8 * 4
-    }
-    with pytest.raises(TilingError, match="sliding_max_splits"):
-        replace(t, sliding_max_splits=-1).validate(CFG)
 
 
 def test_bad_tilings_are_refused():
@@ -634,14 +609,12 @@ def test_moe_tiles_widen_with_the_batch():
         assert (t.attn_in_moe, t.qkv_by_head) == ((WIDE_ATTN_IN_MOE, WIDE_QKV_BY_HEAD) if head_q else (0, 0))
         return replace(t, ctrl_sms=0, attn_with_qkv=0, attn_idle_first=0, attn_in_moe=0, qkv_by_head=0)
 
-    lazy, eager = abi.MK_CLAIM_LAZY, abi.MK_CLAIM_EAGER
     cfg = north_mini_code_config(4)
     base = default_tiling(cfg)
-    assert base.claim_policy == eager
     for b in (1, WIDE_MOE_FROM_BATCH - 1):
         small = tiling_for_batch(cfg, base, b)
         assert (small.moe_up_cols, small.moe_down_rows) == (128, 256)  # release geometry: 768 / 128 = 6 tiles
-        assert small.claim_policy == lazy and small.moe_fused == int(b < SMALL_FUSED_BELOW)
+        assert small.moe_fused == int(b < SMALL_FUSED_BELOW)
         assert small.max_splits == min(base.max_splits, SMALL_MAX_SPLITS)
         assert (small.split_tokens, small.split_cap) == (
             SMALL_SPLIT_TOKENS,
@@ -652,7 +625,6 @@ def test_moe_tiles_widen_with_the_batch():
                 placement(small, b),
                 moe_up_cols=base.moe_up_cols,
                 moe_down_rows=base.moe_down_rows,
-                claim_policy=eager,
                 max_splits=base.max_splits,
                 split_tokens=0,
                 split_cap=0,
@@ -666,7 +638,6 @@ def test_moe_tiles_widen_with_the_batch():
     other = north_mini_code_config(4, intermediate_size=160)
     assert placement(tiling_for_batch(other, default_tiling(other), 1), 1) == replace(
         default_tiling(other),
-        claim_policy=lazy,
         max_splits=SMALL_MAX_SPLITS,
         split_tokens=SMALL_SPLIT_TOKENS,
         split_cap=min(default_tiling(other).max_splits, SMALL_SPLIT_CAP),
@@ -674,7 +645,7 @@ def test_moe_tiles_widen_with_the_batch():
     wide = tiling_for_batch(cfg, base, 8)
     # 384-column up tiles (768 weight rows: two per expert), 1024-row down tiles from
     # WIDE_BIG_DOWN_FROM_BATCH rows (512 below), one up size (768 - 4 x 128 leaves no whole
-    # 384-column tile), lazy claims
+    # 384-column tile)
     assert WIDE_BIG_DOWN_FROM_BATCH == 8
     assert (wide.moe_up_cols, wide.moe_down_rows) == (12 * base.moe_up_cols, 8 * base.moe_down_rows)
     four = tiling_for_batch(cfg, base, 4)
@@ -685,7 +656,7 @@ def test_moe_tiles_widen_with_the_batch():
     # the attention as the MoE queue's head, claimed before ROUTE, from WIDE_ATTN_IN_MOE_FROM_BATCH rows
     assert (four.attn_in_moe, wide.attn_in_moe) == (0, WIDE_ATTN_IN_MOE)
     assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
-    assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0) and wide.claim_policy == lazy
+    assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0)
     assert wide.o_rows == 128  # WIDE_O_ROWS
     wide = placement(wide, 8, wide=True)
     assert (
@@ -693,7 +664,6 @@ def test_moe_tiles_widen_with_the_batch():
             wide,
             moe_up_cols=base.moe_up_cols,
             moe_down_rows=base.moe_down_rows,
-            claim_policy=eager,
             o_rows=base.o_rows,
         )
         == base
@@ -717,7 +687,6 @@ def test_moe_tiles_widen_with_the_batch():
     odd = north_mini_code_config(4, intermediate_size=96)  # 64-column up tiles do not divide 96
     assert placement(tiling_for_batch(odd, default_tiling(odd), 8), 8, wide=True) == replace(
         default_tiling(odd),
-        claim_policy=lazy,
         o_rows=128,
         moe_down_rows=2 * default_tiling(odd).moe_down_rows,
     )
@@ -867,50 +836,6 @@ def test_whatif_norm_is_refused_outside_the_measurement():
         MegakernelBackend(
             CFG, None, tiling=replace(default_tiling(CFG), whatif_norm=1), native_module=object()
         )
-
-
-@pytest.mark.parametrize("batch", [1, 8])
-def test_dense_apart_keeps_the_dense_mlp_off_the_attention_sms(batch):
-    """Tiling.dense_apart at the release geometry: the dense layer's up and down tiles lie on SMs
-    without its QKV tiles, its attention drains on the QKV tiles' SMs first (dealt round-robin, the
-    MLP tiles wrap onto the QKV SMs); the MoE layers' tasks are the same."""
-    from mkcode.backend.megakernel.tiling import tiling_for_batch
-
-    cfg = north_mini_code_config()
-    base = tiling_for_batch(cfg, default_tiling(cfg), batch)
-    t = replace(base, dense_apart=1)
-    contexts = [8192 + 977 * b for b in range(batch)]
-    sched = build_schedule(cfg, batch, contexts, 132, t, attention_splits(cfg, contexts, t, 132))
-    ref = build_schedule(cfg, batch, contexts, 132, base, attention_splits(cfg, contexts, base, 132))
-
-    def placement(s):
-        sm_of = {tid: sm for sm, ids in enumerate(s.sm_lists) for tid in ids}
-
-        def on(op, kind=None):
-            return [
-                sm_of[i]
-                for i, d in enumerate(s.tasks)
-                if d[abi.MK_F_OP] == op
-                and d[abi.MK_F_LAYER] == 0
-                and (kind is None or d[abi.MK_F_A0] == kind)
-            ]
-
-        qkv = set(on(abi.MK_OP_QKV))
-        return (
-            qkv,
-            set(on(abi.MK_OP_DENSE_UP) + on(abi.MK_OP_DENSE_DOWN)),
-            on(abi.MK_OP_DRAIN, abi.MK_QUEUE_HOST),
-        )
-
-    qkv, mlp, drains = placement(sched)
-    assert mlp and not qkv & mlp and set(drains[: len(qkv)]) <= qkv
-    qkv0, mlp0, _ = placement(ref)
-    assert qkv0 & mlp0
-    # the MoE layers' tasks are dealt to the same SMs as without it
-    first = next(i for i, d in enumerate(sched.tasks) if d[abi.MK_F_LAYER] == 1)
-    assert first == next(i for i, d in enumerate(ref.tasks) if d[abi.MK_F_LAYER] == 1)
-    tail = [sm_lists_of(s, first) for s in (sched, ref)]
-    assert tail[0] == tail[1]
 
 
 def sm_lists_of(s, first: int) -> list[list[int]]:
