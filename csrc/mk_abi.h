@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 21
+#define MK_ABI_VERSION 22
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -148,8 +148,7 @@ enum MkError {
   X(tokens_out)    /* int64 [B] greedy tokens */ \
   X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */ \
   X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */ \
-  X(moe_acc)       /* fp32 [L][B][H] fused MoE sum per row (moe_fused: zeroed by ROUTE, atomically summed) */ \
-  X(moe_ready)     /* int32 [L][1 + E * I / 8]: ended up tiles in end order (moe_down_ready; see below) */
+  X(moe_acc)       /* fp32 [L][B][H] fused MoE sum per row (moe_fused: zeroed by ROUTE, atomically summed) */
 
 // Integer parameters, in order (int64 on the Python side, int32 in the kernel).
 #define MK_PARAM_INTS(X) \
@@ -158,7 +157,7 @@ enum MkError {
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
   X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) \
-  X(moe_up_big) X(moe_up_small) X(norm_inline) X(moe_down_ready)
+  X(moe_up_big) X(moe_up_small) X(norm_inline)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
 // norm_inline (Tiling.norm_inline, ABI 14): no ADD_NORM tasks. x(l+1) is the layer's sum: its
@@ -167,16 +166,8 @@ enum MkError {
 // fused items add their outputs into it (fp32 red.global.add, no partial buffers); every GEMV over
 // h(l) (QKV, router, dense up, MoE up / fused, LM head) stages RMSNorm(x(l)) itself, after the
 // previous layer's one counter (its MLP counter, which the O-proj items signal too).
-// moe_down_ready (Tiling.moe_down_ready, ABI 15; needs norm_inline, not moe_fused): the down tiles
-// are claimed in the order the up tiles END, each over the K range (intermediate columns) of one up
-// tile. An up tile that ends takes the next rank r = atomicAdd(moe_ready[l][0], 1) and publishes its
-// tile index + 1 in moe_ready[l][1 + r] (st.release after its act writes); down queue position q
-// (after the up tiles and the tail) is row tile q % moe_down_tiles of the up tile of rank
-// q / moe_down_tiles, which its drain waits for (ld.acquire on that word) before it builds the item.
-// So a down waits only when no up tile has ended that it could take, never for a sibling tile of
-// its expert; ROUTE zeroes the layer's words before its wait, like the dynamic counters.
-// moe_down_ready 2: the same over whole experts: the up tile whose expert-counter add (acq_rel)
-// completes its expert publishes, and the downs (moe_down_tiles per expert) take the whole K range.
+// ABI 22 removed moe_down_ready (down tiles claimed in the up tiles' end order, per up tile or per
+// expert; measured +4 % / equal, docs/PERF.md) with its moe_ready buffer.
 // moe_up_big: the wide (moe_up_cols) up tiles per active expert; its other moe_up_tiles - moe_up_big
 // tiles are moe_up_small columns wide, over its last columns. A MoE queue holds every expert's wide
 // tiles first, then every expert's small ones (Tiling.moe_up_small; up_tile in mk_kernel.cuh).

@@ -112,12 +112,6 @@ __device__ __forceinline__ void signal_release(uint32_t* c, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(c), "r"(v) : "memory");
 }
 
-// st.release: the word becomes visible after everything this thread has observed (the block's
-// writes, ordered before it by a barrier: the release is cumulative), like signal_release.
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---- errors and the watchdog --------------------------------------------------------------------
@@ -157,25 +151,6 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task, bool spi
     if (globaltimer() - t0 > limit) {
       raise_error(p, MK_ERR_TIMEOUT, task, c, (int)v, (int)target);
       return false;
-    }
-  }
-}
-
-// moe_down_ready: wait until a word another SM publishes with st_release is nonzero; its value, or
-// 0 when the step was abandoned (another block's error) or the watchdog fired (MK_ERR_TIMEOUT).
-__device__ int wait_nonzero(const Params& p, const int* w, int task) {
-  int v = (int)ld_acquire(reinterpret_cast<const uint32_t*>(w));
-  if (v) return v;
-  const uint64_t t0 = globaltimer();
-  const uint64_t limit = (uint64_t)p.timeout_ms * 1000000ull;
-  while (true) {
-    __nanosleep(40);
-    v = (int)ld_acquire(reinterpret_cast<const uint32_t*>(w));
-    if (v) return v;
-    if (aborted(p)) return 0;
-    if (globaltimer() - t0 > limit) {
-      raise_error(p, MK_ERR_TIMEOUT, task, MK_NO_COUNTER, 0, 1);
-      return 0;
     }
   }
 }

@@ -60,10 +60,6 @@ struct View {
   __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
   __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
   __device__ float* moe_acc(int l) const { return (float*)p.moe_acc + (size_t)l * 8 * p.hidden; }
-  // moe_down_ready: word 0 the layer's ended up tiles, then their tile indices + 1 in end order
-  __device__ int* moe_ready(int l) const {
-    return (int*)p.moe_ready + (size_t)l * (1 + p.num_experts * (p.moe_inter / 8));
-  }
   __device__ const bf16* lw(int l, int slot) const {
     return reinterpret_cast<const bf16*>(((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + slot]);
   }
@@ -162,7 +158,7 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
       return true;
     }
     case MK_OP_MOE_DOWN: {  // A0 expert, A1 first hidden row, A2 rows; A3 first column, A4 columns
-      const int I = p.moe_inter, kn = d[MK_F_A4] ? d[MK_F_A4] : I;  // (A4 0: all; moe_down_ready)
+      const int I = p.moe_inter, kn = d[MK_F_A4] ? d[MK_F_A4] : I;  // (A4 0: all, as every builder sets)
       const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * I + a3;
       g = Gemv{W, I, W, I, a2, a2, kn};
       return true;
@@ -722,7 +718,7 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
     int n_act = 0;  // chosen experts
     for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
     V.moe_info(l)[0] = n_act;
-    V.moe_info(l)[1] = n_act * (p.moe_up_tiles + p.moe_down_tiles * (p.moe_down_ready == 1 ? p.moe_up_tiles : 1));
+    V.moe_info(l)[1] = n_act * (p.moe_up_tiles + p.moe_down_tiles);
   }
 }
 
@@ -802,8 +798,6 @@ __device__ void route_prologue(const Params& p, const int* d) {
   // reset by the EMBED of row 0; only the per-expert counts are ours
   const int e0 = d[MK_F_A0] == MK_ROUTE_KEEP_HEAD ? 1 : 0;
   for (int e = e0 + threadIdx.x; e <= E; e += NT) atomicExch(V.counter(p.dyn_base + l * (E + 1) + e), 0u);
-  if (p.moe_down_ready)  // the end-order list (its count, then one word per up tile)
-    for (int i = threadIdx.x; i <= E * p.moe_up_tiles; i += NT) atomicExch(V.moe_ready(l) + i, 0);
 }
 
 // The up item's epilogue: silu(gate) * up of its tokens' columns into moe_act. Its GEMV (gemv_op)
@@ -1781,25 +1775,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     // release: the block's writes (ordered before thread 0 by the barrier above, and covered by
     // the release's cumulativity) become visible to whoever acquires the counter
     const int amount = d[MK_F_SIG_AMOUNT] ? d[MK_F_SIG_AMOUNT] : 1;
-    const bool ready_up = d[MK_F_OP] == MK_OP_MOE_UP && p.moe_down_ready;
-    bool publish = ready_up && p.moe_down_ready == 1;  // 1: every up tile, 2: its expert's last
     for (int i = 0; i < MK_MAX_SIGNALS; ++i) {
       const int c = d[MK_F_SIG0 + i];
-      if (c == MK_NO_COUNTER) continue;
-      if (ready_up && p.moe_down_ready == 2 && i == 0) {  // the expert counter: acquire the siblings'
-        uint32_t old;  // writes (the release below covers them), see whether this tile is the last
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
-                     : "=r"(old)
-                     : "l"((uint32_t*)p.counters + c), "r"((uint32_t)amount)
-                     : "memory");
-        publish = old + (uint32_t)amount == (uint32_t)p.moe_up_tiles;  // dynamic: base 0
-      } else {
-        signal_release((uint32_t*)p.counters + c, (uint32_t)amount);
-      }
-    }
-    if (publish) {  // its place in the layer's end order: the tile index + 1
-      int* r = View(p).moe_ready(d[MK_F_LAYER]);
-      st_release(r + 1 + atomicAdd(r, 1), -(1 << 20) - d[MK_F_ID] + 1);
+      if (c != MK_NO_COUNTER) signal_release((uint32_t*)p.counters + c, (uint32_t)amount);
     }
     tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
   }
@@ -1833,7 +1811,7 @@ struct MoeQueue {
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
       : n_up(n_act * p.moe_up_tiles),
         n_tail(tq ? tq[1] : 0),
-        n_down(n_act * p.moe_down_tiles * (p.moe_down_ready == 1 ? p.moe_up_tiles : 1)),
+        n_down(n_act * p.moe_down_tiles),
         tail_first(tq ? tq[0] : 0),
         tail_at(n_up) {}
   __device__ bool in_tail(uint32_t idx) const {
@@ -1892,8 +1870,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
     const MoeQueue q(p, n_act, qi);
     if (q.in_tail(idx)) {
       host_item_fetch(p, q.tail_first + (int)idx - q.tail_at, raw);
-    } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2 &&
-               !(p.moe_down_ready && q.tile(idx) >= q.n_up)) {  // (an end-order down: resolve_ready_down)
+    } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
       const int m = q.tile(idx);
       const int a = m < q.n_up ? up_tile(p, n_act, m).x : (m - q.n_up) / p.moe_down_tiles;
       if (a < ETAB_ROWS) {  // the drain's copy (read after the loop's barrier, like the cp.async)
@@ -1937,18 +1914,15 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   const int ecounter = p.dyn_base + l * (p.num_experts + 1) + 1 + e;
   int v = 0;
   const bool fused_up = is_up && p.moe_fused;  // signals the MLP counter itself (no down tiles)
-  // moe_down_ready: a down's up tile is the one of rank (m - n_up) / moe_down_tiles in end order,
-  // not known yet: A0 = -1 - rank until resolve_ready_down, no counter wait (raw is not read)
-  const bool ready_down = !is_up && p.moe_down_ready;
   if (w == MK_F_OP) v = !is_up ? MK_OP_MOE_DOWN : fused_up ? MK_OP_MOE_FUSED : MK_OP_MOE_UP;
   else if (w == MK_F_LAYER) v = l;
-  else if (w == MK_F_A0) v = ready_down ? -1 - (m - q.n_up) / p.moe_down_tiles : e;
+  else if (w == MK_F_A0) v = e;
   else if (w == MK_F_A1 || w == MK_F_A2) v = tile_span(p, n_act, m, q.n_up, w == MK_F_A2);
   else if (w >= MK_F_WAIT0 && w < MK_F_WAIT0 + 2 * MK_MAX_WAITS) {
     const int i = (w - MK_F_WAIT0) / 2;
     const bool second = (w - MK_F_WAIT0) % 2;
-    v = (!is_up && !ready_down && i == 0) ? (second ? up : ecounter) : (second ? 0 : MK_NO_COUNTER);
-  } else if (w == MK_F_NWAIT) v = is_up || ready_down ? 0 : 1;
+    v = (!is_up && i == 0) ? (second ? up : ecounter) : (second ? 0 : MK_NO_COUNTER);
+  } else if (w == MK_F_NWAIT) v = is_up ? 0 : 1;
   else if (w == MK_F_NSIG) v = 1;
   else if (w == MK_F_SIG0) v = is_up && !fused_up ? ecounter : mlp_counter;
   else if (w > MK_F_SIG0 && w < MK_F_SIG0 + MK_MAX_SIGNALS) v = MK_NO_COUNTER;
@@ -1958,27 +1932,6 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   else if (w >= MK_F_SLOT0 && w < MK_F_SLOT0 + MK_MAX_TOKENS) v = w - MK_F_SLOT0 < ntok ? raw[2 + (w - MK_F_SLOT0)] : -1;
   item[w] = v;
   return true;
-}
-
-// moe_down_ready: fill an end-order down item's words once its up tile m is known (thread 0 waited
-// for it): the expert (A0), the K range of m's columns (A3, A4; mode 2: all), its tokens and slots, from the
-// expert table row of m's active expert (the drain's shared-memory copy for the first ETAB_ROWS).
-__device__ __noinline__ void resolve_ready_down(const Params& p, int l, int m, int n_act, const int* etab, int* item) {
-  const int3 u = up_tile(p, n_act, m);
-  const int* row = View(p).expert_tab(l) + (size_t)u.x * ETAB_STRIDE;  // ROUTE wrote it, we acquired route[l]
-  const bool local = u.x < ETAB_ROWS;
-  const int w = threadIdx.x;
-  if (w < MK_MAX_TOKENS) {
-    const int nt = local ? etab[u.x * ETAB_STRIDE + 1] : ld_cg(row + 1);
-    item[MK_F_SLOT0 + w] = w < nt ? (local ? etab[u.x * ETAB_STRIDE + 2 + w] : ld_cg(row + 2 + w)) : -1;
-    if (w == 0) {
-      item[MK_F_A0] = local ? etab[u.x * ETAB_STRIDE] : ld_cg(row);
-      item[MK_F_A3] = p.moe_down_ready == 1 ? u.y : 0;  // 2: the whole expert (K range 0: all)
-      item[MK_F_A4] = p.moe_down_ready == 1 ? u.z : 0;
-      item[MK_F_NTOK] = nt;
-      item[MK_F_SIG_AMOUNT] = nt;
-    }
-  }
 }
 
 // Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): a MoE drain that claimed its layer's head items
@@ -2171,18 +2124,6 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       const bool got = drain_build(p, kind, qi, arg, idx, s_nact, mlp_c, s_raw, s_item);
       __syncthreads();
       if (!got) break;
-      if (s_item[MK_F_OP] == MK_OP_MOE_DOWN && s_item[MK_F_A0] < 0) {  // uniform: an end-order down
-        if (threadIdx.x == 0)  // the up tile of its rank (0: abandoned)
-          s_flag = wait_nonzero(p, View(p).moe_ready(arg) + 1 + (-1 - s_item[MK_F_A0]), s_item[MK_F_ID]);
-        __syncthreads();
-        const int v = s_flag;
-        if (!v) {
-          cp_async_wait_all();  // no copy may land after the block has left
-          return;
-        }
-        resolve_ready_down(s_params, arg, v - 1, s_nact, s_etab, s_item);
-        __syncthreads();  // its words are in s_item; everyone has read s_flag
-      }
       // Lazy claims (mk_abi.h): within `window` items of s_far the next item is claimed only after
       // this one ran. Uniform across the block (thread 0's `far` is not): `far` for this item was
       // idx + window < s_far, so a lazy item never has a claim in flight.

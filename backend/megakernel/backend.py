@@ -354,7 +354,6 @@ class MegakernelBackend:
             "moe_up_big": t.moe_up_layout(cfg)[0],
             "moe_up_small": t.moe_up_small,
             "norm_inline": t.norm_inline,
-            "moe_down_ready": t.moe_down_ready,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mkcode.backend.megakernel import abi
-from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item, ready_down_item
+from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
 from mkcode.backend.megakernel.schedule import Schedule, expert_counter, moe_head_counter
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import ModelConfig
@@ -95,7 +95,6 @@ class Emulator:
         self.math, self.check_hazards, self.prologue_reads = math, check_hazards, prologue_reads
         t = schedule.tiling
         self.up_tiles, self.down_tiles = t.moe_tiles(cfg)
-        self.downs_per_expert = t.moe_downs_per_expert(cfg)  # (per up tile with moe_down_ready)
 
     # ---- counters -------------------------------------------------------------------------
     def _abs_target(self, c: int, rel: int) -> int:
@@ -177,26 +176,7 @@ class Emulator:
             c = int(d[abi.MK_F_SIG0 + i])
             if c != abi.MK_NO_COUNTER:
                 self._signal(c, amount, past)
-        if int(d[abi.MK_F_OP]) == abi.MK_OP_MOE_UP and self.sched.tiling.moe_down_ready:
-            self._publish_end(sm, d, past)
         yield None
-
-    def _publish_end(self, sm: int, d, past: int) -> None:
-        """Tiling.moe_down_ready: an up tile's place in its layer's end order (the kernel: an atomic
-        rank, then st.release of the tile index), so that a down of that rank acquires this tile's
-        release alone. Mode 2: only the tile whose add completed its expert counter publishes (the
-        kernel's atom.acq_rel, which acquires the siblings' releases)."""
-        if self.sched.tiling.moe_down_ready == 2:
-            c = int(d[abi.MK_F_SIG0])
-            if self.vals[c] != self.up_tiles:
-                return
-            past = self.past[sm] = self.past[sm] | self.release[c]
-        layer = int(d[abi.MK_F_LAYER])
-        ended = self.ended[layer]
-        ended.append((-(1 << 20) - int(d[abi.MK_F_ID]), past))
-        c = self.ended_c0 + layer
-        self.vals[c] = len(ended)
-        self._wake(c, len(ended))
 
     def _reset_head(self, head_c: int, ev: int) -> None:
         """A MoE queue head's reset by task event `ev` (ROUTE, or the EMBED of row 0 with
@@ -233,19 +213,18 @@ class Emulator:
             def shape() -> tuple:
                 table = self.ops.moe_tables[arg]  # ROUTE published it: the drain waited on route[l]
                 n_up = len(table) * self.up_tiles
-                n_tiles = len(table) * (self.up_tiles + self.downs_per_expert)
                 tail_at = h_len + n_up  # the tail right after the up tiles
                 # far end: the kernel's s_far, the up tiles' count (the head not counted)
-                return table, n_up, n_tiles, tail_at, n_up
+                return table, tail_at, n_up
 
             # Tiling.attn_in_moe = 3 (MK_DRAIN_LATE_ROUTE): the head is claimed before ROUTE, whose
             # wait (its pair in the slot words) comes at the first claim past it; until then the
             # claims are lazy (far end 0) and the queue's end unknown
             late = int(d[abi.MK_F_A4]) == abi.MK_DRAIN_LATE_ROUTE
             if late:
-                table, n_up, n_tiles, tail_at, far_end = None, 0, 0, 0, 0
+                table, tail_at, far_end = None, 0, 0
             else:
-                table, n_up, n_tiles, tail_at, far_end = shape()
+                table, tail_at, far_end = shape()
 
         def claim() -> int:
             raw = self.vals[head_c]
@@ -278,10 +257,8 @@ class Emulator:
                     if not _reached(self.vals[rc], target):
                         yield _Wait(rc, target)
                     self.past[sm] |= self.release[rc]  # acquire
-                    table, n_up, n_tiles, tail_at, far_end = shape()
-                item = yield from self._moe_queue_item(
-                    sm, table, arg, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len
-                )
+                    table, tail_at, far_end = shape()
+                item = self._moe_queue_item(table, arg, idx, mlp_c, h_len, tail_at, t_first, t_len)
                 if item is None:
                     return
             if idx + window >= far_end:  # lazy  # `far` is False here: nothing is in flight
@@ -295,24 +272,13 @@ class Emulator:
             yield None  # a claimed item may sit unstarted while other SMs run on
             yield from self._run_task(sm, item)
 
-    def _moe_queue_item(self, sm, table, layer, idx, mlp_c, h_len, n_up, n_tiles, tail_at, t_first, t_len):
-        """The item at MoE queue index idx past the head (None: past the end): a tail item, an
-        end-order down (waiting for its rank's up tile), or an up/down tile of the routed table."""
+    def _moe_queue_item(self, table, layer, idx, mlp_c, h_len, tail_at, t_first, t_len):
+        """The item at MoE queue index idx past the head (None: past the end): a tail item or an
+        up/down tile of the routed table."""
         t = self.sched.tiling
         if tail_at <= idx < tail_at + t_len:
             return self.sched.queue_desc[t_first + idx - tail_at]
         m = (idx if idx < tail_at else idx - t_len) - h_len  # the up/down tile index
-        if t.moe_down_ready and n_up <= m < n_tiles:
-            # an end-order down (mk_abi.h moe_down_ready): row tile r of the up tile of rank k
-            k, r = divmod(m - n_up, self.down_tiles)
-            c = self.ended_c0 + layer
-            if self.vals[c] <= k:
-                yield _Wait(c, k + 1)
-            m, past_w = self.ended[layer][k]
-            self.past[sm] |= past_w  # the kernel's ld.acquire of the rank's word
-            return ready_down_item(
-                table, layer, m, r, k, mlp_c, t, self.cfg, n_up, whole=t.moe_down_ready == 2
-            )
         return moe_item(
             table,
             layer,
@@ -327,8 +293,7 @@ class Emulator:
         )
 
     def _cname(self, c: int) -> str:
-        names = self.sched.counters.names
-        return names[c] if c < len(names) else f"moe_ended[{c - self.ended_c0}]"
+        return self.sched.counters.names[c]
 
     def _check_head(self, head_c: int) -> None:
         done = (self.vals[head_c] - self.base[head_c]) & _U32
@@ -374,11 +339,6 @@ class Emulator:
         self.base = [int(v) for v in self.bank.base]
         self.n_dyn = self.sched.counters.n_dynamic
         self.waiters: dict[int, list[tuple[int, int]]] = {}
-        # moe_down_ready: each layer's ended up tiles in end order (tile index, the ender's past) and,
-        # past the schedule's counters, one pseudo counter per layer with their count
-        self.ended: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        self.ended_c0 = len(self.vals)
-        self.vals += [0] * self.cfg.num_hidden_layers
         self.ready: set[int] = set(range(n))
         progs = [self._sm_program(sm) for sm in range(n)]
         alive = set(range(n))
@@ -419,7 +379,7 @@ class Emulator:
                     blocked[sm] = w
                     self.waiters.setdefault(w.counter, []).append((sm, w.target))
         finally:
-            self.bank.values[:] = np.array(self.vals[: self.ended_c0], dtype=np.uint32)
+            self.bank.values[:] = np.array(self.vals, dtype=np.uint32)
         report.events = self.n_events
         self._check_counters()
         if self.check_hazards:

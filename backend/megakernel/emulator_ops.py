@@ -118,37 +118,6 @@ def moe_item(
     return d
 
 
-def ready_down_item(
-    table: MoeTable,
-    layer: int,
-    m: int,
-    r: int,
-    k: int,
-    mlp_counter: int,
-    tiling,
-    cfg,
-    n_up: int,
-    whole: bool = False,
-):
-    """Tiling.moe_down_ready: the down item of rank k's row tile r, once the rank's up tile m is
-    known (the kernel's resolve_ready_down): expert, rows, the K range of m's columns (whole: all of
-    the expert's, mode 2); no waits (the drain waited for the rank)."""
-    from mkcode.backend.megakernel.schedule import make_desc
-
-    a, c0, cols = tiling.moe_up_tile(cfg, len(table), m)
-    e, slots = table[a]
-    rows = tiling.moe_down_rows
-    span = (0, 0) if whole else (c0, cols)
-    d = make_desc(
-        abi.MK_OP_MOE_DOWN, layer, (e, r * rows, rows, *span), (), (mlp_counter,), amount=len(slots)
-    )
-    d[abi.MK_F_NTOK] = len(slots)
-    for j, slot in enumerate(slots):
-        d[abi.MK_F_SLOT0 + j] = slot
-    d[abi.MK_F_ID] = -(1 << 20) - (n_up + k * (cfg.hidden_size // rows) + r)
-    return d
-
-
 class OpSemantics:
     """Executes one descriptor on a workspace. `math=False` skips the arithmetic (full-geometry
     schedule checks) but still reports regions and still routes (randomly) so queues fill."""
@@ -523,7 +492,8 @@ class OpSemantics:
         return acc
 
     def op_moe_down(self, layer, a, d) -> Access:
-        # A3 / A4: the K range (columns of the expert's intermediate), A4 = 0: all of it
+        # A3 / A4: the K range (columns of the expert's intermediate), A4 = 0: all of it (every builder
+        # sets 0; the kernel's task_gemv reads the same words)
         e, r0, n, k0 = a[0], a[1], a[2], a[3]
         k1 = k0 + (a[4] or self.cfg.intermediate_size)
         slots = self._moe_slots(d)

@@ -354,8 +354,8 @@ def build_schedule(
             route_c = counter(f"route[{layer}]", 1) if not local else abi.MK_NO_COUNTER
             # signalled by the MoE items that end the MLP (amount: their tokens): the fused items
             # (every token slot is in one item per column tile), else the down tiles
-            up_tiles, _ = tiling.moe_tiles(cfg)
-            mlp_items = up_tiles if tiling.moe_fused else tiling.moe_downs_per_expert(cfg)
+            up_tiles, down_tiles = tiling.moe_tiles(cfg)
+            mlp_items = up_tiles if tiling.moe_fused else down_tiles
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + (n_o if inline else 0))
             if not local:  # device-made items (Tiling.moe_local: static tasks, counted by emit)
                 cs.totals[mlp_c] += B * K * mlp_items

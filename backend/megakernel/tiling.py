@@ -101,14 +101,6 @@ class Tiling:
     # attention items leading the attention tail, +10 %, and 2, the head claimed after ROUTE,
     # +0.6-0.9 % at BS 8 and +5 % at BS 1, were measured slower and removed; 2026-12-02.)
     attn_in_moe: int = 0
-    # 1: a MoE layer's down tiles are claimed in the order its up tiles END, each over the K range
-    # (columns) of one up tile (mk_abi.h moe_down_ready): a down waits only while no up tile has
-    # ended that it could take, never for a sibling tile of its expert. At BS 8 (8K) the downs waited
-    # ~750 SM-us per layer for their experts' last up tiles while others were ready (2026-12-02).
-    # Each up tile then has H / moe_down_rows down tiles (needs norm_inline; not with moe_fused).
-    # 2: the same order over whole experts (the up tile that completes its expert publishes it; the
-    # downs take all its columns, as without this): a down still waits for its expert's last tile.
-    moe_down_ready: int = 0
     # 1: one QKV counter per kv head instead of one per layer: a QKV tile signals the counter of the
     # kv head its rows belong to (Q rows of the head's query group, its K rows or its V rows), and an
     # attention item (row, kv head, split) waits for that head's tiles only (20 of 80 at the release
@@ -133,7 +125,6 @@ class Tiling:
                 raise TilingError(f"tiling {self}: {what}")
 
         need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
-        need(self.moe_down_ready in (0, 1, 2), "moe_down_ready must be 0, 1 or 2")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1, 2), "moe_local must be 0, 1 or 2")
         need(
@@ -144,11 +135,6 @@ class Tiling:
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
-        )
-        need(not (self.moe_down_ready and self.moe_fused), "moe_down_ready needs down tiles (no moe_fused)")
-        need(
-            self.moe_down_ready != 1 or self.norm_inline,
-            "moe_down_ready=1 needs norm_inline (the K-split downs add into x)",
         )
 
         H, d = cfg.hidden_size, cfg.head_dim
@@ -260,12 +246,6 @@ class Tiling:
         up = sum(self.moe_up_layout(cfg))
         return up, 0 if self.moe_fused else cfg.hidden_size // self.moe_down_rows
 
-    def moe_downs_per_expert(self, cfg: ModelConfig) -> int:
-        """Down items per active expert: its row tiles, once per up tile with moe_down_ready (each
-        over that tile's columns)."""
-        up, down = self.moe_tiles(cfg)
-        return down * up if self.moe_down_ready == 1 else down
-
     def moe_up_layout(self, cfg: ModelConfig) -> tuple[int, int]:
         """(wide tiles, small tiles) per active expert: moe_up_cols wide ones over the expert's first
         columns, then moe_up_small_tiles of moe_up_small columns (the kernel's moe_up_big and
@@ -301,7 +281,6 @@ SWITCH_FIELDS = frozenset(
         "moe_up_small_tiles",
         "lm_queue",
         "attn_in_moe",
-        "moe_down_ready",
         "qkv_by_head",
     }
 )

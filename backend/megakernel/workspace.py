@@ -35,7 +35,7 @@ FLOAT_BUFFERS = (
     "logits",
     "lm_best",
 )
-INT_BUFFERS = ("expert_tab", "moe_info", "moe_ready", "lm_arg", "tokens_out")
+INT_BUFFERS = ("expert_tab", "moe_info", "lm_arg", "tokens_out")
 
 
 def buffer_shapes(cfg: ModelConfig, tiling: Tiling) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -59,9 +59,6 @@ def buffer_shapes(cfg: ModelConfig, tiling: Tiling) -> dict[str, tuple[tuple[int
         "route_w": ((L, B * K), f32),
         "expert_tab": ((L, E, 2 + abi.MK_MAX_TOKENS), i32),
         "moe_info": ((L, 4), i32),
-        # moe_down_ready: per layer the up tiles ended so far, then their indices + 1 in end order
-        # (at most E * I / 8: an up tile has a multiple of 8 columns; mk_kernel.cuh View::moe_ready)
-        "moe_ready": ((L, 1 + E * (I // 8)), i32),
         "moe_act": ((L, B * K, I), f32),
         "moe_out": ((L, B * K, H), f32),
         "moe_acc": ((L, B, H), f32),

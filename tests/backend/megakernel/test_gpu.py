@@ -812,18 +812,6 @@ def test_step_norm_inline_release_geometry(release, contexts):
     _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), contexts, seed=len(contexts) + 40)
 
 
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])
-def test_moe_down_ready_reduced(small, contexts, mode):
-    """Tiling.moe_down_ready: the down tiles claimed in the up tiles' end order, each over one up
-    tile's columns (1) or over whole experts (2; rank words published with st.release); three
-    steps against the reference."""
-    w, _ = small
-    t = _engine_tiling(contexts, moe_down_ready=mode)
-    assert t.norm_inline and not t.moe_fused
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=53, steps=3)
-
-
 @pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])
 def test_attention_in_the_moe_queue_reduced(small, contexts):
     """Tiling.attn_in_moe: the MoE layers' attention items as their MoE queues' heads, claimed
