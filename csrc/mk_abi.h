@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 22
+#define MK_ABI_VERSION 23
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -67,6 +67,7 @@ enum MkField {
 //   ADD_NORM                 A0 = row
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
+//                            (OPROJ: A4 = its kv head; NTOK = MK_OPROJ_COMBINE: see the end)
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits (A4 = MK_NO_COUNTER,
 //                            unused since ABI 21)
@@ -273,3 +274,13 @@ enum MkLayerWeight {
 // expert of rank j and its weight, and runs as a fused item of that expert. Every item of a layer
 // reads the same logits with the same code, so they agree on the experts without a table.
 #define MK_MOE_LOCAL 1
+
+// Tiling.oproj_combine (ABI 23): no ATTN_COMBINE tasks. An O-proj tile (MK_F_NTOK =
+// MK_OPROJ_COMBINE, words MK_F_SLOT0 + b = row b's splits) merges its kv head's (A4) attention
+// splits by LSE itself while it stages its activations, after one wait: the kv head's attention
+// counter, which every split of every row signals. Every O-proj tile of the head repeats the merge
+// (its o_part / lse_part reads come from L2) instead of waiting for a combine task and reading
+// attn_out, which stays unwritten. The merge's weights take MK_MAX_TOKENS * G * max_splits floats
+// of scratch, at most MK_OPROJ_COMBINE_WEIGHTS.
+#define MK_OPROJ_COMBINE 1
+#define MK_OPROJ_COMBINE_WEIGHTS 2048

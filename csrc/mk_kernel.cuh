@@ -201,6 +201,8 @@ __device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
 }
 
+__device__ __noinline__ void stage_oproj_combine(const Params& p, const int* d, bf16* act_s, float* wts);
+
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
@@ -209,6 +211,10 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   bool staged = false;
   if (op == MK_OP_OPROJ) {
     a = ActSrc{V.attn_out(l), V.QW(), rows, d[MK_F_A2]};
+    if (d[MK_F_NTOK] == MK_OPROJ_COMBINE) {  // Tiling.oproj_combine: it merges the splits itself
+      stage_oproj_combine(p, d, s.act, s.red);
+      staged = true;
+    }
   } else if (op == MK_OP_DENSE_DOWN) {
     a = ActSrc{V.dense_act(l), p.dense_inter, rows, d[MK_F_A2]};
   } else if (op == MK_OP_ROUTER && p.norm_inline) {  // its share of the residual, into x(l+1)
@@ -511,6 +517,88 @@ __device__ __noinline__ void attn_combine_at(const Params& p, int l, int b, int 
     float acc = 0.f;
     for (int sp = 0; sp < S; ++sp) acc += wr[sp] * ld_cg(src(i) + (size_t)sp * hd);
     if (!dry) out[i] = acc;
+  }
+}
+
+// Tiling.oproj_combine (mk_abi.h MK_OPROJ_COMBINE): an O-proj tile's activations are its kv head's
+// attention output, merged here from the splits as attn_combine_at does, straight into act_s:
+// act_s[b][i] = bf16(sum_s w[b][i / hd][s] o_part[b][head i / hd][s][i % hd]) for i < G * hd and
+// rows b < batch (zeros above; the GEMV's barrier publishes them). wts: [8][G][max_splits] floats
+// of scratch (the GEMV's reduction buffer, free until that barrier). Each thread owns pairs of
+// adjacent outputs; its first pair of row 0 loads its first COMBINE_PRE splits before the weights,
+// so one row takes one L2 round trip plus the lse loads beside it.
+__device__ __noinline__ void stage_oproj_combine(const Params& p, const int* d, bf16* act_s, float* wts) {
+  static_assert(RED_FLOATS >= MK_OPROJ_COMBINE_WEIGHTS, "the merge weights fit the reduction scratch");
+  act_s = shared(act_s);
+  wts = shared(wts);
+  const int l = d[MK_F_LAYER], kvh = d[MK_F_A4], B = p.batch;
+  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads, MS = p.max_splits;
+  const int klen = G * hd, lds = klen + ACT_PAD, npairs = klen / 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // row b, head hq of the kv head: its splits' outputs (stride hd) and lse values
+  auto o_src = [&](int b, int i) {
+    return (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G + i / hd) * MS) * hd + i % hd;
+  };
+  auto lse_src = [&](int b, int hq) {
+    return (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G + hq) * MS;
+  };
+  const int S0 = d[MK_F_SLOT0];
+  const int i0 = 2 * (int)threadIdx.x;
+  const float* s0 = o_src(0, i0 < klen ? i0 : 0);
+  float2 x0[COMBINE_PRE];
+#pragma unroll
+  for (int u = 0; u < COMBINE_PRE; ++u)
+    x0[u] = (i0 < klen && u < S0) ? __ldcg(reinterpret_cast<const float2*>(s0 + (size_t)u * hd)) : make_float2(0.f, 0.f);
+  for (int t = warp; t < B * G; t += NWARPS) {
+    const int b = t / G, hq = t % G, S = d[MK_F_SLOT0 + b];
+    const float* lse = lse_src(b, hq);
+    float* wr = wts + t * MS;
+    const float v0 = ld_cg_if(lse + lane, lane < S);
+    float m = lane < S ? v0 : -INFINITY;
+    for (int sp = lane + 32; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse + sp));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float den = 0.f;
+    if (lane < S) {
+      const float e = expf(v0 - m);  // 0 for an empty split
+      wr[lane] = e;
+      den += e;
+    }
+    for (int sp = lane + 32; sp < S; sp += 32) {
+      const float e = expf(ld_cg(lse + sp) - m);
+      wr[sp] = e;
+      den += e;
+    }
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    __syncwarp();
+    for (int sp = lane; sp < S; sp += 32) wr[sp] /= den;
+  }
+  __syncthreads();
+  for (int b = 0; b < 8; ++b) {
+    const int S = b < B ? d[MK_F_SLOT0 + b] : 0;
+    for (int j = threadIdx.x; j < npairs; j += NT) {
+      const int i = 2 * j;
+      float2 acc = make_float2(0.f, 0.f);
+      if (b < B) {
+        const float* wr = wts + (b * G + i / hd) * MS;
+        const float* src = o_src(b, i);
+        int sp = 0;
+        if (b == 0 && j == (int)threadIdx.x) {  // the preloaded splits
+#pragma unroll
+          for (int u = 0; u < COMBINE_PRE; ++u)
+            if (u < S) {
+              acc.x += wr[u] * x0[u].x;
+              acc.y += wr[u] * x0[u].y;
+            }
+          sp = COMBINE_PRE;
+        }
+        for (; sp < S; ++sp) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(src + (size_t)sp * hd));
+          acc.x += wr[sp] * v.x;
+          acc.y += wr[sp] * v.y;
+        }
+      }
+      *reinterpret_cast<__nv_bfloat162*>(act_s + b * lds + i) = __floats2bfloat162_rn(acc.x, acc.y);
+    }
   }
 }
 
