@@ -201,10 +201,7 @@ def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_router = max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
-    free = n_work - min(n_work, n_qkv + n_router)
-    if tiling.moe_local == 2:  # the QKV tiles' SMs too, behind their tile
-        free += min(n_work, n_qkv)
-    return free >= cfg.num_experts_per_tok * up_tiles
+    return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
 
 
 def build_schedule(
@@ -399,14 +396,11 @@ def build_schedule(
                 busy = set(deal[first_qkv:])
                 free = [s for s in range(n_work) if s not in busy]
                 turn = (layer * K * up_tiles) % max(1, len(free))
-                free = free[turn:] + free[:turn]
-                if tiling.moe_local == 2:  # the QKV tiles' SMs first, each item behind its SM's tile
-                    free = qkv_sms + free
-                moe_sms = free[: K * up_tiles]
+                moe_sms = (free[turn:] + free[:turn])[: K * up_tiles]
                 if len(moe_sms) < K * up_tiles:
                     raise ValueError(
                         f"moe_local: {K * up_tiles} fused items need as many SMs free of the layer's "
-                        f"router tiles{'' if tiling.moe_local == 2 else ' and QKV tiles'}, {len(free)} are"
+                        f"QKV and router tiles, {len(free)} are"
                     )
                 wait_local = (*wait_h, (router_c, n_router))  # h(l) first: the item stages it meanwhile
                 for m in range(K * up_tiles):

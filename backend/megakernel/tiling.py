@@ -119,9 +119,8 @@ class Tiling:
     # wait for the router tiles too (those initialise the sum x(l+1) the O-proj adds into). Takes
     # ROUTE (~4 us), the MoE drains' wake-up and claim (~3 us) and the item's staging off the
     # MoE chain, which ended each H100 BS 1 layer (2026-12-06 timeline: ROUTE ready 11.7 us after
-    # the layer's start, the first up GEMV at 22.0). Needs moe_fused and norm_inline.
-    # 2: the same items on the QKV tiles' SMs first, each behind its SM's QKV tile (the router's
-    # logits are not ready before the QKV tiles end anyway), so the QKV tiles can take more SMs.
+    # the layer's start, the first up GEMV at 22.0). Needs moe_fused and norm_inline. (2, the items
+    # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
@@ -131,7 +130,7 @@ class Tiling:
 
         need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
-        need(self.moe_local in (0, 1, 2), "moe_local must be 0, 1 or 2")
+        need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
         need(
             not self.moe_local or (self.moe_fused and self.norm_inline),
             "moe_local needs moe_fused and norm_inline",

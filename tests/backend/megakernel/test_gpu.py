@@ -464,20 +464,18 @@ def test_consecutive_steps_fused_moe(small, contexts):
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
-def _local_backend(w, mode=1, **over):
-    """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE; mode 2:
-    the items behind the QKV tiles on their SMs)."""
-    return MegakernelBackend(CFG, w, tiling=replace(_fused_tiling("batch", 1), moe_local=mode, **over))
+def _local_backend(w, **over):
+    """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
+    return MegakernelBackend(CFG, w, tiling=replace(_fused_tiling("batch", 1), moe_local=1, **over))
 
 
-@pytest.mark.parametrize("mode", [1, 2], ids=["apart", "behind_qkv"])
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
 @pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
-def test_step_matches_reference_self_routing_moe(small, contexts, use_mma, mode):
+def test_step_matches_reference_self_routing_moe(small, contexts, use_mma):
     """Tiling.moe_local: every fused item ranks the router's logits itself; the expert choices it
     records (the table kernel_routing reads) are checked as near-ties against the reference's."""
     w, _ = small
-    be = _local_backend(w, mode)
+    be = _local_backend(w)
     assert build_schedule(CFG, 1, contexts, be.n_sms, be.tiling).summary().get("ROUTE", 0) == 0
     be.use_mma = use_mma
     _step_check(CFG, w, be, contexts, seed=7)
@@ -485,10 +483,9 @@ def test_step_matches_reference_self_routing_moe(small, contexts, use_mma, mode)
     assert be.ws["moe_info"][1, 0].item() == K  # recorded by the items, as ROUTE would
 
 
-@pytest.mark.parametrize("mode", [1, 2], ids=["apart", "behind_qkv"])
-def test_consecutive_steps_self_routing_moe(small, mode):
+def test_consecutive_steps_self_routing_moe(small):
     w, _ = small
-    _consecutive_steps(w, _local_backend(w, mode), [300], seed=31, steps=4)
+    _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
