@@ -192,6 +192,12 @@ enum MkError {
 // for ROUTE.
 #define MK_MODE_TOKEN_ROWS 128
 
+// MK_MODE_GAP_WO / MK_MODE_GAP_KV (A/B measurement, Tiling.moe_local only): each self-routing fused
+// item, idle between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of
+// what the layer's attention chain reads later: Wo(l), and row 0's KV pages of layer l.
+#define MK_MODE_GAP_WO 16384
+#define MK_MODE_GAP_KV 32768
+
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE
 // queue's last up tile); beyond that it claims its next item only after the current one ran, so

@@ -45,6 +45,17 @@ __device__ __forceinline__ uint64_t l2_policy(bool keep) {
   return pol;
 }
 
+// Asks L2 for [ptr, ptr + bytes) (cp.async.bulk.prefetch: one thread, no registers, no L1; bytes a
+// multiple of 16) with an L2 policy (l2_policy), in pieces of 64 KB.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, size_t bytes, uint64_t pol) {
+  const char* c = static_cast<const char*>(ptr);
+  for (size_t a = 0; a < bytes; a += 65536) {
+    const uint32_t n = (uint32_t)(bytes - a < 65536 ? bytes - a : 65536);
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(c + a), "r"(n), "l"(pol)
+                 : "memory");
+  }
+}
+
 // Immutable weights, 16 bytes: read-only path, no L1 allocation (streamed once per step), with an
 // L2 policy (l2_policy). Not volatile: the compiler may hoist these loads above unrelated math (they
 // never alias a write of the step). L2::128B: a miss fetches the whole 128-byte line from HBM. A

@@ -1747,10 +1747,34 @@ __device__ __forceinline__ void stage_h_once(const Params& p, int l, Smem& s, in
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready) and stage h(l) (false: the step was abandoned); run_task then waits for the router tiles
 // and gemv_op finds the rows staged.
+// MK_MODE_GAP_WO / MK_MODE_GAP_KV (mk_abi.h): item m of the layer's n fused items prefetches the
+// m-th n-th of Wo(l) and every n-th of row 0's visible KV pages of layer l from the m-th on.
+__device__ __noinline__ void gap_prefetch(const Params& p, const int* d) {
+  if (threadIdx.x != 0) return;
+  View V(p);
+  const int l = d[MK_F_LAYER];
+  const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
+  const uint64_t pol = l2_policy(true);
+  if (p.prefetch_mode & MK_MODE_GAP_WO) {
+    const size_t bytes = (size_t)p.hidden * V.QW() * sizeof(bf16);
+    const size_t share = (bytes / n + 15) / 16 * 16, a = (size_t)m * share;
+    if (a < bytes) prefetch_l2_bulk(reinterpret_cast<const char*>(V.lw(l, MK_LW_O)) + a, min(share, bytes - a), pol);
+  }
+  if (p.prefetch_mode & MK_MODE_GAP_KV) {
+    const long long pos = V.position(0);
+    const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
+    const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
+    const size_t page_bytes = (size_t)2 * p.num_kv_heads * 64 * p.head_dim * sizeof(bf16);
+    for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n)
+      prefetch_l2_bulk(V.kv(V.page(l, 0, (int)(pg * 64)), 0, 0, 0), page_bytes, pol);
+  }
+}
+
 __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
   if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
   __syncthreads();
   if (!*flag) return false;  // uniform
+  if (p.prefetch_mode & (MK_MODE_GAP_WO | MK_MODE_GAP_KV)) gap_prefetch(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
   return true;
 }

@@ -488,6 +488,15 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
+def test_gap_prefetches_change_nothing(small):
+    """MK_MODE_GAP_WO | MK_MODE_GAP_KV: the self-routing items' L2 prefetches of Wo and the KV
+    pages (a measurement) leave every result as it was; a context across several pages."""
+    w, _ = small
+    t = replace(_fused_tiling("batch", 1), moe_local=1)
+    be = MegakernelBackend(CFG, w, tiling=t, prefetch_mode=abi.MK_MODE_GAP_WO | abi.MK_MODE_GAP_KV)
+    _consecutive_steps(w, be, [700], seed=37, steps=3)
+
+
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
     """`steps` greedy steps in a row on one backend (one counter bank: bases advance, counters never
     reset), each within cosine 0.999 of the routed fp32 reference."""
