@@ -1670,8 +1670,11 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 // instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
 // code cold from L2 while HBM is saturated (MK_MODE_TWICE measured add+norm 8.4 us cold, 2.9 us
 // warm; the step without warm-ups was measured slower and that switch removed).
+// An O-proj tile that merges its splits (MK_OPROJ_COMBINE; a queue item too) warms its merge: the
+// staging writes shared memory only (measured cold on the H100, 2026-12-06: ready -> GEMV 7.3 us).
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
+  if (op == MK_OP_OPROJ) return d[MK_F_NTOK] == MK_OPROJ_COMBINE;
   return d[MK_F_ID] >= 0 &&
          (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
 }
@@ -1685,6 +1688,7 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
     // 5.874 / 5.872 vs 6.063 / 5.973 ms, BS 8 8.700 / 8.682 vs 8.794 / 8.660, BS 1 3.111 / 3.102 vs
     // 3.172 / 3.085, gpu_check, same call; with a one-page attention item warmed too: +1-3 %)
     case MK_OP_QKV: op_qkv(p, d, s, true); break;
+    case MK_OP_OPROJ: stage_oproj_combine(p, d, s.act, s.red); break;
     default: op_attn_combine(p, d, s, true); break;
   }
 }
