@@ -197,6 +197,9 @@ enum MkError {
 // what the layer's attention chain reads later: Wo(l), and row 0's KV pages of layer l.
 #define MK_MODE_GAP_WO 16384
 #define MK_MODE_GAP_KV 32768
+// MK_MODE_OPROJ_PF (A/B measurement): an O-proj tile asks L2 for its weight tile (bulk prefetches,
+// evict_last) before its wait, so that its GEMV reads what landed during the wait and its staging.
+#define MK_MODE_OPROJ_PF 65536
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

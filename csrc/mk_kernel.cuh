@@ -1751,6 +1751,16 @@ __device__ __forceinline__ void stage_h_once(const Params& p, int l, Smem& s, in
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready) and stage h(l) (false: the step was abandoned); run_task then waits for the router tiles
 // and gemv_op finds the rows staged.
+// MK_MODE_OPROJ_PF (mk_abi.h): the tile's rows of Wo, each its K range, into L2 before the wait.
+__device__ __noinline__ void oproj_prefetch(const Params& p, const int* d) {
+  if (threadIdx.x != 0) return;
+  View V(p);
+  const int r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3];
+  const bf16* W = V.lw(d[MK_F_LAYER], MK_LW_O) + (size_t)r0 * V.QW() + k0;
+  const uint64_t pol = l2_policy(true);
+  for (int r = 0; r < n; ++r) prefetch_l2_bulk(W + (size_t)r * V.QW(), (size_t)(k1 - k0) * sizeof(bf16), pol);
+}
+
 // MK_MODE_GAP_WO / MK_MODE_GAP_KV (mk_abi.h): item m of the layer's n fused items prefetches the
 // m-th n-th of Wo(l) and every n-th of row 0's visible KV pages of layer l from the m-th on.
 __device__ __noinline__ void gap_prefetch(const Params& p, const int* d) {
@@ -1795,6 +1805,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
+  if (d[MK_F_OP] == MK_OP_OPROJ && (p.prefetch_mode & MK_MODE_OPROJ_PF)) oproj_prefetch(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
