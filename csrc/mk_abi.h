@@ -200,6 +200,9 @@ enum MkError {
 // MK_MODE_OPROJ_PF (A/B measurement): an O-proj tile asks L2 for its weight tile (bulk prefetches,
 // evict_last) before its wait, so that its GEMV reads what landed during the wait and its staging.
 #define MK_MODE_OPROJ_PF 65536
+// MK_MODE_NEXT_QKV (A/B measurement): O-proj tile m of n also asks L2 (evict_last) for the m-th n-th
+// of each of the next layer's Wq, Wk and Wv before its wait, for the next layer's QKV tiles.
+#define MK_MODE_NEXT_QKV 131072
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

@@ -1758,7 +1758,19 @@ __device__ __noinline__ void oproj_prefetch(const Params& p, const int* d) {
   const int r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3];
   const bf16* W = V.lw(d[MK_F_LAYER], MK_LW_O) + (size_t)r0 * V.QW() + k0;
   const uint64_t pol = l2_policy(true);
-  for (int r = 0; r < n; ++r) prefetch_l2_bulk(W + (size_t)r * V.QW(), (size_t)(k1 - k0) * sizeof(bf16), pol);
+  if (p.prefetch_mode & MK_MODE_OPROJ_PF)
+    for (int r = 0; r < n; ++r) prefetch_l2_bulk(W + (size_t)r * V.QW(), (size_t)(k1 - k0) * sizeof(bf16), pol);
+  const int l1 = d[MK_F_LAYER] + 1;
+  if ((p.prefetch_mode & MK_MODE_NEXT_QKV) && l1 < p.num_layers) {
+    const int per_head = p.hidden / n, tiles = per_head * p.num_kv_heads, m = d[MK_F_A4] * per_head + r0 / n;
+    const int slots[3] = {MK_LW_Q, MK_LW_K, MK_LW_V};
+    const size_t rows[3] = {(size_t)V.QW(), (size_t)V.KVW(), (size_t)V.KVW()};
+    for (int j = 0; j < 3; ++j) {
+      const size_t bytes = rows[j] * p.hidden * sizeof(bf16), share = (bytes / tiles + 15) / 16 * 16;
+      const size_t a = (size_t)m * share;
+      if (a < bytes) prefetch_l2_bulk(reinterpret_cast<const char*>(V.lw(l1, slots[j])) + a, min(share, bytes - a), pol);
+    }
+  }
 }
 
 // MK_MODE_GAP_WO / MK_MODE_GAP_KV (mk_abi.h): item m of the layer's n fused items prefetches the
@@ -1805,7 +1817,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
-  if (d[MK_F_OP] == MK_OP_OPROJ && (p.prefetch_mode & MK_MODE_OPROJ_PF)) oproj_prefetch(q, d);
+  if (d[MK_F_OP] == MK_OP_OPROJ && (p.prefetch_mode & (MK_MODE_OPROJ_PF | MK_MODE_NEXT_QKV))) oproj_prefetch(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {

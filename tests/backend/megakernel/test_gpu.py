@@ -489,11 +489,11 @@ def test_consecutive_steps_self_routing_moe(small):
 
 
 def test_gap_prefetches_change_nothing(small):
-    """MK_MODE_GAP_WO | GAP_KV | OPROJ_PF (measurements): L2 prefetches of Wo, the KV pages and each
-    O-proj tile's weights leave every result as it was; a context across several pages."""
+    """MK_MODE_GAP_WO | GAP_KV | OPROJ_PF | NEXT_QKV (measurements): L2 prefetches of Wo, the KV pages, each
+    O-proj tile's weights and the next QKV leave every result as it was; a context across pages."""
     w, _ = small
     t = replace(_fused_tiling("batch", 1), moe_local=1)
-    mode = abi.MK_MODE_GAP_WO | abi.MK_MODE_GAP_KV | abi.MK_MODE_OPROJ_PF
+    mode = abi.MK_MODE_GAP_WO | abi.MK_MODE_GAP_KV | abi.MK_MODE_OPROJ_PF | abi.MK_MODE_NEXT_QKV
     be = MegakernelBackend(CFG, w, tiling=t, prefetch_mode=mode)
     _consecutive_steps(w, be, [700], seed=37, steps=3)
 
