@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 23
+#define MK_ABI_VERSION 24
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -67,7 +67,6 @@ enum MkField {
 //   ADD_NORM                 A0 = row
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
-//                            (OPROJ: A4 = its kv head; NTOK = MK_OPROJ_COMBINE: see the end)
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits (A4 = MK_NO_COUNTER,
 //                            unused since ABI 21)
@@ -192,14 +191,11 @@ enum MkError {
 // for ROUTE.
 #define MK_MODE_TOKEN_ROWS 128
 
-// MK_MODE_GAP_WO / MK_MODE_GAP_KV (A/B measurement, Tiling.moe_local only): each self-routing fused
-// item, idle between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of
-// what the layer's attention chain reads later: Wo(l), and row 0's KV pages of layer l.
-#define MK_MODE_GAP_WO 16384
-#define MK_MODE_GAP_KV 32768
-// MK_MODE_OPROJ_PF (A/B measurement): an O-proj tile asks L2 for its weight tile (bulk prefetches,
-// evict_last) before its wait, so that its GEMV reads what landed during the wait and its staging.
-#define MK_MODE_OPROJ_PF 65536
+// MK_MODE_NO_GAP_KV (A/B switch): without it each self-routing fused item (Tiling.moe_local), idle
+// between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of row 0's KV
+// pages of layer l (mk_kernel.cuh gap_prefetch_kv). Measured slower and removed: the same for Wo(l)
+// (+4.5 % at BS 1 on the H100, 2026-12-06) and each O-proj tile's own weights before its wait.
+#define MK_MODE_NO_GAP_KV 32768
 // MK_MODE_NEXT_QKV (A/B measurement): O-proj tile m of n also asks L2 (evict_last) for the m-th n-th
 // of each of the next layer's Wq, Wk and Wv before its wait, for the next layer's QKV tiles.
 #define MK_MODE_NEXT_QKV 131072
@@ -286,13 +282,3 @@ enum MkLayerWeight {
 // expert of rank j and its weight, and runs as a fused item of that expert. Every item of a layer
 // reads the same logits with the same code, so they agree on the experts without a table.
 #define MK_MOE_LOCAL 1
-
-// Tiling.oproj_combine (ABI 23): no ATTN_COMBINE tasks. An O-proj tile (MK_F_NTOK =
-// MK_OPROJ_COMBINE, words MK_F_SLOT0 + b = row b's splits) merges its kv head's (A4) attention
-// splits by LSE itself while it stages its activations, after one wait: the kv head's attention
-// counter, which every split of every row signals. Every O-proj tile of the head repeats the merge
-// (its o_part / lse_part reads come from L2) instead of waiting for a combine task and reading
-// attn_out, which stays unwritten. The merge's weights take MK_MAX_TOKENS * G * max_splits floats
-// of scratch, at most MK_OPROJ_COMBINE_WEIGHTS.
-#define MK_OPROJ_COMBINE 1
-#define MK_OPROJ_COMBINE_WEIGHTS 2048

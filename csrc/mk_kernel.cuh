@@ -201,8 +201,6 @@ __device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
 }
 
-__device__ __noinline__ void stage_oproj_combine(const Params& p, const int* d, bf16* act_s, float* wts);
-
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
@@ -211,10 +209,6 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   bool staged = false;
   if (op == MK_OP_OPROJ) {
     a = ActSrc{V.attn_out(l), V.QW(), rows, d[MK_F_A2]};
-    if (d[MK_F_NTOK] == MK_OPROJ_COMBINE) {  // Tiling.oproj_combine: it merges the splits itself
-      stage_oproj_combine(p, d, s.act, s.red);
-      staged = true;
-    }
   } else if (op == MK_OP_DENSE_DOWN) {
     a = ActSrc{V.dense_act(l), p.dense_inter, rows, d[MK_F_A2]};
   } else if (op == MK_OP_ROUTER && p.norm_inline) {  // its share of the residual, into x(l+1)
@@ -517,88 +511,6 @@ __device__ __noinline__ void attn_combine_at(const Params& p, int l, int b, int 
     float acc = 0.f;
     for (int sp = 0; sp < S; ++sp) acc += wr[sp] * ld_cg(src(i) + (size_t)sp * hd);
     if (!dry) out[i] = acc;
-  }
-}
-
-// Tiling.oproj_combine (mk_abi.h MK_OPROJ_COMBINE): an O-proj tile's activations are its kv head's
-// attention output, merged here from the splits as attn_combine_at does, straight into act_s:
-// act_s[b][i] = bf16(sum_s w[b][i / hd][s] o_part[b][head i / hd][s][i % hd]) for i < G * hd and
-// rows b < batch (zeros above; the GEMV's barrier publishes them). wts: [8][G][max_splits] floats
-// of scratch (the GEMV's reduction buffer, free until that barrier). Each thread owns pairs of
-// adjacent outputs; its first pair of row 0 loads its first COMBINE_PRE splits before the weights,
-// so one row takes one L2 round trip plus the lse loads beside it.
-__device__ __noinline__ void stage_oproj_combine(const Params& p, const int* d, bf16* act_s, float* wts) {
-  static_assert(RED_FLOATS >= MK_OPROJ_COMBINE_WEIGHTS, "the merge weights fit the reduction scratch");
-  act_s = shared(act_s);
-  wts = shared(wts);
-  const int l = d[MK_F_LAYER], kvh = d[MK_F_A4], B = p.batch;
-  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads, MS = p.max_splits;
-  const int klen = G * hd, lds = klen + ACT_PAD, npairs = klen / 2;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // row b, head hq of the kv head: its splits' outputs (stride hd) and lse values
-  auto o_src = [&](int b, int i) {
-    return (const float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G + i / hd) * MS) * hd + i % hd;
-  };
-  auto lse_src = [&](int b, int hq) {
-    return (const float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G + hq) * MS;
-  };
-  const int S0 = d[MK_F_SLOT0];
-  const int i0 = 2 * (int)threadIdx.x;
-  const float* s0 = o_src(0, i0 < klen ? i0 : 0);
-  float2 x0[COMBINE_PRE];
-#pragma unroll
-  for (int u = 0; u < COMBINE_PRE; ++u)
-    x0[u] = (i0 < klen && u < S0) ? __ldcg(reinterpret_cast<const float2*>(s0 + (size_t)u * hd)) : make_float2(0.f, 0.f);
-  for (int t = warp; t < B * G; t += NWARPS) {
-    const int b = t / G, hq = t % G, S = d[MK_F_SLOT0 + b];
-    const float* lse = lse_src(b, hq);
-    float* wr = wts + t * MS;
-    const float v0 = ld_cg_if(lse + lane, lane < S);
-    float m = lane < S ? v0 : -INFINITY;
-    for (int sp = lane + 32; sp < S; sp += 32) m = fmaxf(m, ld_cg(lse + sp));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float den = 0.f;
-    if (lane < S) {
-      const float e = expf(v0 - m);  // 0 for an empty split
-      wr[lane] = e;
-      den += e;
-    }
-    for (int sp = lane + 32; sp < S; sp += 32) {
-      const float e = expf(ld_cg(lse + sp) - m);
-      wr[sp] = e;
-      den += e;
-    }
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    __syncwarp();
-    for (int sp = lane; sp < S; sp += 32) wr[sp] /= den;
-  }
-  __syncthreads();
-  for (int b = 0; b < 8; ++b) {
-    const int S = b < B ? d[MK_F_SLOT0 + b] : 0;
-    for (int j = threadIdx.x; j < npairs; j += NT) {
-      const int i = 2 * j;
-      float2 acc = make_float2(0.f, 0.f);
-      if (b < B) {
-        const float* wr = wts + (b * G + i / hd) * MS;
-        const float* src = o_src(b, i);
-        int sp = 0;
-        if (b == 0 && j == (int)threadIdx.x) {  // the preloaded splits
-#pragma unroll
-          for (int u = 0; u < COMBINE_PRE; ++u)
-            if (u < S) {
-              acc.x += wr[u] * x0[u].x;
-              acc.y += wr[u] * x0[u].y;
-            }
-          sp = COMBINE_PRE;
-        }
-        for (; sp < S; ++sp) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(src + (size_t)sp * hd));
-          acc.x += wr[sp] * v.x;
-          acc.y += wr[sp] * v.y;
-        }
-      }
-      *reinterpret_cast<__nv_bfloat162*>(act_s + b * lds + i) = __floats2bfloat162_rn(acc.x, acc.y);
-    }
   }
 }
 
@@ -1670,11 +1582,8 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 // instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
 // code cold from L2 while HBM is saturated (MK_MODE_TWICE measured add+norm 8.4 us cold, 2.9 us
 // warm; the step without warm-ups was measured slower and that switch removed).
-// An O-proj tile that merges its splits (MK_OPROJ_COMBINE; a queue item too) warms its merge: the
-// staging writes shared memory only (measured cold on the H100, 2026-12-06: ready -> GEMV 7.3 us).
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
-  if (op == MK_OP_OPROJ) return d[MK_F_NTOK] == MK_OPROJ_COMBINE;
   return d[MK_F_ID] >= 0 &&
          (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
 }
@@ -1688,7 +1597,6 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
     // 5.874 / 5.872 vs 6.063 / 5.973 ms, BS 8 8.700 / 8.682 vs 8.794 / 8.660, BS 1 3.111 / 3.102 vs
     // 3.172 / 3.085, gpu_check, same call; with a one-page attention item warmed too: +1-3 %)
     case MK_OP_QKV: op_qkv(p, d, s, true); break;
-    case MK_OP_OPROJ: stage_oproj_combine(p, d, s.act, s.red); break;
     default: op_attn_combine(p, d, s, true); break;
   }
 }
@@ -1748,59 +1656,50 @@ __device__ __forceinline__ void stage_h_once(const Params& p, int l, Smem& s, in
   if (threadIdx.x == 0) s_h_staged = l;
 }
 
-// A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
-// ready) and stage h(l) (false: the step was abandoned); run_task then waits for the router tiles
-// and gemv_op finds the rows staged.
-// MK_MODE_OPROJ_PF (mk_abi.h): the tile's rows of Wo, each its K range, into L2 before the wait.
-__device__ __noinline__ void oproj_prefetch(const Params& p, const int* d) {
-  if (threadIdx.x != 0) return;
-  View V(p);
-  const int r0 = d[MK_F_A0], n = d[MK_F_A1], k0 = d[MK_F_A2], k1 = d[MK_F_A3];
-  const bf16* W = V.lw(d[MK_F_LAYER], MK_LW_O) + (size_t)r0 * V.QW() + k0;
-  const uint64_t pol = l2_policy(true);
-  if (p.prefetch_mode & MK_MODE_OPROJ_PF)
-    for (int r = 0; r < n; ++r) prefetch_l2_bulk(W + (size_t)r * V.QW(), (size_t)(k1 - k0) * sizeof(bf16), pol);
+// MK_MODE_NEXT_QKV (mk_abi.h, a measurement): O-proj tile m of the layer's n asks L2 for the m-th n-th
+// of each of the next layer's Wq, Wk and Wv before its wait.
+__device__ __noinline__ void next_qkv_prefetch(const Params& p, const int* d) {
   const int l1 = d[MK_F_LAYER] + 1;
-  if ((p.prefetch_mode & MK_MODE_NEXT_QKV) && l1 < p.num_layers) {
-    const int per_head = p.hidden / n, tiles = per_head * p.num_kv_heads, m = d[MK_F_A4] * per_head + r0 / n;
-    const int slots[3] = {MK_LW_Q, MK_LW_K, MK_LW_V};
-    const size_t rows[3] = {(size_t)V.QW(), (size_t)V.KVW(), (size_t)V.KVW()};
-    for (int j = 0; j < 3; ++j) {
-      const size_t bytes = rows[j] * p.hidden * sizeof(bf16), share = (bytes / tiles + 15) / 16 * 16;
-      const size_t a = (size_t)m * share;
-      if (a < bytes) prefetch_l2_bulk(reinterpret_cast<const char*>(V.lw(l1, slots[j])) + a, min(share, bytes - a), pol);
-    }
+  if (threadIdx.x != 0 || l1 >= p.num_layers) return;
+  View V(p);
+  const int r0 = d[MK_F_A0], n = d[MK_F_A1];
+  const int per_head = p.hidden / n, tiles = per_head * p.num_kv_heads, m = d[MK_F_A4] * per_head + r0 / n;
+  const int slots[3] = {MK_LW_Q, MK_LW_K, MK_LW_V};
+  const size_t rows[3] = {(size_t)V.QW(), (size_t)V.KVW(), (size_t)V.KVW()};
+  const uint64_t pol = l2_policy(true);
+  for (int j = 0; j < 3; ++j) {
+    const size_t bytes = rows[j] * p.hidden * sizeof(bf16), share = (bytes / tiles + 15) / 16 * 16;
+    const size_t a = (size_t)m * share;
+    if (a < bytes) prefetch_l2_bulk(reinterpret_cast<const char*>(V.lw(l1, slots[j])) + a, min(share, bytes - a), pol);
   }
 }
 
-// MK_MODE_GAP_WO / MK_MODE_GAP_KV (mk_abi.h): item m of the layer's n fused items prefetches the
-// m-th n-th of Wo(l) and every n-th of row 0's visible KV pages of layer l from the m-th on.
-__device__ __noinline__ void gap_prefetch(const Params& p, const int* d) {
+// The routing gap's KV (mk_abi.h MK_MODE_NO_GAP_KV turns it off): self-routing item m of the layer's
+// n, idle until the router tiles end, asks L2 (bulk prefetches, evict_last) for every n-th of row 0's
+// visible KV pages of layer l from the m-th on, which the layer's attention items read 10-20 us later
+// (H100, BS 1, 8K, 2026-12-06, two calls: 3.367-3.401 vs 3.393-3.433 ms; the same for Wo: +4.5 %).
+__device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   if (threadIdx.x != 0) return;
   View V(p);
   const int l = d[MK_F_LAYER];
   const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
+  const long long pos = V.position(0);
+  const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
+  const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
+  const size_t page_bytes = (size_t)2 * p.num_kv_heads * 64 * p.head_dim * sizeof(bf16);
   const uint64_t pol = l2_policy(true);
-  if (p.prefetch_mode & MK_MODE_GAP_WO) {
-    const size_t bytes = (size_t)p.hidden * V.QW() * sizeof(bf16);
-    const size_t share = (bytes / n + 15) / 16 * 16, a = (size_t)m * share;
-    if (a < bytes) prefetch_l2_bulk(reinterpret_cast<const char*>(V.lw(l, MK_LW_O)) + a, min(share, bytes - a), pol);
-  }
-  if (p.prefetch_mode & MK_MODE_GAP_KV) {
-    const long long pos = V.position(0);
-    const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
-    const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
-    const size_t page_bytes = (size_t)2 * p.num_kv_heads * 64 * p.head_dim * sizeof(bf16);
-    for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n)
-      prefetch_l2_bulk(V.kv(V.page(l, 0, (int)(pg * 64)), 0, 0, 0), page_bytes, pol);
-  }
+  for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n)
+    prefetch_l2_bulk(V.kv(V.page(l, 0, (int)(pg * 64)), 0, 0, 0), page_bytes, pol);
 }
 
+// A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
+// ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
+// for the router tiles and gemv_op finds the rows staged.
 __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
   if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
   __syncthreads();
   if (!*flag) return false;  // uniform
-  if (p.prefetch_mode & (MK_MODE_GAP_WO | MK_MODE_GAP_KV)) gap_prefetch(p, d);
+  if (!(p.prefetch_mode & MK_MODE_NO_GAP_KV)) gap_prefetch_kv(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
   return true;
 }
@@ -1817,7 +1716,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
-  if (d[MK_F_OP] == MK_OP_OPROJ && (p.prefetch_mode & (MK_MODE_OPROJ_PF | MK_MODE_NEXT_QKV))) oproj_prefetch(q, d);
+  if (d[MK_F_OP] == MK_OP_OPROJ && (p.prefetch_mode & MK_MODE_NEXT_QKV)) next_qkv_prefetch(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {

@@ -352,38 +352,25 @@ class OpSemantics:
             writes=[(("attn_out", layer, b), kvh * G * dh, (kvh + 1) * G * dh)],
         )
         if self.math:
-            self.ws["attn_out"][layer, b, kvh * G * dh : (kvh + 1) * G * dh] = self._merge(layer, b, kvh, S)
+            heads = slice(kvh * G, (kvh + 1) * G)
+            lse = self.ws["lse_part"][layer, b, heads, :S]  # [G, S]
+            o = self.ws["o_part"][layer, b, heads, :S]  # [G, S, d]
+            m = lse.max(-1, keepdim=True).values
+            w = torch.exp(lse - m)
+            out = (w[..., None] * o).sum(1) / w.sum(-1, keepdim=True)
+            self.ws["attn_out"][layer, b, kvh * G * dh : (kvh + 1) * G * dh] = out.reshape(-1)
         return acc
-
-    def _merge(self, layer, b, kvh, S) -> torch.Tensor:
-        """Row b's kv head kvh output from its S attention splits (the LSE merge), [G * d]."""
-        G = self.cfg.gqa_group
-        heads = slice(kvh * G, (kvh + 1) * G)
-        lse = self.ws["lse_part"][layer, b, heads, :S]  # [G, S]
-        o = self.ws["o_part"][layer, b, heads, :S]  # [G, S, d]
-        w = torch.exp(lse - lse.max(-1, keepdim=True).values)
-        return ((w[..., None] * o).sum(1) / w.sum(-1, keepdim=True)).reshape(-1)
 
     def op_oproj(self, layer, a, d) -> Access:
         r0, n, k0, k1, s = a
-        # Tiling.oproj_combine: the tile merges kv head s's splits itself (attn_out stays unwritten)
-        merge = int(d[abi.MK_F_NTOK]) == abi.MK_OPROJ_COMBINE
-        splits = [int(d[abi.MK_F_SLOT0 + b]) for b in self._rows()] if merge else []
-        if merge:
-            reads = [(("att", layer, b, s), 0, splits[b]) for b in self._rows()]
-        else:
-            reads = [(("attn_out", layer, b), k0, k1) for b in self._rows()]
+        reads = [(("attn_out", layer, b), k0, k1) for b in self._rows()]
         if self.inline:
             acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
         else:
             acc = Access(reads=reads, writes=[(("ao", layer, s, b), r0, r0 + n) for b in self._rows()])
         if self.math:
             W = self.w.layers[layer].o[r0 : r0 + n, k0:k1].float()
-            if merge:
-                act = torch.stack([self._merge(layer, b, s, splits[b]) for b in self._rows()])
-            else:
-                act = self.ws["attn_out"][layer, : self.B, k0:k1]
-            y = act @ W.T
+            y = self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
             if self.inline:
                 self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
             else:

@@ -152,15 +152,6 @@ for _i in range(_MAX_SIGNALS):
     _TEMPLATE[_F_SIG0 + _i] = abi.MK_NO_COUNTER
 
 
-def oproj_desc(d: list[int], splits: list[int] | None) -> list[int]:
-    """An O-proj descriptor; with `splits` (each row's attention splits) it merges its kv head's
-    splits itself (Tiling.oproj_combine, mk_abi.h MK_OPROJ_COMBINE)."""
-    if splits is not None:
-        d[abi.MK_F_NTOK] = abi.MK_OPROJ_COMBINE
-        d[abi.MK_F_SLOT0 : abi.MK_F_SLOT0 + len(splits)] = splits
-    return d
-
-
 def make_desc(
     op: int,
     layer: int,
@@ -324,19 +315,8 @@ def build_schedule(
         drain_waits: tuple[tuple[int, int], ...] = ()
         if verify_rows:
             drain_waits = ((qkv_cs[0], per_head),) if qkv_all is None else ((qkv_all, n_qkv),)
-        # Tiling.oproj_combine: no combines; every split of kv head h (all rows) signals one counter,
-        # which its O-proj tiles wait for
-        fuse_comb = bool(tiling.oproj_combine)
-        n_att_h = sum(rows_splits[b] for b in range(B))
-        if fuse_comb:
-            att_h = [counter(f"attn[{layer}][{h}]", n_att_h) for h in range(Hkv)]
-            att_c = [att_h for _ in range(B)]
-            comb_c: list[int] = []
-        else:
-            att_c = [
-                [counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)
-            ]
-            comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
+        comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
+        att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)
         wait_h = ((norm[layer], B),)
         if tiling.whatif_norm and prev_end:
@@ -470,7 +450,6 @@ def build_schedule(
             )
             for b in range(B)
             for h in range(Hkv)
-            if not fuse_comb
         ]
         n_comb = len(combines)
         if combine_ctrl:
@@ -478,15 +457,12 @@ def build_schedule(
                 emit(cd, ctrl_sm(k))
             combines = []
         tail = combines + [
-            oproj_desc(
-                make_desc(
-                    abi.MK_OP_OPROJ,
-                    layer,
-                    (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
-                    ((att_h[s], n_att_h),) if fuse_comb else ((comb_c[s], B),),
-                    (mlp_c if inline else o_c,),  # norm_inline: the layer's one end counter
-                ),
-                [rows_splits[b] for b in range(B)] if fuse_comb else None,
+            make_desc(
+                abi.MK_OP_OPROJ,
+                layer,
+                (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
+                ((comb_c[s], B),),
+                (mlp_c if inline else o_c,),  # norm_inline: the layer's one end counter
             )
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)

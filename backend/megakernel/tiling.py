@@ -65,11 +65,6 @@ class Tiling:
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
-    # 1: no ATTN_COMBINE tasks; each O-proj tile merges its kv head's attention splits itself while it
-    # stages (mk_abi.h MK_OPROJ_COMBINE), after the kv head's one attention counter. Takes the
-    # combine's hop off the attention chain (H200 BS 1 timeline: last split 33.3 us, combine ready
-    # 32.9, O-proj ready 37.5, then its own staging of attn_out).
-    oproj_combine: int = 0
     # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
     # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
     # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
@@ -186,13 +181,6 @@ class Tiling:
             )
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
-        need(self.oproj_combine in (0, 1), "oproj_combine must be 0 or 1")
-        need(
-            not self.oproj_combine
-            or abi.MK_MAX_TOKENS * cfg.gqa_group * self.most_splits() <= abi.MK_OPROJ_COMBINE_WEIGHTS,
-            f"oproj_combine: {abi.MK_MAX_TOKENS} rows x gqa_group x most_splits() merge weights must fit "
-            f"{abi.MK_OPROJ_COMBINE_WEIGHTS} floats",
-        )
         rows = {
             "qkv_rows": self.qkv_rows,
             "o_rows": self.o_rows,
@@ -288,7 +276,6 @@ SWITCH_FIELDS = frozenset(
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
-        "oproj_combine",
         "moe_up_small",
         "moe_up_small_tiles",
         "lm_queue",

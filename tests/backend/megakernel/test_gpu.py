@@ -15,7 +15,7 @@ import torch
 from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
 from mkcode.backend.megakernel.sampling import SamplingParams, sample_row
-from mkcode.backend.megakernel.schedule import build_schedule, expert_counter, make_desc, oproj_desc
+from mkcode.backend.megakernel.schedule import build_schedule, expert_counter, make_desc
 from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
@@ -146,22 +146,6 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
 def test_op_matches_semantics(small, op, B):
     w, be = small
     _op_check(CFG, w, be, op, B)
-
-
-@pytest.mark.parametrize("B", [1, 3, 8])
-def test_oproj_merging_its_splits_matches_semantics(small, B):
-    """MK_OPROJ_COMBINE (Tiling.oproj_combine): each O-proj tile merges its kv head's splits by LSE
-    while it stages, ragged split counts per row (one past the 16 the kernel preloads); attn_out holds
-    random values it must not read."""
-    w, be = small
-    G, d = CFG.gqa_group, CFG.head_dim
-    splits = [[min(20, be.tiling.most_splits()), 3, 1, 2][b % 4] for b in range(B)]
-    descs = [
-        oproj_desc(make_desc(abi.MK_OP_OPROJ, 1, (r, 64, s * G * d, (s + 1) * G * d, s)), splits)
-        for r in (0, 448)
-        for s in range(2)
-    ]
-    _op_check(CFG, w, be, abi.MK_OP_OPROJ, B, descs=descs)
 
 
 # Tiling.norm_inline: the ops that add into (or, the router tiles, copy the residual into) x(l+1),
@@ -488,14 +472,16 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
-def test_gap_prefetches_change_nothing(small):
-    """MK_MODE_GAP_WO | GAP_KV | OPROJ_PF | NEXT_QKV (measurements): L2 prefetches of Wo, the KV pages, each
-    O-proj tile's weights and the next QKV leave every result as it was; a context across pages."""
+@pytest.mark.parametrize(
+    "mode", [0, abi.MK_MODE_NO_GAP_KV, abi.MK_MODE_NEXT_QKV], ids=["gap-kv", "no-gap-kv", "next-qkv"]
+)
+def test_l2_prefetches_change_nothing(small, mode):
+    """The self-routing items' L2 prefetch of the KV pages (the default), its off switch and
+    MK_MODE_NEXT_QKV (a measurement: O-proj tiles prefetch the next QKV weights) leave every result
+    as it was; a context across several pages."""
     w, _ = small
     t = replace(_fused_tiling("batch", 1), moe_local=1)
-    mode = abi.MK_MODE_GAP_WO | abi.MK_MODE_GAP_KV | abi.MK_MODE_OPROJ_PF | abi.MK_MODE_NEXT_QKV
-    be = MegakernelBackend(CFG, w, tiling=t, prefetch_mode=mode)
-    _consecutive_steps(w, be, [700], seed=37, steps=3)
+    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t, prefetch_mode=mode), [700], seed=37, steps=3)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
@@ -843,29 +829,6 @@ def test_attention_in_the_moe_queue_reduced(small, contexts):
     w, _ = small
     t = _engine_tiling(contexts, attn_in_moe=3)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=59, steps=3)
-
-
-@pytest.mark.parametrize(
-    "contexts", [[300], [700], [300, 5, 77], BS8_CONTEXTS], ids=["bs1", "bs1-700", "bs3", "bs8"]
-)
-@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
-def test_oproj_combine_reduced(small, contexts, use_mma):
-    """Tiling.oproj_combine on the engine's tiling: no combine tasks, each O-proj tile merging its
-    kv head's splits; three steps against the reference."""
-    w, _ = small
-    t = _engine_tiling(contexts, oproj_combine=1)
-    be = MegakernelBackend(CFG, w, tiling=t, use_mma=use_mma)
-    assert "ATTN_COMBINE" not in build_schedule(CFG, len(contexts), contexts, be.n_sms, t).summary()
-    _consecutive_steps(w, be, contexts, seed=67, steps=3)
-
-
-@pytest.mark.parametrize("contexts", [[8192], [100, 4095, 9000]], ids=["bs1", "bs3"])
-def test_oproj_combine_release_geometry(release, contexts):
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
-    cfg, w, _ = release
-    t = replace(tiling_for_batch(cfg, default_tiling(cfg), len(contexts)), oproj_combine=1)
-    _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), contexts, seed=len(contexts) + 70)
 
 
 @pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])
