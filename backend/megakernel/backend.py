@@ -96,7 +96,6 @@ class MegakernelBackend:
         prefetch_mode: int | None = None,
         native_module=None,
         asynchronous: bool = False,
-        allow_whatif: bool = False,
         verify_rows: bool = True,
     ):
         """`native_module`: the extension (default: built/loaded by `native`). Tests pass a fake
@@ -108,10 +107,6 @@ class MegakernelBackend:
         for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator, and on an
         H100 by tests/backend/megakernel/test_verify_rows_gpu.py). On by default; built with
         it off, the backend refuses such steps and the engine turns speculation off."""
-        if tiling is not None and tiling.whatif_norm and not allow_whatif:
-            raise ValueError(
-                "Tiling.whatif_norm computes wrong results: a measurement for gpu_check bench only"
-            )
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 

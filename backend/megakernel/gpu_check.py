@@ -118,14 +118,8 @@ def bench(args: argparse.Namespace) -> int:
         # each batch size on the tiling the engine uses for it (tiling_for_batch), the variant's keys
         # on top: the figures are comparable with the engine harness (mkcode bench decode)
         for B in args.batches:
-            tiling = variant_tiling(engine_tiling(B), kw)
-            be = MegakernelBackend(
-                cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma, allow_whatif=bool(tiling.whatif_norm)
-            )
-            if tiling.whatif_norm:  # its consumers read h that no add+norm (2) or a running one (1)
-                # writes: unit-scale rows, so that the routing spreads as a real step's does
-                torch.manual_seed(B)
-                be.ws["h"].normal_()
+            tiling = replace(engine_tiling(B), **kw)
+            be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma)
             contexts = [args.context] * B
             times = time_steps(be, cases[B].batch, args.reps)
             med = statistics.median(times)
@@ -167,8 +161,8 @@ def bench(args: argparse.Namespace) -> int:
         mma = fastest_mma if mma is None else mma
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode}, mma={mma})"
-        # tile overrides, FMA, other modes: check first (not the what-if measurements: wrong by design)
-        if (kw or mma != 1 or mode != abi.MK_PREFETCH_DEFAULT) and not kw.get("whatif_norm"):
+        # tile overrides, FMA, other modes: check first
+        if kw or mma != 1 or mode != abi.MK_PREFETCH_DEFAULT:
             try:
                 ok = reduced_check(tiling, mode, mma)
             except MegakernelTimeout as e:  # a hung kernel keeps the GPU: nothing after it can run
@@ -200,7 +194,7 @@ def bench(args: argparse.Namespace) -> int:
     tl_kw = parse_variant(args.timeline_variant)[2] if args.timeline_variant else {}
     results["timeline"] = {}
     for B in args.batches:
-        tl_tiling = variant_tiling(engine_tiling(B), tl_kw)
+        tl_tiling = replace(engine_tiling(B), **tl_kw)
         be = MegakernelBackend(cfg, w, tiling=tl_tiling, prefetch_mode=tl_mode, use_mma=fastest_mma)
         be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
         be.decode(cases[B].batch)
@@ -517,15 +511,6 @@ def step(args: argparse.Namespace) -> int:
         flush=True,
     )
     return 0 if ok else 1
-
-
-def variant_tiling(engine: Tiling, kw: dict[str, int]) -> Tiling:
-    """The engine's tiling for a batch size with a variant's keys on top. A what-if
-    (Tiling.whatif_norm) measures the add+norm path without its hop, so it runs on the engine's
-    tiling with norm_inline off unless the variant says otherwise (the two exclude each other)."""
-    if kw.get("whatif_norm"):
-        kw = {"norm_inline": 0, **kw}
-    return replace(engine, **kw)
 
 
 def parse_variant(spec: str) -> tuple[int | None, int | None, dict[str, int]]:

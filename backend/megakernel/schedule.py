@@ -287,10 +287,9 @@ def build_schedule(
 
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
-    # The previous layer's end, ((O-proj, n_o), (MLP, target)): what the GEMVs over h(l) wait for
-    # instead of its add+norm with Tiling.whatif_norm (a measurement) and, its MLP counter alone (the
-    # O-proj tiles signal it too), with Tiling.norm_inline
-    prev_end: tuple[tuple[int, int], ...] = ()
+    # The previous layer's end, (MLP counter, target): what the GEMVs over h(l) wait for instead of
+    # its add+norm with Tiling.norm_inline (the O-proj tiles signal that counter too)
+    prev_end: tuple[int, int] | None = None
     inline = bool(tiling.norm_inline)
     # Tiling.moe_local: the fused items are static tasks that route themselves (one row only)
     local = bool(tiling.moe_local)
@@ -319,10 +318,8 @@ def build_schedule(
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
         o_c = counter(f"oproj[{layer}]", n_o)
         wait_h = ((norm[layer], B),)
-        if tiling.whatif_norm and prev_end:
-            wait_h = prev_end
         if inline and prev_end:
-            wait_h = (prev_end[1],)
+            wait_h = (prev_end,)
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
@@ -490,8 +487,6 @@ def build_schedule(
             # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
             # while ROUTE runs), then ROUTE
             drain_h = wait_h[0] if inline else (norm[layer], B)
-            if tiling.whatif_norm == 2 and prev_end:
-                drain_h = prev_end[1]
             late = abi.MK_DRAIN_LATE_ROUTE if late_route else 0
             for _ in range(n_work):  # one per work SM
                 # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE; a late-route
@@ -538,7 +533,7 @@ def build_schedule(
 
         # 8. residual add + next norm, per row
         mlp_target = cs.targets[cs.names[mlp_c]]
-        if tiling.whatif_norm != 2 and not inline:
+        if not inline:
             for b in range(B):
                 emit(
                     make_desc(
@@ -546,11 +541,11 @@ def build_schedule(
                     ),
                     ctrl_sm(b),
                 )
-        prev_end = ((o_c, n_o), (mlp_c, mlp_target))
+        prev_end = (mlp_c, mlp_target)
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
-    lm_wait = prev_end if tiling.whatif_norm else (prev_end[1],) if inline else ((norm[L], B),)
+    lm_wait = (prev_end,) if inline else ((norm[L], B),)
     lm_tiles = [
         make_desc(
             abi.MK_OP_LM_HEAD,

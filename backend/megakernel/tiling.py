@@ -73,13 +73,6 @@ class Tiling:
     # after them (2026-11-30, timeline). The small tiles claimed last end within a few us of each other.
     moe_up_small: int = 0
     moe_up_small_tiles: int = 0
-    # MEASUREMENT ONLY, wrong results (2026-12-01): what the layer boundary would cost without the
-    # ADD_NORM hop, the upper bound of computing each layer's norm inside its consumers. 1: the QKV,
-    # router, dense-up and LM-head tiles wait on the previous layer's O-proj and MLP counters, not on
-    # its add+norm (which still runs and writes h meanwhile: they read h while it changes); 2: also no
-    # ADD_NORM tasks (h stays what the caller put there) and the MoE drains wait on the previous
-    # layer's MLP counter. Only gpu_check bench runs it (MegakernelBackend refuses it otherwise).
-    whatif_norm: int = 0
     # 1: no ADD_NORM tasks (mk_abi.h, norm_inline): the layer's outputs are added (fp32 atomics)
     # into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise with the residual,
     # and each GEMV over h(l) stages RMSNorm(x(l)) itself. Takes the add+norm's hop off the layer
@@ -161,10 +154,8 @@ class Tiling:
         )
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
-        need(self.whatif_norm in (0, 1, 2), "whatif_norm must be 0, 1 or 2")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
         need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
-        need(not (self.norm_inline and self.whatif_norm), "norm_inline and whatif_norm exclude each other")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
             need(
@@ -531,8 +522,6 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
     """The engine's tiling for a batch size (_batch_tiling), with ENGINE_NORM_INLINE where the config
     takes it, ENGINE_LM_QUEUE, and at one row SINGLE_MOE_LOCAL where the tiling takes it."""
     t = replace(_batch_tiling(cfg, base, batch, position), lm_queue=ENGINE_LM_QUEUE)
-    if t.whatif_norm:
-        return t
     t = _if_valid(cfg, replace(t, norm_inline=ENGINE_NORM_INLINE), t)
     return _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t) if batch == 1 else t
 

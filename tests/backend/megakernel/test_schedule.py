@@ -787,57 +787,6 @@ def test_paged_case_pages_scattered_or_consecutive():
         assert consecutive == (not scatter)
 
 
-@pytest.mark.parametrize("mode", [1, 2])
-def test_whatif_norm_schedule_waits_on_the_previous_layers_end(mode):
-    """Tiling.whatif_norm (a measurement, wrong results by design): the layer-l consumers of h wait
-    on layer l-1's O-proj and MLP counters; mode 2 also drops every ADD_NORM, its drains wait on the
-    MLP counter then ROUTE, and the step's counter totals still meet every wait (no deadlock)."""
-    B = 8
-    base = build_schedule(CFG, B, [8192] * B, 132)
-    s = build_schedule(CFG, B, [8192] * B, 132, tiling=replace(base.tiling, whatif_norm=mode))
-    names = s.counters.names
-    ops = [int(t[abi.MK_F_OP]) for t in s.tasks]
-    assert (ops.count(abi.MK_OP_ADD_NORM) == 0) == (mode == 2)
-    for t in s.tasks:
-        op, layer = int(t[abi.MK_F_OP]), int(t[abi.MK_F_LAYER])
-        waits = [names[int(t[abi.MK_F_WAIT0 + 2 * i])] for i in range(int(t[abi.MK_F_NWAIT]))]
-        if op in (abi.MK_OP_QKV, abi.MK_OP_ROUTER) and layer >= 1:
-            assert waits == [f"oproj[{layer - 1}]", f"mlp[{layer - 1}]"]
-        if op == abi.MK_OP_LM_HEAD:
-            L = CFG.num_hidden_layers
-            assert waits == [f"oproj[{L - 1}]", f"mlp[{L - 1}]"]
-        if op == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_MOE:
-            h_wait = f"mlp[{layer - 1}]" if mode == 2 else f"norm[{layer}]"
-            assert waits == [h_wait, f"route[{layer}]"]
-    for t in s.tasks:  # every static wait's target is what the step signals
-        for i in range(int(t[abi.MK_F_NWAIT])):
-            c, target = int(t[abi.MK_F_WAIT0 + 2 * i]), int(t[abi.MK_F_WAIT0 + 2 * i + 1])
-            assert s.counters.totals[c] >= target, names[c]
-
-
-def test_whatif_variant_runs_on_the_engine_tiling_without_norm_inline():
-    """gpu_check's what-if variant on the engine's tiling (which takes norm_inline): the what-if
-    measures the add+norm path, so the variant turns norm_inline off and the tiling validates."""
-    from mkcode.backend.megakernel.gpu_check import variant_tiling
-    from mkcode.backend.megakernel.tiling import tiling_for_batch
-
-    engine = tiling_for_batch(CFG, default_tiling(CFG), 8)
-    assert engine.norm_inline
-    t = variant_tiling(engine, {"whatif_norm": 2})
-    assert (t.whatif_norm, t.norm_inline) == (2, 0)
-    t.validate(CFG)
-    assert variant_tiling(engine, {"ctrl_sms": 1}) == replace(engine, ctrl_sms=1)
-
-
-def test_whatif_norm_is_refused_outside_the_measurement():
-    from mkcode.backend.megakernel.backend import MegakernelBackend
-
-    with pytest.raises(ValueError, match="whatif_norm"):
-        MegakernelBackend(
-            CFG, None, tiling=replace(default_tiling(CFG), whatif_norm=1), native_module=object()
-        )
-
-
 def sm_lists_of(s, first: int) -> list[list[int]]:
     return [[i for i in ids if i >= first] for ids in s.sm_lists]
 
