@@ -193,15 +193,38 @@ class ForcedRoutingModel(ReferenceModel):
 
 
 def reference_step(
-    cfg: ModelConfig, weights, batch: DecodeBatch, forced: dict[int, torch.Tensor] | None = None
+    cfg: ModelConfig,
+    weights,
+    batch: DecodeBatch,
+    forced: dict[int, torch.Tensor] | None = None,
+    residuals: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """ReferenceModel's step over the batch's own pool (writes the new K/V there); fp32 logits.
-    With `forced`, MoE expert choices are the given ones (see ForcedRoutingModel)."""
+    With `forced`, MoE expert choices are the given ones (see ForcedRoutingModel). `residuals`
+    receives x(l + 1), each layer's output (fp32 [B, H]), in layer order."""
     ref = ForcedRoutingModel(cfg, weights, forced) if forced is not None else ReferenceModel(cfg, weights)
+    if residuals is not None:
+        layer = ref.layer
+
+        def recording(i, x, *args):
+            out = layer(i, x, *args)
+            residuals.append(out.float())
+            return out
+
+        ref.layer = recording
     segs = [Segment(b, b + 1, PagedKV(cfg, batch.kv_pool, batch.block_tables, b)) for b in range(batch.size)]
     out = ref.forward(batch.token_ids, batch.positions, segs).float()
     reference_step.last_flips = getattr(ref, "flips", [])  # type: ignore[attr-defined]
     return out
+
+
+def residual_cosines(ws, residuals: list[torch.Tensor], batch_size: int) -> torch.Tensor:
+    """Per (layer, row) cosine of the kernel's x(l + 1) (the workspace's residual stream: its
+    layer's sum, or what ADD_NORM wrote) with the reference's (reference_step's `residuals`):
+    [L, B], fp64."""
+    got = ws["x"][1 : len(residuals) + 1, :batch_size].double()
+    want = torch.stack(residuals).to(got.device).double()
+    return torch.nn.functional.cosine_similarity(got, want, dim=-1)
 
 
 def clone_batch(batch: DecodeBatch) -> DecodeBatch:

@@ -24,7 +24,13 @@ from mkcode.backend.megakernel.tiling import Tiling, attention_splits, default_t
 from mkcode.backend.megakernel.workspace import CounterBank, Workspace
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
-from tests.backend.megakernel.cases import clone_batch, make_case, reference_step, tiny_config
+from tests.backend.megakernel.cases import (
+    clone_batch,
+    make_case,
+    reference_step,
+    residual_cosines,
+    tiny_config,
+)
 
 CFG = tiny_config()
 # small tiles so that every matrix becomes several tasks; lm_rows leaves a partial last tile
@@ -52,10 +58,10 @@ def _inputs(batch) -> StepInputs:
     return StepInputs(batch.token_ids, batch.positions, batch.block_tables, batch.kv_pool)
 
 
-def _run(weights, contexts, splits=None, strategy="random", seed=0, bank_start=0, sched=None):
+def _run(weights, contexts, splits=None, strategy="random", seed=0, bank_start=0, sched=None, residuals=None):
     case = make_case(CFG, contexts, seed=seed + 11)
     ref_batch = clone_batch(case.batch)
-    ref = reference_step(CFG, weights, ref_batch)
+    ref = reference_step(CFG, weights, ref_batch, residuals=residuals)
     sched = sched or build_schedule(CFG, len(contexts), contexts, N_SMS, TILING, splits)
     ws = Workspace.allocate(CFG, TILING, "cpu")
     bank = CounterBank(sched.n_counters, start=bank_start)
@@ -95,8 +101,14 @@ def test_step_matches_reference(weights, contexts, splits, strategy, fused, inli
     t = replace(TILING, moe_fused=fused, norm_inline=inline)
     sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t, splits)
     assert (sched.summary().get("ADD_NORM", 0) == 0) == bool(inline)
-    ws, batch, ref, ref_batch, _ = _run(weights, contexts, splits, strategy, sched=sched)
+    residuals: list[torch.Tensor] = []
+    ws, batch, ref, ref_batch, _ = _run(weights, contexts, splits, strategy, sched=sched, residuals=residuals)
     _check(ws, batch, ref, ref_batch)
+    # every layer's output x(l + 1), not only the logits (as the GPU tests check it)
+    assert len(residuals) == CFG.num_hidden_layers
+    for layer, want in enumerate(residuals):
+        torch.testing.assert_close(ws["x"][layer + 1, : len(contexts)], want, rtol=1e-4, atol=1e-5)
+    assert float(residual_cosines(ws, residuals, len(contexts)).min()) > 0.99999
     B, moe = len(contexts), [i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)]
     bufs = ("moe_acc", "moe_out", "h")
     written = {n: not torch.isnan(ws[n][moe, :B]).any() for n in bufs}  # the path that ran

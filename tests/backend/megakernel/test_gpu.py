@@ -27,6 +27,7 @@ from tests.backend.megakernel.cases import (
     make_case,
     reduced_config,
     reference_step,
+    residual_cosines,
     standalone_desc,
     written_kv,
 )
@@ -334,10 +335,10 @@ def test_attn_op_one_split(small, B):
 # ---- whole steps ---------------------------------------------------------------------------------
 
 
-def _routed_reference(cfg, fp, be, ref_batch):
+def _routed_reference(cfg, fp, be, ref_batch, residuals=None):
     """The fp32 reference with the kernel's expert choices; any choice that differs from the
     reference's own must be a near-tie (within 5% of the logits' std of the k-th best)."""
-    ref = reference_step(cfg, fp, ref_batch, kernel_routing(cfg, be.ws, ref_batch.size))
+    ref = reference_step(cfg, fp, ref_batch, kernel_routing(cfg, be.ws, ref_batch.size), residuals)
     flips = reference_step.last_flips
     assert all(lag < 0.05 for _, _, lag in flips), f"routing differs beyond a near-tie: {flips}"
     return ref
@@ -347,10 +348,15 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     case = make_case(cfg, contexts, device="cuda", dtype=torch.bfloat16, seed=seed)
     ref_batch = clone_batch(case.batch)
     logits = be.decode(case.batch)
-    ref = _routed_reference(cfg, fp32 or Fp32Weights(w), be, ref_batch)
+    residuals: list[torch.Tensor] = []
+    ref = _routed_reference(cfg, fp32 or Fp32Weights(w), be, ref_batch, residuals)
     assert torch.isfinite(logits).all()
     cos = torch.nn.functional.cosine_similarity(logits.double(), ref.double(), dim=-1)
     assert float(cos.min()) >= 0.999, f"cosine {cos.tolist()}"
+    # every layer's output x(l + 1) against the reference's, not only the logits
+    layer_cos = residual_cosines(be.ws, residuals, len(contexts))
+    worst = int(layer_cos.min(-1).values.argmin())
+    assert float(layer_cos.min()) >= 0.999, f"x({worst + 1}) cosine {layer_cos[worst].tolist()}"
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.02 * ref.std(-1)
     agree = logits.argmax(-1) == ref.argmax(-1)
