@@ -94,17 +94,20 @@ def make_case(
     g = torch.Generator().manual_seed(seed)
     L, B = cfg.num_hidden_layers, len(contexts)
     P = max(pages_for(c + 1 + grow) for c in contexts)  # `grow`: room for later steps
-    need = L * B * P + spare_pages
+    # the pages each (layer, row) holds: from its first visible one (a sliding layer's window only:
+    # a 128K row of the release geometry needs ~3.7 GB of pool, not 12.8)
+    spans = [
+        (layer, b, first_visible_position(c, cfg.window(layer)) // PAGE_SIZE, pages_for(c + 1 + grow))
+        for layer in range(L)
+        for b, c in enumerate(contexts)
+    ]
+    need = sum(hi - lo for _, _, lo, hi in spans) + spare_pages
     perm = torch.randperm(need, generator=g) if scatter else torch.arange(need)
     tables = torch.full((L, B, P), NO_PAGE, dtype=torch.int32)
     k = 0
-    for layer in range(L):
-        for b, c in enumerate(contexts):
-            lo_page = first_visible_position(c, cfg.window(layer)) // PAGE_SIZE
-            for p in range(pages_for(c + 1 + grow)):
-                if p >= lo_page:
-                    tables[layer, b, p] = int(perm[k])
-                k += 1
+    for layer, b, lo, hi in spans:
+        tables[layer, b, lo:hi] = perm[k : k + hi - lo].to(torch.int32)
+        k += hi - lo
     gd = torch.Generator(device=device).manual_seed(seed)  # the pool is made where it lives (GBs at 30B)
     pool = torch.empty(pool_shape(need, cfg.num_key_value_heads, cfg.head_dim), device=device, dtype=dtype)
     pool.normal_(0.0, 0.5, generator=gd)

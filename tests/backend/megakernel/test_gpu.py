@@ -815,6 +815,14 @@ def test_step_matches_reference_release_geometry(release, contexts):
     _step_check(cfg, w, be, contexts, seed=len(contexts))
 
 
+@pytest.mark.parametrize("contexts", [[32768], [131071], [131071, 40000]], ids=["32k", "128k", "bs2-128k"])
+def test_step_matches_reference_release_long_contexts(release, contexts):
+    """The release geometry at 32K and 128K tokens on the engine's tiling (the full layers' splits
+    rise with the context: split_tokens), every layer's output against the routed fp32 reference."""
+    cfg, w, be = release
+    _step_check(cfg, w, be, contexts, seed=len(contexts) + 90)
+
+
 @pytest.mark.parametrize(
     "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
 )
