@@ -1688,8 +1688,10 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
   const size_t page_bytes = (size_t)2 * p.num_kv_heads * 64 * p.head_dim * sizeof(bf16);
   const uint64_t pol = l2_policy(true);
-  for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n)
-    prefetch_l2_bulk(V.kv(V.page(l, 0, (int)(pg * 64)), 0, 0, 0), page_bytes, pol);
+  for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n) {
+    const int page = V.page(l, 0, (int)(pg * 64));
+    if (page >= 0) prefetch_l2_bulk(V.kv(page, 0, 0, 0), page_bytes, pol);  // (every visible page is held)
+  }
 }
 
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
