@@ -68,8 +68,7 @@ enum MkField {
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
-//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits (A4 = MK_NO_COUNTER,
-//                            unused since ABI 21)
+//   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows

@@ -93,8 +93,7 @@ __device__ __forceinline__ AttnSpan attn_span(const Params& p, const View& V, co
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], split = d[MK_F_A2], S = d[MK_F_A3];
   AttnSpan sp;
   sp.pos = V.position(b);
-  const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
-  const long long lo = sliding ? (sp.pos - p.sliding_window + 1 > 0 ? sp.pos - p.sliding_window + 1 : 0) : 0;
+  const long long lo = V.first_visible(l, sp.pos);
   const long long p_lo = lo / 64, p_hi = sp.pos / 64;
   const long long per = (p_hi - p_lo + 1 + S - 1) / S;
   sp.a = (p_lo + split * per) * 64;

@@ -68,6 +68,11 @@ struct View {
     return ((const int*)p.block_tables)[((size_t)l * p.batch + b) * p.max_pages + pos / 64];
   }
   __device__ long long position(int b) const { return ((const long long*)p.positions)[b]; }
+  // the first position a query at `pos` sees on layer l (a sliding layer's window, else 0)
+  __device__ long long first_visible(int l, long long pos) const {
+    const long long lo = pos - p.sliding_window + 1;
+    return (flags(l) & MK_LAYER_SLIDING) && lo > 0 ? lo : 0;
+  }
   __device__ bf16* kv(int page, int which, int head, int slot) const {
     return (bf16*)p.kv_pool + ((((size_t)page * 2 + which) * p.num_kv_heads + head) * 64 + slot) * p.head_dim;
   }
@@ -157,10 +162,10 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
       g = Gemv{gu + (size_t)a1 * H, H, gu + (size_t)(I + a1) * H, H, a2, 2 * a2, H};
       return true;
     }
-    case MK_OP_MOE_DOWN: {  // A0 expert, A1 first hidden row, A2 rows; A3 first column, A4 columns
-      const int I = p.moe_inter, kn = d[MK_F_A4] ? d[MK_F_A4] : I;  // (A4 0: all, as every builder sets)
-      const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * I + a3;
-      g = Gemv{W, I, W, I, a2, a2, kn};
+    case MK_OP_MOE_DOWN: {  // A0 expert, A1 first hidden row, A2 rows; all of the expert's columns
+      const int I = p.moe_inter;
+      const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * I;
+      g = Gemv{W, I, W, I, a2, a2, I};
       return true;
     }
     default:
@@ -222,7 +227,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     staged = whole && s_h_staged == l;
     rows_mode = whole ? 0 : 1;
   } else if (op == MK_OP_MOE_DOWN) {
-    a = ActSrc{V.moe_act(l), p.moe_inter, rows, d[MK_F_A3]};  // its K range's columns
+    a = ActSrc{V.moe_act(l), p.moe_inter, rows, 0};
     rows_mode = 2;
   } else if (op == MK_OP_LM_HEAD) {  // the final norm's rows, staged by this SM's first LM tile
     staged = s_h_staged == p.num_layers;
@@ -334,8 +339,7 @@ __device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
   const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2], S = d[MK_F_A3];
   const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads;
   const long long pos = V.position(b);
-  const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
-  const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
+  const long long lo = V.first_visible(l, pos);
   const long long p_lo = lo / 64, p_hi = pos / 64;
   const long long per = (p_hi - p_lo + 1 + S - 1) / S;
   long long a = (p_lo + split * per) * 64, e = (p_lo + (split + 1) * per) * 64;
@@ -1683,9 +1687,7 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   View V(p);
   const int l = d[MK_F_LAYER];
   const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
-  const long long pos = V.position(0);
-  const bool sliding = V.flags(l) & MK_LAYER_SLIDING;
-  const long long lo = sliding ? (pos - p.sliding_window + 1 > 0 ? pos - p.sliding_window + 1 : 0) : 0;
+  const long long pos = V.position(0), lo = V.first_visible(l, pos);
   const size_t page_bytes = (size_t)2 * p.num_kv_heads * 64 * p.head_dim * sizeof(bf16);
   const uint64_t pol = l2_policy(true);
   for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n) {
@@ -1847,19 +1849,18 @@ __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, cons
 // claims are those, stored right before the tail's items, and claim c >= s_moe_head is this shape's
 // index c - s_moe_head.
 struct MoeQueue {
-  int n_up, n_tail, n_down, tail_first, tail_at;
+  int n_up, n_tail, n_down, tail_first;  // the tail's items sit at queue indices [n_up, n_up + n_tail)
   __device__ MoeQueue(const Params& p, int n_act, const int* tq)
       : n_up(n_act * p.moe_up_tiles),
         n_tail(tq ? tq[1] : 0),
         n_down(n_act * p.moe_down_tiles),
-        tail_first(tq ? tq[0] : 0),
-        tail_at(n_up) {}
+        tail_first(tq ? tq[0] : 0) {}
   __device__ bool in_tail(uint32_t idx) const {
-    return idx >= (uint32_t)tail_at && idx < (uint32_t)(tail_at + n_tail);
+    return idx >= (uint32_t)n_up && idx < (uint32_t)(n_up + n_tail);
   }
   __device__ uint32_t end() const { return (uint32_t)(n_up + n_tail + n_down); }
   // the up/down tile index (0 .. n_up + n_down) of a queue index outside the tail
-  __device__ int tile(uint32_t idx) const { return (int)idx < tail_at ? (int)idx : (int)idx - n_tail; }
+  __device__ int tile(uint32_t idx) const { return (int)idx < n_up ? (int)idx : (int)idx - n_tail; }
 };
 
 // Up tile m (0 <= m < n_act * moe_up_tiles) of a MoE queue: (active expert index, first column,
@@ -1909,7 +1910,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
     idx -= (uint32_t)s_moe_head;
     const MoeQueue q(p, n_act, qi);
     if (q.in_tail(idx)) {
-      host_item_fetch(p, q.tail_first + (int)idx - q.tail_at, raw);
+      host_item_fetch(p, q.tail_first + (int)idx - q.n_up, raw);
     } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
       const int m = q.tile(idx);
       const int a = m < q.n_up ? up_tile(p, n_act, m).x : (m - q.n_up) / p.moe_down_tiles;

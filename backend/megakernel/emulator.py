@@ -261,7 +261,7 @@ class Emulator:
                 item = self._moe_queue_item(table, arg, idx, mlp_c, h_len, tail_at, t_first, t_len)
                 if item is None:
                     return
-            if idx + window >= far_end:  # lazy  # `far` is False here: nothing is in flight
+            if idx + window >= far_end:  # lazy: `far` is False here, nothing is in flight
                 yield None
                 yield from self._run_task(sm, item)
                 nxt = claim()

@@ -492,10 +492,8 @@ class OpSemantics:
         return acc
 
     def op_moe_down(self, layer, a, d) -> Access:
-        # A3 / A4: the K range (columns of the expert's intermediate), A4 = 0: all of it (every builder
-        # sets 0; the kernel's task_gemv reads the same words)
-        e, r0, n, k0 = a[0], a[1], a[2], a[3]
-        k1 = k0 + (a[4] or self.cfg.intermediate_size)
+        e, r0, n = a[0], a[1], a[2]  # every column of the expert's intermediate
+        k0, k1 = 0, self.cfg.intermediate_size
         slots = self._moe_slots(d)
         acc = Access(
             reads=[(("moe_tab", layer), 0, 1)]

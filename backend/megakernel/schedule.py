@@ -399,7 +399,7 @@ def build_schedule(
                     make_desc(
                         abi.MK_OP_ATTN,
                         layer,
-                        (b, h, s, s_n, abi.MK_NO_COUNTER),
+                        (b, h, s, s_n),
                         ((qkv_cs[h % qkv_heads], per_head),),
                         (att_c[b][h],),
                     )

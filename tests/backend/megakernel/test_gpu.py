@@ -454,9 +454,10 @@ def test_consecutive_steps_fused_moe(small, contexts):
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
-def _local_backend(w, **over):
+def _local_backend(w, prefetch_mode=None, **over):
     """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
-    return MegakernelBackend(CFG, w, tiling=replace(_fused_tiling("batch", 1), moe_local=1, **over))
+    t = replace(_fused_tiling("batch", 1), moe_local=1, **over)
+    return MegakernelBackend(CFG, w, tiling=t, prefetch_mode=prefetch_mode)
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
@@ -486,8 +487,7 @@ def test_l2_prefetches_change_nothing(small, mode):
     MK_MODE_NEXT_QKV (a measurement: O-proj tiles prefetch the next QKV weights) leave every result
     as it was; a context across several pages."""
     w, _ = small
-    t = replace(_fused_tiling("batch", 1), moe_local=1)
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t, prefetch_mode=mode), [700], seed=37, steps=3)
+    _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
