@@ -258,24 +258,6 @@ __device__ __forceinline__ void warp_copy_v(const bf16* src, bf16* dst, int lo, 
   }
 }
 
-template <int HD>
-__device__ __noinline__ void warp_prologue_t(const Params& p, const int* d, Smem& s) {
-  View V(p);
-  const AttnSpan sp = attn_span(p, V, d);
-  if (sp.np == 0) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1];
-  if (warp < 4 * sp.np) {  // the warp's first group: keys (warp & 3) * 16 .. of page warp / 4
-    const long long kb = (sp.pa + (warp >> 2)) * 64 + (warp & 3) * 16;
-    const int lo = (int)(sp.a - kb), hi = (int)(sp.e - kb);  // visible keys, relative to the group
-    const int skip = sp.pos >= kb && sp.pos < kb + 16 ? (int)(sp.pos - kb) : -1;
-    const bf16* src = V.kv(V.page(l, b, (int)kb), 1, kvh, (warp & 3) * 16 + (lane >> 4)) + (lane & 15) * 8;
-    bf16* dst = reinterpret_cast<bf16*>(s.raw) + (size_t)warp * WarpAttn<HD>::SLOT +
-                (lane >> 4) * WarpAttn<HD>::VLD + (lane & 15) * 8;
-    warp_copy_v<HD>(src, dst, lo, hi, skip);
-  }
-  cp_async_commit();
-}
-
 // 16 bytes from L2 into r when `pred` holds, else r unchanged (no zeroing: masked keys' garbage is
 // dropped by the softmax mask); volatile: issued where written, not sunk to the first use.
 __device__ __forceinline__ void ld_cg16_keep(uint4& r, const void* p, bool pred) {
@@ -286,8 +268,15 @@ __device__ __forceinline__ void ld_cg16_keep(uint4& r, const void* p, bool pred)
       : "memory");
 }
 
+__device__ bool wait_task(const Params& p, const int* d, bool spin, int first);  // mk_kernel.cuh
+
+// The d = 128 item with its dependency wait inside (run_task leaves the wait to it; false: the step
+// was abandoned). Before the wait, from pages earlier steps wrote: each warp's first group, K into
+// its registers and V into its slot, and its next round's page id; the current token's row (this
+// step's QKV writes it) is skipped and loaded after the wait, with Q. So the item's first keys cost
+// no round trip after its inputs are ready: only Q's load does.
 template <int HD>
-__device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ bool attn_warp_t(const Params& p, const int* d, Smem& s, int* flag) {
   using W = WarpAttn<HD>;
   constexpr int NC = HD / 32;
   constexpr int CH = HD / 8;
@@ -300,10 +289,6 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
   const int G = p.num_heads / p.num_kv_heads;
   const AttnSpan sp = attn_span(p, V, d);
   const AttnOut<HD> out(p, d);  // where this (row, kv head, split)'s O rows and LSE values go
-  if (sp.np == 0) {
-    out.empty();
-    return;
-  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   // Group g = 4 j + (warp & 3) of page j: this warp's pages are j = warp / 4 + 4 r, always its keys
   // ko .. ko + 15 of them. Addresses as a page base plus per-lane element offsets; the visible range
@@ -319,27 +304,55 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
   bf16* vdst = slot + (lane >> 4) * W::VLD + (lane & 15) * 8;
   const uint4* qs = shared(reinterpret_cast<const uint4*>(s.raw + W::V_BYTES));  // [NC][32 lanes]
   uint4 k0[NC], k1[NC];
-  auto issue_k = [&](int phys, bool pred) {
+  // this lane's K of keys gid (k0) and gid + 8 (k1) of a group, each when its predicate holds
+  auto issue_k = [&](int phys, bool pred0, bool pred1) {
     const bf16* K0 = pool + (size_t)phys * page_elems + offK;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      ld_cg16_keep(k0[c], K0 + c * 32, pred);
-      ld_cg16_keep(k1[c], K0 + 8 * HD + c * 32, pred);
+      ld_cg16_keep(k0[c], K0 + c * 32, pred0);
+      ld_cg16_keep(k1[c], K0 + 8 * HD + c * 32, pred1);
     }
   };
   int j = warp >> 2;
   const int phys0 = j < nj ? bt[j] : 0;
+  // the current token's key within this warp's first group (-1: not there)
+  const int own = j < nj && sp.pos >= sp.pa * 64 + 64 * j + ko && sp.pos < sp.pa * 64 + 64 * j + ko + 16
+                      ? (int)(sp.pos - (sp.pa * 64 + 64 * j + ko))
+                      : -1;
 #pragma unroll
   for (int c = 0; c < NC; ++c) k0[c] = k1[c] = make_uint4(0u, 0u, 0u, 0u);
-  issue_k(phys0, j < nj);
+  issue_k(phys0, j < nj && gid != own, j < nj && gid + 8 != own);
+  if (j < nj) warp_copy_v<HD>(pool + (size_t)phys0 * page_elems + offV, vdst, a_rel - 64 * j, e_rel - 64 * j, own);
+  cp_async_commit();
   int phys_n = j + 4 < nj ? bt[j + 4] : 0;  // one round ahead: the next K issue needs no dependent load
-  // the current token's V row (written by this step's QKV) into its owner's slot, if the prologue
-  // skipped it (only the first round's groups were issued before the wait)
-  if (sp.pos >= sp.a && sp.pos < sp.e) {
-    const int rel = (int)(sp.pos - sp.pa * 64);
-    if (rel / 64 == (warp >> 2) && (rel % 64) / 16 == (warp & 3) && lane < CH) {
-      const uint4 v = ld_cg16(pool + (size_t)phys0 * page_elems + ((p.num_kv_heads + kvh) * 64 + rel % 64) * HD + lane * 8);
-      *reinterpret_cast<uint4*>(slot + (rel % 16) * W::VLD + lane * 8) = v;
+  if (threadIdx.x == 0) {
+    // ld.acquire ordered the producers' writes; bar.sync extends it to the block
+    *flag = wait_task(p, d, true, 0);
+    if (p.timeline) {
+      tl_wait = globaltimer();
+      tl_marks[0] = tl_marks[1] = 0;
+    }
+  }
+  __syncthreads();
+  if (!*flag) {
+    cp_async_wait_all();  // no copy may land after the block has left
+    return false;
+  }
+  if (nj == 0) {
+    out.empty();
+    return true;
+  }
+  // the current token's K (its lanes) and V row (into its owner's slot), written by this step's QKV
+  if (own >= 0) {
+    const bf16* K0 = pool + (size_t)phys0 * page_elems + offK;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      ld_cg16_keep(k0[c], K0 + c * 32, gid == own);
+      ld_cg16_keep(k1[c], K0 + 8 * HD + c * 32, gid + 8 == own);
+    }
+    if (lane < CH) {
+      const uint4 v = ld_cg16(pool + (size_t)phys0 * page_elems + ((p.num_kv_heads + kvh) * 64 + ko + own) * HD + lane * 8);
+      *reinterpret_cast<uint4*>(slot + own * W::VLD + lane * 8) = v;
     }
   }
   // Q^T's B fragments (head gid, pre-scaled into log2 units; heads >= G zero), by warp 0
@@ -349,6 +362,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     for (int c = 0; c < NC; ++c) qw[c * 32 + lane] = q_fragment<HD>(p, V, d, G, gid, t, c);
   }
   __syncthreads();  // Q is in shared memory (the only block barrier before the merge)
+  if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();  // timeline: the key loop starts
   float o[NTM][4];
 #pragma unroll
   for (int n = 0; n < NTM; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -367,7 +381,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     }
     // 2. the next group's K (its page id was loaded a round ago), and the page id after it
     const int jn = j + 4, phys_c = phys_n;
-    issue_k(phys_c, jn < nj);
+    issue_k(phys_c, jn < nj, jn < nj);
     phys_n = jn + 4 < nj ? bt[jn + 4] : 0;
     // 3. online softmax of heads 2t, 2t + 1 over the group's keys
     if (lo < 16 && hi > 0) {  // warp-uniform: a visible key in the group
@@ -414,6 +428,7 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
   }
   __syncthreads();  // every warp is done with its V slot: the slots become the merge scratch
+  if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // timeline: the key loop ended
   float* Ms = shared(reinterpret_cast<float*>(s.raw));
   float* Ls = Ms + NWARPS * 8;
   float* Os = Ls + NWARPS * 8;  // [NWARPS][8 heads][OS]
@@ -447,15 +462,12 @@ __device__ __noinline__ void attn_warp_t(const Params& p, const int* d, Smem& s)
     out.o[((size_t)hq * out.stride + out.split) * HD + dim] = num / den;
     if (dim == 0) out.lse[hq * out.stride + out.split] = M * 0.6931471805599453f + logf(den);
   }
+  return true;
 }
 
-// Before the dependency wait of an ATTN item: start its first pages (fast path only).
+// Before the dependency wait of an ATTN item on the page ring (d = 32, 64): start its first pages.
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
-  if (!attn_fast(p)) return;
-  if (attn_warps(p)) {
-    warp_prologue_t<128>(p, d, s);
-    return;
-  }
+  if (!attn_fast(p) || attn_warps(p)) return;
   if (p.head_dim == 32)
     attn_prologue_t<32>(p, d, s);
   else
@@ -583,12 +595,8 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
   AttnOut<HD>(p, d).merge(Ms, Ls, Os);
 }
 
-// The ATTN op on the fast path (attn_fast(p)); the caller ran attn_prologue before the wait.
+// The ATTN op on the page ring (attn_fast(p), d = 32, 64); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
-  if (attn_warps(p)) {
-    attn_warp_t<128>(p, d, s);
-    return;
-  }
   if (p.head_dim == 32)
     attn_mma_t<32>(p, d, s);
   else

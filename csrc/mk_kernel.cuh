@@ -1716,7 +1716,9 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
     s_h_staged = -1;
   uint64_t t1 = 0;
-  if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // its first K/V pages land while we wait
+  // the d = 128 attention waits inside its op, its first keys loaded before (attn_warp_t)
+  const bool own_wait = d[MK_F_OP] == MK_OP_ATTN && attn_fast(p) && attn_warps(p);
+  if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // the page ring's first pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
@@ -1727,26 +1729,28 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     cp_async_wait_all();  // no copy may land after the block has left
     return false;
   }
-  bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
-  if (warmable(p, d)) {
-    if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
-    __syncthreads();
-    ready = *flag;
-    if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
-    __syncthreads();               // everyone has read *flag
-  }
-  if (threadIdx.x == 0) {
-    // ld.acquire ordered the producers' writes; bar.sync extends it to the block
-    *flag = ready || wait_task(p, d);
-    if (p.timeline) {
-      t1 = globaltimer();
-      tl_marks[0] = tl_marks[1] = 0;
+  if (!own_wait) {  // (the attention's own wait: below)
+    bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
+    if (warmable(p, d)) {
+      if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
+      __syncthreads();
+      ready = *flag;
+      if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
+      __syncthreads();               // everyone has read *flag
     }
-  }
-  __syncthreads();
-  if (!*flag) {
-    cp_async_wait_all();  // no copy may land after the block has left
-    return false;
+    if (threadIdx.x == 0) {
+      // ld.acquire ordered the producers' writes; bar.sync extends it to the block
+      *flag = ready || wait_task(p, d);
+      if (p.timeline) {
+        t1 = globaltimer();
+        tl_marks[0] = tl_marks[1] = 0;
+      }
+    }
+    __syncthreads();
+    if (!*flag) {
+      cp_async_wait_all();  // no copy may land after the block has left
+      return false;
+    }
   }
   if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
@@ -1760,7 +1764,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_qkv(p, d, s, false);
       break;
     case MK_OP_ATTN:
-      if (attn_fast(p))
+      if (own_wait) {
+        if (!attn_warp_t<128>(q, d, s, flag)) return false;
+        if (threadIdx.x == 0) t1 = tl_wait;
+      } else if (attn_fast(p))
         attn_mma(q, d, s);
       else
         op_attn(q, d, s);
