@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 24
+#define MK_ABI_VERSION 25
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -195,9 +195,10 @@ enum MkError {
 // pages of layer l (mk_kernel.cuh gap_prefetch_kv). Measured slower and removed: the same for Wo(l)
 // (+4.5 % at BS 1 on the H100, 2026-12-06) and each O-proj tile's own weights before its wait.
 #define MK_MODE_NO_GAP_KV 32768
-// MK_MODE_NEXT_QKV (A/B measurement): O-proj tile m of n also asks L2 (evict_last) for the m-th n-th
-// of each of the next layer's Wq, Wk and Wv before its wait, for the next layer's QKV tiles.
-#define MK_MODE_NEXT_QKV 131072
+// MK_MODE_LATE_ATTN_K (A/B switch): the d = 128 attention loads its first K group after its wait,
+// not before (mk_attn.cuh attn_warp_t). (Measured slower and removed: O-proj tiles asking L2 for the
+// next layer's QKV weights before their wait, +13 % at BS 1 on the H200, 2026-12-06.)
+#define MK_MODE_LATE_ATTN_K 65536
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

@@ -321,7 +321,8 @@ __device__ __noinline__ bool attn_warp_t(const Params& p, const int* d, Smem& s,
                       : -1;
 #pragma unroll
   for (int c = 0; c < NC; ++c) k0[c] = k1[c] = make_uint4(0u, 0u, 0u, 0u);
-  issue_k(phys0, j < nj && gid != own, j < nj && gid + 8 != own);
+  const bool early_k = !(p.prefetch_mode & MK_MODE_LATE_ATTN_K);
+  if (early_k) issue_k(phys0, j < nj && gid != own, j < nj && gid + 8 != own);
   if (j < nj) warp_copy_v<HD>(pool + (size_t)phys0 * page_elems + offV, vdst, a_rel - 64 * j, e_rel - 64 * j, own);
   cp_async_commit();
   int phys_n = j + 4 < nj ? bt[j + 4] : 0;  // one round ahead: the next K issue needs no dependent load
@@ -343,13 +344,9 @@ __device__ __noinline__ bool attn_warp_t(const Params& p, const int* d, Smem& s,
     return true;
   }
   // the current token's K (its lanes) and V row (into its owner's slot), written by this step's QKV
+  if (!early_k) issue_k(phys0, j < nj, j < nj);
   if (own >= 0) {
-    const bf16* K0 = pool + (size_t)phys0 * page_elems + offK;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      ld_cg16_keep(k0[c], K0 + c * 32, gid == own);
-      ld_cg16_keep(k1[c], K0 + 8 * HD + c * 32, gid + 8 == own);
-    }
+    if (early_k) issue_k(phys0, gid == own, gid + 8 == own);
     if (lane < CH) {
       const uint4 v = ld_cg16(pool + (size_t)phys0 * page_elems + ((p.num_kv_heads + kvh) * 64 + ko + own) * HD + lane * 8);
       *reinterpret_cast<uint4*>(slot + own * W::VLD + lane * 8) = v;

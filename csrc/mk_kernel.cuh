@@ -1660,24 +1660,6 @@ __device__ __forceinline__ void stage_h_once(const Params& p, int l, Smem& s, in
   if (threadIdx.x == 0) s_h_staged = l;
 }
 
-// MK_MODE_NEXT_QKV (mk_abi.h, a measurement): O-proj tile m of the layer's n asks L2 for the m-th n-th
-// of each of the next layer's Wq, Wk and Wv before its wait.
-__device__ __noinline__ void next_qkv_prefetch(const Params& p, const int* d) {
-  const int l1 = d[MK_F_LAYER] + 1;
-  if (threadIdx.x != 0 || l1 >= p.num_layers) return;
-  View V(p);
-  const int r0 = d[MK_F_A0], n = d[MK_F_A1];
-  const int per_head = p.hidden / n, tiles = per_head * p.num_kv_heads, m = d[MK_F_A4] * per_head + r0 / n;
-  const int slots[3] = {MK_LW_Q, MK_LW_K, MK_LW_V};
-  const size_t rows[3] = {(size_t)V.QW(), (size_t)V.KVW(), (size_t)V.KVW()};
-  const uint64_t pol = l2_policy(true);
-  for (int j = 0; j < 3; ++j) {
-    const size_t bytes = rows[j] * p.hidden * sizeof(bf16), share = (bytes / tiles + 15) / 16 * 16;
-    const size_t a = (size_t)m * share;
-    if (a < bytes) prefetch_l2_bulk(reinterpret_cast<const char*>(V.lw(l1, slots[j])) + a, min(share, bytes - a), pol);
-  }
-}
-
 // The routing gap's KV (mk_abi.h MK_MODE_NO_GAP_KV turns it off): self-routing item m of the layer's
 // n, idle until the router tiles end, asks L2 (bulk prefetches, evict_last) for every n-th of row 0's
 // visible KV pages of layer l from the m-th on, which the layer's attention items read 10-20 us later
@@ -1722,7 +1704,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
-  if (d[MK_F_OP] == MK_OP_OPROJ && (p.prefetch_mode & MK_MODE_NEXT_QKV)) next_qkv_prefetch(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
