@@ -193,12 +193,9 @@ enum MkError {
 // MK_MODE_NO_GAP_KV (A/B switch): without it each self-routing fused item (Tiling.moe_local), idle
 // between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of row 0's KV
 // pages of layer l (mk_kernel.cuh gap_prefetch_kv). Measured slower and removed: the same for Wo(l)
-// (+4.5 % at BS 1 on the H100, 2026-12-06) and each O-proj tile's own weights before its wait.
+// (+4.5 % at BS 1 on the H100, 2026-12-06), each O-proj tile's own weights before its wait and the
+// next layer's QKV weights by the O-proj tiles (+13 % at BS 1 on the H200, 2026-12-06).
 #define MK_MODE_NO_GAP_KV 32768
-// MK_MODE_LATE_ATTN_K (A/B switch): the d = 128 attention loads its first K group after its wait,
-// not before (mk_attn.cuh attn_warp_t). (Measured slower and removed: O-proj tiles asking L2 for the
-// next layer's QKV weights before their wait, +13 % at BS 1 on the H200, 2026-12-06.)
-#define MK_MODE_LATE_ATTN_K 65536
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

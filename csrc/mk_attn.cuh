@@ -268,8 +268,6 @@ __device__ __forceinline__ void ld_cg16_keep(uint4& r, const void* p, bool pred)
       : "memory");
 }
 
-__device__ bool wait_task(const Params& p, const int* d, bool spin, int first);  // mk_kernel.cuh
-
 // The d = 128 item with its dependency wait inside (run_task leaves the wait to it; false: the step
 // was abandoned). Before the wait, from pages earlier steps wrote: each warp's first group, K into
 // its registers and V into its slot, and its next round's page id; the current token's row (this
@@ -321,32 +319,18 @@ __device__ __noinline__ bool attn_warp_t(const Params& p, const int* d, Smem& s,
                       : -1;
 #pragma unroll
   for (int c = 0; c < NC; ++c) k0[c] = k1[c] = make_uint4(0u, 0u, 0u, 0u);
-  const bool early_k = !(p.prefetch_mode & MK_MODE_LATE_ATTN_K);
-  if (early_k) issue_k(phys0, j < nj && gid != own, j < nj && gid + 8 != own);
+  issue_k(phys0, j < nj && gid != own, j < nj && gid + 8 != own);
   if (j < nj) warp_copy_v<HD>(pool + (size_t)phys0 * page_elems + offV, vdst, a_rel - 64 * j, e_rel - 64 * j, own);
   cp_async_commit();
   int phys_n = j + 4 < nj ? bt[j + 4] : 0;  // one round ahead: the next K issue needs no dependent load
-  if (threadIdx.x == 0) {
-    // ld.acquire ordered the producers' writes; bar.sync extends it to the block
-    *flag = wait_task(p, d, true, 0);
-    if (p.timeline) {
-      tl_wait = globaltimer();
-      tl_marks[0] = tl_marks[1] = 0;
-    }
-  }
-  __syncthreads();
-  if (!*flag) {
-    cp_async_wait_all();  // no copy may land after the block has left
-    return false;
-  }
+  if (!block_wait(p, d, flag, false)) return false;
   if (nj == 0) {
     out.empty();
     return true;
   }
   // the current token's K (its lanes) and V row (into its owner's slot), written by this step's QKV
-  if (!early_k) issue_k(phys0, j < nj, j < nj);
   if (own >= 0) {
-    if (early_k) issue_k(phys0, gid == own, gid + 8 == own);
+    issue_k(phys0, gid == own, gid + 8 == own);
     if (lane < CH) {
       const uint4 v = ld_cg16(pool + (size_t)phys0 * page_elems + ((p.num_kv_heads + kvh) * 64 + ko + own) * HD + lane * 8);
       *reinterpret_cast<uint4*>(slot + own * W::VLD + lane * 8) = v;

@@ -169,7 +169,7 @@ __device__ bool wait_counter(const Params& p, int c, int rel, int task, bool spi
 // Timeline marks of the running task (thread 0 writes them when the timeline is on): when its GEMV
 // began (activations staged) and ended. Reset by run_task; see MK_TL_WORDS.
 __shared__ unsigned long long tl_marks[2];
-// ... and when its waits ended, for an op that waits inside (the d = 128 attention, attn_warp_t)
+// ... and when its waits ended (block_wait)
 __shared__ unsigned long long tl_wait;
 
 // A copy of the launch's Params in shared memory, for the out-of-line ops. An out-of-line function

@@ -79,6 +79,27 @@ struct View {
   __device__ uint32_t* counter(int c) const { return (uint32_t*)p.counters + c; }
 };
 
+__device__ bool wait_task(const Params& p, const int* d, bool spin = true, int first = 0);
+
+// A task's wait for its counters (thread 0, unless `ready`: all were satisfied at a first look; the
+// block's barrier extends its ld.acquire to every thread), its end stamped in tl_wait for the
+// timeline. False for every thread when the step was abandoned, no copy left in flight.
+__device__ __forceinline__ bool block_wait(const Params& p, const int* d, int* flag, bool ready) {
+  if (threadIdx.x == 0) {
+    *flag = ready || wait_task(p, d);
+    if (p.timeline) {
+      tl_wait = globaltimer();
+      tl_marks[0] = tl_marks[1] = 0;
+    }
+  }
+  __syncthreads();
+  if (!*flag) {
+    cp_async_wait_all();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace mk
 
 #include "mk_attn.cuh"  // the tensor-core attention (needs View and Smem)
@@ -1608,7 +1629,7 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
 // Thread 0: wait for every counter the descriptor names (false: the step was abandoned). With
 // spin = false: are they all at their targets already (one acquire load each, no waiting)?
 // first: the waits before it were already satisfied.
-__device__ bool wait_task(const Params& p, const int* d, bool spin = true, int first = 0) {
+__device__ bool wait_task(const Params& p, const int* d, bool spin, int first) {
   for (int i = first; i < MK_MAX_WAITS; ++i) {
     const int c = d[MK_F_WAIT0 + 2 * i];
     if (c != MK_NO_COUNTER && !wait_counter(p, c, d[MK_F_WAIT0 + 2 * i + 1], d[MK_F_ID], spin)) return false;
@@ -1697,7 +1718,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   // fused item clears it itself after its up GEMV)
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
     s_h_staged = -1;
-  uint64_t t1 = 0;
   // the d = 128 attention waits inside its op, its first keys loaded before (attn_warp_t)
   const bool own_wait = d[MK_F_OP] == MK_OP_ATTN && attn_fast(p) && attn_warps(p);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // the page ring's first pages land while we wait
@@ -1719,19 +1739,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
       __syncthreads();               // everyone has read *flag
     }
-    if (threadIdx.x == 0) {
-      // ld.acquire ordered the producers' writes; bar.sync extends it to the block
-      *flag = ready || wait_task(p, d);
-      if (p.timeline) {
-        t1 = globaltimer();
-        tl_marks[0] = tl_marks[1] = 0;
-      }
-    }
-    __syncthreads();
-    if (!*flag) {
-      cp_async_wait_all();  // no copy may land after the block has left
-      return false;
-    }
+    if (!block_wait(p, d, flag, ready)) return false;
   }
   if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
@@ -1747,7 +1755,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_ATTN:
       if (own_wait) {
         if (!attn_warp_t<128>(q, d, s, flag)) return false;
-        if (threadIdx.x == 0) t1 = tl_wait;
       } else if (attn_fast(p))
         attn_mma(q, d, s);
       else
@@ -1809,7 +1816,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       const int c = d[MK_F_SIG0 + i];
       if (c != MK_NO_COUNTER) signal_release((uint32_t*)p.counters + c, (uint32_t)amount);
     }
-    tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, t1, t2);
+    tl_record(p, tl_n, d[MK_F_OP], d[MK_F_LAYER], d[MK_F_ID] < 0, t0, tl_wait, t2);
   }
   return true;
 }

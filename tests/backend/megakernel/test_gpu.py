@@ -479,13 +479,10 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
-@pytest.mark.parametrize(
-    "mode", [0, abi.MK_MODE_NO_GAP_KV, abi.MK_MODE_LATE_ATTN_K], ids=["gap-kv", "no-gap-kv", "late-attn-k"]
-)
-def test_mode_switches_change_nothing(small, mode):
-    """The self-routing items' L2 prefetch of the KV pages (the default), its off switch and
-    MK_MODE_LATE_ATTN_K (the attention's first K group after its wait) leave every result as it
-    was; a context across several pages."""
+@pytest.mark.parametrize("mode", [0, abi.MK_MODE_NO_GAP_KV], ids=["gap-kv", "no-gap-kv"])
+def test_l2_prefetches_change_nothing(small, mode):
+    """The self-routing items' L2 prefetch of the KV pages (the default) and its off switch leave
+    every result as it was; a context across several pages."""
     w, _ = small
     _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
 
