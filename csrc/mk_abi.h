@@ -196,6 +196,11 @@ enum MkError {
 // (+4.5 % at BS 1 on the H100, 2026-12-06), each O-proj tile's own weights before its wait and the
 // next layer's QKV weights by the O-proj tiles (+13 % at BS 1 on the H200, 2026-12-06).
 #define MK_MODE_NO_GAP_KV 32768
+// MK_MODE_DOWN_L2 (A/B measurement): a self-routing fused item asks L2 (bulk prefetches,
+// evict_last) for its down slice as soon as its expert is known, before its up GEMV, so that the
+// slice's four dependent load batches after the GEMV hit L2 rather than HBM (mk_kernel.cuh
+// down_slice_prefetch).
+#define MK_MODE_DOWN_L2 65536
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

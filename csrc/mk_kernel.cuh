@@ -1699,6 +1699,18 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   }
 }
 
+// MK_MODE_DOWN_L2 (mk_abi.h, a measurement): a self-routing fused item, its expert just ranked,
+// asks L2 for its down slice W_down[e][:, c0 : c0 + n] (one 2n-byte piece per hidden row, a few per
+// thread). In the BS 1 timeline the slice took 13.6 us after the up GEMV for 0.5 MB: four batches
+// of loads, each waiting a loaded HBM round trip.
+__device__ __noinline__ void down_slice_prefetch(const Params& p, const int* d) {
+  View V(p);
+  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
+  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * p.hidden * p.moe_inter + c0;
+  const uint64_t pol = l2_policy(true);
+  for (int r = threadIdx.x; r < p.hidden; r += NT) prefetch_l2_bulk(Wd + (size_t)r * p.moe_inter, n * sizeof(bf16), pol);
+}
+
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
 // for the router tiles and gemv_op finds the rows staged.
@@ -1741,7 +1753,10 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     }
     if (!block_wait(p, d, flag, ready)) return false;
   }
-  if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
+  if (moe_local(d)) {
+    moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
+    if (p.prefetch_mode & MK_MODE_DOWN_L2) down_slice_prefetch(q, d);
+  }
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
   switch (d[MK_F_OP]) {
     case MK_OP_NOP:

@@ -479,10 +479,12 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
-@pytest.mark.parametrize("mode", [0, abi.MK_MODE_NO_GAP_KV], ids=["gap-kv", "no-gap-kv"])
+@pytest.mark.parametrize(
+    "mode", [0, abi.MK_MODE_NO_GAP_KV, abi.MK_MODE_DOWN_L2], ids=["gap-kv", "no-gap-kv", "down-l2"]
+)
 def test_l2_prefetches_change_nothing(small, mode):
-    """The self-routing items' L2 prefetch of the KV pages (the default) and its off switch leave
-    every result as it was; a context across several pages."""
+    """The self-routing items' L2 prefetches (the KV pages by default, its off switch, the down
+    slices with MK_MODE_DOWN_L2) leave every result as it was; a context across several pages."""
     w, _ = small
     _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
 
