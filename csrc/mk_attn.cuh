@@ -314,9 +314,8 @@ __device__ __noinline__ bool attn_warp_t(const Params& p, const int* d, Smem& s,
   int j = warp >> 2;
   const int phys0 = j < nj ? bt[j] : 0;
   // the current token's key within this warp's first group (-1: not there)
-  const int own = j < nj && sp.pos >= sp.pa * 64 + 64 * j + ko && sp.pos < sp.pa * 64 + 64 * j + ko + 16
-                      ? (int)(sp.pos - (sp.pa * 64 + 64 * j + ko))
-                      : -1;
+  const long long kb = (sp.pa + j) * 64 + ko;  // the group's first key
+  const int own = j < nj && sp.pos >= kb && sp.pos < kb + 16 ? (int)(sp.pos - kb) : -1;
 #pragma unroll
   for (int c = 0; c < NC; ++c) k0[c] = k1[c] = make_uint4(0u, 0u, 0u, 0u);
   issue_k(phys0, j < nj && gid != own, j < nj && gid + 8 != own);

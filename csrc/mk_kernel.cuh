@@ -1695,7 +1695,7 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   const uint64_t pol = l2_policy(true);
   for (long long pg = lo / 64 + m; pg <= pos / 64; pg += n) {
     const int page = V.page(l, 0, (int)(pg * 64));
-    if (page >= 0) prefetch_l2_bulk(V.kv(page, 0, 0, 0), page_bytes, pol);  // (every visible page is held)
+    if (page >= 0) prefetch_l2_bulk(V.kv(page, 0, 0, 0), page_bytes, pol);  // no page held: no address
   }
 }
 
