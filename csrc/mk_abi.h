@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 25
+#define MK_ABI_VERSION 26
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -201,6 +201,14 @@ enum MkError {
 // slice's four dependent load batches after the GEMV hit L2 rather than HBM (mk_kernel.cuh
 // down_slice_prefetch).
 #define MK_MODE_DOWN_L2 65536
+// MK_MODE_GEMV_FACTS (A/B measurement): a GEMV task copies its layer's weight pointers (layer_w[l])
+// into shared memory before its wait (gemv_prologue); after the wait its tile and norm pointers come
+// from there, not from an L2 round trip ahead of the activation loads (mk_kernel.cuh task_gemv).
+#define MK_MODE_GEMV_FACTS 131072
+// MK_MODE_WARM_ROUTE (A/B measurement): a self-routing fused item ranks whatever logits are there
+// (a dry run, nothing written) while it waits for the router tiles, so that moe_local_route's code
+// is in the instruction cache when the logits arrive.
+#define MK_MODE_WARM_ROUTE 262144
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

@@ -136,38 +136,39 @@ __device__ void rms_row(const Params& p, const float* v, const bf16* w, float* d
 
 // ---- the weight tile of each GEMV task (one definition: the ops and the TMA prologue use it) -----
 
-__device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g) {
+// lw: the task's layer row of weight pointers (layer_w[l], or gemv_prologue's copy of it).
+__device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const long long* lw, Gemv& g) {
   View V(p);
-  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
+  const int op = d[MK_F_OP];
   const int a0 = d[MK_F_A0], a1 = d[MK_F_A1], a2 = d[MK_F_A2], a3 = d[MK_F_A3];
   const int H = p.hidden;
   switch (op) {
     case MK_OP_QKV: {
       const int qw = V.QW(), kvw = V.KVW();
-      const bf16* W = a0 < qw          ? V.lw(l, MK_LW_Q) + (size_t)a0 * H
-                      : a0 < qw + kvw ? V.lw(l, MK_LW_K) + (size_t)(a0 - qw) * H
-                                      : V.lw(l, MK_LW_V) + (size_t)(a0 - qw - kvw) * H;
+      const bf16* W = a0 < qw          ? (const bf16*)lw[MK_LW_Q] + (size_t)a0 * H
+                      : a0 < qw + kvw ? (const bf16*)lw[MK_LW_K] + (size_t)(a0 - qw) * H
+                                      : (const bf16*)lw[MK_LW_V] + (size_t)(a0 - qw - kvw) * H;
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
     case MK_OP_ROUTER: {  // read every step, small (E x H per layer): kept in L2 across steps
-      const bf16* W = V.lw(l, MK_LW_ROUTER) + (size_t)a0 * H;
+      const bf16* W = (const bf16*)lw[MK_LW_ROUTER] + (size_t)a0 * H;
       g = Gemv{W, H, W, H, a1, a1, H, true};
       return true;
     }
     case MK_OP_DENSE_UP: {
-      const bf16* Wg = V.lw(l, MK_LW_GATE) + (size_t)a0 * H;
-      const bf16* Wu = V.lw(l, MK_LW_UP) + (size_t)a0 * H;
+      const bf16* Wg = (const bf16*)lw[MK_LW_GATE] + (size_t)a0 * H;
+      const bf16* Wu = (const bf16*)lw[MK_LW_UP] + (size_t)a0 * H;
       g = Gemv{Wg, H, Wu, H, a1, 2 * a1, H};
       return true;
     }
     case MK_OP_OPROJ: {
-      const bf16* W = V.lw(l, MK_LW_O) + (size_t)a0 * V.QW() + a2;
+      const bf16* W = (const bf16*)lw[MK_LW_O] + (size_t)a0 * V.QW() + a2;
       g = Gemv{W, V.QW(), W, V.QW(), a1, a1, a3 - a2};
       return true;
     }
     case MK_OP_DENSE_DOWN: {
-      const bf16* W = V.lw(l, MK_LW_DOWN) + (size_t)a0 * p.dense_inter + a2;
+      const bf16* W = (const bf16*)lw[MK_LW_DOWN] + (size_t)a0 * p.dense_inter + a2;
       g = Gemv{W, p.dense_inter, W, p.dense_inter, a1, a1, a3 - a2};
       return true;
     }
@@ -179,13 +180,13 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, Gemv& g
     case MK_OP_MOE_UP:       // A0 expert, A1 first column, A2 columns
     case MK_OP_MOE_FUSED: {  // (its up tile; the down slice follows in op_moe_fused)
       const int I = p.moe_inter;
-      const bf16* gu = V.lw(l, MK_LW_EXP_GATE_UP) + (size_t)a0 * 2 * I * H;
+      const bf16* gu = (const bf16*)lw[MK_LW_EXP_GATE_UP] + (size_t)a0 * 2 * I * H;
       g = Gemv{gu + (size_t)a1 * H, H, gu + (size_t)(I + a1) * H, H, a2, 2 * a2, H};
       return true;
     }
     case MK_OP_MOE_DOWN: {  // A0 expert, A1 first hidden row, A2 rows; all of the expert's columns
       const int I = p.moe_inter;
-      const bf16* W = V.lw(l, MK_LW_EXP_DOWN) + ((size_t)a0 * H + a1) * I;
+      const bf16* W = (const bf16*)lw[MK_LW_EXP_DOWN] + ((size_t)a0 * H + a1) * I;
       g = Gemv{W, I, W, I, a2, a2, I};
       return true;
     }
@@ -220,17 +221,33 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
 // The activations of a GEMV over h(l) (l = num_layers: the LM head's, after the final norm): h's
 // rows, or with norm_inline x(l)'s, which the staging norms with the layer's weights. gemv_op and a
 // MoE drain's staging (drain_stage_h) take it from here.
-__device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows) {
+// lw: layer l's weight pointers (as task_gemv's), or null: from layer_w.
+__device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows, const long long* lw = nullptr) {
   View V(p);
   if (!p.norm_inline) return ActSrc{V.h(l), p.hidden, rows, 0};
-  const bf16* w = l < p.num_layers ? V.lw(l, MK_LW_NORM) : (const bf16*)p.final_norm;
+  const bf16* w = l >= p.num_layers ? (const bf16*)p.final_norm
+                  : lw              ? (const bf16*)lw[MK_LW_NORM]
+                                    : V.lw(l, MK_LW_NORM);
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
+}
+
+// MK_MODE_GEMV_FACTS: layer_w[l] (the layer's weight pointers) copied into shared memory before the
+// task's wait (gemv_prologue, warps 1-: thread 0 polls), so that after the wait the tile's and the
+// norm's pointers are shared-memory reads, not an L2 round trip ahead of the activation loads (the
+// wait's acquire leaves nothing in L1). Written before run_task's barriers, read in gemv_op.
+__shared__ long long s_lw[MK_LW_COUNT];
+
+__device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
+  const int l = d[MK_F_LAYER], i = (int)threadIdx.x - 32;
+  if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = ((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + i];
 }
 
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
-  ActSrc a = h_rows(p, op == MK_OP_LM_HEAD ? p.num_layers : l, rows);  // every GEMV over h, else below
+  const bool facts = (p.prefetch_mode & MK_MODE_GEMV_FACTS) && l < p.num_layers;
+  const long long* lw = facts ? s_lw : (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT;
+  ActSrc a = h_rows(p, op == MK_OP_LM_HEAD ? p.num_layers : l, rows, lw);  // every GEMV over h, else below
   int rows_mode = 0;  // 0: the batch rows in order, 1: the item's token rows (h), 2: its token slots
   bool staged = false;
   if (op == MK_OP_OPROJ) {
@@ -261,7 +278,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     __syncthreads();
   }
   Gemv g;
-  task_gemv(p, d, g);
+  task_gemv(p, d, lw, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
@@ -766,8 +783,9 @@ __device__ __forceinline__ bool moe_local(const int* d) {
 // op_moe_fused read) and its routing weight into s_rw[0]. The logits go through s.out, free until
 // the GEMV; the staged h rows (s.act) and their norm sums stay. Nothing on the device reads the
 // expert table, route_w or moe_info in this mode; the rank's first tile writes them for the host.
+// dry (MK_MODE_WARM_ROUTE): a warm-up run on whatever logits are there; it writes only s.out.
 template <int J>
-__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
+__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s, bool dry) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, rank = d[MK_F_A0];
   float* lg = shared(s.out);
@@ -781,11 +799,13 @@ __device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
     const int lane = threadIdx.x;
     const int my_e = warp_topk<J>(lg, E, K, lane);
     const float w = warp_topk_weight(p, lg, my_e, K, lane);
-    if (lane == rank) {
+    if (dry) {
+      lg[E + lane] = w + (float)my_e;  // kept: the ranking is not dead code
+    } else if (lane == rank) {
       d[MK_F_A0] = my_e;
       s_rw[0] = w;
     }
-    if (d[MK_F_A1] == 0) {  // the rank's first column tile records the routing as ROUTE would
+    if (!dry && d[MK_F_A1] == 0) {  // the rank's first column tile records the routing as ROUTE would
       // (the expert table, route_w, moe_info): what the tests and the benches read back
       const int l = d[MK_F_LAYER], e_r = __shfl_sync(0xffffffffu, my_e, rank);
       const int at = __popc(__ballot_sync(0xffffffffu, lane < K && my_e < e_r));  // experts ascending
@@ -805,11 +825,11 @@ __device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
   __syncthreads();
 }
 
-__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s) {
+__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s, bool dry) {
   if (p.num_experts <= 128)
-    moe_local_route_impl<4>(p, d, s);
+    moe_local_route_impl<4>(p, d, s, dry);
   else
-    moe_local_route_impl<ROUTE_J>(p, d, s);
+    moe_local_route_impl<ROUTE_J>(p, d, s, dry);
 }
 
 // Before ROUTE's dependency wait: reset the layer's dynamic counters (its MoE queue head and the
@@ -1737,6 +1757,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
+  if ((p.prefetch_mode & MK_MODE_GEMV_FACTS) && is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
     cp_async_wait_all();  // no copy may land after the block has left
@@ -1744,17 +1765,23 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   }
   if (!own_wait) {  // (the attention's own wait: below)
     bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
-    if (warmable(p, d)) {
+    const bool warm_route = moe_local(d) && (p.prefetch_mode & MK_MODE_WARM_ROUTE);
+    if (warmable(p, d) || warm_route) {
       if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
       __syncthreads();
       ready = *flag;
-      if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
-      __syncthreads();               // everyone has read *flag
+      if (!ready) {  // the inputs are not there yet: fetch the op's code meanwhile
+        if (warm_route)
+          moe_local_route(q, const_cast<int*>(d), s, true);
+        else
+          warm_op(q, d, s);
+      }
+      __syncthreads();  // everyone has read *flag
     }
     if (!block_wait(p, d, flag, ready)) return false;
   }
   if (moe_local(d)) {
-    moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
+    moe_local_route(q, const_cast<int*>(d), s, false);  // d: this SM's copy (s_desc)
     if (p.prefetch_mode & MK_MODE_DOWN_L2) down_slice_prefetch(q, d);
   }
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below

@@ -379,8 +379,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         (0, abi.MK_PREFETCH_DEFAULT),
         (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
         (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
+        (1, abi.MK_MODE_GEMV_FACTS),  # the GEMV tasks' weight pointers copied before their waits
     ],
-    ids=["mma", "fma", "mma-twice", "mma-tokenrows"],
+    ids=["mma", "fma", "mma-twice", "mma-tokenrows", "mma-gemvfacts"],
 )
 def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
     w, be = small
@@ -480,11 +481,19 @@ def test_consecutive_steps_self_routing_moe(small):
 
 
 @pytest.mark.parametrize(
-    "mode", [0, abi.MK_MODE_NO_GAP_KV, abi.MK_MODE_DOWN_L2], ids=["gap-kv", "no-gap-kv", "down-l2"]
+    "mode",
+    [
+        0,
+        abi.MK_MODE_NO_GAP_KV,
+        abi.MK_MODE_DOWN_L2,
+        abi.MK_MODE_GEMV_FACTS | abi.MK_MODE_WARM_ROUTE,
+    ],
+    ids=["gap-kv", "no-gap-kv", "down-l2", "facts-warm-route"],
 )
 def test_l2_prefetches_change_nothing(small, mode):
     """The self-routing items' L2 prefetches (the KV pages by default, its off switch, the down
-    slices with MK_MODE_DOWN_L2) leave every result as it was; a context across several pages."""
+    slices with MK_MODE_DOWN_L2) and their work before the router's wait (the weight pointers, a dry
+    ranking) leave every result as it was; a context across several pages."""
     w, _ = small
     _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
 
