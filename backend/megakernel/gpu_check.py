@@ -204,7 +204,12 @@ def bench(args: argparse.Namespace) -> int:
         torch.save(recs, out / f"timeline_bs{B}.pt")  # the raw records, for offline analysis
         print(
             f"timeline BS {B} ({be.n_sms} blocks): span {summ['span_us']:.0f} us, "
-            f"blocks busy {100 * summ['mean_busy_fraction']:.0f}%"
+            f"blocks busy {100 * summ['mean_busy_fraction']:.0f}%, non-streaming per item: median "
+            f"{summ['median_fixed_us']:.2f} us ("
+            + ", ".join(
+                f"{op} {d['median_fixed_us']:.2f}" for op, d in summ["per_op"].items() if op != "DRAIN"
+            )
+            + ")"
         )
         for op, d in summ["per_op"].items():
             parts = (

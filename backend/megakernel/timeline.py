@@ -44,6 +44,7 @@ def summarize(tl: torch.Tensor) -> dict:
             "epilogue_us": 0.0,
         }
     )
+    fixed: dict[str, list[float]] = defaultdict(list)  # per op: each item's non-streaming time
     busy = []
     for sm in range(rec.shape[0]):
         r = rec[sm][valid[sm]]
@@ -62,14 +63,18 @@ def summarize(tl: torch.Tensor) -> dict:
                 d["epilogue_us"] += (t2 - g1) / 1e3
             if (w0 & 0xFF) != abi.MK_OP_DRAIN:
                 run_sm += (t3 - t1) / 1e3
+                fixed[op].append(_fixed_us(w0 & 0xFF, t1, g0, g1, t2, t3))
         busy.append(run_sm / (span / 1e3))
+    every = [v for vs in fixed.values() for v in vs]
     return {
         "span_us": span / 1e3,
         "records": int(valid.sum()),
         "mean_busy_fraction": sum(busy) / len(busy),
+        "median_fixed_us": statistics.median(every) if every else 0.0,
         "per_op": {
             k: dict(
                 v,
+                median_fixed_us=statistics.median(fixed[k]) if fixed[k] else 0.0,
                 mean_run_us=v["run_us"] / v["count"],
                 mean_wait_us=v["wait_us"] / v["count"],
                 mean_signal_us=v["signal_us"] / v["count"],
@@ -80,6 +85,18 @@ def summarize(tl: torch.Tensor) -> dict:
             for k, v in sorted(per_op.items())
         },
     }
+
+
+def _fixed_us(op: int, t1: int, g0: int, g1: int, t2: int, t3: int) -> float:
+    """An item's non-streaming time (issue 41's bar: a median <= 1 us): its run after the wait
+    (to the end of its signals) less its streaming phase, the GEMV between its marks (the key loop
+    for the attention); a fused MoE item's epilogue is its down slice's stream, so only its staging
+    and signal count. An op without marks (combine, ROUTE, add+norm, ...) is all fixed cost."""
+    if not (g0 and g1):
+        return (t3 - t1) / 1e3
+    if op == abi.MK_OP_MOE_FUSED:
+        return ((g0 - t1) + (t3 - t2)) / 1e3
+    return ((t3 - t1) - (g1 - g0)) / 1e3
 
 
 # SM-time categories of `breakdown`, in print order.

@@ -226,6 +226,11 @@ def test_timeline_summary_of_synthetic_records():
     assert (q["mean_stage_us"], q["mean_gemv_us"], q["mean_epilogue_us"]) == (1.0, 3.0, 1.0)
     assert s["per_op"]["MOE_UP*"]["gemv_n"] == 0  # no GEMV marks: no staging/GEMV split
     assert s["per_op"]["MOE_UP*"]["count"] == 1
+    # non-streaming: QKV run 6 us less its 3-us GEMV; the MoE item has no marks: all of its 4 us
+    assert s["per_op"]["QKV"]["median_fixed_us"] == 3.0 and s["per_op"]["MOE_UP*"]["median_fixed_us"] == 4.0
+    assert s["median_fixed_us"] == 3.5 and "DRAIN" not in [
+        k for k, v in s["per_op"].items() if v["median_fixed_us"]
+    ]
     assert abs(s["mean_busy_fraction"] - (10 / 12) / 2) < 1e-9  # drains are not busy time
     recs = timeline.records(tl)
     assert recs.shape == (3, 1 + abi.MK_TL_WORDS) and sorted(recs[:, 0].tolist()) == [0, 0, 1]
@@ -277,6 +282,8 @@ def test_timeline_layer_ends_without_add_norm():
     assert [c["layer"] for c in ch] == [3] and ch[0]["layer_us"] == 5.2 - 0.9  # from layer 2's last signal
     assert ch[0]["ends_us"] == {"QKV": 2.3 - 0.9, "MOE_FUSED": 5.2 - 0.9}
     assert timeline.sm_states(timeline.records(tl), 3, bin_us=1.0)  # a layer span to bin
+    # a fused item's epilogue is its down slice's stream: only its staging and signal are fixed
+    assert abs(timeline.summarize(tl)["per_op"]["MOE_FUSED*"]["median_fixed_us"] - 0.3) < 1e-9
 
 
 def test_layer_lengths_by_kind(tmp_path, capsys):
