@@ -46,7 +46,7 @@ struct AttnShape {
 // The tensor-core path covers the release geometry (G = 8, d = 128) and the test geometries.
 __host__ __device__ inline bool attn_fast(const Params& p) {
   const int G = p.num_heads / p.num_kv_heads;
-  return p.use_mma && !(p.prefetch_mode & MK_MODE_SIMT_ATTN) && G <= 8 && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128);
+  return !(p.prefetch_mode & MK_MODE_SIMT_ATTN) && G <= 8 && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128);
 }
 
 __host__ __device__ inline size_t attn_fast_smem(int hd) {

@@ -922,10 +922,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
-  if (!p.use_mma) {
-    gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
-    return;
-  }
   switch (n / 32) {  // the tiling keeps n a multiple of 32, at most 256
     case 1:
       gemv_down_acc<1>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);

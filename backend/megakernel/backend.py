@@ -92,7 +92,6 @@ class MegakernelBackend:
         n_sms: int | None = None,
         tiling: Tiling | None = None,
         timeout_s: float = 10.0,
-        use_mma: int = 1,
         prefetch_mode: int | None = None,
         native_module=None,
         asynchronous: bool = False,
@@ -133,7 +132,6 @@ class MegakernelBackend:
         info = self.mod.device_info()
         self.n_sms = int(n_sms or info["sm_count"])  # one resident block per SM
         self.timeout_s = timeout_s
-        self.use_mma = use_mma
         # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_DEFAULT (the measured
         # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
@@ -280,7 +278,6 @@ class MegakernelBackend:
             None if self.timeline is None else (self.timeline.data_ptr(), tuple(self.timeline.shape)),
             None if self._sampling is None else self._sampling.data_ptr(),
             self.n_sms,
-            self.use_mma,
             self.timeout_s,
             self.prefetch_mode,
         )
@@ -341,7 +338,6 @@ class MegakernelBackend:
             "sliding_window": cfg.sliding_window,
             "selection_sigmoid": int(cfg.expert_selection_fn == "sigmoid"),
             "norm_topk": int(cfg.norm_topk_prob),
-            "use_mma": int(self.use_mma),  # 0: FMA GEMV, else mma.sync GEMV
             "timeout_ms": max(1, int(self.timeout_s * 500)),
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
