@@ -176,10 +176,9 @@ enum MkError {
 // MK_PREFETCH_DEFAULT. Measured slower and removed: L2 prefetches of a task's weights before its
 // wait, of the next static task's, of a layer head's tiles (bits 1, 2, 256; 2026-11-29/30: BS 1
 // 6.01 vs 5.73 ms, the bulk prefetches compete with the loads); engine v2's weight ring (bit 8 and
-// its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md).
+// its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md); the SIMT attention
+// (bit 4, removed in ABI 27).
 #define MK_PREFETCH_DEFAULT 0
-// MK_MODE_SIMT_ATTN: the SIMT attention instead of the tensor-core one.
-#define MK_MODE_SIMT_ATTN 4
 // MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.

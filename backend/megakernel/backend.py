@@ -44,6 +44,27 @@ class MegakernelTimeout(MegakernelError):
     """The step did not finish within the watchdog limit."""
 
 
+class UnsupportedGeometry(ValueError):
+    """The model's attention is one the kernel does not run (MegakernelBackend refuses it at
+    construction; `--decode auto` then runs the graph backend)."""
+
+
+# the attention's geometries (csrc/mk_attn.cuh attn_supported): at most 8 query heads per kv head
+# (one 8-wide side of its mma tiles), head_dim 32, 64 or 128 (one instantiation each)
+ATTN_MAX_GROUP = 8
+ATTN_HEAD_DIMS = (32, 64, 128)
+
+
+def check_attention_geometry(cfg: ModelConfig) -> None:
+    """Raise UnsupportedGeometry unless the kernel's attention runs `cfg`'s heads."""
+    if cfg.gqa_group > ATTN_MAX_GROUP or cfg.head_dim not in ATTN_HEAD_DIMS:
+        raise UnsupportedGeometry(
+            f"the megakernel's attention runs at most {ATTN_MAX_GROUP} query heads per kv head and "
+            f"head_dim 32, 64 or 128; this model has {cfg.num_attention_heads} query heads over "
+            f"{cfg.num_key_value_heads} kv heads and head_dim {cfg.head_dim}"
+        )
+
+
 @dataclass
 class _Prepared:
     sched: Schedule
@@ -105,7 +126,9 @@ class MegakernelBackend:
         rows of one sequence (DecodeBatch.seq_rows), run on schedules whose attention drains wait
         for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator, and on an
         H100 by tests/backend/megakernel/test_verify_rows_gpu.py). On by default; built with
-        it off, the backend refuses such steps and the engine turns speculation off."""
+        it off, the backend refuses such steps and the engine turns speculation off. A model whose
+        attention the kernel does not run raises UnsupportedGeometry (check_attention_geometry)."""
+        check_attention_geometry(cfg)
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 
