@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 26
+#define MK_ABI_VERSION 27
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -155,7 +155,7 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(use_mma) X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) \
+  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) \
   X(moe_up_big) X(moe_up_small) X(norm_inline)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
@@ -166,7 +166,8 @@ enum MkError {
 // h(l) (QKV, router, dense up, MoE up / fused, LM head) stages RMSNorm(x(l)) itself, after the
 // previous layer's one counter (its MLP counter, which the O-proj items signal too).
 // ABI 22 removed moe_down_ready (down tiles claimed in the up tiles' end order, per up tile or per
-// expert; measured +4 % / equal, docs/PERF.md) with its moe_ready buffer.
+// expert; measured +4 % / equal, docs/PERF.md) with its moe_ready buffer; ABI 27 removed use_mma
+// (the plain-FMA GEMV and fused down slice, measured slower than mma.sync).
 // moe_up_big: the wide (moe_up_cols) up tiles per active expert; its other moe_up_tiles - moe_up_big
 // tiles are moe_up_small columns wide, over its last columns. A MoE queue holds every expert's wide
 // tiles first, then every expert's small ones (Tiling.moe_up_small; up_tile in mk_kernel.cuh).
@@ -175,10 +176,9 @@ enum MkError {
 // MK_PREFETCH_DEFAULT. Measured slower and removed: L2 prefetches of a task's weights before its
 // wait, of the next static task's, of a layer head's tiles (bits 1, 2, 256; 2026-11-29/30: BS 1
 // 6.01 vs 5.73 ms, the bulk prefetches compete with the loads); engine v2's weight ring (bit 8 and
-// its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md).
+// its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md); the SIMT attention
+// (bit 4, removed in ABI 27).
 #define MK_PREFETCH_DEFAULT 0
-// MK_MODE_SIMT_ATTN: the SIMT attention instead of the tensor-core one.
-#define MK_MODE_SIMT_ATTN 4
 // MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.

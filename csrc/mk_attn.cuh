@@ -43,13 +43,15 @@ struct AttnShape {
   static constexpr int SMEM = STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES;
 };
 
-// The tensor-core path covers the release geometry (G = 8, d = 128) and the test geometries.
-__host__ __device__ inline bool attn_fast(const Params& p) {
+// The geometries the attention runs (the release geometry is G = 8, d = 128): a kv head's G query
+// heads fill one 8-wide side of the mma tiles (G <= 8), and d picks an instantiation. The launcher
+// refuses others, as MegakernelBackend does at construction (backend.py check_attention_geometry).
+inline bool attn_supported(const Params& p) {
   const int G = p.num_heads / p.num_kv_heads;
-  return p.use_mma && !(p.prefetch_mode & MK_MODE_SIMT_ATTN) && G <= 8 && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128);
+  return G <= 8 && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128);
 }
 
-__host__ __device__ inline size_t attn_fast_smem(int hd) {
+__host__ __device__ inline size_t attn_smem(int hd) {
   return hd == 32 ? AttnShape<32>::SMEM : hd == 64 ? AttnShape<64>::SMEM : AttnShape<128>::SMEM;
 }
 
@@ -447,7 +449,7 @@ __device__ __noinline__ bool attn_warp_t(const Params& p, const int* d, Smem& s,
 
 // Before the dependency wait of an ATTN item on the page ring (d = 32, 64): start its first pages.
 __device__ void attn_prologue(const Params& p, const int* d, Smem& s) {
-  if (!attn_fast(p) || attn_warps(p)) return;
+  if (attn_warps(p)) return;
   if (p.head_dim == 32)
     attn_prologue_t<32>(p, d, s);
   else
@@ -575,7 +577,7 @@ __device__ __noinline__ void attn_mma_t(const Params& p, const int* d, Smem& s) 
   AttnOut<HD>(p, d).merge(Ms, Ls, Os);
 }
 
-// The ATTN op on the page ring (attn_fast(p), d = 32, 64); the caller ran attn_prologue before the wait.
+// The ATTN op on the page ring (d = 32, 64); the caller ran attn_prologue before the wait.
 __device__ void attn_mma(const Params& p, const int* d, Smem& s) {
   if (p.head_dim == 32)
     attn_mma_t<32>(p, d, s);

@@ -307,12 +307,12 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
 // Tiling.norm_inline; k0 = 0, klen = the hidden size, at most NORM_SWEEPS * NT * 4), and each warp's
 // sums of squares of the 8 rows' columns it loaded into s_nss[warp][n] (no barrier here: the GEMV's
 // barrier after the staging publishes them). The RMSNorm's per-row factor rsqrt(mean(x^2) + eps)
-// is linear in the GEMV, so gemv_mma / gemv_fma apply it to the outputs (norm_scale): the staging
+// is linear in the GEMV, so gemv_mma applies it to the outputs (norm_scale): the staging
 // stays one L2 round trip with no block reduction on the chain (a reduction between the loads and
 // the stores, two barriers, measured +1.6 us per staging on the H200, 2026-12-01).
 // With a.copy the thread also stores its raw values of columns [copy_lo, copy_hi).
-// Out of line, its sweep loop rolled: one copy (7.2 KB of SASS). Inlined into gemv_mma, gemv_op's
-// FMA path and the drain's staging with both sweeps unrolled, it took gemv_mma from 14.3 to 26.8 KB
+// Out of line, its sweep loop rolled: one copy (7.2 KB of SASS). Inlined at its call sites with
+// both sweeps unrolled, it took gemv_mma from 14.3 to 26.8 KB
 // and gemv_op from 10.5 to 24.7 KB (`mkcode kernels sizes`; out of line: 17.2 / 15.1 KB), code every
 // GEMV task fetches (the 2026-12-01 switch timeline: the up item's ready -> GEMV 2.4 -> 3.3 us).
 constexpr int NORM_SWEEPS = MK_NORM_MAX_HIDDEN / (NT * 4);
@@ -518,51 +518,12 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   }
 }
 
-// Plain FMA fallback with the same contract (use_mma = 0): a warp per row, lanes stride K.
-__device__ __noinline__ void gemv_fma(const Gemv g, const bf16* act_s, float* out_s) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int lds = g.klen + ACT_PAD;
-  for (int r = warp; r < g.nrows; r += NWARPS) {
-    const bf16* w = gemv_row(g, r);
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int k = lane * 8; k < g.klen; k += 256) {
-      const uint4 wv = ld_weight16(w + k, l2_policy(g.keep));
-      const bf16* wp = reinterpret_cast<const bf16*>(&wv);
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const bf16* x = act_s + n * lds + k;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[n] += __bfloat162float(wp[j]) * __bfloat162float(x[j]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float v = acc[n];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) out_s[r * 8 + n] = v;
-    }
-  }
-  __syncthreads();
-}
-
 // The GEMV of a task with its activation staging (see gemv_mma). Callers have synced `act.rows`.
 // staged: act_s already holds these activations (a MoE up item after another of its layer).
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s, bool staged = false) {
-  if (p.use_mma) {
-    gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
-  } else {
-    if (!staged) stage_rows(act_s, act, g.klen);
-    __syncthreads();
-    if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
-    gemv_fma(g, act_s, out_s);
-    if (act.norm_w != nullptr) {  // as gemv_mma: the rows' RMSNorm factors
-      const float sc = norm_scale(g.klen, act.eps);
-      for (int i = threadIdx.x; i < g.nrows * 8; i += NT) shared(out_s)[i] *= sc;
-      __syncthreads();
-    }
-  }
-  if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // both end with __syncthreads
+  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
+  if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 
 // ---- the down slice of a fused MoE item: every hidden row, a short K (the item's columns) -------
@@ -629,26 +590,6 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
           red_add_global(d1 + r + 8, w1 * c[3]);
         }
       }
-    }
-  }
-}
-
-// Plain FMA version of the same contract (use_mma = 0): a warp per row, a lane per k pair.
-__device__ __noinline__ void gemv_down_acc_fma(const bf16* W, int ld, int nrows, int klen, const bf16* act_s, int lds,
-                                               float* acc, int H, const float* wtok, const int* btok, int nt) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < nrows; r += NWARPS) {
-    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int k = lane; k < klen; k += 32) {
-      const float wv = __bfloat162float(W[(size_t)r * ld + k]);
-#pragma unroll
-      for (int n = 0; n < 8; ++n) a[n] += wv * __bfloat162float(act_s[n * lds + k]);
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float v = a[n];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && n < nt) red_add_global(acc + (size_t)btok[n] * H + r, wtok[n] * v);
     }
   }
 }

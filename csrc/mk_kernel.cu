@@ -28,6 +28,13 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
     snprintf(msg, cap, "num_experts=%d is more than ROUTE takes", p.num_experts);
     return cudaErrorInvalidValue;
   }
+  if (!attn_supported(p)) {
+    snprintf(msg, cap,
+             "num_heads=%d, num_kv_heads=%d, head_dim=%d: the attention runs at most 8 query heads per kv "
+             "head and head_dim 32, 64 or 128",
+             p.num_heads, p.num_kv_heads, p.head_dim);
+    return cudaErrorInvalidValue;
+  }
   if (p.hidden > OUT_FLOATS) {
     snprintf(msg, cap, "hidden=%d exceeds the kernel's row buffer (%d floats)", p.hidden, OUT_FLOATS);
     return cudaErrorInvalidValue;

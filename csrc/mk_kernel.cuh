@@ -110,10 +110,7 @@ namespace mk {
 __host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
   const size_t gemv = (((size_t)8 * (max_k + ACT_PAD) * 2 + 15) & ~(size_t)15) + RED_FLOATS * 4 +
                       OUT_FLOATS * 4 + (NWARPS + 64) * 4;
-  const int G = p.num_heads / p.num_kv_heads;
-  const size_t attn = attn_fast(p) ? attn_fast_smem(p.head_dim)
-                                    : (size_t)G * p.head_dim * 4 + 2 * 64 * (p.head_dim + 8) * 2 + (size_t)G * 64 * 4 +
-                                          3 * G * 4 + 16;
+  const size_t attn = attn_smem(p.head_dim);
   // SAMPLE_ROW: per-warp histograms, totals, scratch, the compacted candidates (2048 of them)
   const size_t samp = (size_t)NWARPS * 256 * 4 + 256 * 4 + NWARPS * 4 + 32 * 4 + (size_t)2048 * 8;
   size_t need = gemv > attn ? gemv : attn;
@@ -369,120 +366,6 @@ __device__ void op_qkv(const Params& p, const int* d, Smem& s, bool dry) {
       *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
     }
   }
-}
-
-// Split-KV attention of one (row, kv head, split): online softmax in base 2 over whole pages.
-__device__ __noinline__ void op_attn(const Params& p, const int* d, Smem& s) {
-  View V(p);
-  const int l = d[MK_F_LAYER], b = d[MK_F_A0], kvh = d[MK_F_A1], split = d[MK_F_A2], S = d[MK_F_A3];
-  const int hd = p.head_dim, G = p.num_heads / p.num_kv_heads;
-  const long long pos = V.position(b);
-  const long long lo = V.first_visible(l, pos);
-  const long long p_lo = lo / 64, p_hi = pos / 64;
-  const long long per = (p_hi - p_lo + 1 + S - 1) / S;
-  long long a = (p_lo + split * per) * 64, e = (p_lo + (split + 1) * per) * 64;
-  if (a < lo) a = lo;
-  if (e > pos + 1) e = pos + 1;
-  float* o_base = (float*)p.o_part + ((((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits) * hd;
-  float* lse_base = (float*)p.lse_part + (((size_t)l * 8 + b) * p.num_heads + kvh * G) * p.max_splits;
-  if (a >= e) {
-    for (int i = threadIdx.x; i < G * hd; i += NT) o_base[((size_t)(i / hd) * p.max_splits + split) * hd + i % hd] = 0.f;
-    if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = -INFINITY;
-    return;
-  }
-  // smem: q_s [G][hd] fp32 (pre-scaled into log2 units), K_s/V_s [64][hd+8] bf16, sc [G][64], stats
-  const int kld = hd + 8;
-  float* q_s = reinterpret_cast<float*>(s.raw);
-  bf16* K_s = reinterpret_cast<bf16*>(q_s + G * hd);
-  bf16* V_s = K_s + 64 * kld;
-  float* sc = reinterpret_cast<float*>(V_s + 64 * kld);
-  float* m_s = sc + G * 64;
-  float* l_s = m_s + G;
-  float* corr_s = l_s + G;
-  const float scale = p.attn_scale * 1.4426950408889634f;
-  const float* qsrc = V.q(l) + (size_t)b * V.QW() + (size_t)kvh * G * hd;
-  for (int i = threadIdx.x; i < G * hd; i += NT) q_s[i] = ld_cg(qsrc + i) * scale;
-  if (threadIdx.x < G) {
-    m_s[threadIdx.x] = -INFINITY;
-    l_s[threadIdx.x] = 0.f;
-  }
-  constexpr int OPT = 4;  // outputs per thread at most (G*hd <= 2048)
-  float acc[OPT];
-#pragma unroll
-  for (int j = 0; j < OPT; ++j) acc[j] = 0.f;
-  const int chunks = hd / 8;  // 16-byte chunks per K/V row
-  for (long long pg = a / 64; pg <= (e - 1) / 64; ++pg) {
-    const int phys = V.page(l, b, (int)(pg * 64));
-    __syncthreads();  // previous page fully consumed
-    for (int i = threadIdx.x; i < 2 * 64 * chunks; i += NT) {
-      const int which = i / (64 * chunks), rem = i % (64 * chunks), key = rem / chunks, ch = rem % chunks;
-      const uint4 v = ld_cg16(V.kv(phys, which, kvh, key) + ch * 8);
-      *reinterpret_cast<uint4*>((which ? V_s : K_s) + key * kld + ch * 8) = v;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < G * 64; i += NT) {
-      const int hq = i / 64, key = i % 64;
-      const long long kp = pg * 64 + key;
-      float dot = -INFINITY;
-      if (kp >= a && kp < e) {
-        dot = 0.f;
-        const float* qq = q_s + hq * hd;
-        const bf16* kk = K_s + key * kld;
-        for (int c = 0; c < hd; c += 8) {
-          const uint4 kv4 = *reinterpret_cast<const uint4*>(kk + c);
-          const bf16* k8 = reinterpret_cast<const bf16*>(&kv4);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) dot += qq[c + j] * __bfloat162float(k8[j]);
-        }
-      }
-      sc[i] = dot;
-    }
-    __syncthreads();
-    {
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      for (int hq = warp; hq < G; hq += NWARPS) {
-        const float s0 = sc[hq * 64 + lane], s1 = sc[hq * 64 + 32 + lane];
-        float mx = fmaxf(s0, s1);
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_old = m_s[hq];
-        const float m_new = fmaxf(m_old, mx);  // finite: the page holds >= 1 visible key
-        const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
-        sc[hq * 64 + lane] = p0;
-        sc[hq * 64 + 32 + lane] = p1;
-        float sum = p0 + p1;
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        __syncwarp();
-        if (lane == 0) {
-          const float corr = exp2f(m_old - m_new);  // 0 when m_old = -inf
-          corr_s[hq] = corr;
-          l_s[hq] = l_s[hq] * corr + sum;
-          m_s[hq] = m_new;
-        }
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < OPT; ++j) {
-      const int i = threadIdx.x + j * NT;
-      if (i < G * hd) {
-        const int hq = i / hd, dim = i % hd;
-        float v = acc[j] * corr_s[hq];
-        const float* pr = sc + hq * 64;
-        for (int key = 0; key < 64; ++key) v += pr[key] * __bfloat162float(V_s[key * kld + dim]);
-        acc[j] = v;
-      }
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int j = 0; j < OPT; ++j) {
-    const int i = threadIdx.x + j * NT;
-    if (i < G * hd) {
-      const int hq = i / hd, dim = i % hd;
-      o_base[((size_t)hq * p.max_splits + split) * hd + dim] = acc[j] / l_s[hq];
-    }
-  }
-  if (threadIdx.x < G) lse_base[threadIdx.x * p.max_splits + split] = m_s[threadIdx.x] * 0.6931471805599453f + logf(l_s[threadIdx.x]);
 }
 
 // out = sum_s w_s o_s with w_s = exp(lse_s - max) / sum: the weights of the (row, kv head)'s G
@@ -922,10 +805,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
   const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
-  if (!p.use_mma) {
-    gemv_down_acc_fma(Wd, I, H, n, act, lds, acc, H, s_w, s_b, nt);
-    return;
-  }
   switch (n / 32) {  // the tiling keeps n a multiple of 32, at most 256
     case 1:
       gemv_down_acc<1>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
@@ -1751,7 +1630,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (threadIdx.x == 0 && d[MK_F_OP] != MK_OP_MOE_UP && d[MK_F_OP] != MK_OP_MOE_FUSED && d[MK_F_OP] != MK_OP_LM_HEAD)
     s_h_staged = -1;
   // the d = 128 attention waits inside its op, its first keys loaded before (attn_warp_t)
-  const bool own_wait = d[MK_F_OP] == MK_OP_ATTN && attn_fast(p) && attn_warps(p);
+  const bool own_wait = d[MK_F_OP] == MK_OP_ATTN && attn_warps(p);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // the page ring's first pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
@@ -1797,10 +1676,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_ATTN:
       if (own_wait) {
         if (!attn_warp_t<128>(q, d, s, flag)) return false;
-      } else if (attn_fast(p))
+      } else
         attn_mma(q, d, s);
-      else
-        op_attn(q, d, s);
       break;
     case MK_OP_ATTN_COMBINE:
       op_attn_combine(q, d, s, false);

@@ -44,6 +44,27 @@ class MegakernelTimeout(MegakernelError):
     """The step did not finish within the watchdog limit."""
 
 
+class UnsupportedGeometry(ValueError):
+    """The model's attention is one the kernel does not run (MegakernelBackend refuses it at
+    construction; `--decode auto` then runs the graph backend)."""
+
+
+# the attention's geometries (csrc/mk_attn.cuh attn_supported): at most 8 query heads per kv head
+# (one 8-wide side of its mma tiles), head_dim 32, 64 or 128 (one instantiation each)
+ATTN_MAX_GROUP = 8
+ATTN_HEAD_DIMS = (32, 64, 128)
+
+
+def check_attention_geometry(cfg: ModelConfig) -> None:
+    """Raise UnsupportedGeometry unless the kernel's attention runs `cfg`'s heads."""
+    if cfg.gqa_group > ATTN_MAX_GROUP or cfg.head_dim not in ATTN_HEAD_DIMS:
+        raise UnsupportedGeometry(
+            f"the megakernel's attention runs at most {ATTN_MAX_GROUP} query heads per kv head and "
+            f"head_dim 32, 64 or 128; this model has {cfg.num_attention_heads} query heads over "
+            f"{cfg.num_key_value_heads} kv heads and head_dim {cfg.head_dim}"
+        )
+
+
 @dataclass
 class _Prepared:
     sched: Schedule
@@ -92,7 +113,6 @@ class MegakernelBackend:
         n_sms: int | None = None,
         tiling: Tiling | None = None,
         timeout_s: float = 10.0,
-        use_mma: int = 1,
         prefetch_mode: int | None = None,
         native_module=None,
         asynchronous: bool = False,
@@ -106,7 +126,9 @@ class MegakernelBackend:
         rows of one sequence (DecodeBatch.seq_rows), run on schedules whose attention drains wait
         for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator, and on an
         H100 by tests/backend/megakernel/test_verify_rows_gpu.py). On by default; built with
-        it off, the backend refuses such steps and the engine turns speculation off."""
+        it off, the backend refuses such steps and the engine turns speculation off. A model whose
+        attention the kernel does not run raises UnsupportedGeometry (check_attention_geometry)."""
+        check_attention_geometry(cfg)
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 
@@ -133,7 +155,6 @@ class MegakernelBackend:
         info = self.mod.device_info()
         self.n_sms = int(n_sms or info["sm_count"])  # one resident block per SM
         self.timeout_s = timeout_s
-        self.use_mma = use_mma
         # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_DEFAULT (the measured
         # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
@@ -280,7 +301,6 @@ class MegakernelBackend:
             None if self.timeline is None else (self.timeline.data_ptr(), tuple(self.timeline.shape)),
             None if self._sampling is None else self._sampling.data_ptr(),
             self.n_sms,
-            self.use_mma,
             self.timeout_s,
             self.prefetch_mode,
         )
@@ -341,7 +361,6 @@ class MegakernelBackend:
             "sliding_window": cfg.sliding_window,
             "selection_sigmoid": int(cfg.expert_selection_fn == "sigmoid"),
             "norm_topk": int(cfg.norm_topk_prob),
-            "use_mma": int(self.use_mma),  # 0: FMA GEMV, else mma.sync GEMV
             "timeout_ms": max(1, int(self.timeout_s * 500)),
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),

@@ -114,12 +114,12 @@ def bench(args: argparse.Namespace) -> int:
             cfg, base_t, B, split_bucket_position(cases[B].batch.positions.tolist(), base_t)
         )
 
-    def run(vname: str, mode: int, mma: int, kw: dict[str, int]) -> None:
+    def run(vname: str, mode: int, kw: dict[str, int]) -> None:
         # each batch size on the tiling the engine uses for it (tiling_for_batch), the variant's keys
         # on top: the figures are comparable with the engine harness (mkcode bench decode)
         for B in args.batches:
             tiling = replace(engine_tiling(B), **kw)
-            be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode, use_mma=mma)
+            be = MegakernelBackend(cfg, w, tiling=tiling, prefetch_mode=mode)
             contexts = [args.context] * B
             times = time_steps(be, cases[B].batch, args.reps)
             med = statistics.median(times)
@@ -154,17 +154,16 @@ def bench(args: argparse.Namespace) -> int:
             )
             del be
 
-    fastest_mode, fastest_mma = abi.MK_PREFETCH_DEFAULT, 1
-    for spec in args.variants:  # e.g. "prefetch=3", "mma=2", "moe_up_cols=64,moe_down_rows=256"
-        mode, mma, kw = parse_variant(spec)
+    fastest_mode = abi.MK_PREFETCH_DEFAULT
+    for spec in args.variants:  # e.g. "prefetch=3", "moe_up_cols=64,moe_down_rows=256"
+        mode, kw = parse_variant(spec)
         mode = fastest_mode if mode is None else mode
-        mma = fastest_mma if mma is None else mma
         tiling = replace(base_t, **kw)
-        vname = f"{spec} (prefetch={mode}, mma={mma})"
-        # tile overrides, FMA, other modes: check first
-        if kw or mma != 1 or mode != abi.MK_PREFETCH_DEFAULT:
+        vname = f"{spec} (prefetch={mode})"
+        # tile overrides, other modes: check first
+        if kw or mode != abi.MK_PREFETCH_DEFAULT:
             try:
-                ok = reduced_check(tiling, mode, mma)
+                ok = reduced_check(tiling, mode)
             except MegakernelTimeout as e:  # a hung kernel keeps the GPU: nothing after it can run
                 raise SystemExit(f"reduced-geometry check [{vname}] hung: {e}") from e
             except Exception as e:  # e.g. the kernel's error word: report, go on with the other variants
@@ -175,7 +174,7 @@ def bench(args: argparse.Namespace) -> int:
             if not ok:
                 continue
         try:
-            run(vname, mode, mma, kw)
+            run(vname, mode, kw)
         except MegakernelTimeout as e:
             raise SystemExit(f"variant [{vname}] hung: {e}") from e
         except Exception as e:
@@ -184,18 +183,18 @@ def bench(args: argparse.Namespace) -> int:
             continue
         b0 = args.batches[0]
         if best[b0][1] == vname and not kw:
-            fastest_mode, fastest_mma = mode, mma
+            fastest_mode = mode
     results["best"] = {str(B): v for B, v in best.items()}
     results["sampling"] = sampling_cost(cfg, w, cases, args.batches)
     # one recorded step per batch size with the fastest prefetch mode: where the time goes
     from mkcode.backend.megakernel import timeline
 
     tl_mode = fastest_mode if args.timeline_mode is None else args.timeline_mode
-    tl_kw = parse_variant(args.timeline_variant)[2] if args.timeline_variant else {}
+    tl_kw = parse_variant(args.timeline_variant)[1] if args.timeline_variant else {}
     results["timeline"] = {}
     for B in args.batches:
         tl_tiling = replace(engine_tiling(B), **tl_kw)
-        be = MegakernelBackend(cfg, w, tiling=tl_tiling, prefetch_mode=tl_mode, use_mma=fastest_mma)
+        be = MegakernelBackend(cfg, w, tiling=tl_tiling, prefetch_mode=tl_mode)
         be.timeline = timeline.allocate(be.n_sms, 4096, "cuda")
         be.decode(cases[B].batch)
         summ = timeline.summarize(be.timeline)
@@ -456,7 +455,7 @@ def reduced_tiling(tiling_release: Tiling, cfg: ModelConfig | None = None) -> tu
     return t, dropped
 
 
-def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
+def reduced_check(tiling_release: Tiling, mode: int) -> bool:
     """One BS-4 step at the reduced geometry with the same tile overrides (where they fit,
     reduced_tiling), against the fp32 reference with the kernel's expert choices: cosine >= 0.999."""
     from mkcode.backend.megakernel.backend import MegakernelBackend
@@ -466,7 +465,7 @@ def reduced_check(tiling_release: Tiling, mode: int, mma: int = 1) -> bool:
     for why in dropped:
         print(f"reduced-geometry check: {why}")
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=5, std=0.05)
-    be = MegakernelBackend(cfg, w, tiling=t, prefetch_mode=mode, use_mma=mma)
+    be = MegakernelBackend(cfg, w, tiling=t, prefetch_mode=mode)
     return _compare_step(cfg, w, be, [5, 300, 255, 256], seed=4)[0]
 
 
@@ -498,7 +497,7 @@ def step(args: argparse.Namespace) -> int:
         )
     )
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=1, std=0.05)
-    kw = parse_variant(args.tiling)[2] if args.tiling else {}
+    kw = parse_variant(args.tiling)[1] if args.tiling else {}
     tiling = replace(tiling_for_batch(cfg, default_tiling(cfg), len(args.contexts)), **kw) if kw else None
     be = MegakernelBackend(
         cfg,
@@ -506,30 +505,29 @@ def step(args: argparse.Namespace) -> int:
         n_sms=args.sms or None,
         timeout_s=args.timeout,
         prefetch_mode=args.mode,
-        use_mma=args.mma,
         tiling=tiling,
     )
     ok, cos = _compare_step(cfg, w, be, args.contexts, seed=2)
     print(
-        f"step mode={args.mode} mma={args.mma} tiling={args.tiling or 'default'} contexts={args.contexts}: "
+        f"step mode={args.mode} tiling={args.tiling or 'default'} contexts={args.contexts}: "
         f"cosine {cos} ok={ok}",
         flush=True,
     )
     return 0 if ok else 1
 
 
-def parse_variant(spec: str) -> tuple[int | None, int | None, dict[str, int]]:
-    """'prefetch=3', 'mma=0', 'moe_up_cols=64,moe_down_rows=256' -> (prefetch, mma, tiling overrides)."""
+def parse_variant(spec: str) -> tuple[int | None, dict[str, int]]:
+    """'prefetch=3', 'moe_up_cols=64,moe_down_rows=256' -> (prefetch, tiling overrides)."""
     kw: dict[str, int] = {}
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"variant {spec!r}: expected key=value, got {item!r}")
         kw[key.strip()] = int(value)
-    bad = set(kw) - {"prefetch", "mma"} - set(Tiling.__dataclass_fields__)
+    bad = set(kw) - {"prefetch"} - set(Tiling.__dataclass_fields__)
     if bad:
         raise ValueError(f"variant {spec!r}: unknown keys {sorted(bad)}")
-    return kw.pop("prefetch", None), kw.pop("mma", None), kw
+    return kw.pop("prefetch", None), kw
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -565,8 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=["prefetch=0"],
         type=lambda v: (parse_variant(v), v)[1],
         help="variants in order, each comma-separated key=value: prefetch (the prefetch_mode word: "
-        "MK_MODE_* bits), mma (0 FMA, 1 mma), or Tiling fields (moe_up_cols=64) on top of each batch size's "
-        "engine default (tiling_for_batch); unset prefetch / mma take the fastest so far",
+        "MK_MODE_* bits) or Tiling fields (moe_up_cols=64) on top of each batch size's "
+        "engine default (tiling_for_batch); an unset prefetch takes the fastest so far",
     )
     b.set_defaults(func=bench)
     s = sub.add_parser("step", aliases=["sanitize"])
@@ -576,7 +574,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=abi.MK_PREFETCH_DEFAULT,
         help="prefetch_mode bits (MK_MODE_*)",
     )
-    s.add_argument("--mma", type=int, default=1)
     s.add_argument("--sms", type=int, default=16, help="0: every SM")
     s.add_argument("--layers", type=int, default=2, choices=[2, 6])
     s.add_argument("--timeout", type=float, default=120.0)

@@ -30,7 +30,7 @@ fi
 stages=("$@")
 [[ ${#stages[@]} -eq 1 && ${stages[0]} == plan ]] && stages=(tests bench decode)
 # megakernel variants timed by gpu_check (in order; each batch size runs on the engine's tiling for
-# it, tiling_for_batch, with the variant's keys on top; unset prefetch / mma take the fastest so far):
+# it, tiling_for_batch, with the variant's keys on top; an unset prefetch takes the fastest so far):
 #   prefetch=0  the default, twice (the spread between runs of one call)
 VARIANTS=${VARIANTS:-"prefetch=0 prefetch=0"}
 # same-call A/B: STAGE on each tree in turn (. = this one, "A work"; an ab_* folder made by

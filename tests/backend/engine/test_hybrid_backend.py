@@ -160,6 +160,29 @@ def test_auto_without_either_gpu_backend_is_torch(monkeypatch):
     assert name == "torch" and "graph unavailable" in note and "megakernel unavailable" in note
 
 
+def test_a_geometry_the_megakernel_cannot_run_falls_back_to_the_graph_backend(monkeypatch):
+    """A model whose attention the megakernel does not run (here 16 query heads per kv head): the
+    real loader refuses it with UnsupportedGeometry before loading or building the extension; `auto`
+    runs the graph backend and says why, `--decode megakernel` fails with the reason."""
+    from mkcode.backend.gpu import graph_backend
+    from mkcode.backend.megakernel import native
+    from mkcode.backend.megakernel.backend import UnsupportedGeometry
+    from tests.backend.megakernel.cases import tiny_config
+
+    loads: list[bool] = []
+    monkeypatch.setattr(native, "load", lambda build_if_missing=True: loads.append(build_if_missing))
+    monkeypatch.setattr(graph_backend, "GraphDecodeBackend", lambda model: _Fake("graph", 32))
+    cfg = tiny_config(num_attention_heads=32, num_key_value_heads=2)
+    model = SimpleNamespace(device=torch.device("cuda"), cfg=cfg, w=None)
+    backend, name, note = runtime.choose_decode_backend("auto", model)
+    assert name == "graph" and backend.name == "graph"
+    assert "megakernel unavailable (the megakernel's attention runs at most 8 query heads" in note
+    with pytest.raises(RuntimeError, match="megakernel backend unavailable") as e:
+        runtime.choose_decode_backend("megakernel", model)
+    assert isinstance(e.value.__cause__, UnsupportedGeometry)
+    assert loads == []  # refused before the extension was loaded or built
+
+
 @pytest.mark.parametrize("asked", ["hybrid", "megakernel", "graph"])
 def test_an_explicit_backend_that_does_not_load_is_an_error(monkeypatch, asked):
     monkeypatch.setattr(

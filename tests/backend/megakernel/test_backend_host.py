@@ -17,7 +17,12 @@ import torch
 
 from mkcode.backend.engine.decode_backend import DecodeBatch
 from mkcode.backend.megakernel import abi, sampling
-from mkcode.backend.megakernel.backend import MegakernelBackend, MegakernelError, MegakernelTimeout
+from mkcode.backend.megakernel.backend import (
+    MegakernelBackend,
+    MegakernelError,
+    MegakernelTimeout,
+    UnsupportedGeometry,
+)
 from mkcode.backend.megakernel.emulator import Emulator
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.sampling import SamplingParams
@@ -262,9 +267,38 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
         == abi.MK_PREFETCH_DEFAULT
         == 0
     )
-    monkeypatch.setenv("MKCODE_MK_PREFETCH", "132")
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", "144")
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
-    assert be.prefetch_mode == abi.MK_MODE_TOKEN_ROWS | abi.MK_MODE_SIMT_ATTN
+    assert be.prefetch_mode == abi.MK_MODE_TOKEN_ROWS | abi.MK_MODE_TWICE
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"head_dim": 48}, "head_dim 48"),
+        ({"head_dim": 256}, "head_dim 256"),
+        ({"num_attention_heads": 32, "num_key_value_heads": 2}, "32 query heads over 2 kv heads"),
+    ],
+    ids=["d48", "d256", "gqa16"],
+)
+def test_attention_geometries_the_kernel_does_not_run_are_refused(over, why):
+    """The kernel's only attention is the tensor-core one (at most 8 query heads per kv head, head_dim
+    32, 64 or 128): any other geometry is refused when the backend is built, before any weight, buffer
+    or extension is touched (the weights here are not even looked at)."""
+    cfg = tiny_config(**over)
+    with pytest.raises(UnsupportedGeometry, match=why):
+        MegakernelBackend(cfg, None, native_module=FakeNative())
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{"head_dim": 64}, {"head_dim": 128}, {"num_attention_heads": 16, "num_key_value_heads": 2}],
+    ids=["d64", "d128", "gqa8"],
+)
+def test_attention_geometries_the_kernel_runs_are_accepted(over):
+    """The refusal's edges: head_dim 64 and 128, 8 query heads per kv head build a backend."""
+    cfg = tiny_config(**over)
+    MegakernelBackend(cfg, random_weights(cfg, seed=1, dtype=torch.bfloat16), native_module=FakeNative())
 
 
 def test_small_batches_cap_attention_splits_but_keep_the_buffer_stride(weights):

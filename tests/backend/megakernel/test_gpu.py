@@ -280,14 +280,13 @@ def test_op_norm_inline(small_inline, op, B):
 @pytest.mark.parametrize(
     "contexts", [[300], [63, 64], [5, 300, 255, 256], BS8_CONTEXTS], ids=["bs1", "bs2", "bs4", "bs8"]
 )
-@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
 @pytest.mark.parametrize("inline", [1, 0], ids=["inline", "add-norm"])
-def test_step_norm_inline_reduced(small, contexts, use_mma, inline):
+def test_step_norm_inline_reduced(small, contexts, inline):
     """Whole steps on the engine's per-batch tiling (fused MoE items below 4 rows, up / down tiles
     from 4) with Tiling.norm_inline (the engine's) and without it (the add+norm tasks, the A/B
     path), against the routed fp32 reference."""
     w, _ = small
-    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=inline), use_mma=use_mma)
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=inline))
     _step_check(CFG, w, be, contexts, seed=len(contexts) + 40)
 
 
@@ -373,23 +372,22 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     ids=lambda c: f"bs{len(c)}",
 )
 @pytest.mark.parametrize(
-    "use_mma,prefetch",
+    "prefetch",
     [
-        (1, abi.MK_PREFETCH_DEFAULT),
-        (0, abi.MK_PREFETCH_DEFAULT),
-        (1, abi.MK_MODE_TWICE),  # the measurement mode: add+norm and combine run twice, same results
-        (1, abi.MK_MODE_TOKEN_ROWS),  # MoE up items stage their own token rows (no reuse)
-        (1, abi.MK_MODE_GEMV_FACTS),  # the GEMV tasks' weight pointers copied before their waits
+        abi.MK_PREFETCH_DEFAULT,
+        abi.MK_MODE_TWICE,  # the measurement mode: add+norm and combine run twice, same results
+        abi.MK_MODE_TOKEN_ROWS,  # MoE up items stage their own token rows (no reuse)
+        abi.MK_MODE_GEMV_FACTS,  # the GEMV tasks' weight pointers copied before their waits
     ],
-    ids=["mma", "fma", "mma-twice", "mma-tokenrows", "mma-gemvfacts"],
+    ids=["default", "twice", "tokenrows", "gemvfacts"],
 )
-def test_step_matches_reference_reduced(small, contexts, use_mma, prefetch):
+def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
-    be.use_mma, be.prefetch_mode = use_mma, prefetch
+    be.prefetch_mode = prefetch
     try:
         _step_check(CFG, w, be, contexts, seed=len(contexts))
     finally:
-        be.use_mma, be.prefetch_mode = 1, abi.MK_PREFETCH_DEFAULT
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
 
 
 @pytest.fixture(scope="module")
@@ -426,24 +424,19 @@ def test_fused_moe_route_and_add_norm(small_fused, op, B):
 @pytest.mark.parametrize(
     "contexts", [[300], [63, 64], [1, 64, 65, 127, 128, 257, 511, 700]], ids=["bs1", "bs2", "bs8"]
 )
-@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
 @pytest.mark.parametrize("tiles", ["c32", "c64", "batch"])
-def test_step_matches_reference_fused_moe(small_fused, contexts, use_mma, tiles):
+def test_step_matches_reference_fused_moe(small_fused, contexts, tiles):
     """A whole step with fused MoE items (no down tiles: fp32 atomic sums into moe_acc, which ADD_NORM
     reads) against the routed fp32 reference, as the reduced-geometry step tests."""
     w, be = small_fused
     if tiles != "c32":
         be = MegakernelBackend(CFG, w, tiling=_fused_tiling(tiles, len(contexts)))
-    be.use_mma = use_mma
-    try:
-        _step_check(CFG, w, be, contexts, seed=len(contexts))
-        B = len(contexts)
-        if be.tiling.norm_inline:  # the engine's tiling: fused items add into x(l+1), not moe_acc
-            assert be.tiling.moe_fused and bool(torch.isnan(be.ws["moe_out"][1, :B]).all())  # no down tiles
-        else:
-            assert not torch.isnan(be.ws["moe_acc"][1, :B]).any()  # the fused path ran
-    finally:
-        be.use_mma = 1
+    _step_check(CFG, w, be, contexts, seed=len(contexts))
+    B = len(contexts)
+    if be.tiling.norm_inline:  # the engine's tiling: fused items add into x(l+1), not moe_acc
+        assert be.tiling.moe_fused and bool(torch.isnan(be.ws["moe_out"][1, :B]).all())  # no down tiles
+    else:
+        assert not torch.isnan(be.ws["moe_acc"][1, :B]).any()  # the fused path ran
 
 
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
@@ -462,14 +455,12 @@ def _local_backend(w, prefetch_mode=None, **over):
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
-@pytest.mark.parametrize("use_mma", [1, 0], ids=["mma", "fma"])
-def test_step_matches_reference_self_routing_moe(small, contexts, use_mma):
+def test_step_matches_reference_self_routing_moe(small, contexts):
     """Tiling.moe_local: every fused item ranks the router's logits itself; the expert choices it
     records (the table kernel_routing reads) are checked as near-ties against the reference's."""
     w, _ = small
     be = _local_backend(w)
     assert build_schedule(CFG, 1, contexts, be.n_sms, be.tiling).summary().get("ROUTE", 0) == 0
-    be.use_mma = use_mma
     _step_check(CFG, w, be, contexts, seed=7)
     K = CFG.num_experts_per_tok
     assert be.ws["moe_info"][1, 0].item() == K  # recorded by the items, as ROUTE would

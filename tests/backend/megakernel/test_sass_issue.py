@@ -86,7 +86,7 @@ def test_compiled_fused_down_slice_sums_by_global_reductions(kp):
 @pytest.mark.skipif(
     find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
 )
-@pytest.mark.parametrize("function,least", [("gemv_mma", 16), ("gemv_down_acc<4>", 8), ("gemv_fma", 1)])
+@pytest.mark.parametrize("function,least", [("gemv_mma", 16), ("gemv_down_acc<4>", 8)])
 def test_compiled_weight_loads_fetch_whole_lines(function, least):
     """On the object CI compiles: every weight load (the read-only path, LDG ... .CONSTANT) of the
     GEMVs carries the L2::128B prefetch-size hint (LTC128B in SASS): a GEMV warp load covers 64

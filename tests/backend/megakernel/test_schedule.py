@@ -493,12 +493,12 @@ def test_gpu_check_cli_parses_variants():
             "8",
             "--variants",
             "prefetch=3",
-            "mma=0",
+            "prefetch=16",
             "moe_up_cols=64,moe_down_rows=256",
         ]
     )
     assert args.batches == [1, 8] and len(args.variants) == 3
-    assert gpu_check.parse_variant("moe_up_cols=64,prefetch=2") == (2, None, {"moe_up_cols": 64})
+    assert gpu_check.parse_variant("moe_up_cols=64,prefetch=2") == (2, {"moe_up_cols": 64})
     with pytest.raises(ValueError, match="unknown"):
         gpu_check.parse_variant("warp_size=64")
     with pytest.raises(SystemExit):
@@ -550,8 +550,8 @@ def test_gpu_run_plan_variants_parse_and_are_emulated():
     specs = m.group(1).split()
     args = gpu_check.build_parser().parse_args(["bench", "--variants", *specs])
     parsed = [gpu_check.parse_variant(v) for v in args.variants]
-    assert parsed.count((abi.MK_PREFETCH_DEFAULT, None, {})) == 2
-    for _, _, kw in parsed:
+    assert parsed.count((abi.MK_PREFETCH_DEFAULT, {})) == 2
+    for _, kw in parsed:
         if kw:
             assert kw in SWEEP_TILINGS, f"{kw} is swept on the GPU but not emulated"
 
