@@ -179,6 +179,13 @@ enum MkError {
 // its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md); the SIMT attention
 // (bit 4, removed in ABI 27).
 #define MK_PREFETCH_DEFAULT 0
+
+// The attention's geometries (mk_attn.cuh attn_supported; backend.py refuses others): a kv head's
+// query heads fill one 8-wide side of its mma tiles, and each head_dim is one instantiation.
+#define MK_ATTN_MAX_GROUP 8
+#define MK_ATTN_HEAD_DIM_32 32
+#define MK_ATTN_HEAD_DIM_64 64
+#define MK_ATTN_HEAD_DIM_128 128
 // MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.

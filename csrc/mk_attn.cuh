@@ -48,7 +48,8 @@ struct AttnShape {
 // refuses others, as MegakernelBackend does at construction (backend.py check_attention_geometry).
 inline bool attn_supported(const Params& p) {
   const int G = p.num_heads / p.num_kv_heads;
-  return G <= 8 && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 128);
+  return G <= MK_ATTN_MAX_GROUP && (p.head_dim == MK_ATTN_HEAD_DIM_32 || p.head_dim == MK_ATTN_HEAD_DIM_64 ||
+                                    p.head_dim == MK_ATTN_HEAD_DIM_128);
 }
 
 __host__ __device__ inline size_t attn_smem(int hd) {

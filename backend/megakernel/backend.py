@@ -49,10 +49,9 @@ class UnsupportedGeometry(ValueError):
     construction; `--decode auto` then runs the graph backend)."""
 
 
-# the attention's geometries (csrc/mk_attn.cuh attn_supported): at most 8 query heads per kv head
-# (one 8-wide side of its mma tiles), head_dim 32, 64 or 128 (one instantiation each)
-ATTN_MAX_GROUP = 8
-ATTN_HEAD_DIMS = (32, 64, 128)
+# the attention's geometries (csrc/mk_abi.h MK_ATTN_*, the kernel's attn_supported)
+ATTN_MAX_GROUP = abi.MK_ATTN_MAX_GROUP
+ATTN_HEAD_DIMS = (abi.MK_ATTN_HEAD_DIM_32, abi.MK_ATTN_HEAD_DIM_64, abi.MK_ATTN_HEAD_DIM_128)
 
 
 def check_attention_geometry(cfg: ModelConfig) -> None:
