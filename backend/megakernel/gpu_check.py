@@ -311,6 +311,12 @@ def layer_profile(
         n_act = n_up // tiling.moe_tiles(cfg)[0]
         totals["MOE_UP"] = n_act * 2 * cfg.intermediate_size * H * ebytes
     prof = timeline.stream_profile(recs, layer, op_bytes, attn_bytes, bin_us, op_totals=totals)
+    gap = timeline.routing_gap(recs, layer, op_bytes, attn_bytes)
+    if gap:  # issue 41's bar: >= 3 TB/s
+        print(
+            f"  layer {layer} routing gap (its first QKV / router tile ready -> its first MoE GEMV): "
+            f"{gap['length_us']:.1f} us at {gap['tb_s']:.2f} TB/s"
+        )
     total = sum(p["tb_s"] for p in prof) * bin_us * 1e-6 * 1e12
     print(
         f"  layer {layer} HBM profile ({bin_us:g} us bins; {total / 1e6:.1f} MB, mean "

@@ -444,6 +444,27 @@ def stream_profile(
     ]
 
 
+def routing_gap(
+    recs: torch.Tensor, layer: int, op_bytes: dict[str, float], attn_bytes: float, bin_us: float = 0.25
+) -> dict:
+    """The layer's routing gap (records as `records` returns them): from its first QKV / router tile's
+    end of wait (the previous layer's end) to its first MoE GEMV start (the experts known), and the
+    HBM rate in it, as stream_profile estimates it (issue 41's bar: >= 3 TB/s). {} without MoE items."""
+    w0 = recs[:, 1]
+    sel = recs[((w0 >> 8) & 0xFF) == layer].tolist()
+    heads = [r[3] for r in sel if (r[1] & 0xFF) in (abi.MK_OP_QKV, abi.MK_OP_ROUTER)]
+    moe = [r[4] for r in sel if (r[1] & 0xFF) in (abi.MK_OP_MOE_UP, abi.MK_OP_MOE_FUSED) and r[4]]
+    if not heads or not moe:
+        return {}
+    base = min(r[2] for r in sel)  # stream_profile's bin 0
+    lo, hi = (min(heads) - base) / 1e3, (min(moe) - base) / 1e3
+    if hi <= lo:
+        return {}
+    prof = stream_profile(recs, layer, op_bytes, attn_bytes, bin_us)
+    mb = sum(prof[i]["tb_s"] * us for i, us in _bin_overlaps(lo, hi, bin_us, len(prof)))  # TB/s x us = MB
+    return {"start_us": lo, "length_us": hi - lo, "tb_s": mb / (hi - lo)}
+
+
 def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]:
     """What the blocks do over one layer (records as `records` returns them), from the end of the
     previous layer's last ADD_NORM to the end of this layer's, in bins of bin_us: per bin, blocks

@@ -825,3 +825,22 @@ def test_moe_phase_of_a_layer(tmp_path):
     torch.save(recs, path)
     assert timeline.main([str(path), "--layer", "6", "--moe"]) == 0
     assert timeline.main([str(path), "--layer", "5", "--moe"]) == 1
+
+
+def test_routing_gap_rate():
+    """timeline.routing_gap: from the layer's first QKV / router end of wait to its first MoE GEMV,
+    the bytes streamed in that window over its length (issue 41's >= 3 TB/s bar)."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    tl = timeline.allocate(2, 2, "cpu")
+    # (a record's start stamp must be non-zero: 0 marks an empty slot)
+    tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (3 << 8), 100, 1100, 2100, 6100, 6600, 7100])
+    tl[1, 0] = torch.tensor([abi.MK_OP_MOE_FUSED | (3 << 8), 100, 600, 8100, 12100, 13100, 13600])
+    recs = timeline.records(tl)
+    gap = timeline.routing_gap(recs, 3, {"QKV": 4e6, "MOE_FUSED": 1e6}, 0.0)
+    assert gap["start_us"] == 1.0 and gap["length_us"] == 7.0
+    assert abs(gap["tb_s"] - 4.0 / 7.0) < 1e-9  # the QKV tile's 4 MB, all inside the gap
+    assert timeline.routing_gap(recs, 4, {}, 0.0) == {}  # no such layer
+    assert timeline.routing_gap(recs[:1], 3, {"QKV": 4e6}, 0.0) == {}  # no MoE item: no gap
