@@ -1778,21 +1778,17 @@ struct MoeQueue {
 };
 
 // Up tile m (0 <= m < n_act * moe_up_tiles) of a MoE queue: (active expert index, first column,
-// columns). Every expert's moe_up_big wide tiles first (expert-major), then every expert's small
-// ones over its last columns (Tiling.moe_up_tile is the same map).
-__device__ __forceinline__ int3 up_tile(const Params& p, int n_act, int m) {
-  const int big = p.moe_up_big, n_big = n_act * big;
-  if (m < n_big) return make_int3(m / big, (m % big) * p.moe_up_cols, p.moe_up_cols);
-  const int small = p.moe_up_tiles - big, j = m - n_big;
-  return make_int3(j / small, big * p.moe_up_cols + (j % small) * p.moe_up_small, p.moe_up_small);
+// columns), expert-major, moe_up_cols columns each (emulator_ops.moe_item is the same map).
+__device__ __forceinline__ int3 up_tile(const Params& p, int m) {
+  return make_int3(m / p.moe_up_tiles, (m % p.moe_up_tiles) * p.moe_up_cols, p.moe_up_cols);
 }
 
 // Word A1 (first column / hidden row) or A2 (columns / rows) of MoE tile m (an up tile below n_up,
 // else a down tile). Out of line: inlined into the drain loop it cost the step kernel 16 B of stack
 // and 32 B of spills.
-__device__ __noinline__ int tile_span(const Params& p, int n_act, int m, int n_up, bool count) {
+__device__ __noinline__ int tile_span(const Params& p, int m, int n_up, bool count) {
   if (m < n_up) {
-    const int3 u = up_tile(p, n_act, m);
+    const int3 u = up_tile(p, m);
     return count ? u.z : u.y;
   }
   return count ? p.moe_down_rows : ((m - n_up) % p.moe_down_tiles) * p.moe_down_rows;
@@ -1827,7 +1823,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
       host_item_fetch(p, q.tail_first + (int)idx - q.n_up, raw);
     } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
       const int m = q.tile(idx);
-      const int a = m < q.n_up ? up_tile(p, n_act, m).x : (m - q.n_up) / p.moe_down_tiles;
+      const int a = m < q.n_up ? up_tile(p, m).x : (m - q.n_up) / p.moe_down_tiles;
       if (a < ETAB_ROWS) {  // the drain's copy (read after the loop's barrier, like the cp.async)
         raw[2 * threadIdx.x] = etab[a * (2 + MK_MAX_TOKENS) + 2 * threadIdx.x];
         raw[2 * threadIdx.x + 1] = etab[a * (2 + MK_MAX_TOKENS) + 2 * threadIdx.x + 1];
@@ -1872,7 +1868,7 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   if (w == MK_F_OP) v = !is_up ? MK_OP_MOE_DOWN : fused_up ? MK_OP_MOE_FUSED : MK_OP_MOE_UP;
   else if (w == MK_F_LAYER) v = l;
   else if (w == MK_F_A0) v = e;
-  else if (w == MK_F_A1 || w == MK_F_A2) v = tile_span(p, n_act, m, q.n_up, w == MK_F_A2);
+  else if (w == MK_F_A1 || w == MK_F_A2) v = tile_span(p, m, q.n_up, w == MK_F_A2);
   else if (w >= MK_F_WAIT0 && w < MK_F_WAIT0 + 2 * MK_MAX_WAITS) {
     const int i = (w - MK_F_WAIT0) / 2;
     const bool second = (w - MK_F_WAIT0) % 2;

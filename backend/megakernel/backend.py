@@ -364,8 +364,6 @@ class MegakernelBackend:
             "prefetch_mode": self.prefetch_mode,
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "moe_fused": t.moe_fused,
-            "moe_up_big": t.moe_up_layout(cfg)[0],
-            "moe_up_small": t.moe_up_small,
             "norm_inline": t.norm_inline,
         }
         floats = {

@@ -383,7 +383,7 @@ def build_schedule(
                 wait_local = (*wait_h, (router_c, n_router))  # h(l) first: the item stages it meanwhile
                 for m in range(K * up_tiles):
                     j, t = divmod(m, up_tiles)
-                    _, c0, cols = tiling.moe_up_tile(cfg, 1, t)
+                    c0, cols = t * tiling.moe_up_cols, tiling.moe_up_cols
                     item = make_desc(
                         abi.MK_OP_MOE_FUSED, layer, (j, c0, cols, abi.MK_MOE_LOCAL), wait_local, (mlp_c,)
                     )

@@ -200,20 +200,6 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_two_up_tile_sizes(weights, strategy):
-    """Tiling.moe_up_small: each expert's last columns in small up tiles queued after every expert's
-    wide ones; the down tiles wait for all of an expert's up tiles (a target counting only the wide
-    ones would be a race the hazard check reports): same results."""
-    from dataclasses import replace
-
-    contexts = [70, 3, 190]
-    tiling = replace(TILING, moe_up_small=16, moe_up_small_tiles=2, moe_fused=0)
-    assert tiling.moe_up_layout(CFG) == (1, 2)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
-    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
-
-
 def _assert_race_caught(weights, contexts, broken, what: str) -> None:
     """A race shows only in an interleaving where nothing else orders the item after its producers
     (an SM that ran all of them itself, say); over four interleavings it must show."""
@@ -462,8 +448,6 @@ def test_release_geometry_engine_tilings(batch, fused):
     assert engine.moe_local == (batch == 1)  # self-routing fused items at one row
     # and the other kind of items on the same tiling (up / down tiles need ROUTE's queue)
     tiling = replace(engine, moe_fused=fused, moe_local=engine.moe_local if fused else 0)
-    if fused and engine.moe_up_small:  # fused items take one up-tile size
-        tiling = replace(tiling, moe_up_small=0, moe_up_small_tiles=0)
     if fused and tiling.moe_up_cols > 256:  # a fused item's down slice takes up to 256 columns
         tiling = replace(tiling, moe_up_cols=256)
     contexts = [8192 + 977 * b for b in range(batch)]
@@ -512,9 +496,6 @@ SWEEP_TILINGS = [
     # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
     {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1},
     {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
-    # two up-tile sizes at the BS 8 engine's tiles (2026-11-30): wide tiles first, small ones last
-    {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},
-    {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 128, "moe_up_small_tiles": 2, "ctrl_sms": 8},
 ]
 
 
