@@ -174,7 +174,8 @@ enum MkError {
 // wait, of the next static task's, of a layer head's tiles (bits 1, 2, 256; 2026-11-29/30: BS 1
 // 6.01 vs 5.73 ms, the bulk prefetches compete with the loads); engine v2's weight ring (bit 8 and
 // its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md); the SIMT attention
-// (bit 4, removed in ABI 27).
+// (bit 4, removed in ABI 27). Measured equal and removed: MoE up items staging their own tokens'
+// rows of h instead of reusing the staged batch rows (MK_MODE_TOKEN_ROWS, bit 128; ABI 28).
 #define MK_PREFETCH_DEFAULT 0
 
 // The attention's geometries (mk_attn.cuh attn_supported; backend.py refuses others): a kv head's
@@ -187,12 +188,6 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-
-// MK_MODE_TOKEN_ROWS (A/B switch): every MoE up item stages its own tokens' rows of h. By default a
-// MoE up item stages all the batch rows of h(l) (its mma computes 8 token columns either way) and
-// the next up items of the layer on that SM reuse them; a MoE drain stages them while it waits
-// for ROUTE.
-#define MK_MODE_TOKEN_ROWS 128
 
 // MK_MODE_NO_GAP_KV (A/B switch): without it each self-routing fused item (Tiling.moe_local), idle
 // between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of row 0's KV

@@ -374,10 +374,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: add+norm and combine run twice, same results
-        abi.MK_MODE_TOKEN_ROWS,  # MoE up items stage their own token rows (no reuse)
         abi.MK_MODE_GEMV_FACTS,  # the GEMV tasks' weight pointers copied before their waits
     ],
-    ids=["default", "twice", "tokenrows", "gemvfacts"],
+    ids=["default", "twice", "gemvfacts"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
