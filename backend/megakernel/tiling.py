@@ -71,11 +71,6 @@ class Tiling:
     # boundary (the 2026-12-01 what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
     # of a step can differ in the last bits (as with moe_fused).
     norm_inline: int = 0
-    # 1: the LM head's tiles are the items of one host queue that a DRAIN on every SM (the control
-    # SMs too) claims from, instead of static tasks dealt round-robin over the work SMs: the tiles
-    # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
-    # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
-    lm_queue: int = 0
     # 3: a MoE layer's attention items are the MoE queue's first items, before its up tiles (stored
     # before the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD), and the
     # layer has no attention drains; the drains claim them before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE:
@@ -153,7 +148,6 @@ class Tiling:
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
-        need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
             need(
@@ -229,7 +223,6 @@ SWITCH_FIELDS = frozenset(
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
-        "lm_queue",
         "attn_in_moe",
         "qkv_by_head",
     }
@@ -456,11 +449,6 @@ SINGLE_QKV_ROWS = 128
 # (gpu_check, four alternating rounds in one call): BS 1 3.155 vs 3.196 ms, BS 8 8.915 vs 9.021 ms
 # (-1.3 / -1.2 %, every round faster); docs/PERF.md (decision table).
 ENGINE_NORM_INLINE = 1
-# Tiling.lm_queue, the engine's default at every batch size: the LM-head tiles as one queue drained
-# by every SM. Measured on the H200 (gpu_check, 2026-12-02, with the staged final h reused across an
-# SM's LM tiles): BS 8 8.748 vs 8.790 ms (six runs each over two calls, -0.5 %), BS 1 equal (3.048
-# vs 3.039); docs/PERF.md (decision table).
-ENGINE_LM_QUEUE = 1
 # Tiling.moe_local at one row: the fused items rank the router's logits themselves (no ROUTE, no
 # MoE queue). Measured on the H200 at 8K (gpu_check, 2026-12-06, four alternating rounds in one
 # call): 2.967 / 2.975 / 3.006 / 2.916 ms against 3.039 / 3.148 / 3.151 / 3.100 (-4.8 % by the
@@ -470,8 +458,8 @@ SINGLE_MOE_LOCAL = 1
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), with ENGINE_NORM_INLINE where the config
-    takes it, ENGINE_LM_QUEUE, and at one row SINGLE_MOE_LOCAL where the tiling takes it."""
-    t = replace(_batch_tiling(cfg, base, batch, position), lm_queue=ENGINE_LM_QUEUE)
+    takes it, and at one row SINGLE_MOE_LOCAL where the tiling takes it."""
+    t = _batch_tiling(cfg, base, batch, position)
     t = _if_valid(cfg, replace(t, norm_inline=ENGINE_NORM_INLINE), t)
     return _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t) if batch == 1 else t
 
