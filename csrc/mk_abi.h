@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 27
+#define MK_ABI_VERSION 28
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -155,8 +155,7 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) \
-  X(moe_up_big) X(moe_up_small) X(norm_inline)
+  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) X(norm_inline)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
 // norm_inline (Tiling.norm_inline, ABI 14): no ADD_NORM tasks. x(l+1) is the layer's sum: its
@@ -167,17 +166,16 @@ enum MkError {
 // previous layer's one counter (its MLP counter, which the O-proj items signal too).
 // ABI 22 removed moe_down_ready (down tiles claimed in the up tiles' end order, per up tile or per
 // expert; measured +4 % / equal, docs/PERF.md) with its moe_ready buffer; ABI 27 removed use_mma
-// (the plain-FMA GEMV and fused down slice, measured slower than mma.sync).
-// moe_up_big: the wide (moe_up_cols) up tiles per active expert; its other moe_up_tiles - moe_up_big
-// tiles are moe_up_small columns wide, over its last columns. A MoE queue holds every expert's wide
-// tiles first, then every expert's small ones (Tiling.moe_up_small; up_tile in mk_kernel.cuh).
+// (the plain-FMA GEMV and fused down slice, measured slower than mma.sync); ABI 28 removed
+// moe_up_big and moe_up_small (two up-tile sizes, superseded by the 384-column up tiles).
 
 // prefetch_mode: variant bits (A/B measurements and bisection); the product runs
 // MK_PREFETCH_DEFAULT. Measured slower and removed: L2 prefetches of a task's weights before its
 // wait, of the next static task's, of a layer head's tiles (bits 1, 2, 256; 2026-11-29/30: BS 1
 // 6.01 vs 5.73 ms, the bulk prefetches compete with the loads); engine v2's weight ring (bit 8 and
 // its tensor maps in layer_w's tail; removed in ABI 21: docs/MEGAKERNEL.md); the SIMT attention
-// (bit 4, removed in ABI 27).
+// (bit 4, removed in ABI 27). Measured equal and removed: MoE up items staging their own tokens'
+// rows of h instead of reusing the staged batch rows (MK_MODE_TOKEN_ROWS, bit 128; ABI 28).
 #define MK_PREFETCH_DEFAULT 0
 
 // The attention's geometries (mk_attn.cuh attn_supported; backend.py refuses others): a kv head's
@@ -190,12 +188,6 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-
-// MK_MODE_TOKEN_ROWS (A/B switch): every MoE up item stages its own tokens' rows of h. By default a
-// MoE up item stages all the batch rows of h(l) (its mma computes 8 token columns either way) and
-// the next up items of the layer on that SM reuse them; a MoE drain stages them while it waits
-// for ROUTE.
-#define MK_MODE_TOKEN_ROWS 128
 
 // MK_MODE_NO_GAP_KV (A/B switch): without it each self-routing fused item (Tiling.moe_local), idle
 // between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of row 0's KV

@@ -180,9 +180,9 @@ __shared__ unsigned long long tl_wait;
 // code keeps reading the kernel parameter (constant-bank operands, free).
 __shared__ __align__(16) Params s_params;
 
-// The layer whose h rows (all batch rows, in row order) the GEMV activation region holds, or -1
-// (MK_MODE_TOKEN_ROWS off): set by a MoE up item or a MoE drain that staged them, cleared by every
-// other task (they may overwrite the region). Thread 0 writes it before a barrier.
+// The layer whose h rows (all batch rows, in row order) the GEMV activation region holds, or -1:
+// set by a MoE up item or a MoE drain that staged them, cleared by every other task (they may
+// overwrite the region). Thread 0 writes it before a barrier.
 __shared__ int s_h_staged;
 
 // An ADD_NORM task's layer facts, read by its prologue before the task waits (they are fixed for the

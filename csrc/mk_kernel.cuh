@@ -192,11 +192,11 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   }
 }
 
-// A MoE item's activation rows: its tokens' batch rows (token_rows) or their top-k slots.
-__device__ void moe_rows(const int* d, int* rows, int K, bool token_rows) {
+// A MoE down item's activation rows: its tokens' top-k slots (rows of moe_act).
+__device__ void moe_rows(const int* d, int* rows) {
   if (threadIdx.x < 8) {
     const int j = threadIdx.x;
-    rows[j] = j < d[MK_F_NTOK] ? (token_rows ? d[MK_F_SLOT0 + j] / K : d[MK_F_SLOT0 + j]) : -1;
+    rows[j] = j < d[MK_F_NTOK] ? d[MK_F_SLOT0 + j] : -1;
   }
 }
 
@@ -245,7 +245,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   const bool facts = (p.prefetch_mode & MK_MODE_GEMV_FACTS) && l < p.num_layers;
   const long long* lw = facts ? s_lw : (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT;
   ActSrc a = h_rows(p, op == MK_OP_LM_HEAD ? p.num_layers : l, rows, lw);  // every GEMV over h, else below
-  int rows_mode = 0;  // 0: the batch rows in order, 1: the item's token rows (h), 2: its token slots
+  bool slots = false;  // the rows: the batch rows in order, or (MoE down) the item's token slots
   bool staged = false;
   if (op == MK_OP_OPROJ) {
     a = ActSrc{V.attn_out(l), V.QW(), rows, d[MK_F_A2]};
@@ -256,22 +256,19 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     a.copy_lo = d[MK_F_A0] * p.hidden / p.num_experts;
     a.copy_hi = (d[MK_F_A0] + d[MK_F_A1]) * p.hidden / p.num_experts;
   } else if (op == MK_OP_MOE_UP || op == MK_OP_MOE_FUSED) {
-    // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged);
-    // MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token)
-    const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);
-    staged = whole && s_h_staged == l;
-    rows_mode = whole ? 0 : 1;
+    // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged)
+    staged = s_h_staged == l;
   } else if (op == MK_OP_MOE_DOWN) {
     a = ActSrc{V.moe_act(l), p.moe_inter, rows, 0};
-    rows_mode = 2;
+    slots = true;
   } else if (op == MK_OP_LM_HEAD) {  // the final norm's rows, staged by this SM's first LM tile
     staged = s_h_staged == p.num_layers;
   }
   if (!staged) {
-    if (rows_mode == 0)
-      rows_identity(rows, p.batch);
+    if (slots)
+      moe_rows(d, rows);
     else
-      moe_rows(d, rows, p.top_k, rows_mode == 1);
+      rows_identity(rows, p.batch);
     __syncthreads();
   }
   Gemv g;
@@ -730,19 +727,17 @@ __device__ void route_prologue(const Params& p, const int* d) {
 
 // The up item's epilogue: silu(gate) * up of its tokens' columns into moe_act. Its GEMV (gemv_op)
 // took all the batch rows of h(l) (token column b = the row: the mma computes 8 columns either
-// way), staged once per layer on an SM and reused by its next up items (s_h_staged);
-// MK_MODE_TOKEN_ROWS stages the item's token rows (column j = its j-th token).
+// way), staged once per layer on an SM and reused by its next up items (s_h_staged).
 __device__ void op_moe_up(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, K = p.top_k;
-  const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);
-  if (whole && threadIdx.x == 0) s_h_staged = l;  // read after run_task's closing barrier
+  if (threadIdx.x == 0) s_h_staged = l;  // read after run_task's closing barrier
   const int nt = d[MK_F_NTOK];
   float* dst = V.moe_act(l);
   for (int i = threadIdx.x; i < n * nt; i += NT) {
     const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
-    const int col = whole ? slot / K : j;
+    const int col = slot / K;
     dst[(size_t)slot * I + c0 + r] = silu(s.out[r * 8 + col]) * s.out[(n + r) * 8 + col];
   }
 }
@@ -789,7 +784,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   __shared__ int s_b[MK_MAX_TOKENS];
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
   const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK], K = p.top_k;
-  const bool whole = !(p.prefetch_mode & MK_MODE_TOKEN_ROWS);  // token column = batch row (gemv_op)
   if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) s_b[threadIdx.x] = d[MK_F_SLOT0 + threadIdx.x] / K;
   cp_async_wait_all();  // moe_prologue's routing weights (s_rw) and down-weight pointer (s_wdown)
   if (threadIdx.x == 0) s_h_staged = -1;  // the activations below overwrite the staged h rows
@@ -797,7 +791,7 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   const int lds = n + ((n / 32) % 2 ? 0 : 32);  // rows 64 B apart mod 128: no bank conflicts
   for (int i = threadIdx.x; i < 8 * n; i += NT) {
     const int j = i / n, c = i - j * n;
-    const int col = j < nt && whole ? d[MK_F_SLOT0 + j] / K : j;  // token j's column of the up GEMV
+    const int col = j < nt ? d[MK_F_SLOT0 + j] / K : j;  // token j's column of the up GEMV: its row
     const float v = j < nt ? silu(s.out[c * 8 + col]) * s.out[(n + c) * 8 + col] : 0.f;
     act[j * lds + c] = __float2bfloat16(v);
   }
@@ -1778,21 +1772,17 @@ struct MoeQueue {
 };
 
 // Up tile m (0 <= m < n_act * moe_up_tiles) of a MoE queue: (active expert index, first column,
-// columns). Every expert's moe_up_big wide tiles first (expert-major), then every expert's small
-// ones over its last columns (Tiling.moe_up_tile is the same map).
-__device__ __forceinline__ int3 up_tile(const Params& p, int n_act, int m) {
-  const int big = p.moe_up_big, n_big = n_act * big;
-  if (m < n_big) return make_int3(m / big, (m % big) * p.moe_up_cols, p.moe_up_cols);
-  const int small = p.moe_up_tiles - big, j = m - n_big;
-  return make_int3(j / small, big * p.moe_up_cols + (j % small) * p.moe_up_small, p.moe_up_small);
+// columns), expert-major, moe_up_cols columns each (emulator_ops.moe_item is the same map).
+__device__ __forceinline__ int3 up_tile(const Params& p, int m) {
+  return make_int3(m / p.moe_up_tiles, (m % p.moe_up_tiles) * p.moe_up_cols, p.moe_up_cols);
 }
 
 // Word A1 (first column / hidden row) or A2 (columns / rows) of MoE tile m (an up tile below n_up,
 // else a down tile). Out of line: inlined into the drain loop it cost the step kernel 16 B of stack
 // and 32 B of spills.
-__device__ __noinline__ int tile_span(const Params& p, int n_act, int m, int n_up, bool count) {
+__device__ __noinline__ int tile_span(const Params& p, int m, int n_up, bool count) {
   if (m < n_up) {
-    const int3 u = up_tile(p, n_act, m);
+    const int3 u = up_tile(p, m);
     return count ? u.z : u.y;
   }
   return count ? p.moe_down_rows : ((m - n_up) % p.moe_down_tiles) * p.moe_down_rows;
@@ -1827,7 +1817,7 @@ __device__ __forceinline__ void drain_fetch(const Params& p, int kind, const int
       host_item_fetch(p, q.tail_first + (int)idx - q.n_up, raw);
     } else if (idx < q.end() && threadIdx.x < (2 + MK_MAX_TOKENS) / 2) {
       const int m = q.tile(idx);
-      const int a = m < q.n_up ? up_tile(p, n_act, m).x : (m - q.n_up) / p.moe_down_tiles;
+      const int a = m < q.n_up ? up_tile(p, m).x : (m - q.n_up) / p.moe_down_tiles;
       if (a < ETAB_ROWS) {  // the drain's copy (read after the loop's barrier, like the cp.async)
         raw[2 * threadIdx.x] = etab[a * (2 + MK_MAX_TOKENS) + 2 * threadIdx.x];
         raw[2 * threadIdx.x + 1] = etab[a * (2 + MK_MAX_TOKENS) + 2 * threadIdx.x + 1];
@@ -1872,7 +1862,7 @@ __device__ bool drain_build(const Params& p, int kind, const int* qi, int l, uin
   if (w == MK_F_OP) v = !is_up ? MK_OP_MOE_DOWN : fused_up ? MK_OP_MOE_FUSED : MK_OP_MOE_UP;
   else if (w == MK_F_LAYER) v = l;
   else if (w == MK_F_A0) v = e;
-  else if (w == MK_F_A1 || w == MK_F_A2) v = tile_span(p, n_act, m, q.n_up, w == MK_F_A2);
+  else if (w == MK_F_A1 || w == MK_F_A2) v = tile_span(p, m, q.n_up, w == MK_F_A2);
   else if (w >= MK_F_WAIT0 && w < MK_F_WAIT0 + 2 * MK_MAX_WAITS) {
     const int i = (w - MK_F_WAIT0) / 2;
     const bool second = (w - MK_F_WAIT0) % 2;
@@ -1981,9 +1971,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     }
     // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty. A MoE
     // drain whose first wait is its layer's norm (schedule.py) stages h(l)'s batch rows for its up
-    // items between that wait and ROUTE's (MK_MODE_TOKEN_ROWS off): off the MoE chain.
-    const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && !(p.prefetch_mode & MK_MODE_TOKEN_ROWS) &&
-                       s_desc[MK_F_NWAIT] >= 2;
+    // items between that wait and ROUTE's: off the MoE chain.
+    const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && s_desc[MK_F_NWAIT] >= 2;
     if (threadIdx.x == 0 && p.timeline) s_t0 = globaltimer();
     // thread 0: the drain's first claim when it was made before the staging below (early)
     uint32_t early_c = 0;

@@ -9,7 +9,9 @@ A watchdog bounds every step: the kernel abandons a wait after `timeout_s / 2` a
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import os
 import time
 from dataclasses import dataclass, replace
@@ -52,6 +54,20 @@ class UnsupportedGeometry(ValueError):
 # the attention's geometries (csrc/mk_abi.h MK_ATTN_*, the kernel's attn_supported)
 ATTN_MAX_GROUP = abi.MK_ATTN_MAX_GROUP
 ATTN_HEAD_DIMS = (abi.MK_ATTN_HEAD_DIM_32, abi.MK_ATTN_HEAD_DIM_64, abi.MK_ATTN_HEAD_DIM_128)
+# every prefetch_mode bit the kernel reads (mk_abi.h MK_MODE_*)
+MODE_BITS = functools.reduce(
+    operator.or_, (v for k, v in abi.load().constants.items() if k.startswith("MK_MODE_"))
+)
+
+
+def check_prefetch_mode(mode: int) -> int:
+    """`mode` if every bit set is an MK_MODE_* bit, else ValueError (a removed bit would otherwise
+    run the default silently)."""
+    if mode < 0 or mode & ~MODE_BITS:
+        raise ValueError(
+            f"prefetch_mode {mode}: bits {mode & ~MODE_BITS:#x} are no MK_MODE_* bit of mk_abi.h"
+        )
+    return mode
 
 
 def check_attention_geometry(cfg: ModelConfig) -> None:
@@ -158,7 +174,7 @@ class MegakernelBackend:
         # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
             prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_DEFAULT))
-        self.prefetch_mode = prefetch_mode
+        self.prefetch_mode = check_prefetch_mode(prefetch_mode)
         # int64 [n_sms, cap, MK_TL_WORDS] when recording (timeline.py)
         self.timeline: torch.Tensor | None = None
         # per-row sampling block (MK_SP_*); passed to the kernel only by sample() (None: greedy)
@@ -361,11 +377,9 @@ class MegakernelBackend:
             "selection_sigmoid": int(cfg.expert_selection_fn == "sigmoid"),
             "norm_topk": int(cfg.norm_topk_prob),
             "timeout_ms": max(1, int(self.timeout_s * 500)),
-            "prefetch_mode": self.prefetch_mode,
+            "prefetch_mode": check_prefetch_mode(self.prefetch_mode),
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "moe_fused": t.moe_fused,
-            "moe_up_big": t.moe_up_layout(cfg)[0],
-            "moe_up_small": t.moe_up_small,
             "norm_inline": t.norm_inline,
         }
         floats = {

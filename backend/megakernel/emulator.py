@@ -285,7 +285,7 @@ class Emulator:
             m,
             mlp_c,
             self.up_tiles,
-            lambda n_act, m: t.moe_up_tile(self.cfg, n_act, m),
+            t.moe_up_cols,
             self.down_tiles,
             t.moe_down_rows,
             lambda ly, e: expert_counter(self.cfg, ly, e),

@@ -12,7 +12,6 @@ in the same regions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,26 +75,25 @@ def moe_item(
     item: int,
     mlp_counter: int,
     up_tiles: int,
-    up_tile: Callable[[int, int], tuple[int, int, int]],
+    up_cols: int,
     down_tiles: int,
     down_rows: int,
     expert_counter,
     fused: bool = False,
 ) -> list[int] | None:
     """Expand MoE queue item `item` of a layer into a full descriptor (as the kernel's drain does):
-    items [0, n*up_tiles) are up tiles, then the down tiles (expert-major). None past the end.
-    `up_tile(n, m)` gives up tile m's (active expert index, first column, columns) with n active
-    experts (Tiling.moe_up_tile). `fused` (down_tiles = 0): the up items are MOE_FUSED and signal
-    the MLP counter directly."""
+    items [0, n*up_tiles) are up tiles of up_cols columns, then the down tiles (both expert-major).
+    None past the end. `fused` (down_tiles = 0): the up items are MOE_FUSED and signal the MLP
+    counter directly."""
     from mkcode.backend.megakernel.schedule import make_desc
 
     n_act = len(table)
     if item >= n_act * (up_tiles + down_tiles):
         return None
     if item < n_act * up_tiles:
-        a, c0, cols = up_tile(n_act, item)
+        a, t = divmod(item, up_tiles)
         e, slots = table[a]
-        args = (e, c0, cols)
+        args = (e, t * up_cols, up_cols)
         if fused:
             d = make_desc(abi.MK_OP_MOE_FUSED, layer, args, (), (mlp_counter,), amount=len(slots))
         else:

@@ -304,13 +304,7 @@ def layer_profile(
     window = cfg.window(layer)
     kv_tokens = min(context + 1, window) if window else context + 1
     attn_bytes = B * kv_tokens * cfg.num_key_value_heads * cfg.head_dim * 2 * ebytes
-    totals = {}
-    if tiling.moe_up_small:  # two up-tile sizes: the layer's up bytes by GEMV time
-        w0 = recs[:, 1]
-        n_up = int((((w0 >> 8) & 0xFF) == layer).logical_and((w0 & 0xFF) == abi.MK_OP_MOE_UP).sum())
-        n_act = n_up // tiling.moe_tiles(cfg)[0]
-        totals["MOE_UP"] = n_act * 2 * cfg.intermediate_size * H * ebytes
-    prof = timeline.stream_profile(recs, layer, op_bytes, attn_bytes, bin_us, op_totals=totals)
+    prof = timeline.stream_profile(recs, layer, op_bytes, attn_bytes, bin_us)
     gap = timeline.routing_gap(recs, layer, op_bytes, attn_bytes)
     if gap:  # issue 41's bar: >= 3 TB/s
         print(

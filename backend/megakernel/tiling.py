@@ -65,25 +65,12 @@ class Tiling:
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
-    # Two up-tile sizes (0: off): each expert's last moe_up_small_tiles tiles are moe_up_small
-    # columns wide, the rest of its columns moe_up_cols wide, and a MoE queue holds every expert's
-    # wide tiles first (expert-major), then every expert's small ones. With one size the BS 8 up
-    # tiles (256 columns, ~45 us) fall in 1.2 waves: the last ~40 were claimed ~100 us into a ~188-us
-    # layer by SMs that had finished their first one and ended ~45 us later, their experts' down tiles
-    # after them (2026-11-30, timeline). The small tiles claimed last end within a few us of each other.
-    moe_up_small: int = 0
-    moe_up_small_tiles: int = 0
     # 1: no ADD_NORM tasks (mk_abi.h, norm_inline): the layer's outputs are added (fp32 atomics)
     # into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise with the residual,
     # and each GEMV over h(l) stages RMSNorm(x(l)) itself. Takes the add+norm's hop off the layer
     # boundary (the 2026-12-01 what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
     # of a step can differ in the last bits (as with moe_fused).
     norm_inline: int = 0
-    # 1: the LM head's tiles are the items of one host queue that a DRAIN on every SM (the control
-    # SMs too) claims from, instead of static tasks dealt round-robin over the work SMs: the tiles
-    # go to the SMs as they free up, so the phase ends with the last tile rather than with the SM
-    # dealt the most tiles, and the control SMs (idle at the step's end) stream their share
-    lm_queue: int = 0
     # 3: a MoE layer's attention items are the MoE queue's first items, before its up tiles (stored
     # before the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD), and the
     # layer has no attention drains; the drains claim them before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE:
@@ -161,7 +148,6 @@ class Tiling:
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
         need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
-        need(self.lm_queue in (0, 1), "lm_queue must be 0 or 1")
         if self.norm_inline:
             E = max(cfg.num_experts, 1)
             need(
@@ -204,22 +190,6 @@ class Tiling:
         if any(not cfg.is_dense(i) for i in range(cfg.num_hidden_layers)):
             I, E = cfg.intermediate_size, cfg.num_experts
             need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
-            need(
-                (self.moe_up_small > 0) == (self.moe_up_small_tiles > 0),
-                "moe_up_small and moe_up_small_tiles are both > 0 (two up-tile sizes) or both 0",
-            )
-            if self.moe_up_small:
-                span = self.moe_up_small * self.moe_up_small_tiles
-                need(self.moe_up_small % 16 == 0, "moe_up_small must be a multiple of 16")
-                need(
-                    2 * self.moe_up_small <= abi.MK_MAX_TILE_ROWS,
-                    f"2 * moe_up_small weight rows, the kernel takes at most {abi.MK_MAX_TILE_ROWS}",
-                )
-                need(
-                    span <= I and (I - span) % self.moe_up_cols == 0,
-                    "the small up tiles must leave a whole number of moe_up_cols tiles",
-                )
-                need(not self.moe_fused, "fused MoE items take one up-tile size (moe_up_small = 0)")
             need(I % 32 == 0, "intermediate_size must be a multiple of 32")
             if self.moe_fused:  # the down slice's K is the tile's columns: 1, 2, 4 or 8 mma k-pairs
                 need(
@@ -239,28 +209,8 @@ class Tiling:
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
         (the kernel's moe_up_tiles / moe_down_tiles; the emulator and the schedule count the same)."""
-        up = sum(self.moe_up_layout(cfg))
+        up = cfg.intermediate_size // self.moe_up_cols  # expert-major, moe_up_cols columns each
         return up, 0 if self.moe_fused else cfg.hidden_size // self.moe_down_rows
-
-    def moe_up_layout(self, cfg: ModelConfig) -> tuple[int, int]:
-        """(wide tiles, small tiles) per active expert: moe_up_cols wide ones over the expert's first
-        columns, then moe_up_small_tiles of moe_up_small columns (the kernel's moe_up_big and
-        moe_up_tiles - moe_up_big)."""
-        if not cfg.intermediate_size:
-            return 0, 0
-        wide = (cfg.intermediate_size - self.moe_up_small * self.moe_up_small_tiles) // self.moe_up_cols
-        return wide, self.moe_up_small_tiles
-
-    def moe_up_tile(self, cfg: ModelConfig, n_act: int, m: int) -> tuple[int, int, int]:
-        """Up tile m (0 <= m < n_act * up tiles) of a MoE queue with n_act active experts: (active
-        expert index, first column, columns). Every expert's wide tiles first, then the small ones
-        (the kernel's up_tile)."""
-        wide, small = self.moe_up_layout(cfg)
-        if m < n_act * wide:
-            a, t = divmod(m, wide)
-            return a, t * self.moe_up_cols, self.moe_up_cols
-        a, t = divmod(m - n_act * wide, small)
-        return a, wide * self.moe_up_cols + t * self.moe_up_small, self.moe_up_small
 
 
 # The Tiling fields that choose a mode or a placement rather than a tile size (a reduced-geometry
@@ -273,9 +223,6 @@ SWITCH_FIELDS = frozenset(
         "ctrl_sms",
         "moe_fused",
         "combine_ctrl",
-        "moe_up_small",
-        "moe_up_small_tiles",
-        "lm_queue",
         "attn_in_moe",
         "qkv_by_head",
     }
@@ -319,7 +266,7 @@ def default_tiling(cfg: ModelConfig) -> Tiling:
 # (2026-11-30, gpu_check, one call): BS 8 up tiles 8x (512 weight rows, 2 MB) 10.656 / 10.789 ms
 # against 4x 10.874 / 11.052. (2026-11-30, gpu_check, two calls, with lazy claims, below):
 # up tiles 12x (384 columns, 768 weight rows, 3 MB: two per expert, MK_MAX_TILE_ROWS 1024) and 512-row
-# down tiles, against 8x up tiles with WIDE_UP_SMALL and eager claims: BS 8 at 8K 9.456 / 9.582 /
+# down tiles, against 8x up tiles with two up-tile sizes and eager claims: BS 8 at 8K 9.456 / 9.582 /
 # 9.482 ms vs 9.874 / 9.936 / 9.785, at position 256 8.174 vs 8.939; BS 4 at 8K 6.529 / 6.579 vs
 # 6.927 / 7.052, at 256 5.635 vs 6.148. Half the queue items, so half the ~7-8 us each pays
 # outside its GEMV (docs/PERF.md, decision table); 1024-row down tiles with them were slower (BS 8
@@ -458,16 +405,6 @@ WIDE_ATTN_IN_MOE = 3
 # 8.816 ms (without attn_in_moe = 3 it was equal: 8.871 / 8.901 vs 8.875 / 8.926).
 WIDE_QKV_BY_HEAD = 1
 
-# From WIDE_MOE_FROM_BATCH rows each expert's last WIDE_UP_SMALL[0] * WIDE_UP_SMALL[1] columns go in
-# small up tiles queued after every expert's wide ones (Tiling.moe_up_small / moe_up_small_tiles), where
-# the config leaves whole wide tiles (release: 768 = 256 + 4 x 128). Measured on the H200 at 8K
-# (2026-11-30, gpu_check, same call against one size): BS 4 6.807 / 6.841 vs 7.293 /
-# 7.166 ms; BS 8 over five calls -1.2, -0.7, -2.4, -0.5, -0.3 % (9.717 / 9.844 vs 9.801 / 9.812 in
-# the last). 64-column small tiles, 2 x 128 and 192 + 2 x 96 were slower at BS 8. Since 2026-11-30
-# the release geometry takes 384-column up tiles (WIDE_MOE_SCALES), which leave no whole wide tile
-# beside 4 x 128 small ones: one size there; the small tiles serve configs that fall back to 8x.
-WIDE_UP_SMALL = (128, 4)
-
 
 # Below WIDE_MOE_FROM_BATCH rows: fused MoE items (Tiling.moe_fused: up tile + down slice, no down
 # wave), at least SMALL_CTRL_SMS control SMs and the MoE layers' combines on them (combine_ctrl).
@@ -512,11 +449,6 @@ SINGLE_QKV_ROWS = 128
 # (gpu_check, four alternating rounds in one call): BS 1 3.155 vs 3.196 ms, BS 8 8.915 vs 9.021 ms
 # (-1.3 / -1.2 %, every round faster); docs/PERF.md (decision table).
 ENGINE_NORM_INLINE = 1
-# Tiling.lm_queue, the engine's default at every batch size: the LM-head tiles as one queue drained
-# by every SM. Measured on the H200 (gpu_check, 2026-12-02, with the staged final h reused across an
-# SM's LM tiles): BS 8 8.748 vs 8.790 ms (six runs each over two calls, -0.5 %), BS 1 equal (3.048
-# vs 3.039); docs/PERF.md (decision table).
-ENGINE_LM_QUEUE = 1
 # Tiling.moe_local at one row: the fused items rank the router's logits themselves (no ROUTE, no
 # MoE queue). Measured on the H200 at 8K (gpu_check, 2026-12-06, four alternating rounds in one
 # call): 2.967 / 2.975 / 3.006 / 2.916 ms against 3.039 / 3.148 / 3.151 / 3.100 (-4.8 % by the
@@ -526,8 +458,8 @@ SINGLE_MOE_LOCAL = 1
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), with ENGINE_NORM_INLINE where the config
-    takes it, ENGINE_LM_QUEUE, and at one row SINGLE_MOE_LOCAL where the tiling takes it."""
-    t = replace(_batch_tiling(cfg, base, batch, position), lm_queue=ENGINE_LM_QUEUE)
+    takes it, and at one row SINGLE_MOE_LOCAL where the tiling takes it."""
+    t = _batch_tiling(cfg, base, batch, position)
     t = _if_valid(cfg, replace(t, norm_inline=ENGINE_NORM_INLINE), t)
     return _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t) if batch == 1 else t
 
@@ -544,11 +476,10 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
     from there on the widest of WIDE_MOE_SCALES, WIDE_O_ROWS-row O-proj
     tiles, at most WIDE_MAX_SPLITS attention splits (more at long contexts: WIDE_SPLIT_TOKENS) with
     the attention drains on every work SM (`base`'s tiles where no scale fits), down tiles
-    WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows, and WIDE_UP_SMALL small up
-    tiles where the config takes them; one control SM per row at every size. `position`: the step's
-    split bucket (split_bucket_position; None: a short context); from WIDE_LONG_FROM_BATCH rows and
-    WIDE_PHASED_BELOW_POSITION on the wide tiling keeps the attention on the QKV SMs with splits for
-    one wave and the scaled downs."""
+    WIDE_BIG_DOWN_SCALE x as tall from WIDE_BIG_DOWN_FROM_BATCH rows; one control SM per row at
+    every size. `position`: the step's split bucket (split_bucket_position; None: a short context);
+    from WIDE_LONG_FROM_BATCH rows and WIDE_PHASED_BELOW_POSITION on the wide tiling keeps the
+    attention on the QKV SMs with splits for one wave and the scaled downs."""
     small = batch < WIDE_MOE_FROM_BATCH
     t = _widest(cfg, base, SMALL_MOE_SCALES if small else WIDE_MOE_SCALES)
     t = replace(t, ctrl_sms=min(abi.MK_MAX_TOKENS, CTRL_SMS_PER_ROW * batch))
@@ -572,10 +503,7 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
                 t = _if_valid(cfg, replace(t, qkv_by_head=WIDE_QKV_BY_HEAD), t)
         if cfg.hidden_size % WIDE_O_ROWS == 0:
             t = replace(t, o_rows=WIDE_O_ROWS)
-        # two up-tile sizes where the config leaves whole wide tiles beside the small ones
-        return _if_valid(
-            cfg, replace(t, moe_up_small=WIDE_UP_SMALL[0], moe_up_small_tiles=WIDE_UP_SMALL[1]), t
-        )
+        return t
     t = replace(
         t,
         max_splits=min(t.max_splits, SMALL_MAX_SPLITS),

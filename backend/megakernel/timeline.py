@@ -389,7 +389,6 @@ def stream_profile(
     op_bytes: dict[str, float],
     attn_bytes: float,
     bin_us: float = 2.0,
-    op_totals: dict[str, float] | None = None,
 ) -> list[dict]:
     """HBM traffic over one layer's time (records as `records` returns them): each GEMV record's
     weight bytes (op_bytes[opcode name], its tile) spread evenly over its GEMV interval, the layer's
@@ -400,9 +399,7 @@ def stream_profile(
     slice after its up GEMV (in its epilogue): with op_bytes["MOE_FUSED_DOWN"] those bytes go over
     the epilogue (GEMV end to op end, counted as MOE_FUSED_DOWN), op_bytes["MOE_FUSED"] over the up
     GEMV (the 2026-11-30 profile put the whole item's bytes over the up GEMV, and the down slices'
-    phase looked idle). op_totals[op]: the layer's bytes of that op, shared among its records in
-    proportion to their GEMV time, for ops whose tiles differ in size (the MoE up tiles with
-    Tiling.moe_up_small: op_bytes of the wide tile over-counted the small ones twice, 2026-11-30)."""
+    phase looked idle)."""
     w0 = recs[:, 1]
     sel = recs[((w0 >> 8) & 0xFF) == layer].tolist()
     if not sel:
@@ -420,20 +417,12 @@ def stream_profile(
             traffic[i] += nbytes * us / (b - a)
             busy[i][op] += us / bin_us
 
-    op_totals = op_totals or {}
-    gemv_ns: dict[str, int] = defaultdict(int)  # per op of op_totals: its records' GEMV time
-    for r in sel:
-        op = abi.OPNAMES.get(r[1] & 0xFF, "?")
-        if op in op_totals and r[4] and r[5]:
-            gemv_ns[op] += r[5] - r[4]
     for r in sel:
         opc = r[1] & 0xFF
         op = abi.OPNAMES.get(opc, "?")
         _, _, t1, g0, g1, t2, _ = r[1:]
         if opc == abi.MK_OP_ATTN and n_attn:
             spread(t1, t2, attn_bytes / n_attn, op)
-        elif g0 and g1 and op in op_totals:
-            spread(g0, g1, op_totals[op] * (g1 - g0) / max(1, gemv_ns[op]), op)
         elif g0 and g1:
             spread(g0, g1, op_bytes.get(op, 0.0), op)
             if opc == abi.MK_OP_MOE_FUSED and "MOE_FUSED_DOWN" in op_bytes:

@@ -174,11 +174,11 @@ def test_launch_parameters_follow_their_inputs(be):
     c = fake.calls[-1]
     assert c["ptrs"]["timeline"] == be.timeline.data_ptr() and c["ints"]["timeline_cap"] == 16
     be.timeline = None
-    be.prefetch_mode = abi.MK_MODE_TOKEN_ROWS
+    be.prefetch_mode = abi.MK_MODE_TWICE
     be.decode(batch)
     c = fake.calls[-1]
     assert c["ptrs"]["timeline"] == 0 and c["ints"]["timeline_cap"] == 0
-    assert c["ints"]["prefetch_mode"] == abi.MK_MODE_TOKEN_ROWS
+    assert c["ints"]["prefetch_mode"] == abi.MK_MODE_TWICE
 
 
 def test_inputs_are_normalised(be, weights):
@@ -267,9 +267,28 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
         == abi.MK_PREFETCH_DEFAULT
         == 0
     )
-    monkeypatch.setenv("MKCODE_MK_PREFETCH", "144")
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", str(abi.MK_MODE_DOWN_L2 | abi.MK_MODE_TWICE))
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
-    assert be.prefetch_mode == abi.MK_MODE_TOKEN_ROWS | abi.MK_MODE_TWICE
+    assert be.prefetch_mode == abi.MK_MODE_DOWN_L2 | abi.MK_MODE_TWICE
+
+
+def test_removed_prefetch_bits_are_refused(weights, monkeypatch):
+    """A bit that is no MK_MODE_* of mk_abi.h (128 was MK_MODE_TOKEN_ROWS, removed in ABI 28) is an
+    error, at construction (MKCODE_MK_PREFETCH) and at the next step (set on the backend), not the
+    default path run silently."""
+    fake = FakeNative()
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", str(128 | abi.MK_MODE_TWICE))
+    with pytest.raises(ValueError, match="0x80 are no MK_MODE"):
+        MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
+    monkeypatch.delenv("MKCODE_MK_PREFETCH")
+    be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
+    fake.backend = be
+    batch = _case([9, 64], seed=5)
+    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    be.decode(batch)
+    be.prefetch_mode = 1  # an L2-prefetch bit removed long ago
+    with pytest.raises(ValueError, match="no MK_MODE"):
+        be.decode(batch)
 
 
 @pytest.mark.parametrize(

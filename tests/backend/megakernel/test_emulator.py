@@ -180,7 +180,6 @@ def _find_item(sched, op, layer):
         (abi.MK_OP_QKV, 3, 0),  # the norm wait
         (abi.MK_OP_DENSE_DOWN, 0, 0),
         (abi.MK_OP_ROUTE, 1, 0),
-        (abi.MK_OP_LM_HEAD, None, 0),
     ],
 )
 def test_deleted_dependency_is_caught(weights, op, layer, slot):
@@ -200,18 +199,16 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_two_up_tile_sizes(weights, strategy):
-    """Tiling.moe_up_small: each expert's last columns in small up tiles queued after every expert's
-    wide ones; the down tiles wait for all of an expert's up tiles (a target counting only the wide
-    ones would be a race the hazard check reports): same results."""
+@pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
+def test_deleted_lm_head_dependency_is_caught(weights, inline):
+    """An LM-head tile is a host-queue item whose drains wait for nothing: without its own wait
+    (the last layer's end) it reads h(L) / x(L) before they are written."""
     from dataclasses import replace
 
-    contexts = [70, 3, 190]
-    tiling = replace(TILING, moe_up_small=16, moe_up_small_tiles=2, moe_fused=0)
-    assert tiling.moe_up_layout(CFG) == (1, 2)
-    sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
-    _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
+    contexts = [70, 3]
+    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, norm_inline=inline))
+    broken = sched.without_queue_wait(_find_item(sched, abi.MK_OP_LM_HEAD, 0), 0)
+    _assert_race_caught(weights, contexts, broken, "an LM-head tile without its wait")
 
 
 def _assert_race_caught(weights, contexts, broken, what: str) -> None:
@@ -393,7 +390,8 @@ def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fu
     """Tiling.attn_with_qkv (attention drains on the SMs of the QKV and router tiles): no deadlock
     under any interleaving and the reference's step; a MoE layer's ADD_NORM tasks follow its MoE
     drains. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs (and a MoE
-    layer's combines with Tiling.combine_ctrl). With both kinds of MoE items (Tiling.moe_fused)."""
+    layer's combines with Tiling.combine_ctrl), besides the LM head's drains, which every SM holds.
+    With both kinds of MoE items (Tiling.moe_fused)."""
     from dataclasses import replace
 
     tiling = replace(
@@ -419,13 +417,23 @@ def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fu
         moe_comb = combine and op == abi.MK_OP_ATTN_COMBINE and not CFG.is_dense(int(t[abi.MK_F_LAYER]))
         return op in (abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM) or moe_comb
 
+    lm_q = len(sched.queue_info) - 1  # the LM head's queue, the step's last
+    lm_drains = {
+        int(t[abi.MK_F_ID])
+        for t in sched.tasks
+        if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN
+        and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_HOST
+        and int(t[abi.MK_F_A1]) == lm_q
+    }
+    lm_sms = sorted(sm for sm, ids in enumerate(sched.sm_lists) for i in ids if i in lm_drains)
+    assert lm_sms == list(range(N_SMS))  # one LM drain per SM, the control SMs' too
     if combine:  # a MoE layer's combines are static tasks on the control SMs, none in its queue
         on_ctrl = {tid for sm_ids in sched.sm_lists[N_SMS - ctrl :] for tid in sm_ids}
         combs = [t for t in layer1 if int(t[abi.MK_F_OP]) == abi.MK_OP_ATTN_COMBINE]
         assert len(combs) == B * CFG.num_key_value_heads
         assert all(int(t[abi.MK_F_ID]) in on_ctrl for t in combs)
     for sm, ids in enumerate(sched.sm_lists):  # control SMs hold control tasks only, and all of them
-        is_ctrl = [is_ctrl_task(sched.tasks[i]) for i in ids]
+        is_ctrl = [is_ctrl_task(sched.tasks[i]) for i in ids if i not in lm_drains]
         assert all(is_ctrl) if sm >= N_SMS - ctrl else (ctrl == 0 or not any(is_ctrl))
     if with_qkv:  # every attention drain sits on an SM that holds a QKV or router tile of its layer
         sm = {tid: s for s, ids in enumerate(sched.sm_lists) for tid in ids}
@@ -439,6 +447,7 @@ def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fu
                 for i in ids
                 if int(sched.tasks[i][abi.MK_F_OP]) == abi.MK_OP_DRAIN
                 and int(sched.tasks[i][abi.MK_F_A0]) == abi.MK_QUEUE_HOST
+                and i not in lm_drains
             ]
             assert drains and set(drains) <= busy and len(set(drains)) == len(drains)
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
@@ -462,8 +471,6 @@ def test_release_geometry_engine_tilings(batch, fused):
     assert engine.moe_local == (batch == 1)  # self-routing fused items at one row
     # and the other kind of items on the same tiling (up / down tiles need ROUTE's queue)
     tiling = replace(engine, moe_fused=fused, moe_local=engine.moe_local if fused else 0)
-    if fused and engine.moe_up_small:  # fused items take one up-tile size
-        tiling = replace(tiling, moe_up_small=0, moe_up_small_tiles=0)
     if fused and tiling.moe_up_cols > 256:  # a fused item's down slice takes up to 256 columns
         tiling = replace(tiling, moe_up_cols=256)
     contexts = [8192 + 977 * b for b in range(batch)]
@@ -512,9 +519,6 @@ SWEEP_TILINGS = [
     # combines on the control SMs with fused items (the BS 1 candidate) and with up/down tiles
     {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 4, "combine_ctrl": 1},
     {"ctrl_sms": 8, "combine_ctrl": 1, "attn_with_qkv": 1},
-    # two up-tile sizes at the BS 8 engine's tiles (2026-11-30): wide tiles first, small ones last
-    {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 64, "moe_up_small_tiles": 4, "ctrl_sms": 8},
-    {"moe_up_cols": 256, "moe_down_rows": 512, "moe_up_small": 128, "moe_up_small_tiles": 2, "ctrl_sms": 8},
 ]
 
 
@@ -562,12 +566,12 @@ def test_norm_inline_without_the_residual_copy_is_caught(weights, monkeypatch):
 @pytest.mark.parametrize("strategy", ["random", "reverse"])
 @pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
 def test_lm_queue_matches_reference(weights, contexts, strategy, inline):
-    """Tiling.lm_queue: the LM-head tiles as one host queue drained by every SM (the control SMs
-    too): the same logits and tokens as the reference, every tile run once (the queue's head at its
-    total: no over-claim, none left)."""
+    """The LM-head tiles are one host queue drained by every SM (the control SMs too): the same
+    logits and tokens as the reference, every tile run once (the queue's head at its total: no
+    over-claim, none left)."""
     from dataclasses import replace
 
-    t = replace(TILING, lm_queue=1, norm_inline=inline, ctrl_sms=1)
+    t = replace(TILING, norm_inline=inline, ctrl_sms=1)
     sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t)
     assert "LM_HEAD" not in {abi.OPNAMES[int(op)] for op in sched.tasks[:, abi.MK_F_OP]}
     assert sched.summary()["LM_HEAD"] == sched.n_lm_tiles
@@ -577,10 +581,10 @@ def test_lm_queue_matches_reference(weights, contexts, strategy, inline):
 
 @pytest.mark.parametrize("batch", [1, 8])
 def test_lm_queue_release_geometry(batch):
-    """Tiling.lm_queue on the engine's per-batch tiling at the release geometry (3 layers): no
+    """The LM-head queue on the engine's per-batch tiling at the release geometry (3 layers): no
     deadlock (the sampling tasks after the drains), every counter at its total, the happens-before
     check over the LM tiles' reads of x(L)."""
-    sched, rep = _release_engine_step(batch, 3, 7, 2, lm_queue=1)
+    sched, rep = _release_engine_step(batch, 3, 7, 2)
     static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
     assert rep.events >= static + len(sched.queue_desc)
 

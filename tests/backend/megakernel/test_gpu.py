@@ -6,7 +6,6 @@ watchdog."""
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from mkcode.backend.megakernel import abi, sampling
 from mkcode.backend.megakernel.emulator_ops import OpSemantics, StepInputs, moe_item
 from mkcode.backend.megakernel.sampling import SamplingParams, sample_row
 from mkcode.backend.megakernel.schedule import build_schedule, expert_counter, make_desc
-from mkcode.backend.megakernel.tiling import Tiling
 from mkcode.backend.model.config import north_mini_code_config
 from mkcode.backend.model.weights import random_weights
 from tests.backend.megakernel.cases import (
@@ -123,7 +121,7 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
                 i,
                 0,
                 8,
-                partial(Tiling(moe_up_cols=32).moe_up_tile, CFG),  # 256 / 32 = 8 tiles per expert
+                32,  # 256 / 32 = 8 tiles per expert
                 0 if fused else 4,
                 128,
                 lambda ly, e: expert_counter(CFG, ly, e),
@@ -376,10 +374,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: add+norm and combine run twice, same results
-        abi.MK_MODE_TOKEN_ROWS,  # MoE up items stage their own token rows (no reuse)
         abi.MK_MODE_GEMV_FACTS,  # the GEMV tasks' weight pointers copied before their waits
     ],
-    ids=["default", "twice", "tokenrows", "gemvfacts"],
+    ids=["default", "twice", "gemvfacts"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -559,17 +556,6 @@ def test_task_placement_reduced(small, contexts, with_qkv, ctrl, combine, idle):
         combine_ctrl=combine,
     )
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=23, steps=3)
-
-
-@pytest.mark.parametrize("wide,small_cols,n_small", [(64, 32, 2), (128, 64, 2), (64, 16, 4)])
-def test_two_up_tile_sizes_reduced(small, wide, small_cols, n_small):
-    """Tiling.moe_up_small at BS 8 (separate up and down tiles): each expert's last columns in small
-    up tiles after every expert's wide ones, the down tiles waiting for all of them; three steps."""
-    w, _ = small
-    contexts = BS8_CONTEXTS
-    t = _engine_tiling(contexts, moe_up_cols=wide, moe_up_small=small_cols, moe_up_small_tiles=n_small)
-    assert not t.moe_fused and t.moe_up_layout(CFG)[1] == n_small
-    _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=31, steps=3)
 
 
 def test_long_context_split_cap_reduced(small):

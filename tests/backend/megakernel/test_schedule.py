@@ -79,7 +79,7 @@ def test_wait_targets_equal_step_totals(sched):
     cs = sched.counters
     for name, target in cs.targets.items():
         c = cs.index(name)
-        if name.startswith("attn_head"):
+        if name.startswith(("attn_head", "attn_tail", "lm_head_queue")):  # host-queue heads: no waits
             continue
         assert cs.totals[c] == target, f"{name}: target {target} but {cs.totals[c]} signals per step"
 
@@ -145,36 +145,6 @@ def test_bad_tilings_are_refused():
     many = tiny_config(num_experts=512, num_experts_per_tok=2)  # ROUTE's scratch holds 384
     with pytest.raises(TilingError, match="num_experts"):
         default_tiling(many).validate(many)
-
-
-def test_two_up_tile_sizes_cover_each_expert_once_wide_tiles_first():
-    """Tiling.moe_up_small / moe_up_small_tiles: every expert's columns are covered exactly once,
-    all wide tiles come before any small one, and bad layouts are refused."""
-    t = Tiling(moe_up_cols=256, moe_down_rows=512, moe_up_small=64, moe_up_small_tiles=4)
-    t.validate(CFG)
-    assert t.moe_up_layout(CFG) == (2, 4)
-    assert t.moe_tiles(CFG) == (6, 4)
-    n_act, I = 51, CFG.intermediate_size
-    tiles = [t.moe_up_tile(CFG, n_act, m) for m in range(n_act * 6)]
-    assert {c for _, _, c in tiles[: 2 * n_act]} == {256} and {c for _, _, c in tiles[2 * n_act :]} == {64}
-    for a in range(n_act):
-        cols = sorted((c0, c) for x, c0, c in tiles if x == a)
-        assert sum(c for _, c in cols) == I
-        assert cols[0][0] == 0 and all(c0 + c == n0 for (c0, c), (n0, _) in pairwise(cols))
-    # one size: the old map (expert-major, moe_up_cols each)
-    one = Tiling(moe_up_cols=256)
-    assert [one.moe_up_tile(CFG, 2, m) for m in range(6)] == [
-        (a, c, 256) for a in range(2) for c in (0, 256, 512)
-    ]
-    for bad, what in [
-        ({"moe_up_small": 64}, "both > 0"),
-        ({"moe_up_small": 40, "moe_up_small_tiles": 2}, "multiple of 16"),
-        ({"moe_up_small": 64, "moe_up_small_tiles": 3}, "whole number"),
-        ({"moe_up_small": 64, "moe_up_small_tiles": 13}, "whole number"),
-        ({"moe_up_small": 64, "moe_up_small_tiles": 4, "moe_fused": 1}, "fused"),
-    ]:
-        with pytest.raises(TilingError, match=what):
-            Tiling(moe_up_cols=256, **bad).validate(CFG)
 
 
 def test_long_contexts_raise_the_small_batch_split_cap():
@@ -404,24 +374,6 @@ def test_sm_states_of_a_layer(tmp_path, capsys):
     assert listing[0] == "0 QKV5[0|1-7]" and listing[1] == "1 ATTN5[4|4-8]"
 
 
-def test_stream_profile_shares_an_op_total_by_gemv_time():
-    """op_totals: MoE up tiles of two sizes share the layer's up bytes by their GEMV time (a 4-us
-    and a 2-us tile of one op: 2/3 and 1/3 of 3 MB), instead of each counting op_bytes' wide tile."""
-    import torch
-
-    from mkcode.backend.megakernel import timeline
-
-    tl = timeline.allocate(2, 2, "cpu")
-    # GEMV 1-5 us and 1-3 us (stamps in ns; 0 means "no GEMV mark", so the layer starts at 1 us)
-    tl[0, 0] = torch.tensor([abi.MK_OP_MOE_UP | (5 << 8) | (1 << 16), 1000, 1000, 1000, 5000, 5100, 5200])
-    tl[1, 0] = torch.tensor([abi.MK_OP_MOE_UP | (5 << 8) | (1 << 16), 1000, 1000, 1000, 3000, 3100, 3200])
-    recs = timeline.records(tl)
-    prof = timeline.stream_profile(recs, 5, {"MOE_UP": 9e9}, 0.0, bin_us=2.0, op_totals={"MOE_UP": 3e6})
-    moved = [p["tb_s"] * 2e-6 * 1e12 for p in prof]
-    assert abs(sum(moved) - 3e6) < 1.0  # the total, not 2 x op_bytes
-    assert abs(moved[0] - 2e6) < 1.0 and abs(moved[1] - 1e6) < 1.0  # 0-2 us: 1 MB each; 2-4 us: 1 MB
-
-
 def test_stream_profile_spreads_bytes_over_gemv_and_attention_intervals():
     import torch
 
@@ -564,7 +516,6 @@ def test_moe_tiles_widen_with_the_batch():
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import (
-        ENGINE_LM_QUEUE,
         ENGINE_NORM_INLINE,
         SINGLE_QKV_ROWS,
         SMALL_FUSED_BELOW,
@@ -578,16 +529,14 @@ def test_moe_tiles_widen_with_the_batch():
         WIDE_MOE_FROM_BATCH,
         WIDE_QKV_BY_HEAD,
         WIDE_SPLIT_TOKENS,
-        WIDE_UP_SMALL,
         tiling_for_batch,
     )
 
     def placement(t, b, wide=False):  # the control SMs (one per row), where the attention drains go
-        # every engine tiling takes norm_inline (ENGINE_NORM_INLINE) where the config allows it, and
-        # the LM-head queue (ENGINE_LM_QUEUE)
-        assert t.norm_inline == ENGINE_NORM_INLINE and t.lm_queue == ENGINE_LM_QUEUE
+        # every engine tiling takes norm_inline (ENGINE_NORM_INLINE) where the config allows it
+        assert t.norm_inline == ENGINE_NORM_INLINE
         assert t.moe_local == int(b == 1)  # self-routing fused items at one row (SINGLE_MOE_LOCAL)
-        t = replace(t, norm_inline=0, lm_queue=0, moe_local=0)
+        t = replace(t, norm_inline=0, moe_local=0)
         if t.combine_ctrl:  # small batches: fused MoE items below SMALL_FUSED_BELOW rows, the
             # combines on at least 4 control SMs, 256-row LM-head tiles
             assert not wide and t.ctrl_sms == max(b, 4) and t.moe_fused == int(b < SMALL_FUSED_BELOW)
@@ -663,7 +612,6 @@ def test_moe_tiles_widen_with_the_batch():
     # the attention as the MoE queue's head, claimed before ROUTE, from WIDE_ATTN_IN_MOE_FROM_BATCH rows
     assert (four.attn_in_moe, wide.attn_in_moe) == (0, WIDE_ATTN_IN_MOE)
     assert 2 * wide.moe_up_cols <= abi.MK_MAX_TILE_ROWS
-    assert (wide.moe_up_small, wide.moe_up_small_tiles) == (0, 0)
     assert wide.o_rows == 128  # WIDE_O_ROWS
     wide = placement(wide, 8, wide=True)
     assert (
@@ -675,16 +623,14 @@ def test_moe_tiles_widen_with_the_batch():
         )
         == base
     )
-    # where the 384-column tiles do not divide the intermediate size but 256 do: the two up sizes
+    # where the 384-column tiles do not divide the intermediate size but 256 do
     eight = north_mini_code_config(4, intermediate_size=1024)
     t = tiling_for_batch(eight, default_tiling(eight), 8)
     assert t.moe_up_cols == 8 * default_tiling(eight).moe_up_cols
-    assert (t.moe_up_small, t.moe_up_small_tiles) == WIDE_UP_SMALL  # 1024 = 2 x 256 + 4 x 128
     # 256 / 128-column up tiles do not divide 192, 64 do
     mid = north_mini_code_config(4, intermediate_size=192)
     t = tiling_for_batch(mid, default_tiling(mid), 8)
     assert t.moe_up_cols == 2 * default_tiling(mid).moe_up_cols
-    assert t.moe_up_small == 0  # 4 x 128 columns do not fit in 192: one tile size
     narrow = north_mini_code_config(4, hidden_size=768)  # 512-row down tiles do not divide 768, 256 do
     t = tiling_for_batch(narrow, default_tiling(narrow), 8)
     assert (t.moe_up_cols, t.moe_down_rows) == (
