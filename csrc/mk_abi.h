@@ -204,9 +204,10 @@ enum MkError {
 // into shared memory before its wait (gemv_prologue); after the wait its tile and norm pointers come
 // from there, not from an L2 round trip ahead of the activation loads (mk_kernel.cuh task_gemv).
 #define MK_MODE_GEMV_FACTS 131072
-// MK_MODE_WARM_ROUTE (A/B measurement): a self-routing fused item ranks whatever logits are there
-// (a dry run, nothing written) while it waits for the router tiles, so that moe_local_route's code
-// is in the instruction cache when the logits arrive.
+// MK_MODE_WARM_ROUTE (A/B measurement): while a self-routing fused item waits for the router tiles it
+// runs its once-per-layer code dry (mk_kernel.cuh moe_local_warm: the ranking on whatever logits are
+// there, one 16-row group of its down slice with no token; nothing written), so that this code is
+// in the instruction cache when the logits arrive and when its down slice starts.
 #define MK_MODE_WARM_ROUTE 262144
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one

@@ -817,6 +817,30 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   }
 }
 
+// MK_MODE_WARM_ROUTE: while a self-routing fused item waits for the router tiles, it runs the code it
+// otherwise runs cold once per layer: the ranking (dry, on whatever logits are there) and its down
+// slice's loop over one 16-row group with no token (4 KB of its rank's slice loaded, nothing added;
+// the staged h rows are only read). Its inputs are no one else's: the results are dropped.
+__device__ __noinline__ void moe_local_warm(const Params& p, const int* d, Smem& s) {
+  moe_local_route(p, const_cast<int*>(d), s, true);  // dry: d is not written
+  cp_async_wait_all();                               // moe_prologue's down-weight pointer
+  __syncthreads();
+  const int e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2], I = p.moe_inter, H = p.hidden;
+  const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
+  const bf16* act = shared(s.act);
+  const int lds = n + ((n / 32) % 2 ? 0 : 32);
+  float* acc = View(p).x(d[MK_F_LAYER] + 1);                // never written: no token
+  const int* none = reinterpret_cast<const int*>(s_rw);   // token rows: not read without tokens
+  switch (n / 32) {
+    case 1: gemv_down_acc<1>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
+    case 2: gemv_down_acc<2>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
+    case 4: gemv_down_acc<4>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
+    case 8: gemv_down_acc<8>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
+    default: break;  // op_moe_fused reports it
+  }
+  __syncthreads();
+}
+
 // One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
 // MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
 // float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
@@ -1645,7 +1669,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       ready = *flag;
       if (!ready) {  // the inputs are not there yet: fetch the op's code meanwhile
         if (warm_route)
-          moe_local_route(q, const_cast<int*>(d), s, true);
+          moe_local_warm(q, d, s);
         else
           warm_op(q, d, s);
       }
