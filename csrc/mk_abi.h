@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 28
+#define MK_ABI_VERSION 29
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -189,12 +189,12 @@ enum MkError {
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
 
-// MK_MODE_NO_GAP_KV (A/B switch): without it each self-routing fused item (Tiling.moe_local), idle
-// between h(l) and the router tiles, asks L2 (bulk prefetch, evict_last) for its share of row 0's KV
-// pages of layer l (mk_kernel.cuh gap_prefetch_kv). Measured slower and removed: the same for Wo(l)
-// (+4.5 % at BS 1 on the H100, 2026-12-06), each O-proj tile's own weights before its wait and the
-// next layer's QKV weights by the O-proj tiles (+13 % at BS 1 on the H200, 2026-12-06).
-#define MK_MODE_NO_GAP_KV 32768
+// Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
+// for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit
+// 32768, measured equal on the H200 and +1.2 % on the H100, was removed in ABI 29). Measured slower
+// and removed: the same for Wo(l) (+4.5 % at BS 1 on the H100, 2026-12-06), each O-proj tile's own
+// weights before its wait and the next layer's QKV weights by the O-proj tiles (+13 % at BS 1 on
+// the H200, 2026-12-06).
 // MK_MODE_DOWN_L2 (A/B measurement): a self-routing fused item asks L2 (bulk prefetches,
 // evict_last) for its down slice as soon as its expert is known, before its up GEMV, so that the
 // slice's four dependent load batches after the GEMV hit L2 rather than HBM (mk_kernel.cuh

@@ -1598,9 +1598,9 @@ __device__ __forceinline__ void stage_h_once(const Params& p, int l, Smem& s, in
   if (threadIdx.x == 0) s_h_staged = l;
 }
 
-// The routing gap's KV (mk_abi.h MK_MODE_NO_GAP_KV turns it off): self-routing item m of the layer's
-// n, idle until the router tiles end, asks L2 (bulk prefetches, evict_last) for every n-th of row 0's
-// visible KV pages of layer l from the m-th on, which the layer's attention items read 10-20 us later
+// The routing gap's KV: self-routing item m of the layer's n, idle until the router tiles end, asks
+// L2 (bulk prefetches, evict_last) for every n-th of row 0's visible KV pages of layer l from the
+// m-th on, which the layer's attention items read 10-20 us later
 // (H100, BS 1, 8K, 2026-12-06, two calls: 3.367-3.401 vs 3.393-3.433 ms; the same for Wo: +4.5 %).
 __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   if (threadIdx.x != 0) return;
@@ -1635,7 +1635,7 @@ __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem
   if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
   __syncthreads();
   if (!*flag) return false;  // uniform
-  if (!(p.prefetch_mode & MK_MODE_NO_GAP_KV)) gap_prefetch_kv(p, d);
+  gap_prefetch_kv(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
   return true;
 }

@@ -472,16 +472,15 @@ def test_consecutive_steps_self_routing_moe(small):
     "mode",
     [
         0,
-        abi.MK_MODE_NO_GAP_KV,
         abi.MK_MODE_DOWN_L2,
         abi.MK_MODE_GEMV_FACTS | abi.MK_MODE_WARM_ROUTE,
     ],
-    ids=["gap-kv", "no-gap-kv", "down-l2", "facts-warm-route"],
+    ids=["gap-kv", "down-l2", "facts-warm-route"],
 )
 def test_l2_prefetches_change_nothing(small, mode):
-    """The self-routing items' L2 prefetches (the KV pages by default, its off switch, the down
-    slices with MK_MODE_DOWN_L2) and their work before the router's wait (the weight pointers, a dry
-    ranking) leave every result as it was; a context across several pages."""
+    """The self-routing items' L2 prefetches (the KV pages, always; the down slices with
+    MK_MODE_DOWN_L2) and their work before the router's wait (the weight pointers, a dry ranking, a
+    dry down-slice group) leave every result as it was; a context across several pages."""
     w, _ = small
     _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
 
