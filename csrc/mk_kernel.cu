@@ -30,9 +30,10 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
   }
   if (!attn_supported(p)) {
     snprintf(msg, cap,
-             "num_heads=%d, num_kv_heads=%d, head_dim=%d: the attention runs at most 8 query heads per kv "
-             "head and head_dim 32, 64 or 128",
-             p.num_heads, p.num_kv_heads, p.head_dim);
+             "num_heads=%d, num_kv_heads=%d, head_dim=%d: the attention runs at most %d query heads per kv "
+             "head and head_dim %d, %d or %d",
+             p.num_heads, p.num_kv_heads, p.head_dim, MK_ATTN_MAX_GROUP, MK_ATTN_HEAD_DIM_32, MK_ATTN_HEAD_DIM_64,
+             MK_ATTN_HEAD_DIM_128);
     return cudaErrorInvalidValue;
   }
   if (p.hidden > OUT_FLOATS) {

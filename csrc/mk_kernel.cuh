@@ -60,9 +60,9 @@ struct View {
   __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
   __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
   __device__ float* moe_acc(int l) const { return (float*)p.moe_acc + (size_t)l * 8 * p.hidden; }
-  __device__ const bf16* lw(int l, int slot) const {
-    return reinterpret_cast<const bf16*>(((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + slot]);
-  }
+  // layer l's weight pointers (layer_w[l]: MK_LW_COUNT of them)
+  __device__ const long long* lw_row(int l) const { return (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT; }
+  __device__ const bf16* lw(int l, int slot) const { return reinterpret_cast<const bf16*>(lw_row(l)[slot]); }
   __device__ int flags(int l) const { return ((const int*)p.layer_flags)[l]; }
   __device__ int page(int l, int b, int pos) const {
     return ((const int*)p.block_tables)[((size_t)l * p.batch + b) * p.max_pages + pos / 64];
@@ -218,13 +218,11 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
 // The activations of a GEMV over h(l) (l = num_layers: the LM head's, after the final norm): h's
 // rows, or with norm_inline x(l)'s, which the staging norms with the layer's weights. gemv_op and a
 // MoE drain's staging (drain_stage_h) take it from here.
-// lw: layer l's weight pointers (as task_gemv's), or null: from layer_w.
-__device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows, const long long* lw = nullptr) {
+// lw: layer l's weight pointers (View::lw_row, or gemv_prologue's copy; unread for the LM head's).
+__device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows, const long long* lw) {
   View V(p);
   if (!p.norm_inline) return ActSrc{V.h(l), p.hidden, rows, 0};
-  const bf16* w = l >= p.num_layers ? (const bf16*)p.final_norm
-                  : lw              ? (const bf16*)lw[MK_LW_NORM]
-                                    : V.lw(l, MK_LW_NORM);
+  const bf16* w = l < p.num_layers ? (const bf16*)lw[MK_LW_NORM] : (const bf16*)p.final_norm;
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
 }
 
@@ -236,14 +234,14 @@ __shared__ long long s_lw[MK_LW_COUNT];
 
 __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
   const int l = d[MK_F_LAYER], i = (int)threadIdx.x - 32;
-  if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = ((const long long*)p.layer_w)[(size_t)l * MK_LW_COUNT + i];
+  if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = View(p).lw_row(l)[i];
 }
 
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
   const bool facts = (p.prefetch_mode & MK_MODE_GEMV_FACTS) && l < p.num_layers;
-  const long long* lw = facts ? s_lw : (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT;
+  const long long* lw = facts ? s_lw : V.lw_row(l);
   ActSrc a = h_rows(p, op == MK_OP_LM_HEAD ? p.num_layers : l, rows, lw);  // every GEMV over h, else below
   bool slots = false;  // the rows: the batch rows in order, or (MoE down) the item's token slots
   bool staged = false;
@@ -779,16 +777,39 @@ __device__ __noinline__ void op_moe_down(const Params& p, const int* d, Smem& s)
 // rows: s_h_staged is cleared), then the down slice W_down[e][:, c0 : c0 + n] for every hidden row,
 // route_w * (W act) added into moe_acc of each token's row (fp32 atomics). No per-expert counter
 // and no down tiles: an expert's items are independent, ADD_NORM waits for all (the mlp counter).
+// A fused item's activations in shared memory: [8 tokens][n columns] bf16, rows 64 B apart mod 128
+// (no bank conflicts).
+__device__ __forceinline__ int fused_act_lds(int n) { return n + ((n / 32) % 2 ? 0 : 32); }
+
+// The down slice W_down[e][:, c0 : c0 + n] of a fused item (s_wdown: moe_prologue's pointer).
+__device__ __forceinline__ const bf16* fused_down_w(const Params& p, int e, int c0) {
+  return reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * p.hidden * p.moe_inter + c0;
+}
+
+// gemv_down_acc over the first nrows hidden rows of a slice of n columns (false: n is not one the
+// kernel instantiates; the tiling keeps n a multiple of 32, at most 256).
+__device__ __forceinline__ bool fused_down(const Params& p, const bf16* Wd, int n, int nrows, const bf16* act,
+                                           float* acc, const float* wtok, const int* btok, int nt) {
+  const int I = p.moe_inter, H = p.hidden, lds = fused_act_lds(n);
+  switch (n / 32) {
+    case 1: gemv_down_acc<1>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
+    case 2: gemv_down_acc<2>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
+    case 4: gemv_down_acc<4>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
+    case 8: gemv_down_acc<8>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
+    default: return false;
+  }
+}
+
 __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s) {
   View V(p);
   __shared__ int s_b[MK_MAX_TOKENS];
   const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
-  const int I = p.moe_inter, H = p.hidden, nt = d[MK_F_NTOK], K = p.top_k;
+  const int nt = d[MK_F_NTOK], K = p.top_k;
   if (threadIdx.x < MK_MAX_TOKENS && (int)threadIdx.x < nt) s_b[threadIdx.x] = d[MK_F_SLOT0 + threadIdx.x] / K;
   cp_async_wait_all();  // moe_prologue's routing weights (s_rw) and down-weight pointer (s_wdown)
   if (threadIdx.x == 0) s_h_staged = -1;  // the activations below overwrite the staged h rows
   bf16* act = shared(s.act);
-  const int lds = n + ((n / 32) % 2 ? 0 : 32);  // rows 64 B apart mod 128: no bank conflicts
+  const int lds = fused_act_lds(n);
   for (int i = threadIdx.x; i < 8 * n; i += NT) {
     const int j = i / n, c = i - j * n;
     const int col = j < nt ? d[MK_F_SLOT0 + j] / K : j;  // token j's column of the up GEMV: its row
@@ -796,25 +817,9 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
     act[j * lds + c] = __float2bfloat16(v);
   }
   __syncthreads();
-  const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
-  const float* s_w = s_rw;
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
-  switch (n / 32) {  // the tiling keeps n a multiple of 32, at most 256
-    case 1:
-      gemv_down_acc<1>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
-      break;
-    case 2:
-      gemv_down_acc<2>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
-      break;
-    case 4:
-      gemv_down_acc<4>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
-      break;
-    case 8:
-      gemv_down_acc<8>(Wd, I, H, act, lds, acc, H, s_w, s_b, nt);
-      break;
-    default:
-      if (threadIdx.x == 0) raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);
-  }
+  if (!fused_down(p, fused_down_w(p, e, c0), n, p.hidden, act, acc, s_rw, s_b, nt) && threadIdx.x == 0)
+    raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);
 }
 
 // MK_MODE_WARM_ROUTE: while a self-routing fused item waits for the router tiles, it runs the code it
@@ -825,19 +830,10 @@ __device__ __noinline__ void moe_local_warm(const Params& p, const int* d, Smem&
   moe_local_route(p, const_cast<int*>(d), s, true);  // dry: d is not written
   cp_async_wait_all();                               // moe_prologue's down-weight pointer
   __syncthreads();
-  const int e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2], I = p.moe_inter, H = p.hidden;
-  const bf16* Wd = reinterpret_cast<const bf16*>(s_wdown) + (size_t)e * H * I + c0;
-  const bf16* act = shared(s.act);
-  const int lds = n + ((n / 32) % 2 ? 0 : 32);
-  float* acc = View(p).x(d[MK_F_LAYER] + 1);                // never written: no token
-  const int* none = reinterpret_cast<const int*>(s_rw);   // token rows: not read without tokens
-  switch (n / 32) {
-    case 1: gemv_down_acc<1>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
-    case 2: gemv_down_acc<2>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
-    case 4: gemv_down_acc<4>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
-    case 8: gemv_down_acc<8>(Wd, I, 16, act, lds, acc, H, s_rw, none, 0); break;
-    default: break;  // op_moe_fused reports it
-  }
+  float* acc = View(p).x(d[MK_F_LAYER] + 1);               // never written: no token
+  const int* none = reinterpret_cast<const int*>(s_rw);  // token rows: not read without tokens
+  // (a slice width the kernel does not take: op_moe_fused reports it)
+  fused_down(p, fused_down_w(p, d[MK_F_A0], d[MK_F_A1]), d[MK_F_A2], 16, shared(s.act), acc, s_rw, none, 0);
   __syncthreads();
 }
 
@@ -1763,7 +1759,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 // norm's branch grew its spills (168 -> 248 bytes).
 // With norm_inline the rows' RMSNorm factors go with them (s_nss): the up items' GEMVs apply them.
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows) {
-  stage_rows(s.act, h_rows(p, l, rows), p.hidden);
+  stage_rows(s.act, h_rows(p, l, rows, View(p).lw_row(l)), p.hidden);
 }
 
 // ---- DRAIN items: fetched into shared memory one item ahead, built from there ---------------------

@@ -75,7 +75,7 @@ def check_attention_geometry(cfg: ModelConfig) -> None:
     if cfg.gqa_group > ATTN_MAX_GROUP or cfg.head_dim not in ATTN_HEAD_DIMS:
         raise UnsupportedGeometry(
             f"the megakernel's attention runs at most {ATTN_MAX_GROUP} query heads per kv head and "
-            f"head_dim 32, 64 or 128; this model has {cfg.num_attention_heads} query heads over "
+            f"head_dim {', '.join(map(str, ATTN_HEAD_DIMS[:-1]))} or {ATTN_HEAD_DIMS[-1]}; this model has {cfg.num_attention_heads} query heads over "
             f"{cfg.num_key_value_heads} kv heads and head_dim {cfg.head_dim}"
         )
 
