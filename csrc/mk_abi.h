@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 29
+#define MK_ABI_VERSION 30
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -195,20 +195,15 @@ enum MkError {
 // and removed: the same for Wo(l) (+4.5 % at BS 1 on the H100, 2026-12-06), each O-proj tile's own
 // weights before its wait and the next layer's QKV weights by the O-proj tiles (+13 % at BS 1 on
 // the H200, 2026-12-06).
-// MK_MODE_DOWN_L2 (A/B measurement): a self-routing fused item asks L2 (bulk prefetches,
-// evict_last) for its down slice as soon as its expert is known, before its up GEMV, so that the
-// slice's four dependent load batches after the GEMV hit L2 rather than HBM (mk_kernel.cuh
-// down_slice_prefetch).
-#define MK_MODE_DOWN_L2 65536
-// MK_MODE_GEMV_FACTS (A/B measurement): a GEMV task copies its layer's weight pointers (layer_w[l])
-// into shared memory before its wait (gemv_prologue); after the wait its tile and norm pointers come
-// from there, not from an L2 round trip ahead of the activation loads (mk_kernel.cuh task_gemv).
-#define MK_MODE_GEMV_FACTS 131072
-// MK_MODE_WARM_ROUTE (A/B measurement): while a self-routing fused item waits for the router tiles it
-// runs its once-per-layer code dry (mk_kernel.cuh moe_local_warm: the ranking on whatever logits are
-// there, one 16-row group of its down slice with no token; nothing written), so that this code is
-// in the instruction cache when the logits arrive and when its down slice starts.
-#define MK_MODE_WARM_ROUTE 262144
+// Measured and removed in ABI 30 (H100, BS 1, 8K, 2026-12-07, two rounds in one call): a fused
+// item's L2 prefetch of its down slice once its expert is ranked (bit 65536, +9-10 %) and a dry run of
+// its ranking and down slice while it waits for the router tiles (bit 262144, +0.3-0.8 %). Kept as
+// the default: the layer's weight pointers copied into shared memory before a GEMV task's wait
+// (bit 131072, -0.8 to -1.1 % at BS 1, -0.1 % at BS 8; mk_kernel.cuh gemv_prologue).
+// MK_MODE_WARM_STAGE (A/B measurement): a QKV or router tile whose inputs are not ready at its first
+// look also runs its activation staging dry (stage_act_norm on x(l) as it is: shared memory only),
+// so that the staging's code is in the instruction cache when the layer's residual is complete.
+#define MK_MODE_WARM_STAGE 524288
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

@@ -131,7 +131,7 @@ __device__ void rms_row(const Params& p, const float* v, const bf16* w, float* d
   for (int i = threadIdx.x; i < p.hidden; i += NT) dst[i] = v[i] * r * __bfloat162float(w[i]);
 }
 
-// ---- the weight tile of each GEMV task (one definition: the ops and the TMA prologue use it) -----
+// ---- the weight tile of each GEMV task (one definition, for gemv_op) -------------------------------
 
 // lw: the task's layer row of weight pointers (layer_w[l], or gemv_prologue's copy of it).
 __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const long long* lw, Gemv& g) {
@@ -226,10 +226,10 @@ __device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
 }
 
-// MK_MODE_GEMV_FACTS: layer_w[l] (the layer's weight pointers) copied into shared memory before the
-// task's wait (gemv_prologue, warps 1-: thread 0 polls), so that after the wait the tile's and the
-// norm's pointers are shared-memory reads, not an L2 round trip ahead of the activation loads (the
-// wait's acquire leaves nothing in L1). Written before run_task's barriers, read in gemv_op.
+// Before a GEMV task's wait (gemv_prologue, warps 1-: thread 0 polls): layer_w[l] (the layer's
+// weight pointers) into shared memory, so that after the wait the tile's and the norm's pointers are
+// shared-memory reads, not an L2 round trip ahead of the activation loads (the wait's acquire leaves
+// nothing in L1). Written before run_task's barriers, read in gemv_op. (H100, BS 1: -0.8 to -1.1 %.)
 __shared__ long long s_lw[MK_LW_COUNT];
 
 __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
@@ -240,8 +240,7 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
-  const bool facts = (p.prefetch_mode & MK_MODE_GEMV_FACTS) && l < p.num_layers;
-  const long long* lw = facts ? s_lw : V.lw_row(l);
+  const long long* lw = l < p.num_layers ? s_lw : nullptr;  // gemv_prologue's copy (the LM head: none)
   ActSrc a = h_rows(p, op == MK_OP_LM_HEAD ? p.num_layers : l, rows, lw);  // every GEMV over h, else below
   bool slots = false;  // the rows: the batch rows in order, or (MoE down) the item's token slots
   bool staged = false;
@@ -661,9 +660,8 @@ __device__ __forceinline__ bool moe_local(const int* d) {
 // op_moe_fused read) and its routing weight into s_rw[0]. The logits go through s.out, free until
 // the GEMV; the staged h rows (s.act) and their norm sums stay. Nothing on the device reads the
 // expert table, route_w or moe_info in this mode; the rank's first tile writes them for the host.
-// dry (MK_MODE_WARM_ROUTE): a warm-up run on whatever logits are there; it writes only s.out.
 template <int J>
-__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s, bool dry) {
+__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, rank = d[MK_F_A0];
   float* lg = shared(s.out);
@@ -677,13 +675,11 @@ __device__ void moe_local_route_impl(const Params& p, int* d, Smem& s, bool dry)
     const int lane = threadIdx.x;
     const int my_e = warp_topk<J>(lg, E, K, lane);
     const float w = warp_topk_weight(p, lg, my_e, K, lane);
-    if (dry) {
-      lg[E + lane] = w + (float)my_e;  // kept: the ranking is not dead code
-    } else if (lane == rank) {
+    if (lane == rank) {
       d[MK_F_A0] = my_e;
       s_rw[0] = w;
     }
-    if (!dry && d[MK_F_A1] == 0) {  // the rank's first column tile records the routing as ROUTE would
+    if (d[MK_F_A1] == 0) {  // the rank's first column tile records the routing as ROUTE would
       // (the expert table, route_w, moe_info): what the tests and the benches read back
       const int l = d[MK_F_LAYER], e_r = __shfl_sync(0xffffffffu, my_e, rank);
       const int at = __popc(__ballot_sync(0xffffffffu, lane < K && my_e < e_r));  // experts ascending
@@ -703,11 +699,11 @@ __device__ void moe_local_route_impl(const Params& p, int* d, Smem& s, bool dry)
   __syncthreads();
 }
 
-__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s, bool dry) {
+__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s) {
   if (p.num_experts <= 128)
-    moe_local_route_impl<4>(p, d, s, dry);
+    moe_local_route_impl<4>(p, d, s);
   else
-    moe_local_route_impl<ROUTE_J>(p, d, s, dry);
+    moe_local_route_impl<ROUTE_J>(p, d, s);
 }
 
 // Before ROUTE's dependency wait: reset the layer's dynamic counters (its MoE queue head and the
@@ -820,21 +816,6 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
   float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
   if (!fused_down(p, fused_down_w(p, e, c0), n, p.hidden, act, acc, s_rw, s_b, nt) && threadIdx.x == 0)
     raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);
-}
-
-// MK_MODE_WARM_ROUTE: while a self-routing fused item waits for the router tiles, it runs the code it
-// otherwise runs cold once per layer: the ranking (dry, on whatever logits are there) and its down
-// slice's loop over one 16-row group with no token (4 KB of its rank's slice loaded, nothing added;
-// the staged h rows are only read). Its inputs are no one else's: the results are dropped.
-__device__ __noinline__ void moe_local_warm(const Params& p, const int* d, Smem& s) {
-  moe_local_route(p, const_cast<int*>(d), s, true);  // dry: d is not written
-  cp_async_wait_all();                               // moe_prologue's down-weight pointer
-  __syncthreads();
-  float* acc = View(p).x(d[MK_F_LAYER] + 1);               // never written: no token
-  const int* none = reinterpret_cast<const int*>(s_rw);  // token rows: not read without tokens
-  // (a slice width the kernel does not take: op_moe_fused reports it)
-  fused_down(p, fused_down_w(p, d[MK_F_A0], d[MK_F_A1]), d[MK_F_A2], 16, shared(s.act), acc, s_rw, none, 0);
-  __syncthreads();
 }
 
 // One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
@@ -1520,14 +1501,25 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 // instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
 // code cold from L2 while HBM is saturated (MK_MODE_TWICE measured add+norm 8.4 us cold, 2.9 us
 // warm; the step without warm-ups was measured slower and that switch removed).
+// MK_MODE_WARM_STAGE adds the router tiles and, for them and the QKV tiles, the staging of h(l).
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
-  return d[MK_F_ID] >= 0 &&
-         (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
+  return d[MK_F_ID] >= 0 && (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV ||
+                             (op == MK_OP_ROUTER && (p.prefetch_mode & MK_MODE_WARM_STAGE)));
 }
 
-__device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
-  switch (d[MK_F_OP]) {
+// rows: the task's rows array (the dry staging's; gemv_op sets it again).
+__device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s, int* rows) {
+  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
+  if ((op == MK_OP_QKV || op == MK_OP_ROUTER) && (p.prefetch_mode & MK_MODE_WARM_STAGE) && l < p.num_layers) {
+    // x(l) as it is now, into s.act (no copy into x(l + 1): h_rows sets none); s_lw is
+    // gemv_prologue's, published by run_task's barrier before this call
+    rows_identity(rows, p.batch);
+    __syncthreads();
+    stage_rows(shared(s.act), h_rows(p, l, rows, s_lw), p.hidden);
+    __syncthreads();
+  }
+  switch (op) {
     case MK_OP_ADD_NORM: op_add_norm(p, d, s, true); break;
     case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, true); break;
     // a QKV tile warms its epilogue (RoPE, the Q / K / V writes): run once per layer on its SM after
@@ -1535,6 +1527,7 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
     // 5.874 / 5.872 vs 6.063 / 5.973 ms, BS 8 8.700 / 8.682 vs 8.794 / 8.660, BS 1 3.111 / 3.102 vs
     // 3.172 / 3.085, gpu_check, same call; with a one-page attention item warmed too: +1-3 %)
     case MK_OP_QKV: op_qkv(p, d, s, true); break;
+    case MK_OP_ROUTER: break;
     default: op_attn_combine(p, d, s, true); break;
   }
 }
@@ -1612,18 +1605,6 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   }
 }
 
-// MK_MODE_DOWN_L2 (mk_abi.h, a measurement): a self-routing fused item, its expert just ranked,
-// asks L2 for its down slice W_down[e][:, c0 : c0 + n] (one 2n-byte piece per hidden row, a few per
-// thread). In the BS 1 timeline the slice took 13.6 us after the up GEMV for 0.5 MB: four batches
-// of loads, each waiting a loaded HBM round trip.
-__device__ __noinline__ void down_slice_prefetch(const Params& p, const int* d) {
-  View V(p);
-  const int l = d[MK_F_LAYER], e = d[MK_F_A0], c0 = d[MK_F_A1], n = d[MK_F_A2];
-  const bf16* Wd = V.lw(l, MK_LW_EXP_DOWN) + (size_t)e * p.hidden * p.moe_inter + c0;
-  const uint64_t pol = l2_policy(true);
-  for (int r = threadIdx.x; r < p.hidden; r += NT) prefetch_l2_bulk(Wd + (size_t)r * p.moe_inter, n * sizeof(bf16), pol);
-}
-
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
 // for the router tiles and gemv_op finds the rows staged.
@@ -1650,7 +1631,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
-  if ((p.prefetch_mode & MK_MODE_GEMV_FACTS) && is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
+  if (is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
     cp_async_wait_all();  // no copy may land after the block has left
@@ -1658,25 +1639,16 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   }
   if (!own_wait) {  // (the attention's own wait: below)
     bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
-    const bool warm_route = moe_local(d) && (p.prefetch_mode & MK_MODE_WARM_ROUTE);
-    if (warmable(p, d) || warm_route) {
+    if (warmable(p, d)) {
       if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
       __syncthreads();
       ready = *flag;
-      if (!ready) {  // the inputs are not there yet: fetch the op's code meanwhile
-        if (warm_route)
-          moe_local_warm(q, d, s);
-        else
-          warm_op(q, d, s);
-      }
+      if (!ready) warm_op(q, d, s, rows);  // the inputs are not there yet: fetch the op's code meanwhile
       __syncthreads();  // everyone has read *flag
     }
     if (!block_wait(p, d, flag, ready)) return false;
   }
-  if (moe_local(d)) {
-    moe_local_route(q, const_cast<int*>(d), s, false);  // d: this SM's copy (s_desc)
-    if (p.prefetch_mode & MK_MODE_DOWN_L2) down_slice_prefetch(q, d);
-  }
+  if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
   switch (d[MK_F_OP]) {
     case MK_OP_NOP:

@@ -191,7 +191,7 @@ def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
-    n_router = max(cfg.num_experts, 1) // tiling.router_rows if not (tiling.router_ctrl and n_ctrl) else 0
+    n_router = max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
     return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
 
@@ -363,7 +363,6 @@ def build_schedule(
                         wait_h,
                         (router_c,),
                     ),
-                    ctrl_sm(t) if tiling.router_ctrl else None,  # Tiling.router_ctrl
                 )
             if not local:
                 keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()

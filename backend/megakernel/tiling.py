@@ -97,10 +97,6 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused and norm_inline. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
-    # 1: a MoE layer's router tiles are static tasks on the control SMs (one per control SM in turn),
-    # which at one row hold only the combines: the work SMs they free take QKV tiles or fused items
-    # (needs ctrl_sms)
-    router_ctrl: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -110,8 +106,6 @@ class Tiling:
         need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
-        need(self.router_ctrl in (0, 1), "router_ctrl must be 0 or 1")
-        need(not self.router_ctrl or self.ctrl_sms > 0, "router_ctrl needs control SMs")
         need(
             not self.moe_local or (self.moe_fused and self.norm_inline),
             "moe_local needs moe_fused and norm_inline",

@@ -776,18 +776,3 @@ def test_qkv_counters_by_kv_head_release_geometry(batch):
     assert len(qkv_counters) == 4
     assert {sched.counters.targets[n] for n in qkv_counters} == {20 if batch > 1 else 10}
     assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
-
-
-def test_router_tiles_on_the_control_sms_release_geometry():
-    """Tiling.router_ctrl at one row with 80 QKV tiles (the SMs the router tiles leave take them):
-    every router tile on a control SM, the 48 self-routing fused items fit the work SMs left, and the
-    step runs on the emulator with the happens-before check."""
-    sched, rep = _release_engine_step(1, 3, 5, 4, router_ctrl=1, qkv_rows=64, router_rows=32)
-    sm_of = {i: sm for sm, ids in enumerate(sched.sm_lists) for i in ids}
-    routers = [i for i, t in enumerate(sched.tasks) if int(t[abi.MK_F_OP]) == abi.MK_OP_ROUTER]
-    fused = [i for i, t in enumerate(sched.tasks) if int(t[abi.MK_F_OP]) == abi.MK_OP_MOE_FUSED]
-    assert routers and len(fused) == 2 * 48  # two MoE layers of the three
-    assert {sm_of[i] for i in routers} == set(range(128, 132))  # the 4 control SMs
-    assert rep.events >= sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks) + len(
-        sched.queue_desc
-    )

@@ -374,9 +374,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: add+norm and combine run twice, same results
-        abi.MK_MODE_GEMV_FACTS,  # the GEMV tasks' weight pointers copied before their waits
+        abi.MK_MODE_WARM_STAGE,  # the QKV and router tiles' stagings run dry before their waits
     ],
-    ids=["default", "twice", "gemvfacts"],
+    ids=["default", "twice", "warmstage"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -468,19 +468,11 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        0,
-        abi.MK_MODE_DOWN_L2,
-        abi.MK_MODE_GEMV_FACTS | abi.MK_MODE_WARM_ROUTE,
-    ],
-    ids=["gap-kv", "down-l2", "facts-warm-route"],
-)
+@pytest.mark.parametrize("mode", [0, abi.MK_MODE_WARM_STAGE], ids=["gap-kv", "warm-stage"])
 def test_l2_prefetches_change_nothing(small, mode):
-    """The self-routing items' L2 prefetches (the KV pages, always; the down slices with
-    MK_MODE_DOWN_L2) and their work before the router's wait (the weight pointers, a dry ranking, a
-    dry down-slice group) leave every result as it was; a context across several pages."""
+    """The self-routing items' L2 prefetches of the KV pages and (MK_MODE_WARM_STAGE) the QKV and
+    router tiles' dry stagings before their waits leave every result as it was; a context across
+    several pages."""
     w, _ = small
     _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
 

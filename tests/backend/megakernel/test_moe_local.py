@@ -134,11 +134,7 @@ def test_moe_local_is_refused_where_it_cannot_run():
         build_schedule(CFG, 1, [70], N_SMS, replace(TILING, moe_local=2))
 
 
-# Tiling.router_ctrl: the router tiles on the control SMs (where 2 * ctrl_sms <= n_sms), not the work SMs
-ROUTER_CTRL = replace(TILING, router_ctrl=1, ctrl_sms=2)
-
-
-@pytest.mark.parametrize("tiling", [TILING, ROUTER_CTRL], ids=["routers-dealt", "router-ctrl"])
+@pytest.mark.parametrize("tiling", [TILING, replace(TILING, ctrl_sms=2)], ids=["tiling", "ctrl-2"])
 @pytest.mark.parametrize("n_sms", [4, 6, 7, 8, 12, 13, 14, 16, 132])
 def test_fits_says_what_the_builder_does(n_sms, tiling):
     """moe_local_fits (the engine's check before it takes the mode) agrees with build_schedule."""
