@@ -321,9 +321,7 @@ class Emulator:
             inp,
             math=self.math,
             rng=np.random.default_rng(seed),
-            moe_fused=bool(self.sched.tiling.moe_fused),
             n_lm_tiles=self.sched.n_lm_tiles,
-            norm_inline=bool(self.sched.tiling.norm_inline),
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)
