@@ -91,9 +91,9 @@ def _load_gpu_backend(candidate: str, model: ReferenceModel, build: bool) -> obj
 
         return GraphDecodeBackend(model)
     from mkcode.backend.megakernel import native
-    from mkcode.backend.megakernel.backend import MegakernelBackend, check_attention_geometry
+    from mkcode.backend.megakernel.backend import MegakernelBackend, check_geometry
 
-    check_attention_geometry(model.cfg)  # as the constructor does, but before a build it could not use
+    check_geometry(model.cfg)  # as the constructor does, but before a build it could not use
     return MegakernelBackend(model.cfg, model.w, native_module=native.load(build_if_missing=build))
 
 

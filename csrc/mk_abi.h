@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 30
+#define MK_ABI_VERSION 31
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -14,31 +14,32 @@
 #define MK_MAX_SIGNALS 2  // counters a task increments after its writes are visible
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
 #define MK_MAX_TILE_ROWS 1024  // weight rows of one GEMV task at most (gate+up count twice)
-#define MK_NORM_MAX_HIDDEN 4096  // hidden size at most with norm_inline (the staging's norm sweeps)
+#define MK_NORM_MAX_HIDDEN 4096  // hidden size at most (the GEMV staging's RMSNorm sweeps)
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
+// 12 is reserved, never to be reused: ADD_NORM (one row's residual add and next norm), removed in
+// ABI 31 (the norm inside the GEMVs, below, measured faster: docs/PERF.md).
 enum MkOpcode {
   MK_OP_NOP = 0,
-  MK_OP_EMBED = 1,         // one row: x[0][b] = embed[token[b]]; h[0][b] = rmsnorm(x, norm[0])
+  MK_OP_EMBED = 1,         // one row: x[0][b] = embed[token[b]] (a dense layer 0: x[1][b] too)
   MK_OP_QKV = 2,           // a tile of rows of [Wq; Wk; Wv] for all rows; RoPE; K/V into the pool
   MK_OP_ATTN = 3,          // one (row, kv head, split) of split-KV decode attention -> (o, lse)
   MK_OP_ATTN_COMBINE = 4,  // one (row, kv head): LSE merge of the splits -> attn_out
-  MK_OP_OPROJ = 5,         // a (row tile, K split) of Wo -> ao_part[split]
+  MK_OP_OPROJ = 5,         // a (row tile, K split) of Wo, added into x[l+1]
   MK_OP_DENSE_UP = 6,      // a tile of intermediate columns: silu(gate h) * (up h) -> dense_act
-  MK_OP_DENSE_DOWN = 7,    // a (row tile, K split) of Wdown -> mlp_part[split]
+  MK_OP_DENSE_DOWN = 7,    // a (row tile, K split) of Wdown, added into x[l+1]
   MK_OP_ROUTER = 8,        // a tile of experts: router logits
   MK_OP_ROUTE = 9,         // one per MoE layer: top-k, weights, expert table, MoE queue reset
   MK_OP_MOE_UP = 10,       // one expert, a tile of intermediate columns, its <= 8 tokens
-  MK_OP_MOE_DOWN = 11,     // one expert, a tile of hidden rows, its tokens -> moe_out (weighted)
-  MK_OP_ADD_NORM = 12,     // one row: x[l+1] = x[l] + attn + mlp; h[l+1] = rmsnorm(x[l+1])
+  MK_OP_MOE_DOWN = 11,     // one expert, a tile of hidden rows, its tokens: added (weighted) into x[l+1]
   MK_OP_LM_HEAD = 13,      // a tile of vocab rows: logits (scaled) and the tile's argmax per row
   MK_OP_SAMPLE = 14,       // all rows: greedy argmax over the LM-head tiles -> tokens
   MK_OP_DRAIN = 15,        // claim tasks from a work queue until it is empty, run each
   MK_OP_SAMPLE_ROW = 16,   // one row: greedy / temperature / top-k / top-p draw -> tokens[b]
   MK_OP_MOE_FUSED = 17,    // one expert, a tile of intermediate columns: its up tile, then the down
                            // slice of those columns for every hidden row, added (fp32 atomics,
-                           // weighted) into moe_acc of its tokens' rows (Tiling.moe_fused)
+                           // weighted) into x[l+1] of its tokens' rows (Tiling.moe_fused)
   MK_OP_COUNT = 18,
 };
 
@@ -64,9 +65,8 @@ enum MkField {
 };
 // Arguments per opcode (A0..A4):
 //   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
-//   ADD_NORM                 A0 = row
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
-//   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index
+//   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index (unread)
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits
@@ -126,44 +126,43 @@ enum MkError {
   X(embed)         /* bf16 [V][H] */ \
   X(final_norm)    /* bf16 [H] */ \
   X(lm_head)       /* bf16 [V][H] */ \
-  X(x)             /* fp32 [L+1][B][H] residual stream */ \
-  X(h)             /* fp32 [L+1][B][H] normed */ \
+  X(x)             /* fp32 [L+1][B][H] residual stream: x[l+1] is layer l's sum */ \
   X(q)             /* fp32 [L][B][Hq*d] */ \
   X(o_part)        /* fp32 [L][B][Hq][S][d] */ \
   X(lse_part)      /* fp32 [L][B][Hq][S] */ \
   X(attn_out)      /* fp32 [L][B][Hq*d] */ \
-  X(ao_part)       /* fp32 [L][Hkv][B][H] */ \
   X(dense_act)     /* fp32 [L][B][D] */ \
-  X(mlp_part)      /* fp32 [L][KS][B][H] */ \
   X(rlogits)       /* fp32 [L][B][E] */ \
   X(route_w)       /* fp32 [L][B*k] */ \
   X(expert_tab)    /* int32 [L][E][2 + MK_MAX_TOKENS]: expert, ntok, slots */ \
   X(moe_info)      /* int32 [L][4]: active experts, items, unused, unused */ \
   X(moe_act)       /* fp32 [L][B*k][I] */ \
-  X(moe_out)       /* fp32 [L][B*k][H] */ \
   X(logits)        /* fp32 [B][V] */ \
   X(lm_best)       /* fp32 [n_lm_tiles][B] tile max */ \
   X(lm_arg)        /* int32 [n_lm_tiles][B] tile argmax */ \
   X(tokens_out)    /* int64 [B] greedy tokens */ \
   X(timeline)      /* int64 [n_sms][timeline_cap][4] per-task stamps, or 0 (off): see MK_TL_* */ \
-  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */ \
-  X(moe_acc)       /* fp32 [L][B][H] fused MoE sum per row (moe_fused: zeroed by ROUTE, atomically summed) */
+  X(sample_params) /* int32 [MK_MAX_TOKENS][MK_SP_WORDS] per-row sampling (MkSampleField), or 0: greedy */
 
 // Integer parameters, in order (int64 on the Python side, int32 in the kernel).
 #define MK_PARAM_INTS(X) \
   X(n_sms) X(max_tasks) X(batch) X(num_layers) X(hidden) X(num_heads) X(num_kv_heads) \
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
-  X(max_splits) X(mlp_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
+  X(max_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) X(norm_inline)
+  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
-// wait; ADD_NORM reads moe_acc), 0 = MOE_UP tiles, then MOE_DOWN tiles into moe_out.
-// norm_inline (Tiling.norm_inline, ABI 14): no ADD_NORM tasks. x(l+1) is the layer's sum: its
-// residual x(l) copied in by the layer's initialiser (EMBED for a dense layer 0, else the router
-// tiles while they stage, each its share of the columns), then the O-proj, dense-down, MoE-down and
-// fused items add their outputs into it (fp32 red.global.add, no partial buffers); every GEMV over
-// h(l) (QKV, router, dense up, MoE up / fused, LM head) stages RMSNorm(x(l)) itself, after the
-// previous layer's one counter (its MLP counter, which the O-proj items signal too).
+// wait), 0 = MOE_UP tiles, then MOE_DOWN tiles.
+// The norm inside the GEMVs: x(l+1) is layer l's sum: its residual x(l) copied in by the layer's
+// initialiser (EMBED for a dense layer 0, else the router tiles while they stage, each its share of
+// the columns), then the O-proj, dense-down, MoE-down and fused items add their outputs into it
+// (fp32 red.global.add, no partial buffers); every GEMV over h(l) = RMSNorm(x(l)) (QKV, router,
+// dense up, MoE up / fused, LM head) stages the norm itself, after the previous layer's one counter
+// (its MLP counter, which the O-proj items signal too). So a dense layer must be layer 0 (no other
+// initialiser), hidden <= MK_NORM_MAX_HIDDEN and each router tile's share whole float4 columns
+// (backend.py check_geometry). ABI 31 removed the other way (Tiling.norm_inline = 0: ADD_NORM tasks
+// summing per-layer partial buffers, then h(l+1); measured +1.2-1.3 % per step) with the buffers h,
+// ao_part, mlp_part, moe_out, moe_acc and the ints mlp_splits and norm_inline.
 // ABI 22 removed moe_down_ready (down tiles claimed in the up tiles' end order, per up tile or per
 // expert; measured +4 % / equal, docs/PERF.md) with its moe_ready buffer; ABI 27 removed use_mma
 // (the plain-FMA GEMV and fused down slice, measured slower than mma.sync); ABI 28 removed
@@ -184,7 +183,7 @@ enum MkError {
 #define MK_ATTN_HEAD_DIM_32 32
 #define MK_ATTN_HEAD_DIM_64 64
 #define MK_ATTN_HEAD_DIM_128 128
-// MK_MODE_TWICE (measurement only): ADD_NORM and ATTN_COMBINE run their op twice (idempotent), the
+// MK_MODE_TWICE (measurement only): ATTN_COMBINE runs its op twice (idempotent), the
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16

@@ -45,7 +45,7 @@ struct AttnShape {
 
 // The geometries the attention runs (the release geometry is G = 8, d = 128): a kv head's G query
 // heads fill one 8-wide side of the mma tiles (G <= 8), and d picks an instantiation. The launcher
-// refuses others, as MegakernelBackend does at construction (backend.py check_attention_geometry).
+// refuses others, as MegakernelBackend does at construction (backend.py check_geometry).
 inline bool attn_supported(const Params& p) {
   const int G = p.num_heads / p.num_kv_heads;
   return G <= MK_ATTN_MAX_GROUP && (p.head_dim == MK_ATTN_HEAD_DIM_32 || p.head_dim == MK_ATTN_HEAD_DIM_64 ||

@@ -78,24 +78,10 @@ __device__ __forceinline__ float4 ld_cg4(const float* p) { return __ldcg(reinter
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ int ld_cg(const int* p) { return __ldcg(p); }
 __device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
-// ld_cg16 when `pred` holds, else no memory access and zeros: one predicated instruction, not a
-// branch, so a run of them keeps every load in flight (op_add_norm: guarded by `if`, each load sat
-// in its own branch; unguarded, the loads past a row's partial count cost L2 bandwidth). volatile
-// with a memory clobber: issued where it is written, not sunk to its first use (attn_warp_t's K of
-// the next key group is issued before the current group's PV).
-__device__ __forceinline__ uint4 ld_cg16_if(const void* p, bool pred) {
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  asm volatile(
-      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t@q ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n\t}"
-      : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w)
-      : "l"(p), "r"((int)pred)
-      : "memory");
-  return r;
-}
-__device__ __forceinline__ float4 ld_cg4_if(const float* p, bool pred) {
-  const uint4 r = ld_cg16_if(p, pred);
-  return make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
-}
+// ld_cg when `pred` holds, else no memory access and zero: one predicated instruction, not a branch,
+// so a run of them keeps every load in flight (guarded by `if`, each load sat in its own branch and
+// was consumed before the next was issued). volatile with a memory clobber: issued where it is
+// written, not sunk to its first use.
 __device__ __forceinline__ float ld_cg_if(const float* p, bool pred) {
   float r = 0.f;
   asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.cg.f32 %0, [%1];\n\t}"
@@ -185,16 +171,6 @@ __shared__ __align__(16) Params s_params;
 // overwrite the region). Thread 0 writes it before a barrier.
 __shared__ int s_h_staged;
 
-// An ADD_NORM task's layer facts, read by its prologue before the task waits (they are fixed for the
-// step) and by op_add_norm after it: the layer's flags and the next norm's weights. Read in the op,
-// each was an L2 round trip ahead of the partial loads on the layer's chain (the wait's acquire
-// leaves nothing in L1). Thread 0 writes them before run_task's barriers.
-struct AddNormFacts {
-  const void* norm_w;
-  int flags;
-};
-__shared__ AddNormFacts s_an;
-
 // A QKV task's step facts, read by its prologue before the task waits (fixed for the step) and by
 // op_qkv's epilogue after its GEMV: the layer's flags, each row's position and the KV page its new
 // K/V row goes to. Read in the epilogue they were two dependent L2 round trips (position, then the
@@ -264,7 +240,7 @@ __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
 
 // Where a GEMV's activations come from: act[n][k] = src[rows[n] * stride + k0 + k] for n < 8
 // (rows[n] < 0: an unused token column, staged as zeros). rows is in shared memory.
-// norm_w (Tiling.norm_inline): src holds x(l) and the staging applies the layer's RMSNorm (weights
+// norm_w (every GEMV over h(l)): src holds x(l) and the staging applies the layer's RMSNorm (weights
 // norm_w, eps) to each row; copy (a MoE layer's router tiles): also store the raw rows' columns
 // [copy_lo, copy_hi) into copy (same row stride): the residual the layer's outputs are added onto.
 struct ActSrc {
@@ -303,8 +279,8 @@ __device__ __forceinline__ void stage_act(bf16* act_s, const ActSrc& a, int klen
   }
 }
 
-// Stage act_s[n][k] = bf16(x[rows[n]][k] * norm_w[k]) for the whole row (a.norm_w set:
-// Tiling.norm_inline; k0 = 0, klen = the hidden size, at most NORM_SWEEPS * NT * 4), and each warp's
+// Stage act_s[n][k] = bf16(x[rows[n]][k] * norm_w[k]) for the whole row (a.norm_w set: a GEMV over
+// h(l); k0 = 0, klen = the hidden size, at most NORM_SWEEPS * NT * 4), and each warp's
 // sums of squares of the 8 rows' columns it loaded into s_nss[warp][n] (no barrier here: the GEMV's
 // barrier after the staging publishes them). The RMSNorm's per-row factor rsqrt(mean(x^2) + eps)
 // is linear in the GEMV, so gemv_mma applies it to the outputs (norm_scale): the staging
@@ -502,7 +478,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
-  // norm_inline: the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
+  // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
   const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
   if (wpg > 1) {
     for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {

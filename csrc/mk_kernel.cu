@@ -36,8 +36,9 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
              MK_ATTN_HEAD_DIM_128);
     return cudaErrorInvalidValue;
   }
-  if (p.hidden > OUT_FLOATS) {
-    snprintf(msg, cap, "hidden=%d exceeds the kernel's row buffer (%d floats)", p.hidden, OUT_FLOATS);
+  if (p.hidden > MK_NORM_MAX_HIDDEN) {  // the GEMVs' norm staging (stage_act_norm) sweeps that many
+    snprintf(msg, cap, "hidden=%d: the norm inside the GEMVs takes a hidden size of at most %d", p.hidden,
+             MK_NORM_MAX_HIDDEN);
     return cudaErrorInvalidValue;
   }
   // MKCODE_MK_SMEM_PAD (bytes, measurement only): request more dynamic shared memory than the

@@ -41,16 +41,9 @@ struct View {
   __device__ int QW() const { return p.num_heads * p.head_dim; }
   __device__ int KVW() const { return p.num_kv_heads * p.head_dim; }
   __device__ float* x(int l) const { return (float*)p.x + (size_t)l * 8 * p.hidden; }
-  __device__ float* h(int l) const { return (float*)p.h + (size_t)l * 8 * p.hidden; }
   __device__ float* q(int l) const { return (float*)p.q + (size_t)l * 8 * QW(); }
   __device__ float* attn_out(int l) const { return (float*)p.attn_out + (size_t)l * 8 * QW(); }
-  __device__ float* ao_part(int l, int s) const {
-    return (float*)p.ao_part + ((size_t)l * p.num_kv_heads + s) * 8 * p.hidden;
-  }
   __device__ float* dense_act(int l) const { return (float*)p.dense_act + (size_t)l * 8 * p.dense_inter; }
-  __device__ float* mlp_part(int l, int s) const {
-    return (float*)p.mlp_part + ((size_t)l * p.mlp_splits + s) * 8 * p.hidden;
-  }
   __device__ float* rlogits(int l) const { return (float*)p.rlogits + (size_t)l * 8 * p.num_experts; }
   __device__ float* route_w(int l) const { return (float*)p.route_w + (size_t)l * 8 * p.top_k; }
   __device__ int* expert_tab(int l) const {
@@ -58,8 +51,6 @@ struct View {
   }
   __device__ int* moe_info(int l) const { return (int*)p.moe_info + (size_t)l * 4; }
   __device__ float* moe_act(int l) const { return (float*)p.moe_act + (size_t)l * 8 * p.top_k * p.moe_inter; }
-  __device__ float* moe_out(int l) const { return (float*)p.moe_out + (size_t)l * 8 * p.top_k * p.hidden; }
-  __device__ float* moe_acc(int l) const { return (float*)p.moe_acc + (size_t)l * 8 * p.hidden; }
   // layer l's weight pointers (layer_w[l]: MK_LW_COUNT of them)
   __device__ const long long* lw_row(int l) const { return (const long long*)p.layer_w + (size_t)l * MK_LW_COUNT; }
   __device__ const bf16* lw(int l, int slot) const { return reinterpret_cast<const bf16*>(lw_row(l)[slot]); }
@@ -120,15 +111,6 @@ __host__ __device__ inline size_t base_smem_bytes(const Params& p, int max_k) {
 
 __device__ __forceinline__ void rows_identity(int* rows, int B) {
   if (threadIdx.x < 8) rows[threadIdx.x] = (int)threadIdx.x < B ? (int)threadIdx.x : -1;
-}
-
-// RMSNorm of one row held in `v` (fp32, H values, stored in smem by the caller) -> dst.
-__device__ void rms_row(const Params& p, const float* v, const bf16* w, float* dst, float* scratch) {
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < p.hidden; i += NT) ss += v[i] * v[i];
-  const float tot = block_sum(ss, scratch);
-  const float r = rsqrtf(tot / p.hidden + p.rms_eps);
-  for (int i = threadIdx.x; i < p.hidden; i += NT) dst[i] = v[i] * r * __bfloat162float(w[i]);
 }
 
 // ---- the weight tile of each GEMV task (one definition, for gemv_op) -------------------------------
@@ -215,13 +197,12 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
          op == MK_OP_MOE_FUSED;
 }
 
-// The activations of a GEMV over h(l) (l = num_layers: the LM head's, after the final norm): h's
-// rows, or with norm_inline x(l)'s, which the staging norms with the layer's weights. gemv_op and a
-// MoE drain's staging (drain_stage_h) take it from here.
+// The activations of a GEMV over h(l) = RMSNorm(x(l)) (l = num_layers: the LM head's, after the
+// final norm): x(l)'s rows, which the staging norms with the layer's weights. gemv_op and a MoE
+// drain's staging (drain_stage_h) take it from here.
 // lw: layer l's weight pointers (View::lw_row, or gemv_prologue's copy; unread for the LM head's).
 __device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows, const long long* lw) {
   View V(p);
-  if (!p.norm_inline) return ActSrc{V.h(l), p.hidden, rows, 0};
   const bf16* w = l < p.num_layers ? (const bf16*)lw[MK_LW_NORM] : (const bf16*)p.final_norm;
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
 }
@@ -248,7 +229,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     a = ActSrc{V.attn_out(l), V.QW(), rows, d[MK_F_A2]};
   } else if (op == MK_OP_DENSE_DOWN) {
     a = ActSrc{V.dense_act(l), p.dense_inter, rows, d[MK_F_A2]};
-  } else if (op == MK_OP_ROUTER && p.norm_inline) {  // its share of the residual, into x(l+1)
+  } else if (op == MK_OP_ROUTER) {  // its share of the residual, into x(l+1)
     a.copy = V.x(l + 1);
     a.copy_lo = d[MK_F_A0] * p.hidden / p.num_experts;
     a.copy_hi = (d[MK_F_A0] + d[MK_F_A1]) * p.hidden / p.num_experts;
@@ -275,32 +256,24 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
 
 // ---- ops -------------------------------------------------------------------------------------------
 
-__device__ __noinline__ void op_embed(const Params& p, const int* d, Smem& s) {
+__device__ __noinline__ void op_embed(const Params& p, const int* d) {
   View V(p);
   const int b = d[MK_F_A0];
   const long long tok = ((const long long*)p.token_ids)[b];
   const bf16* e = (const bf16*)p.embed + (size_t)tok * p.hidden;
-  float* row = s.out;  // H floats (H <= OUT_FLOATS, checked by the launcher)
   // MK_EMBED_RESET_HEADS (Tiling.attn_in_moe = 3): every layer's MoE queue head, before the signal
   // that every drain of the step waits behind (mk_abi.h)
   if (d[MK_F_A1] == MK_EMBED_RESET_HEADS && p.num_experts > 0)
     for (int l = threadIdx.x; l < p.num_layers; l += NT) atomicExch(V.counter(p.dyn_base + l * (p.num_experts + 1)), 0u);
+  // x(0); a dense layer 0's sum x(1) starts at its residual (EMBED is its initialiser). The GEMVs
+  // over h(0) norm x(0) themselves.
   float* x = V.x(0) + (size_t)b * p.hidden;
-  if (p.norm_inline) {  // x(0); a dense layer 0's sum x(1) starts at its residual (its initialiser)
-    float* x1 = (V.flags(0) & MK_LAYER_DENSE) ? V.x(1) + (size_t)b * p.hidden : nullptr;
-    for (int i = threadIdx.x; i < p.hidden; i += NT) {
-      const float v = __bfloat162float(e[i]);
-      x[i] = v;
-      if (x1) x1[i] = v;
-    }
-    return;  // the GEMVs over h(0) norm x(0) themselves
-  }
+  float* x1 = (V.flags(0) & MK_LAYER_DENSE) ? V.x(1) + (size_t)b * p.hidden : nullptr;
   for (int i = threadIdx.x; i < p.hidden; i += NT) {
-    row[i] = __bfloat162float(e[i]);
-    x[i] = row[i];
+    const float v = __bfloat162float(e[i]);
+    x[i] = v;
+    if (x1) x1[i] = v;
   }
-  __syncthreads();
-  rms_row(p, row, V.lw(0, MK_LW_NORM), V.h(0) + (size_t)b * p.hidden, s.misc);
 }
 
 // Before the wait (run_task): the layer's flags, each row's position and its new K/V row's page.
@@ -438,7 +411,7 @@ __device__ __forceinline__ void op_attn_combine(const Params& p, const int* d, S
   attn_combine_at(p, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], d[MK_F_A2], s, dry);
 }
 
-// norm_inline: a GEMV's rows r0 .. r0 + n of its nt token columns added into the layer's sum
+// A GEMV's rows r0 .. r0 + n of its nt token columns added into the layer's sum x(l+1)
 // (fp32 red.global.add): column j goes to batch row j (slots null) or to row slots[j] / K, weighted
 // by rw[j]. Out of line (O-proj, dense down and MoE down call it), so that the step kernel, which
 // inlines those epilogues twice, does not grow.
@@ -452,18 +425,11 @@ __device__ __noinline__ void add_into_sum(float* acc, const float* out, int n, i
   }
 }
 
+// added into the layer's sum x(l+1)
 __device__ __noinline__ void op_oproj(const Params& p, const int* d, Smem& s) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], sp = d[MK_F_A4];
-  if (p.norm_inline) {  // added into the layer's sum x(l+1)
-    add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
-    return;
-  }
-  float* dst = V.ao_part(l, sp);
-  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
-    const int r = i % n, b = i / n;
-    dst[(size_t)b * p.hidden + r0 + r] = s.out[r * 8 + b];
-  }
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
+  add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
 }
 
 __device__ void op_dense_up(const Params& p, const int* d, Smem& s) {
@@ -476,18 +442,11 @@ __device__ void op_dense_up(const Params& p, const int* d, Smem& s) {
   }
 }
 
+// added into the layer's sum x(l+1)
 __device__ __noinline__ void op_dense_down(const Params& p, const int* d, Smem& s) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1], sp = d[MK_F_A4];
-  if (p.norm_inline) {  // added into the layer's sum x(l+1)
-    add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
-    return;
-  }
-  float* dst = V.mlp_part(l, sp);
-  for (int i = threadIdx.x; i < n * p.batch; i += NT) {
-    const int r = i % n, b = i / n;
-    dst[(size_t)b * p.hidden + r0 + r] = s.out[r * 8 + b];
-  }
+  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
+  add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
 }
 
 __device__ void op_router(const Params& p, const int* d, Smem& s) {
@@ -629,10 +588,6 @@ __device__ void route_impl(const Params& p, int l, Smem& s, bool dry) {
     }
   }
   if (dry) return;
-  if (p.moe_fused && !p.norm_inline) {  // the fused items' sums of this layer's rows start at zero
-    float4* acc = reinterpret_cast<float4*>(V.moe_acc(l));
-    for (int i = threadIdx.x; i < p.batch * p.hidden / 4; i += NT) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
   if (threadIdx.x == 0) {
     int n_act = 0;  // chosen experts
     for (int w2 = 0; w2 < NWARPS; ++w2) n_act += wcnt[w2];
@@ -751,28 +706,22 @@ __device__ __noinline__ void moe_prologue(const Params& p, const int* d) {
   cp_async_commit();
 }
 
+// added (weighted) into the layer's sum x(l+1), at each token's row
 __device__ __noinline__ void op_moe_down(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], r0 = d[MK_F_A1], n = d[MK_F_A2];
   const int nt = d[MK_F_NTOK];
-  float* dst = V.moe_out(l);
   cp_async_wait_all();  // moe_prologue's routing weights
   __syncthreads();
-  if (p.norm_inline) {  // added into the layer's sum x(l+1), at each token's row
-    add_into_sum(V.x(l + 1), s.out, n, r0, nt, p.hidden, d + MK_F_SLOT0, s_rw, p.top_k);
-    return;
-  }
-  for (int i = threadIdx.x; i < n * nt; i += NT) {
-    const int r = i % n, j = i / n, slot = d[MK_F_SLOT0 + j];
-    dst[(size_t)slot * p.hidden + r0 + r] = s_rw[j] * s.out[r * 8 + j];
-  }
+  add_into_sum(V.x(l + 1), s.out, n, r0, nt, p.hidden, d + MK_F_SLOT0, s_rw, p.top_k);
 }
 
 // The rest of a fused MoE item (moe_fused) after its up GEMV (gemv_op, as an up item's): act =
 // silu(gate) * up of its tokens and columns c0 .. c0 + n, bf16 in shared memory (over the staged h
 // rows: s_h_staged is cleared), then the down slice W_down[e][:, c0 : c0 + n] for every hidden row,
-// route_w * (W act) added into moe_acc of each token's row (fp32 atomics). No per-expert counter
-// and no down tiles: an expert's items are independent, ADD_NORM waits for all (the mlp counter).
+// route_w * (W act) added into the layer's sum x(l+1) at each token's row (fp32 atomics). No
+// per-expert counter and no down tiles: an expert's items are independent, the next layer waits for
+// all (the mlp counter).
 // A fused item's activations in shared memory: [8 tokens][n columns] bf16, rows 64 B apart mod 128
 // (no bank conflicts).
 __device__ __forceinline__ int fused_act_lds(int n) { return n + ((n / 32) % 2 ? 0 : 32); }
@@ -813,106 +762,8 @@ __device__ __noinline__ void op_moe_fused(const Params& p, const int* d, Smem& s
     act[j * lds + c] = __float2bfloat16(v);
   }
   __syncthreads();
-  float* acc = p.norm_inline ? V.x(l + 1) : V.moe_acc(l);  // norm_inline: the layer's sum
-  if (!fused_down(p, fused_down_w(p, e, c0), n, p.hidden, act, acc, s_rw, s_b, nt) && threadIdx.x == 0)
+  if (!fused_down(p, fused_down_w(p, e, c0), n, p.hidden, act, V.x(l + 1), s_rw, s_b, nt) && threadIdx.x == 0)
     raise_error(p, MK_ERR_BAD_ARGS, d[MK_F_ID], MK_OP_MOE_FUSED, n, 0);
-}
-
-// One row: v = x + the attention partial sums (one per kv head) + the MLP partials (dense: K splits;
-// MoE: the top_k weighted expert outputs); x(l+1) = v, h(l+1) = RMSNorm(v). The partial loads of a
-// float4 are unrolled and independent, so they are in flight together (one L2 round trip instead
-// of one per partial).
-// dry: a warm-up run (no global writes; see warmable).
-// Before the wait (run_task): the layer's flags and the next norm's weight pointer (s_an).
-__device__ void add_norm_prologue(const Params& p, const int* d) {
-  if (threadIdx.x == 0) {
-    View V(p);
-    const int l = d[MK_F_LAYER];
-    s_an.flags = V.flags(l);
-    s_an.norm_w = l + 1 < p.num_layers ? (const void*)V.lw(l + 1, MK_LW_NORM) : p.final_norm;
-  }
-}
-
-// After the wait (its facts from add_norm_prologue; also run dry by warm_op, after the prologue).
-__device__ __noinline__ void op_add_norm(const Params& p, const int* d, Smem& s, bool dry) {
-  View V(p);
-  const int l = d[MK_F_LAYER], b = d[MK_F_A0], H = p.hidden;
-  const bool dense = s_an.flags & MK_LAYER_DENSE;  // add_norm_prologue
-  const int n_attn = p.num_kv_heads, n_mlp = dense ? p.mlp_splits : p.moe_fused ? 1 : p.top_k;
-  const size_t rb = (size_t)b * H;
-  // This row's partials: attention partial j at att + j * att_step; MLP partial j at mlp + j *
-  // mlp_step: the dense K split j, the fused MoE sum (moe_fused: one), or the MoE output of slot
-  // b * top_k + j. Base and step computed once: per-partial addresses in a ternary put each load
-  // in its own branch.
-  const float* att = V.ao_part(l, 0) + rb;
-  const size_t att_step = (size_t)8 * H;
-  const float* mlp = dense ? V.mlp_part(l, 0) + rb : p.moe_fused ? V.moe_acc(l) + rb : V.moe_out(l) + rb * p.top_k;
-  const size_t mlp_step = dense ? (size_t)8 * H : (size_t)H;
-  const bf16* w = (const bf16*)s_an.norm_w;
-  float* row = shared(s.out);  // H <= OUT_FLOATS floats (checked by the launcher)
-  // the norm weights of this thread's first four columns are static: their load overlaps the
-  // partials' (one memory round trip on the layer's chain instead of two when H <= 4 * NT)
-  uint2 w_first = make_uint2(0u, 0u);
-  if (threadIdx.x * 4 < H) w_first = __ldg(reinterpret_cast<const uint2*>(w + threadIdx.x * 4));
-  float ss = 0.f;
-  for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
-    // Every partial load is issued before the first add, each as one predicated load (ld_cg4_if):
-    // guarded by `if (j < n)` each load sat in its own branch and was consumed before the next was
-    // issued, 13 L2 round trips in a row at BS 1 (cuobjdump -sass; the op took 4.4 us with its code
-    // and data hot, 2026-11-30); loaded unconditionally (2026-11-30) the 17 loads moved 136 KB
-    // per row where BS 1 with fused MoE items needs 48 KB (x, 4 attention partials, moe_acc), and
-    // the compiler began the adds (waiting on the first loads) before it issued the MLP partials.
-    // Unrolled: 4 attention partials (the release geometry's kv heads) and 8 MLP partials (top-k);
-    // partials beyond those counts load one by one below. The MLP partials come first in the
-    // source: after x and the attention partials ptxas put the first MLP load behind the first add
-    // (a second round trip at BS 1, where moe_acc is the only MLP partial). tests/backend/megakernel/
-    // test_sass_issue.py checks the compiled order (13 loads before the first FADD).
-    constexpr int UA = 4, UM = 8;
-    float4 q[1 + UA + UM];
-#pragma unroll
-    for (int j = 0; j < UM; ++j) q[1 + UA + j] = ld_cg4_if(mlp + j * mlp_step + i, j < n_mlp);
-    q[0] = ld_cg4(V.x(l) + rb + i);
-#pragma unroll
-    for (int j = 0; j < UA; ++j) q[1 + j] = ld_cg4_if(att + j * att_step + i, j < n_attn);
-    // every load above is issued before any add below: without this fence ptxas interleaved them
-    // once the Params block changed size (ABI 14: 2 of the 13 loads before the first FADD)
-    __syncwarp();
-    // adds in the reference's order: x, the attention partials, the MLP partials
-    float4 a = q[0];
-#pragma unroll
-    for (int j = 0; j < UA; ++j)
-      if (j < n_attn) a.x += q[1 + j].x, a.y += q[1 + j].y, a.z += q[1 + j].z, a.w += q[1 + j].w;
-    for (int j = UA; j < n_attn; ++j) {  // geometries with more kv heads
-      const float4 v = ld_cg4(att + j * att_step + i);
-      a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
-    }
-#pragma unroll
-    for (int j = 0; j < UM; ++j)
-      if (j < n_mlp) {
-        const float4 v = q[1 + UA + j];
-        a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
-      }
-    for (int j = UM; j < n_mlp; ++j) {  // more MLP partials (top-k or dense splits above 8)
-      const float4 v = ld_cg4(mlp + j * mlp_step + i);
-      a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
-    }
-    *reinterpret_cast<float4*>(row + i) = a;
-    if (!dry) *reinterpret_cast<float4*>(V.x(l + 1) + rb + i) = a;
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-  }
-  const float r = rsqrtf(block_sum(ss, s.misc) / H + p.rms_eps);
-  for (int i = threadIdx.x * 4; i < H; i += NT * 4) {
-    const float4 a = *reinterpret_cast<const float4*>(row + i);
-    const uint2 wr = i == (int)threadIdx.x * 4 ? w_first : __ldg(reinterpret_cast<const uint2*>(w + i));
-    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162*>(&wr.x);
-    const __nv_bfloat162 w23 = *reinterpret_cast<const __nv_bfloat162*>(&wr.y);
-    float4 o;
-    o.x = a.x * r * __low2float(w01);
-    o.y = a.y * r * __high2float(w01);
-    o.z = a.z * r * __low2float(w23);
-    o.w = a.w * r * __high2float(w23);
-    if (!dry) *reinterpret_cast<float4*>(V.h(l + 1) + rb + i) = o;
-  }
 }
 
 __device__ void op_lm_head(const Params& p, const int* d, Smem& s) {
@@ -1496,15 +1347,15 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 
 // ---- prefetch, run, signal ------------------------------------------------------------------------
 
-// Warm-up: a static ADD_NORM, ROUTE or ATTN_COMBINE (and a QKV tile: its epilogue) whose inputs are
-// not ready yet first runs its op without any global write (a dry run), so that its code is in the
+// Warm-up: a static ROUTE or ATTN_COMBINE (and a QKV tile: its epilogue) whose inputs are not ready
+// yet first runs its op without any global write (a dry run), so that its code is in the
 // instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
-// code cold from L2 while HBM is saturated (MK_MODE_TWICE measured add+norm 8.4 us cold, 2.9 us
-// warm; the step without warm-ups was measured slower and that switch removed).
+// code cold from L2 while HBM is saturated (MK_MODE_TWICE measured the add+norm op, since removed,
+// 8.4 us cold, 2.9 us warm; the step without warm-ups was measured slower and that switch removed).
 // MK_MODE_WARM_STAGE adds the router tiles and, for them and the QKV tiles, the staging of h(l).
 __device__ __forceinline__ bool warmable(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
-  return d[MK_F_ID] >= 0 && (op == MK_OP_ADD_NORM || op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV ||
+  return d[MK_F_ID] >= 0 && (op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV ||
                              (op == MK_OP_ROUTER && (p.prefetch_mode & MK_MODE_WARM_STAGE)));
 }
 
@@ -1520,7 +1371,6 @@ __device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s, int
     __syncthreads();
   }
   switch (op) {
-    case MK_OP_ADD_NORM: op_add_norm(p, d, s, true); break;
     case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, true); break;
     // a QKV tile warms its epilogue (RoPE, the Q / K / V writes): run once per layer on its SM after
     // a GEMV, it took 1-2.2 us there, groups of SMs ending it at the same instant (2026-12-01: BS 4
@@ -1573,7 +1423,7 @@ __device__ __forceinline__ void twice(const Params& p, F again) {
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows);
 
 // h(l)'s batch rows into shared memory unless this SM holds them (s_h_staged): a MoE drain between
-// its norm and ROUTE waits, a self-routing fused item between its h and router waits. It ends
+// its h(l) and ROUTE waits, a self-routing fused item between its h and router waits. It ends
 // with a barrier after which every thread has read s_h_staged and any flag thread 0 set before
 // the call (racecheck found thread 0's next write of the drain's s_flag racing those reads without
 // it); thread 0 then marks the rows staged, for the caller's next barrier to publish.
@@ -1628,7 +1478,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   const bool own_wait = d[MK_F_OP] == MK_OP_ATTN && attn_warps(p);
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // the page ring's first pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
-  if (d[MK_F_OP] == MK_OP_ADD_NORM) add_norm_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   if (is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
@@ -1654,7 +1503,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_NOP:
       break;
     case MK_OP_EMBED:
-      op_embed(q, d, s);
+      op_embed(q, d);
       break;
     case MK_OP_QKV:
       op_qkv(p, d, s, false);
@@ -1693,10 +1542,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     case MK_OP_MOE_FUSED:
       op_moe_fused(q, d, s);
       break;
-    case MK_OP_ADD_NORM:
-      op_add_norm(q, d, s, false);
-      if (p.prefetch_mode & MK_MODE_TWICE) twice(p, [&] { op_add_norm(q, d, s, false); });
-      break;
     case MK_OP_LM_HEAD:
       op_lm_head(p, d, s);
       break;
@@ -1727,9 +1572,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
 }
 
 // A MoE drain's staging of h(l)'s batch rows for its up items (gemv_op stages the same for an up
-// item): h's rows, or RMSNorm(x(l)) with norm_inline. Out of line: inlined into the step kernel, the
-// norm's branch grew its spills (168 -> 248 bytes).
-// With norm_inline the rows' RMSNorm factors go with them (s_nss): the up items' GEMVs apply them.
+// item): RMSNorm(x(l)). Out of line: inlined into the step kernel, the norm's branch grew its spills
+// (168 -> 248 bytes). The rows' RMSNorm factors go with them (s_nss): the up items' GEMVs apply them.
 __device__ __noinline__ void drain_stage_h(const Params& p, int l, Smem& s, const int* rows) {
   stage_rows(s.act, h_rows(p, l, rows, View(p).lw_row(l)), p.hidden);
 }
@@ -1962,8 +1806,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
       continue;
     }
     // DRAIN: wait (MoE queues wait on ROUTE), then claim items until the queue is empty. A MoE
-    // drain whose first wait is its layer's norm (schedule.py) stages h(l)'s batch rows for its up
-    // items between that wait and ROUTE's: off the MoE chain.
+    // drain whose first wait is h(l) (the previous layer's end, schedule.py) stages h(l)'s batch rows
+    // for its up items between that wait and ROUTE's: off the MoE chain.
     const bool pre_h = s_desc[MK_F_A0] == MK_QUEUE_MOE && s_desc[MK_F_NWAIT] >= 2;
     if (threadIdx.x == 0 && p.timeline) s_t0 = globaltimer();
     // thread 0: the drain's first claim when it was made before the staging below (early)
@@ -1972,8 +1816,8 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
     if (pre_h) {
       if (threadIdx.x == 0) {
         // A drain that ran attention items first finds ROUTE long done: one acquire look at
-        // route[l] (which covers the norm too: ROUTE's chain acquired it) replaces the norm's and
-        // the route's waits, and the first claim is made before h stages (2026-11-30: norm wait,
+        // route[l] (which covers h(l) too: ROUTE's chain acquired it) replaces h(l)'s and the
+        // route's waits, and the first claim is made before h stages (2026-11-30: norm wait,
         // staging, route wait and claim in turn made ~8.5 us between a BS 8 SM's last attention
         // item and its first up tile; ptxas spills early_c at once, so the claim's round trip is
         // paid here rather than overlapping the staging). Measured neutral.
@@ -2076,8 +1920,7 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
             // does not hide the atomic's round trip as meant: ptxas spills claim_far to local memory
             // right after the atomic, and the spill store waits for it (SASS: ATOMG, then STL of its
             // register); the far claim above likewise. Kept: measured neutral against the claim
-            // read here, and with it ptxas gives op_add_norm the registers to issue its 13 partial
-            // loads before its first add (without it 2; test_sass_issue checks the object).)
+            // read here.)
             claim_far = atomicAdd(head, 1u);
             s_pend = 1;
           }

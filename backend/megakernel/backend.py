@@ -28,6 +28,7 @@ from mkcode.backend.megakernel.tiling import (
     TilingError,
     attention_splits,
     default_tiling,
+    norm_geometry_problem,
     split_bucket_position,
     tiling_for_batch,
 )
@@ -47,8 +48,8 @@ class MegakernelTimeout(MegakernelError):
 
 
 class UnsupportedGeometry(ValueError):
-    """The model's attention is one the kernel does not run (MegakernelBackend refuses it at
-    construction; `--decode auto` then runs the graph backend)."""
+    """The model is one the kernel does not run: its attention, or the norm inside the GEMVs
+    (MegakernelBackend refuses it at construction; `--decode auto` then runs the graph backend)."""
 
 
 # the attention's geometries (csrc/mk_abi.h MK_ATTN_*, the kernel's attn_supported)
@@ -70,14 +71,19 @@ def check_prefetch_mode(mode: int) -> int:
     return mode
 
 
-def check_attention_geometry(cfg: ModelConfig) -> None:
-    """Raise UnsupportedGeometry unless the kernel's attention runs `cfg`'s heads."""
+def check_geometry(cfg: ModelConfig) -> None:
+    """Raise UnsupportedGeometry unless the kernel runs `cfg`: its attention (the heads) and the norm
+    inside the GEMVs with the default tiling's router tiles (tiling.norm_geometry_problem: the hidden
+    size, dense layers after layer 0, the router tiles' share of the residual)."""
     if cfg.gqa_group > ATTN_MAX_GROUP or cfg.head_dim not in ATTN_HEAD_DIMS:
         raise UnsupportedGeometry(
             f"the megakernel's attention runs at most {ATTN_MAX_GROUP} query heads per kv head and "
             f"head_dim {', '.join(map(str, ATTN_HEAD_DIMS[:-1]))} or {ATTN_HEAD_DIMS[-1]}; this model has {cfg.num_attention_heads} query heads over "
             f"{cfg.num_key_value_heads} kv heads and head_dim {cfg.head_dim}"
         )
+    problem = norm_geometry_problem(cfg, default_tiling(cfg).router_rows)
+    if problem is not None:
+        raise UnsupportedGeometry(f"the megakernel's norm inside the GEMVs cannot run this model: {problem}")
 
 
 @dataclass
@@ -142,8 +148,8 @@ class MegakernelBackend:
         for all of the layer's K/V (build_schedule's verify_rows; proven in the emulator, and on an
         H100 by tests/backend/megakernel/test_verify_rows_gpu.py). On by default; built with
         it off, the backend refuses such steps and the engine turns speculation off. A model whose
-        attention the kernel does not run raises UnsupportedGeometry (check_attention_geometry)."""
-        check_attention_geometry(cfg)
+        geometry the kernel does not run raises UnsupportedGeometry (check_geometry)."""
+        check_geometry(cfg)
         if native_module is None:
             from mkcode.backend.megakernel import native  # builds on first use if needed
 
@@ -366,7 +372,6 @@ class MegakernelBackend:
             "vocab": cfg.vocab_size,
             "max_pages": int(batch.block_tables.shape[2]),
             "max_splits": ws.tiling.most_splits(),  # the o_part / lse_part stride (a batch may use fewer)
-            "mlp_splits": t.mlp_splits,
             "n_lm_tiles": prep.sched.n_lm_tiles,
             "dyn_base": 0,
             "moe_up_tiles": t.moe_tiles(cfg)[0],
@@ -380,7 +385,6 @@ class MegakernelBackend:
             "prefetch_mode": check_prefetch_mode(self.prefetch_mode),
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "moe_fused": t.moe_fused,
-            "norm_inline": t.norm_inline,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

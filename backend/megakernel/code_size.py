@@ -1,6 +1,6 @@
 """Code size of the megakernel: the SASS bytes of each device function in the compiled kernel object.
 
-Measured 2026-11-29: an op a block runs rarely (add+norm, route, combine: once per layer) pays
+Measured 2026-11-29: an op a block runs rarely (route, combine, the add+norm of then: once per layer) pays
 ~5 us of cold instruction fetch (MK_MODE_TWICE: add+norm 8.4 us cold, 2.9 us warm) in a kernel of
 ~650 KB of SASS, so code size is a performance figure: `mkcode kernels sizes` prints it. Needs
 `cuobjdump` (CUDA toolkit, or `pip install nvidia-cuda-cuobjdump`), no GPU.
@@ -63,7 +63,7 @@ _MANGLED = re.compile(r"_ZN2mk(\d+)")
 
 
 def short_name(symbol: str) -> str:
-    """`$_ZN2mk14mk_step_kernel...$_ZN2mk11op_add_normERK...` -> `op_add_norm` (template arguments
+    """`$_ZN2mk14mk_step_kernel...$_ZN2mk8op_oprojERK...` -> `op_oproj` (template arguments
     kept for instances: `attn_mma_t<128>`)."""
     inner = symbol.rsplit("$", 1)[-1]
     m = _MANGLED.search(inner)

@@ -321,9 +321,7 @@ class Emulator:
             inp,
             math=self.math,
             rng=np.random.default_rng(seed),
-            moe_fused=bool(self.sched.tiling.moe_fused),
             n_lm_tiles=self.sched.n_lm_tiles,
-            norm_inline=bool(self.sched.tiling.norm_inline),
         )
         n = self.sched.n_sms
         self.release: dict[int, int] = defaultdict(int)
@@ -408,21 +406,33 @@ class Emulator:
                         f"race: {self._name(ev)} adds into {key}[{lo}:{hi}] initialised by "
                         f"{self._name(wev)} with no dependency ordering them"
                     )
+        # per region read: the events of the writes that overlap it, and how far from lo they cover
+        # it (computed once: many tasks read the same rows, e.g. every GEMV over h(l) all of x(l),
+        # which every add into it wrote)
+        regions: dict[tuple, tuple[int, int]] = {}
         for key, lo, hi, ev, past in self.reads:
-            covered = []
-            for wlo, whi, wev in self.writes.get(key, ()):
-                if wlo < hi and lo < whi:
-                    if not (past >> wev) & 1:
-                        raise HazardError(
-                            f"race: {self._name(ev)} reads {key}[{lo}:{hi}] written by "
-                            f"{self._name(wev)} with no dependency ordering them"
-                        )
-                    covered.append((max(wlo, lo), min(whi, hi)))
-            covered.sort()
-            at = lo
-            for a, b in covered:
-                if a > at:
-                    break
-                at = max(at, b)
+            got = regions.get((key, lo, hi))
+            if got is None:
+                mask, covered = 0, []
+                for wlo, whi, wev in self.writes.get(key, ()):
+                    if wlo < hi and lo < whi:
+                        mask |= 1 << wev
+                        covered.append((max(wlo, lo), min(whi, hi)))
+                covered.sort()
+                at = lo
+                for a, b in covered:
+                    if a > at:
+                        break
+                    at = max(at, b)
+                got = regions[(key, lo, hi)] = (mask, at)
+            mask, at = got
+            if mask & ~past:  # the first such write, in write order
+                wev = next(
+                    w for wlo, whi, w in self.writes[key] if wlo < hi and lo < whi and not (past >> w) & 1
+                )
+                raise HazardError(
+                    f"race: {self._name(ev)} reads {key}[{lo}:{hi}] written by "
+                    f"{self._name(wev)} with no dependency ordering them"
+                )
             if at < hi:
                 raise HazardError(f"{self._name(ev)} reads {key}[{lo}:{hi}] but [{at}:{hi}) is never written")

@@ -118,7 +118,9 @@ def moe_item(
 
 class OpSemantics:
     """Executes one descriptor on a workspace. `math=False` skips the arithmetic (full-geometry
-    schedule checks) but still reports regions and still routes (randomly) so queues fill."""
+    schedule checks) but still reports regions and still routes (randomly) so queues fill. The GEMVs
+    over h(l) norm x(l) themselves; the layer's outputs are added into x(l+1), which its router tiles
+    (EMBED for a dense layer 0) initialise with the residual x(l)."""
 
     def __init__(
         self,
@@ -128,19 +130,12 @@ class OpSemantics:
         inp: StepInputs,
         math: bool = True,
         rng: np.random.Generator | None = None,
-        moe_fused: bool | None = None,
         n_lm_tiles: int | None = None,
-        norm_inline: bool | None = None,
     ):
         self.cfg, self.w, self.ws, self.inp, self.math = cfg, weights, ws, inp, math
         # the step's LM-head tiles (its schedule's; the buffer may hold more: a backend sizes it
         # for its widest per-batch tiling)
         self.n_lm = int(ws["lm_best"].shape[0] if n_lm_tiles is None else n_lm_tiles)
-        # ADD_NORM's MoE input: the fused sum (moe_acc) or the top-k slot outputs (moe_out)
-        self.moe_fused = bool(ws.tiling.moe_fused if moe_fused is None else moe_fused)
-        # Tiling.norm_inline: no ADD_NORM; the GEMVs over h(l) norm x(l) themselves, the layer's
-        # outputs are added into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise
-        self.inline = bool(ws.tiling.norm_inline if norm_inline is None else norm_inline)
         self.rng = rng or np.random.default_rng(0)
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
@@ -206,22 +201,16 @@ class OpSemantics:
         return range(self.B)
 
     def _h_reads(self, layer: int) -> list[Region]:
-        """What a GEMV over h(layer) reads: h's rows, or with norm_inline x's (it norms them)."""
+        """What a GEMV over h(layer) reads: x(layer)'s rows (it norms them)."""
         H = self.cfg.hidden_size
-        return [(("x" if self.inline else "h", layer, b), 0, H) for b in self._rows()]
+        return [(("x", layer, b), 0, H) for b in self._rows()]
 
     def _h(self, layer: int) -> torch.Tensor:
-        """h(layer) [B, H] as the GEMVs over it see it."""
-        if self.inline:
-            return self._rms(self.ws["x"][layer, : self.B], self._norm_w(layer))
-        return self.ws["h"][layer, : self.B]
-
-    def _sum_key(self, layer: int) -> tuple[str, int]:
-        """Where a fused MoE item adds: moe_acc[layer], or x[layer + 1] with norm_inline."""
-        return ("x", layer + 1) if self.inline else ("moe_acc", layer)
+        """h(layer) = RMSNorm(x(layer)) [B, H] as the GEMVs over it see it."""
+        return self._rms(self.ws["x"][layer, : self.B], self._norm_w(layer))
 
     def _add_out(self, layer: int, rows: list[int], r0: int, n: int) -> list[Region]:
-        """norm_inline: an output added into x(layer + 1)'s rows (fp32 atomics in the kernel)."""
+        """An output added into x(layer + 1)'s rows (fp32 atomics in the kernel)."""
         return [(("x", layer + 1, b), r0, r0 + n) for b in rows]
 
     # ---- dispatch ---------------------------------------------------------------------------
@@ -239,18 +228,12 @@ class OpSemantics:
     def op_embed(self, layer, a, d) -> Access:
         b = a[0]
         H = self.cfg.hidden_size
-        if self.inline:  # x(0), and a dense layer 0's sum starts at its residual
-            first = [0, 1] if self.cfg.is_dense(0) else [0]
-            if self.math:
-                x = self._f(self.w.embed[int(self.inp.token_ids[b])])
-                for lx in first:
-                    self.ws["x"][lx, b] = x
-            return Access(writes=[(("x", lx, b), 0, H) for lx in first])
+        first = [0, 1] if self.cfg.is_dense(0) else [0]  # x(0), and a dense layer 0's sum starts there
         if self.math:
             x = self._f(self.w.embed[int(self.inp.token_ids[b])])
-            self.ws["x"][0, b] = x
-            self.ws["h"][0, b] = self._rms(x, self._norm_w(0))
-        return Access(writes=[(("x", 0, b), 0, H), (("h", 0, b), 0, H)])
+            for lx in first:
+                self.ws["x"][lx, b] = x
+        return Access(writes=[(("x", lx, b), 0, H) for lx in first])
 
     def op_qkv(self, layer, a, d) -> Access:
         cfg, r0, n = self.cfg, a[0], a[1]
@@ -360,19 +343,13 @@ class OpSemantics:
         return acc
 
     def op_oproj(self, layer, a, d) -> Access:
-        r0, n, k0, k1, s = a
+        r0, n, k0, k1, _ = a
         reads = [(("attn_out", layer, b), k0, k1) for b in self._rows()]
-        if self.inline:
-            acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
-        else:
-            acc = Access(reads=reads, writes=[(("ao", layer, s, b), r0, r0 + n) for b in self._rows()])
+        acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
         if self.math:
             W = self.w.layers[layer].o[r0 : r0 + n, k0:k1].float()
             y = self.ws["attn_out"][layer, : self.B, k0:k1] @ W.T
-            if self.inline:
-                self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
-            else:
-                self.ws["ao_part"][layer, s, : self.B, r0 : r0 + n] = y
+            self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
         return acc
 
     def op_dense_up(self, layer, a, d) -> Access:
@@ -390,19 +367,13 @@ class OpSemantics:
         return acc
 
     def op_dense_down(self, layer, a, d) -> Access:
-        r0, n, k0, k1, s = a
+        r0, n, k0, k1, _ = a
         reads = [(("dense_act", layer, b), k0, k1) for b in self._rows()]
-        if self.inline:
-            acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
-        else:
-            acc = Access(reads=reads, writes=[(("mlp", layer, s, b), r0, r0 + n) for b in self._rows()])
+        acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
         if self.math:
             W = self.w.layers[layer].down[r0 : r0 + n, k0:k1].float()
             y = self.ws["dense_act"][layer, : self.B, k0:k1] @ W.T
-            if self.inline:
-                self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
-            else:
-                self.ws["mlp_part"][layer, s, : self.B, r0 : r0 + n] = y
+            self.ws["x"][layer + 1, : self.B, r0 : r0 + n] += y
         return acc
 
     def op_router(self, layer, a, d) -> Access:
@@ -412,12 +383,11 @@ class OpSemantics:
             reads=self._h_reads(layer),
             writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
         )
-        if self.inline:  # its share of the residual: the layer's sum x(l+1) starts there
-            c0, c1 = e0 * H // E, (e0 + n) * H // E
-            acc.writes += [(("x", layer + 1, b), c0, c1) for b in self._rows()]
-            if self.math:
-                self.ws["x"][layer + 1, : self.B, c0:c1] = self.ws["x"][layer, : self.B, c0:c1]
+        # its share of the residual: the layer's sum x(l+1) starts there
+        c0, c1 = e0 * H // E, (e0 + n) * H // E
+        acc.writes += [(("x", layer + 1, b), c0, c1) for b in self._rows()]
         if self.math:
+            self.ws["x"][layer + 1, : self.B, c0:c1] = self.ws["x"][layer, : self.B, c0:c1]
             W = self.w.layers[layer].router[e0 : e0 + n].float()
             self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self._h(layer) @ W.T
         return acc
@@ -431,10 +401,6 @@ class OpSemantics:
             reads=[(("rlogits", layer, b), 0, E) for b in self._rows()],
             writes=[(("moe_tab", layer), 0, 1), (("route_w", layer), 0, B * K)],
         )
-        if self.moe_fused and not self.inline:  # the fused items' sums start at zero
-            acc.writes += [(("moe_acc", layer, b), 0, cfg.hidden_size) for b in self._rows()]
-            if self.math:
-                self.ws["moe_acc"][layer, :B] = 0
         ids_l, w = self._topk(layer)
         if self.math:
             self.ws["route_w"][layer, : B * K] = w.reshape(-1)
@@ -499,24 +465,18 @@ class OpSemantics:
             + [(("route_w", layer), s, s + 1) for s in slots],
         )
         K = self.cfg.num_experts_per_tok
-        if self.inline:
-            acc.accums = self._add_out(layer, [s // K for s in slots], r0, n)
-        else:
-            acc.writes = [(("moe_out", layer, s), r0, r0 + n) for s in slots]
+        acc.accums = self._add_out(layer, [s // K for s in slots], r0, n)
         if self.math:
             W = self.w.layers[layer].experts_down[e][r0 : r0 + n, k0:k1].float()
             idx = torch.tensor(slots)
             y = (self.ws["moe_act"][layer, idx, k0:k1] @ W.T) * self.ws["route_w"][layer, idx][:, None]
-            if self.inline:  # index_add_: see op_moe_fused
-                xl = self.ws["x"][layer + 1]
-                xl[:, r0 : r0 + n].index_add_(0, (idx // K).to(xl.device), y)
-            else:
-                self.ws["moe_out"][layer, idx, r0 : r0 + n] = y
+            xl = self.ws["x"][layer + 1]  # index_add_: see op_moe_fused
+            xl[:, r0 : r0 + n].index_add_(0, (idx // K).to(xl.device), y)
         return acc
 
     def op_moe_fused(self, layer, a, d) -> Access:
         """Up tile (columns c0 .. c0+n) then the down slice of those columns for every hidden row,
-        weighted by each token's routing weight and added into its row's moe_acc. A self-routing
+        weighted by each token's routing weight and added into its row of x(l+1). A self-routing
         item (A3 = MK_MOE_LOCAL, Tiling.moe_local) is rank A0 of row 0: it ranks the router's logits
         itself and takes that rank's expert and weight (no table, no route_w)."""
         e, c0, n = a[0], a[1], a[2]
@@ -533,7 +493,7 @@ class OpSemantics:
             reads = [*self._h_reads(layer), (("rlogits", layer, 0), 0, E)]
         else:
             reads = self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots]
-        acc = Access(reads=reads, accums=[((*self._sum_key(layer), s // K), 0, H) for s in slots])
+        acc = Access(reads=reads, accums=[(("x", layer + 1, s // K), 0, H) for s in slots])
         if local and c0 == 0:  # the rank's first tile records the routing for the host, as the kernel
             acc.writes = [(("route_w", layer), rank, rank + 1), (("moe_tab_local", layer), rank, rank + 1)]
             if self.math:
@@ -551,33 +511,8 @@ class OpSemantics:
                 wts = self.ws["route_w"][layer, torch.tensor(slots)]
             # index_add_: a row that holds two of the item's slots gets both terms (an indexed +=
             # keeps only one; real routing never picks an expert twice for a token, the op tests do)
-            acc_l = self.ws["x"][layer + 1] if self.inline else self.ws["moe_acc"][layer]
-            acc_l.index_add_(0, rows.to(acc_l.device), y * wts[:, None])
-        return acc
-
-    def op_add_norm(self, layer, a, d) -> Access:
-        cfg, b = self.cfg, a[0]
-        H, Hkv, K = cfg.hidden_size, cfg.num_key_value_heads, cfg.num_experts_per_tok
-        dense = cfg.is_dense(layer)
-        ms = self.ws.tiling.mlp_splits
-        reads = [(("x", layer, b), 0, H)] + [(("ao", layer, s, b), 0, H) for s in range(Hkv)]
-        if dense:
-            reads += [(("mlp", layer, s, b), 0, H) for s in range(ms)]
-        elif self.moe_fused:
-            reads += [(("moe_acc", layer, b), 0, H)]
-        else:
-            reads += [(("moe_out", layer, b * K + j), 0, H) for j in range(K)]
-        acc = Access(reads=reads, writes=[(("x", layer + 1, b), 0, H), (("h", layer + 1, b), 0, H)])
-        if self.math:
-            x = self.ws["x"][layer, b] + self.ws["ao_part"][layer, :, b].sum(0)
-            if dense:
-                x = x + self.ws["mlp_part"][layer, :ms, b].sum(0)
-            elif self.moe_fused:
-                x = x + self.ws["moe_acc"][layer, b]
-            else:
-                x = x + self.ws["moe_out"][layer, b * K : (b + 1) * K].sum(0)
-            self.ws["x"][layer + 1, b] = x
-            self.ws["h"][layer + 1, b] = self._rms(x, self._norm_w(layer + 1))
+            xl = self.ws["x"][layer + 1]
+            xl.index_add_(0, rows.to(xl.device), y * wts[:, None])
         return acc
 
     def op_lm_head(self, layer, a, d) -> Access:

@@ -1,14 +1,15 @@
 """How many loads a device function issues before it first waits on one, read from SASS.
 
-An op on the layer's chain whose loads are all independent (ADD_NORM: the residual and every
-partial of its row) should issue them all before its first arithmetic on any: then they cost one L2
-round trip together. On 2026-11-30 each load was found in its own branch, consumed before the next was
-issued (13 round trips in a row); later the compiler was found starting the adds after 12 of 17
-loads. Neither shows in a test's numbers, so this reads the compiled object (`cuobjdump -sass` and
-`-elf`, as sass_loops does): in the function's code, in address order, the loads of a kind that
-come before the first instruction of another kind. `opcodes_in` counts a function's opcodes (the
-fused down slice's sums must be fire-and-forget REDG, not generic ATOM plus compare-and-swap loops,
-which is what atomicAdd on a float pointer not known to be global compiled to, 2026-11-30).
+An op on the layer's chain whose loads are all independent should issue them all before its first
+arithmetic on any: then they cost one L2 round trip together. On 2026-11-30 the add+norm op's loads
+(its residual and every partial of its row; the op was removed in ABI 31) were each found in their
+own branch, consumed before the next was issued (13 round trips in a row); later the compiler was
+found starting its adds after 12 of 17 loads. Neither shows in a test's numbers, so this reads the
+compiled object (`cuobjdump -sass` and `-elf`, as sass_loops does): in the function's code, in
+address order, the loads of a kind that come before the first instruction of another kind.
+`opcodes_in` counts a function's opcodes (the fused down slice's sums must be fire-and-forget REDG,
+not generic ATOM plus compare-and-swap loops, which is what atomicAdd on a float pointer not known
+to be global compiled to, 2026-11-30).
 """
 
 from __future__ import annotations

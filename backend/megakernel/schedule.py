@@ -13,15 +13,17 @@ batch (BS 1-8) and its attention split policy:
 - `totals`: each static counter's increment per step, which the host adds to the counter bases.
 
 Dealing exceptions (each SM's list is still a subsequence of the global order): with
-Tiling.ctrl_sms the last SMs hold only the ROUTE and ADD_NORM tasks (and, with Tiling.combine_ctrl,
-a MoE layer's combines; the others are dealt over the rest) and the LM head's drain, which every SM
-holds, and with Tiling.attn_with_qkv the attention drains go to the SMs holding the layer's QKV and
-router tiles (with Tiling.attn_idle_first first to the SMs holding neither, then the router tiles',
-then the QKV tiles').
+Tiling.ctrl_sms the last SMs hold only the ROUTE tasks (and, with Tiling.combine_ctrl, a MoE layer's
+combines; the others are dealt over the rest) and the LM head's drain, which every SM holds, and
+with Tiling.attn_with_qkv the attention drains go to the SMs holding the layer's QKV and router tiles
+(with Tiling.attn_idle_first first to the SMs holding neither, then the router tiles', then the QKV
+tiles').
 
 Layer order (the parallel block: attention and MLP read the same h, so MoE/dense tiles backfill the
 SMs that attention leaves idle): QKV, router/route (or dense up), attention drains, MoE drains,
-combines, dense down, O-proj, add+norm. Then the LM head (one host queue) and sampling.
+combines, dense down, O-proj. The layer's outputs are added into x(l+1) (its router tiles, or EMBED
+for a dense layer 0, copy the residual in first) and the next layer's GEMVs wait for its one end
+counter and norm x(l+1) themselves. Then the LM head (one host queue) and sampling.
 """
 
 from __future__ import annotations
@@ -234,8 +236,8 @@ def build_schedule(
     cs.n_dynamic = len(cs.names)
 
     tasks: list[list[int]] = []
-    # the SM of each task: round-robin over the work SMs, except control tasks (ROUTE, ADD_NORM) on
-    # the last Tiling.ctrl_sms SMs and attention drains with Tiling.attn_with_qkv
+    # the SM of each task: round-robin over the work SMs, except control tasks (ROUTE) on the last
+    # Tiling.ctrl_sms SMs and attention drains with Tiling.attn_with_qkv
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
     deal: list[int] = []
@@ -278,20 +280,19 @@ def build_schedule(
         qinfo.append([first, len(items), head_c, 0])
         return len(qinfo) - 1
 
-    norm = [counter(f"norm[{layer}]", B) for layer in range(L + 1)]
+    embed_c = counter("embed", B)  # x(0) (and a dense layer 0's x(1)) written
     # Tiling.attn_in_moe = 3: the MoE queue heads are claimed before ROUTE, so the EMBED of row 0
     # resets them (mk_abi.h MK_EMBED_RESET_HEADS) and ROUTE leaves them alone (MK_ROUTE_KEEP_HEAD)
     late_route = tiling.attn_in_moe == 3 and has_moe and not verify_rows
     for b in range(B):
         reset = abi.MK_EMBED_RESET_HEADS if late_route and b == 0 else 0
-        emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (norm[0],)))
+        emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (embed_c,)))
 
     n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
-    # The previous layer's end, (MLP counter, target): what the GEMVs over h(l) wait for instead of
-    # its add+norm with Tiling.norm_inline (the O-proj tiles signal that counter too)
-    prev_end: tuple[int, int] | None = None
-    inline = bool(tiling.norm_inline)
+    # What the GEMVs over h(l) wait for, (counter, target): the EMBED tasks, then the previous
+    # layer's end, its MLP counter (the O-proj tiles signal it too)
+    prev_end: tuple[int, int] = (embed_c, B)
     # Tiling.moe_local: the fused items are static tasks that route themselves (one row only)
     local = bool(tiling.moe_local)
     if local and (B != 1 or verify_rows):
@@ -317,10 +318,7 @@ def build_schedule(
             drain_waits = ((qkv_cs[0], per_head),) if qkv_all is None else ((qkv_all, n_qkv),)
         comb_c = [counter(f"combine[{layer}][{h}]", B) for h in range(Hkv)]
         att_c = [[counter(f"attn[{layer}][{b}][{h}]", rows_splits[b]) for h in range(Hkv)] for b in range(B)]
-        o_c = counter(f"oproj[{layer}]", n_o)
-        wait_h = ((norm[layer], B),)
-        if inline and prev_end:
-            wait_h = (prev_end,)
+        wait_h = (prev_end,)
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
@@ -338,7 +336,7 @@ def build_schedule(
             n_up = D // tiling.dense_up_cols
             up_c = counter(f"dense_up[{layer}]", n_up)
             n_down = (H // tiling.dense_down_rows) * tiling.mlp_splits
-            mlp_c = counter(f"mlp[{layer}]", n_down + (n_o if inline else 0))
+            mlp_c = counter(f"mlp[{layer}]", n_down + n_o)
             for t in range(n_up):
                 c0 = t * tiling.dense_up_cols
                 emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
@@ -351,7 +349,7 @@ def build_schedule(
             # (every token slot is in one item per column tile), else the down tiles
             up_tiles, down_tiles = tiling.moe_tiles(cfg)
             mlp_items = up_tiles if tiling.moe_fused else down_tiles
-            mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + (n_o if inline else 0))
+            mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + n_o)
             if not local:  # device-made items (Tiling.moe_local: static tasks, counted by emit)
                 cs.totals[mlp_c] += B * K * mlp_items
             for t in range(n_router):
@@ -460,7 +458,7 @@ def build_schedule(
                 layer,
                 (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
                 ((comb_c[s], B),),
-                (mlp_c if inline else o_c,),  # norm_inline: the layer's one end counter
+                (mlp_c,),  # the layer's one end counter
             )
             for s in range(Hkv)
             for t in range(H // tiling.o_rows)
@@ -485,9 +483,9 @@ def build_schedule(
             head = attn_items if in_moe else []
             first = enqueue(head + tail) + len(head)
             qinfo.append([first, len(tail), len(head) if head else abi.MK_NO_COUNTER, 0])
-            # waits: the layer's norm first (the kernel stages h's rows for the up items after it,
-            # while ROUTE runs), then ROUTE
-            drain_h = wait_h[0] if inline else (norm[layer], B)
+            # waits: h(l) first (the previous layer's end: the kernel stages h's rows for the up items
+            # after it, while ROUTE runs), then ROUTE
+            drain_h = wait_h[0]
             late = abi.MK_DRAIN_LATE_ROUTE if late_route else 0
             for _ in range(n_work):  # one per work SM
                 # the kernel's MoE drain reads wait 0 as "h is ready", wait 1 as ROUTE; a late-route
@@ -532,21 +530,11 @@ def build_schedule(
             for qd in tail[n_comb:]:
                 emit(qd)
 
-        # 8. residual add + next norm, per row
-        mlp_target = cs.targets[cs.names[mlp_c]]
-        if not inline:
-            for b in range(B):
-                emit(
-                    make_desc(
-                        abi.MK_OP_ADD_NORM, layer, (b,), ((o_c, n_o), (mlp_c, mlp_target)), (norm[layer + 1],)
-                    ),
-                    ctrl_sm(b),
-                )
-        prev_end = (mlp_c, mlp_target)
+        prev_end = (mlp_c, cs.targets[cs.names[mlp_c]])
 
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     lm_c = counter("lm_head", n_lm)
-    lm_wait = (prev_end,) if inline else ((norm[L], B),)
+    lm_wait = (prev_end,)
     lm_tiles = [
         make_desc(
             abi.MK_OP_LM_HEAD,

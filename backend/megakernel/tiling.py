@@ -53,24 +53,22 @@ class Tiling:
     # wait pre-positioned when the QKV tiles end (dealt round-robin, a BS 1 layer's last ~24 of 64
     # attention items started ~9 us after the QKV tiles, on the SMs that had run them)
     attn_idle_first: int = 0
-    # SMs reserved for the layers' control tasks (ROUTE, ADD_NORM; 0: none, at most half the SMs):
-    # everything else is dealt over the other SMs, so these ops always find their code in the
-    # instruction cache (an op an SM runs once per layer otherwise fetches it cold: several us) and
-    # an ADD_NORM waits on its SM for the layer's end instead of starting after its SM's last item
+    # SMs reserved for the layers' control tasks (ROUTE; 0: none, at most half the SMs): everything
+    # else is dealt over the other SMs, so these ops always find their code in the instruction cache
+    # (an op an SM runs once per layer otherwise fetches it cold: several us)
     ctrl_sms: int = 0
     # 1: one MoE queue item per (expert, up-column tile) that also runs the down projection of those
-    # columns for every hidden row (fp32 atomics into the row's sum, moe_acc): no down tiles, no
+    # columns for every hidden row (fp32 atomics into the row's sum x(l+1)): no down tiles, no
     # per-expert up -> down dependency. 0: up tiles, then down tiles of moe_down_rows rows.
     moe_fused: int = 0
     # 1: a MoE layer's attention combines run as static tasks on the control SMs (one each in turn)
     # instead of MoE-queue items: they wait warm on an idle SM and need no claim (needs ctrl_sms)
     combine_ctrl: int = 0
-    # 1: no ADD_NORM tasks (mk_abi.h, norm_inline): the layer's outputs are added (fp32 atomics)
-    # into x(l+1), which its router tiles (EMBED for a dense layer 0) initialise with the residual,
-    # and each GEMV over h(l) stages RMSNorm(x(l)) itself. Takes the add+norm's hop off the layer
-    # boundary (the 2026-12-01 what-if: BS 1 -7 %, BS 8 -2 %); the sums' order varies, so two runs
-    # of a step can differ in the last bits (as with moe_fused).
-    norm_inline: int = 0
+    # (No norm switch: the layer's outputs are always added (fp32 atomics) into x(l+1), which its
+    # router tiles (EMBED for a dense layer 0) initialise with the residual, and each GEMV over h(l)
+    # stages RMSNorm(x(l)) itself (mk_abi.h); the sums' order varies, so two runs of a step can
+    # differ in the last bits. The ADD_NORM tasks, Tiling.norm_inline = 0, measured +1.3 % at BS 1
+    # and +1.2 % at BS 8 on the H200 (2026-12-01, docs/PERF.md), were removed in ABI 31.)
     # 3: a MoE layer's attention items are the MoE queue's first items, before its up tiles (stored
     # before the tail's items, their count in the tail queue's word 2, mk_abi.h MK_MOE_HEAD), and the
     # layer has no attention drains; the drains claim them before ROUTE (mk_abi.h MK_DRAIN_LATE_ROUTE:
@@ -94,7 +92,7 @@ class Tiling:
     # wait for the router tiles too (those initialise the sum x(l+1) the O-proj adds into). Takes
     # ROUTE (~4 us), the MoE drains' wake-up and claim (~3 us) and the item's staging off the
     # MoE chain, which ended each H100 BS 1 layer (2026-12-06 timeline: ROUTE ready 11.7 us after
-    # the layer's start, the first up GEMV at 22.0). Needs moe_fused and norm_inline. (2, the items
+    # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
 
@@ -106,10 +104,7 @@ class Tiling:
         need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
-        need(
-            not self.moe_local or (self.moe_fused and self.norm_inline),
-            "moe_local needs moe_fused and norm_inline",
-        )
+        need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
@@ -141,21 +136,6 @@ class Tiling:
         )
         need(0 <= self.ctrl_sms <= abi.MK_MAX_TOKENS, f"ctrl_sms must be in 0..{abi.MK_MAX_TOKENS}")
         need(self.moe_fused in (0, 1), "moe_fused must be 0 or 1")
-        need(self.norm_inline in (0, 1), "norm_inline must be 0 or 1")
-        if self.norm_inline:
-            E = max(cfg.num_experts, 1)
-            need(
-                all(i == 0 for i in cfg.dense_layers),
-                "norm_inline: a dense layer after layer 0 has no initialiser for its sum",
-            )
-            need(
-                cfg.hidden_size <= abi.MK_NORM_MAX_HIDDEN,
-                f"norm_inline: the staging's norm holds hidden_size <= {abi.MK_NORM_MAX_HIDDEN}",
-            )
-            need(
-                (self.router_rows * cfg.hidden_size) % (E * 4) == 0,
-                "norm_inline: each router tile's share of the residual must be whole float4 columns",
-            )
         need(self.combine_ctrl in (0, 1), "combine_ctrl must be 0 or 1")
         need(not self.combine_ctrl or self.ctrl_sms > 0, "combine_ctrl needs control SMs (ctrl_sms > 0)")
         rows = {
@@ -194,6 +174,8 @@ class Tiling:
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
             need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")
+        problem = norm_geometry_problem(cfg, self.router_rows)
+        need(problem is None, str(problem))
 
     def most_splits(self) -> int:
         """The most attention splits per (row, kv head) this tiling gives at any context: the split
@@ -205,6 +187,32 @@ class Tiling:
         (the kernel's moe_up_tiles / moe_down_tiles; the emulator and the schedule count the same)."""
         up = cfg.intermediate_size // self.moe_up_cols  # expert-major, moe_up_cols columns each
         return up, 0 if self.moe_fused else cfg.hidden_size // self.moe_down_rows
+
+
+def norm_geometry_problem(cfg: ModelConfig, router_rows: int) -> str | None:
+    """Why the norm inside the GEMVs cannot run `cfg` with router tiles of `router_rows` experts, or
+    None. x(l+1), the sum each layer's outputs are added into, needs an initialiser that copies the
+    residual x(l) in before any add: EMBED for a dense layer 0, the router tiles (each its share of
+    the columns, whole float4s) for a MoE layer; and the GEMVs' staging norms MK_NORM_MAX_HIDDEN
+    columns at most (mk_abi.h)."""
+    H, E = cfg.hidden_size, max(cfg.num_experts, 1)
+    if H > abi.MK_NORM_MAX_HIDDEN:
+        return (
+            f"hidden_size {H} is above MK_NORM_MAX_HIDDEN = {abi.MK_NORM_MAX_HIDDEN}, the most the "
+            "GEMVs' norm staging takes"
+        )
+    late_dense = [i for i in cfg.dense_layers if i != 0]
+    if late_dense:
+        return (
+            f"dense MLP layers {late_dense} after layer 0: only layer 0's sum has an initialiser "
+            "(EMBED); a MoE layer's router tiles initialise its sum"
+        )
+    if (router_rows * H) % (E * 4):
+        return (
+            f"router tiles of {router_rows} of {E} experts copy {router_rows * H / E:g} of the "
+            f"{H} residual columns each, not a whole number of float4s (4 columns)"
+        )
+    return None
 
 
 # The Tiling fields that choose a mode or a placement rather than a tile size (a reduced-geometry
@@ -332,14 +340,14 @@ SMALL_SPLIT_TOKENS = 2048
 SMALL_SPLIT_CAP = 24
 
 
-# Control SMs (Tiling.ctrl_sms): one per batch row, so each add+norm row has its own SM (and ROUTE
-# runs on one of them), and from WIDE_MOE_FROM_BATCH rows the attention drains on the SMs of the QKV
-# and router tiles (Tiling.attn_with_qkv). Measured on the H200 at 8K (2026-11-30,
-# gpu_check, same call): BS 1 ctrl_sms=1 3.586 / 3.651 ms vs 3.810 / 3.712, 3.697 / 3.716 vs 3.790 /
-# 3.811, 3.619 / 3.585 vs 3.671 / 3.718 (three calls); BS 8 ctrl_sms=8 with attn_with_qkv 10.555 /
-# 10.701 vs 10.996 / 11.058 and 10.561 / 10.571 vs 10.852 / 10.899 (ctrl_sms=8 alone 10.604 / 10.806;
-# ctrl_sms=4: 11.15). (2026-12-01, gpu_check, same call): from 4 rows the attention
-# drains are on every work SM again (below), with at most WIDE_MAX_SPLITS splits.
+# Control SMs (Tiling.ctrl_sms): one per batch row (measured when each row's add+norm task, since
+# removed, had its own SM; ROUTE runs on one of them), and from WIDE_MOE_FROM_BATCH rows the
+# attention drains on the SMs of the QKV and router tiles (Tiling.attn_with_qkv). Measured on the
+# H200 at 8K (2026-11-30, gpu_check, same call): BS 1 ctrl_sms=1 3.586 / 3.651 ms vs 3.810 / 3.712,
+# 3.697 / 3.716 vs 3.790 / 3.811, 3.619 / 3.585 vs 3.671 / 3.718 (three calls); BS 8 ctrl_sms=8 with
+# attn_with_qkv 10.555 / 10.701 vs 10.996 / 11.058 and 10.561 / 10.571 vs 10.852 / 10.899
+# (ctrl_sms=8 alone 10.604 / 10.806; ctrl_sms=4: 11.15). (2026-12-01, gpu_check, same call): from 4
+# rows the attention drains are on every work SM again (below), with at most WIDE_MAX_SPLITS splits.
 CTRL_SMS_PER_ROW = 1
 WIDE_ATTN_WITH_QKV = 0
 
@@ -437,12 +445,6 @@ WIDE_O_ROWS = 128
 # 8.829 / 8.914): one row only.
 SINGLE_QKV_ROWS = 128
 
-
-# Tiling.norm_inline in the engine's tilings (2026-12-01): no ADD_NORM tasks, the layer's outputs
-# summed into x(l+1) by fp32 atomics and the norm applied by each GEMV over h. Measured on the H200
-# (gpu_check, four alternating rounds in one call): BS 1 3.155 vs 3.196 ms, BS 8 8.915 vs 9.021 ms
-# (-1.3 / -1.2 %, every round faster); docs/PERF.md (decision table).
-ENGINE_NORM_INLINE = 1
 # Tiling.moe_local at one row: the fused items rank the router's logits themselves (no ROUTE, no
 # MoE queue). Measured on the H200 at 8K (gpu_check, 2026-12-06, four alternating rounds in one
 # call): 2.967 / 2.975 / 3.006 / 2.916 ms against 3.039 / 3.148 / 3.151 / 3.100 (-4.8 % by the
@@ -451,10 +453,9 @@ SINGLE_MOE_LOCAL = 1
 
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
-    """The engine's tiling for a batch size (_batch_tiling), with ENGINE_NORM_INLINE where the config
-    takes it, and at one row SINGLE_MOE_LOCAL where the tiling takes it."""
+    """The engine's tiling for a batch size (_batch_tiling), at one row with SINGLE_MOE_LOCAL where
+    the tiling takes it."""
     t = _batch_tiling(cfg, base, batch, position)
-    t = _if_valid(cfg, replace(t, norm_inline=ENGINE_NORM_INLINE), t)
     return _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t) if batch == 1 else t
 
 

@@ -91,7 +91,7 @@ def _fixed_us(op: int, t1: int, g0: int, g1: int, t2: int, t3: int) -> float:
     """An item's non-streaming time (issue 41's bar: a median <= 1 us): its run after the wait
     (to the end of its signals) less its streaming phase, the GEMV between its marks (the key loop
     for the attention); a fused MoE item's epilogue is its down slice's stream, so only its staging
-    and signal count. An op without marks (combine, ROUTE, add+norm, ...) is all fixed cost."""
+    and signal count. An op without marks (combine, ROUTE, ...) is all fixed cost."""
     if not (g0 and g1):
         return (t3 - t1) / 1e3
     if op == abi.MK_OP_MOE_FUSED:
@@ -105,7 +105,7 @@ CATEGORIES = (
     "stage",  # a GEMV task's activation staging (after its wait, before the weight stream)
     "gemv",  # the weight stream and its mma (activations staged)
     "epilogue",  # after the GEMV: reduction, the op's own writes
-    "op",  # the whole run of an op without a GEMV (attention, combine, add+norm, route, ...)
+    "op",  # the whole run of an op without a GEMV (attention, combine, route, ...)
     "signal",  # the release signals
     "gap",  # between one task's signals and the next task's start: descriptor advance, claims
     "drain_wait",  # a DRAIN waiting for its queue to open (MoE: ROUTE; attention items wait per item)
@@ -209,32 +209,26 @@ CHAIN_OPS = (
     "MOE_FUSED",
     "MOE_DOWN",
     "DENSE_DOWN",
-    "ADD_NORM",
 )
 
 
-# The ops whose signals end a layer under Tiling.norm_inline (no ADD_NORM: its one end counter)
+# The ops whose signals end a layer (its one end counter, which the next layer's GEMVs wait for)
 END_OPS = ("OPROJ", "MOE_DOWN", "MOE_FUSED", "DENSE_DOWN")
+# _last_ends' key for a layer's end: its last END_OPS signal
+LAYER_END = "END"
 
 
 def _last_ends(rows: list[list[int]], ops) -> dict[int, dict[str, int]]:
-    """Per layer, per opcode name in `ops`: the last end of its records (after their signals). A
-    step without ADD_NORM records (Tiling.norm_inline) gets, when `ops` asks for ADD_NORM, each
-    layer's last END_OPS signal in its place: where the next layer's GEMVs can start."""
+    """Per layer, per opcode name in `ops`: the last end of its records (after their signals); with
+    LAYER_END among `ops`, the layer's last END_OPS signal under that key: where the next layer's
+    GEMVs can start."""
     ends: dict[int, dict[str, int]] = defaultdict(dict)
-    layer_end: dict[int, int] = {}
-    has_norm = False
     for row in rows:
         op = abi.OPNAMES.get(row[1] & 0xFF, "?")
         layer = (row[1] >> 8) & 0xFF
-        has_norm |= op == "ADD_NORM"
-        if op in END_OPS:
-            layer_end[layer] = max(layer_end.get(layer, 0), row[7])
-        if op in ops:
-            ends[layer][op] = max(ends[layer].get(op, 0), row[7])
-    if "ADD_NORM" in ops and not has_norm:
-        for layer, t in layer_end.items():
-            ends[layer]["ADD_NORM"] = t
+        keys = ([op] if op in ops else []) + ([LAYER_END] if op in END_OPS and LAYER_END in ops else [])
+        for k in keys:
+            ends[layer][k] = max(ends[layer].get(k, 0), row[7])
     return ends
 
 
@@ -249,23 +243,23 @@ def _bin_overlaps(a: float, b: float, bin_us: float, nbins: int) -> Iterator[tup
 
 def chain_ends(recs: torch.Tensor) -> list[dict]:
     """Per layer after the first: when each op of CHAIN_OPS last ended (after its signals), in us
-    from the end of the previous layer's last ADD_NORM; `layer_us` is the layer's own ADD_NORM end.
+    from the previous layer's end (its last END_OPS signal); `layer_us` is the layer's own end.
     Which chain ends last (O-proj or the MoE items) is the one a change must shorten (2026-11-30, BS
     1: 43 of 48 layers ended on the MoE items, by ~5 us; BS 8: all of them, by ~33 us)."""
-    ends = _last_ends(recs.tolist(), CHAIN_OPS)
+    ends = _last_ends(recs.tolist(), (*CHAIN_OPS, LAYER_END))
     out = []
     for layer in sorted(ends):
-        prev = ends.get(layer - 1, {}).get("ADD_NORM")
-        if prev is None or "ADD_NORM" not in ends[layer]:
+        prev = ends.get(layer - 1, {}).get(LAYER_END)
+        if prev is None or LAYER_END not in ends[layer]:
             continue
-        rel = {op: (t - prev) / 1e3 for op, t in ends[layer].items() if op != "ADD_NORM"}
-        out.append({"layer": layer, "layer_us": (ends[layer]["ADD_NORM"] - prev) / 1e3, "ends_us": rel})
+        rel = {op: (t - prev) / 1e3 for op, t in ends[layer].items() if op != LAYER_END}
+        out.append({"layer": layer, "layer_us": (ends[layer][LAYER_END] - prev) / 1e3, "ends_us": rel})
     return out
 
 
 def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dict:
     """Every layer's length and head, and the mean length by kind (full / sliding attention, dense
-    MLP), in us. A layer ends with its last END_OPS signal (or ADD_NORM); layer 0 counts from the
+    MLP), in us. A layer ends with its last END_OPS signal; layer 0 counts from the
     step's first record. `head_us` is the lag from the layer's last QKV tile's end to its median
     attention item's end of wait: at BS 8 layer 0's became ready 11.8 us after its QKV tiles, later
     layers' 2.6-6.4 us after (the first 0.2-0.4 us: the pre-claimed drains), at BS 1 7.7 vs 0.5
@@ -273,7 +267,7 @@ def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dic
     rows = recs.tolist()
     if not rows:
         return {"layers": [], "mean_us": {}}
-    ends = _last_ends(rows, ("ADD_NORM", "QKV"))
+    ends = _last_ends(rows, (LAYER_END, "QKV"))
     attn_ready: dict[int, list[int]] = defaultdict(list)
     for row in rows:
         if _op(row) == "ATTN":
@@ -281,13 +275,13 @@ def layer_lengths(recs: torch.Tensor, sliding: set[int], dense: set[int]) -> dic
     start = min(r[2] for r in rows)
     out, by_kind = [], defaultdict(list)
     for layer in sorted(ends):
-        if "ADD_NORM" not in ends[layer]:
+        if LAYER_END not in ends[layer]:
             continue
-        prev = start if layer == 0 else ends.get(layer - 1, {}).get("ADD_NORM")
+        prev = start if layer == 0 else ends.get(layer - 1, {}).get(LAYER_END)
         if prev is None:
             continue
         kind = "dense" if layer in dense else "sliding" if layer in sliding else "full"
-        d = {"layer": layer, "kind": kind, "length_us": (ends[layer]["ADD_NORM"] - prev) / 1e3}
+        d = {"layer": layer, "kind": kind, "length_us": (ends[layer][LAYER_END] - prev) / 1e3}
         if "QKV" in ends[layer] and attn_ready.get(layer):
             d["head_us"] = (statistics.median(attn_ready[layer]) - ends[layer]["QKV"]) / 1e3
         out.append(d)
@@ -455,18 +449,18 @@ def routing_gap(
 
 
 def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]:
-    """What the blocks do over one layer (records as `records` returns them), from the end of the
-    previous layer's last ADD_NORM to the end of this layer's, in bins of bin_us: per bin, blocks
+    """What the blocks do over one layer (records as `records` returns them), from the previous
+    layer's end (its last END_OPS signal) to this layer's, in bins of bin_us: per bin, blocks
     (block-time / bin) streaming per opcode (a GEMV interval; an ATTN item's run), in fixed costs
     (`fixed`: staging, epilogue, signal, the run of other ops), waiting per opcode (a task's
     dependency wait), and `idle` (the rest: between tasks, a drain's own wait, nothing to do).
     The view of the BS 8 dips (2026-11-30): which op the idle SMs wait on, and when. Empty when the
-    layer or the previous one has no ADD_NORM record."""
+    layer or the previous one has no end."""
     rows = recs.tolist()
-    ends = _last_ends(rows, ("ADD_NORM",))
-    if "ADD_NORM" not in ends.get(layer, {}) or "ADD_NORM" not in ends.get(layer - 1, {}):
+    ends = _last_ends(rows, (LAYER_END,))
+    if LAYER_END not in ends.get(layer, {}) or LAYER_END not in ends.get(layer - 1, {}):
         return []
-    t0, t1 = ends[layer - 1]["ADD_NORM"], ends[layer]["ADD_NORM"]
+    t0, t1 = ends[layer - 1][LAYER_END], ends[layer][LAYER_END]
     nbins = max(1, math.ceil((t1 - t0) / 1e3 / bin_us))
     bins: list[dict[str, float]] = [defaultdict(float) for _ in range(nbins)]
 
@@ -508,15 +502,14 @@ def sm_states(recs: torch.Tensor, layer: int, bin_us: float = 8.0) -> list[dict]
 
 def sm_tasks(recs: torch.Tensor, layer: int, lo_us: float, hi_us: float) -> dict[int, list[dict]]:
     """Each block's tasks (DRAIN records left out) that overlap [lo_us, hi_us] of one layer, times
-    in us from the end of the previous layer's last ADD_NORM (as sm_states): per task its op, layer,
-    start, end of its dependency wait, end. The per-SM view that showed the 2026-11-30 O-proj items
-    waiting on combines that busy SMs had claimed ahead. Empty without the previous layer's
-    ADD_NORM record."""
+    in us from the previous layer's end (as sm_states): per task its op, layer, start, end of its
+    dependency wait, end. The per-SM view that showed the 2026-11-30 O-proj items waiting on
+    combines that busy SMs had claimed ahead. Empty without the previous layer's end."""
     rows = recs.tolist()
-    ends = _last_ends(rows, ("ADD_NORM",))
-    if "ADD_NORM" not in ends.get(layer - 1, {}):
+    ends = _last_ends(rows, (LAYER_END,))
+    if LAYER_END not in ends.get(layer - 1, {}):
         return {}
-    t0 = ends[layer - 1]["ADD_NORM"]
+    t0 = ends[layer - 1][LAYER_END]
     out: dict[int, list[dict]] = defaultdict(list)
     for blk, w0, ts, tr, _g0, _g1, _te, tsg in sorted(rows, key=lambda r: (r[0], r[2])):
         op = abi.OPNAMES.get(w0 & 0xFF, "?")
@@ -794,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         lo, hi, every = args.sms
         tasks = sm_tasks(recs, args.layer, lo, hi)
         if not tasks:
-            print(f"layer {args.layer}: no end (add+norm, or its end counter's last signal) before it")
+            print(f"layer {args.layer}: no end (its end counter's last signal) before it")
             return 1
         for blk in sorted(tasks)[:: max(1, int(every))]:
             print(
@@ -809,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     if ch:
         mean = sum(c["layer_us"] for c in ch) / len(ch)
         print(
-            f"{len(ch)} layers, mean {mean:.1f} us from layer end to layer end (add+norm or the end counter)"
+            f"{len(ch)} layers, mean {mean:.1f} us from layer end to layer end (the end counter's last signal)"
         )
     states = sm_states(recs, args.layer, args.bin)
     if not states:

@@ -1,8 +1,10 @@
 """The step's scratch buffers and counters, shared by the CUDA kernel and the CPU emulator.
 
-Per-layer buffers (x[l], h[l], q[l], ...) are written once per step, so within a step there are no
+Per-layer buffers (q[l], attn_out[l], ...) are written once per step, so within a step there are no
 write-after-read hazards: the only orderings that matter are producer -> consumer, and those are the
-counters. Row strides use MK_MAX_TOKENS whatever the batch, so one layout serves every batch size.
+counters. x[l + 1], layer l's sum, is initialised once (the residual x[l], copied by its router tiles
+or, for a dense layer 0, by EMBED) and then only added into (fp32 atomics) before it is read. Row
+strides use MK_MAX_TOKENS whatever the batch, so one layout serves every batch size.
 """
 
 from __future__ import annotations
@@ -19,19 +21,14 @@ from mkcode.backend.model.config import ModelConfig
 
 FLOAT_BUFFERS = (
     "x",
-    "h",
     "q",
     "o_part",
     "lse_part",
     "attn_out",
-    "ao_part",
     "dense_act",
-    "mlp_part",
     "rlogits",
     "route_w",
     "moe_act",
-    "moe_out",
-    "moe_acc",
     "logits",
     "lm_best",
 )
@@ -40,28 +37,23 @@ INT_BUFFERS = ("expert_tab", "moe_info", "lm_arg", "tokens_out")
 
 def buffer_shapes(cfg: ModelConfig, tiling: Tiling) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     L, B, H = cfg.num_hidden_layers, abi.MK_MAX_TOKENS, cfg.hidden_size
-    Hq, Hkv, d, S = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, tiling.most_splits()
+    Hq, d, S = cfg.num_attention_heads, cfg.head_dim, tiling.most_splits()
     E, K = max(cfg.num_experts, 1), max(cfg.num_experts_per_tok, 1)
     D, I = max(cfg.prefix_dense_intermediate_size, 1), max(cfg.intermediate_size, 1)
     n_lm = -(-cfg.vocab_size // tiling.lm_rows)
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
     return {
         "x": ((L + 1, B, H), f32),
-        "h": ((L + 1, B, H), f32),
         "q": ((L, B, Hq * d), f32),
         "o_part": ((L, B, Hq, S, d), f32),
         "lse_part": ((L, B, Hq, S), f32),
         "attn_out": ((L, B, Hq * d), f32),
-        "ao_part": ((L, Hkv, B, H), f32),
         "dense_act": ((L, B, D), f32),
-        "mlp_part": ((L, tiling.mlp_splits, B, H), f32),
         "rlogits": ((L, B, E), f32),
         "route_w": ((L, B * K), f32),
         "expert_tab": ((L, E, 2 + abi.MK_MAX_TOKENS), i32),
         "moe_info": ((L, 4), i32),
         "moe_act": ((L, B * K, I), f32),
-        "moe_out": ((L, B * K, H), f32),
-        "moe_acc": ((L, B, H), f32),
         "logits": ((B, cfg.vocab_size), f32),
         "lm_best": ((n_lm, B), f32),
         "lm_arg": ((n_lm, B), i32),

@@ -183,6 +183,25 @@ def test_a_geometry_the_megakernel_cannot_run_falls_back_to_the_graph_backend(mo
     assert loads == []  # refused before the extension was loaded or built
 
 
+def test_a_model_the_megakernels_norm_cannot_run_falls_back_to_the_graph_backend(monkeypatch):
+    """The norm inside the GEMVs' limits are refused the same way (here a dense layer after layer 0,
+    whose sum has no initialiser): before the extension is loaded, `auto` runs the graph backend."""
+    from mkcode.backend.gpu import graph_backend
+    from mkcode.backend.megakernel import native
+    from tests.backend.megakernel.cases import tiny_config
+
+    loads: list[bool] = []
+    monkeypatch.setattr(native, "load", lambda build_if_missing=True: loads.append(build_if_missing))
+    monkeypatch.setattr(graph_backend, "GraphDecodeBackend", lambda model: _Fake("graph", 32))
+    cfg = tiny_config(mlp_layer_types=["dense", "dense"] + ["sparse"] * 4)
+    model = SimpleNamespace(device=torch.device("cuda"), cfg=cfg, w=None)
+    backend, name, note = runtime.choose_decode_backend("auto", model)
+    assert name == "graph" and backend.name == "graph"
+    assert "megakernel unavailable (the megakernel's norm inside the GEMVs cannot run this model: " in note
+    assert "dense MLP layers [1] after layer 0" in note
+    assert loads == []
+
+
 @pytest.mark.parametrize("asked", ["hybrid", "megakernel", "graph"])
 def test_an_explicit_backend_that_does_not_load_is_an_error(monkeypatch, asked):
     monkeypatch.setattr(

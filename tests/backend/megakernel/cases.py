@@ -223,7 +223,7 @@ def reference_step(
 
 def residual_cosines(ws, residuals: list[torch.Tensor], batch_size: int) -> torch.Tensor:
     """Per (layer, row) cosine of the kernel's x(l + 1) (the workspace's residual stream: its
-    layer's sum, or what ADD_NORM wrote) with the reference's (reference_step's `residuals`):
+    layer's sum) with the reference's (reference_step's `residuals`):
     [L, B], fp64."""
     got = ws["x"][1 : len(residuals) + 1, :batch_size].double()
     want = torch.stack(residuals).to(got.device).double()

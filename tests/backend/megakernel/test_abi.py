@@ -17,10 +17,15 @@ def test_header_parses_into_constants():
     assert "desc" in abi.PARAM_PTRS and "batch" in abi.PARAM_INTS and "rms_eps" in abi.PARAM_FLOATS
 
 
+# opcode numbers of removed ops: never reused (mk_abi.h)
+RESERVED_OPCODES = {12: "ADD_NORM, removed in ABI 31"}
+
+
 def test_opcodes_are_dense_and_unique():
     values = sorted(abi.OPCODES.values())
-    assert values == list(range(len(values)))
-    assert len(values) == abi.MK_OP_COUNT
+    assert len(set(values)) == len(values)
+    assert sorted([*values, *RESERVED_OPCODES]) == list(range(abi.MK_OP_COUNT))
+    assert "12 is reserved" in abi.HEADER.read_text()
 
 
 def test_descriptor_fields_fit_and_do_not_overlap():

@@ -22,6 +22,7 @@ from mkcode.backend.megakernel.backend import (
     MegakernelError,
     MegakernelTimeout,
     UnsupportedGeometry,
+    check_geometry,
 )
 from mkcode.backend.megakernel.emulator import Emulator
 from mkcode.backend.megakernel.emulator_ops import StepInputs
@@ -317,6 +318,57 @@ def test_attention_geometries_the_kernel_does_not_run_are_refused(over, why):
 def test_attention_geometries_the_kernel_runs_are_accepted(over):
     """The refusal's edges: head_dim 64 and 128, 8 query heads per kv head build a backend."""
     cfg = tiny_config(**over)
+    MegakernelBackend(cfg, random_weights(cfg, seed=1, dtype=torch.bfloat16), native_module=FakeNative())
+
+
+# configs the norm inside the GEMVs does not run (tiling.norm_geometry_problem), one per limit, each
+# with the message that names it; mk_abi.h MK_NORM_MAX_HIDDEN is the hidden size's
+NORM_REFUSALS = [
+    (
+        {"hidden_size": abi.MK_NORM_MAX_HIDDEN + 32},
+        f"hidden_size {abi.MK_NORM_MAX_HIDDEN + 32} is above MK_NORM_MAX_HIDDEN = {abi.MK_NORM_MAX_HIDDEN}",
+    ),
+    (
+        {"mlp_layer_types": ["dense", "sparse", "dense", "sparse", "sparse", "dense"]},
+        r"dense MLP layers \[2, 5\] after layer 0: only layer 0's sum has an initialiser",
+    ),
+    # 16 of 384 experts per router tile: 64 * 16 / 384 columns each, not whole
+    ({"num_experts": 384}, "router tiles of 16 of 384 experts copy 2.66667 of the 64 residual columns"),
+    # 16 of 256 experts over 32 columns: 2 whole columns each, half a float4
+    (
+        {"num_experts": 256, "hidden_size": 32},
+        "router tiles of 16 of 256 experts copy 2 of the 32 residual columns each, not a whole number "
+        "of float4s",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("over", "why"), NORM_REFUSALS, ids=["hidden", "dense-late", "router-frac", "router-odd"]
+)
+def test_norm_geometries_the_kernel_does_not_run_are_refused(over, why):
+    """The kernel's only norm is the one inside the GEMVs: a hidden size above MK_NORM_MAX_HIDDEN
+    (its staging's sweeps), a dense layer after layer 0 (no initialiser for its sum) and router tiles
+    whose share of the residual is not whole float4 columns are refused when the backend is built,
+    as the attention's limits are (before any weight, buffer or extension is touched), and a tiling
+    with such router tiles by Tiling.validate."""
+    from mkcode.backend.megakernel.tiling import TilingError, default_tiling
+
+    cfg = tiny_config(**over)
+    with pytest.raises(UnsupportedGeometry, match=why):
+        MegakernelBackend(cfg, None, native_module=FakeNative())
+    with pytest.raises(UnsupportedGeometry, match=why):
+        check_geometry(cfg)
+    with pytest.raises(TilingError, match=why):
+        default_tiling(cfg).validate(cfg)
+
+
+def test_norm_geometry_edges_are_accepted():
+    """The refusal's edges: hidden size MK_NORM_MAX_HIDDEN, a dense layer 0 alone (tiny_config's),
+    router tiles of 4 columns (16 of 256 experts over 64)."""
+    for over in ({"hidden_size": abi.MK_NORM_MAX_HIDDEN}, {}, {"num_experts": 256}):
+        check_geometry(tiny_config(**over))
+    cfg = tiny_config(num_experts=256)
     MegakernelBackend(cfg, random_weights(cfg, seed=1, dtype=torch.bfloat16), native_module=FakeNative())
 
 

@@ -9,7 +9,7 @@ from mkcode.backend.megakernel import code_size
 # an excerpt of `cuobjdump -elf` on the kernel object (symtab rows as the tool prints them)
 SYMTAB = """
 .section .symtab
-   0xf          0x55c00           0x5c30  FUNC          LOCAL   DEFAULT    -                                   0x11  $_ZN2mk14mk_step_kernelENS_6ParamsEi$_ZN2mk11op_add_normERKNS_6ParamsEPKiRNS_4SmemE
+   0xf          0x55c00           0x5c30  FUNC          LOCAL   DEFAULT    -                                   0x11  $_ZN2mk14mk_step_kernelENS_6ParamsEi$_ZN2mk8op_oprojERKNS_6ParamsEPKiRNS_4SmemE
   0x11          0x64450           0x1ee0  FUNC          LOCAL   DEFAULT    -                                   0x11  $_ZN2mk14mk_step_kernelENS_6ParamsEi$_ZN2mk15attn_prologue_tILi128EEEvRKNS_6ParamsEPKiRNS_4SmemE
   0x1b          0x87ef0            0x540  FUNC          WEAK    DEFAULT    -                                   0x17  $__internal_0_$__cuda_sm20_div_s64
    0x3                0                0  SECTION       LOCAL   DEFAULT    -                                   0x17  .text._ZN2mk14mk_step_kernelENS_6ParamsEi
@@ -20,7 +20,7 @@ SYMTAB = """
 def test_symtab_sizes_and_names():
     sizes = code_size.parse_symtab(SYMTAB)
     by = {f.name: f.size for f in sizes}
-    assert by["op_add_norm"] == 0x5C30
+    assert by["op_oproj"] == 0x5C30
     assert by["attn_prologue_t<128>"] == 0x1EE0
     assert by["__cuda_sm20_div_s64"] == 0x540
     # the entry spans the section: its own code is the rest

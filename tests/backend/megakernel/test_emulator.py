@@ -74,7 +74,7 @@ def _check(ws, batch, ref, ref_batch):
     B = batch.size
     torch.testing.assert_close(ws["logits"][:B], ref, rtol=1e-4, atol=1e-5)
     # the K/V written by later layers carry the fp32 rounding of the earlier layers' sums, whose order
-    # differs from the reference's (fused MoE items add into moe_acc in claim order): 1e-6 absolute
+    # differs from the reference's (the layer's outputs add into x(l+1) in claim order): 1e-6 absolute
     # was crossed by one element in 1.6M (1.2e-6) on a fresh checkout; the logits' tolerance here
     torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-4, atol=1e-5)
     assert ws["tokens_out"][:B].tolist() == ref.argmax(-1).tolist()
@@ -91,16 +91,13 @@ def _check(ws, batch, ref, ref_batch):
 )
 @pytest.mark.parametrize("strategy", ["random", "reverse"])
 @pytest.mark.parametrize("fused", [1, 0], ids=["fused", "up-down"])
-@pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
-def test_step_matches_reference(weights, contexts, splits, strategy, fused, inline):
+def test_step_matches_reference(weights, contexts, splits, strategy, fused):
     """Fused MoE items (Tiling.moe_fused: up + down slice, atomic sums) and separate up/down tiles;
-    add+norm tasks, or (Tiling.norm_inline) the layer's outputs added into x(l+1) and the norm
-    computed by every GEMV over h."""
+    the layer's outputs added into x(l+1) and the norm computed by every GEMV over h."""
     from dataclasses import replace
 
-    t = replace(TILING, moe_fused=fused, norm_inline=inline)
+    t = replace(TILING, moe_fused=fused)
     sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t, splits)
-    assert (sched.summary().get("ADD_NORM", 0) == 0) == bool(inline)
     residuals: list[torch.Tensor] = []
     ws, batch, ref, ref_batch, _ = _run(weights, contexts, splits, strategy, sched=sched, residuals=residuals)
     _check(ws, batch, ref, ref_batch)
@@ -109,14 +106,6 @@ def test_step_matches_reference(weights, contexts, splits, strategy, fused, inli
     for layer, want in enumerate(residuals):
         torch.testing.assert_close(ws["x"][layer + 1, : len(contexts)], want, rtol=1e-4, atol=1e-5)
     assert float(residual_cosines(ws, residuals, len(contexts)).min()) > 0.99999
-    B, moe = len(contexts), [i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)]
-    bufs = ("moe_acc", "moe_out", "h")
-    written = {n: not torch.isnan(ws[n][moe, :B]).any() for n in bufs}  # the path that ran
-    assert written == {
-        "moe_acc": bool(fused and not inline),
-        "moe_out": not fused and not inline,
-        "h": not inline,
-    }
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -175,16 +164,14 @@ def _find_item(sched, op, layer):
 @pytest.mark.parametrize(
     "op,layer,slot",
     [
-        (abi.MK_OP_ADD_NORM, 0, 0),  # the O-proj wait
         (abi.MK_OP_OPROJ, 0, 0),  # the combine wait (a static task in the dense layer)
-        (abi.MK_OP_QKV, 3, 0),  # the norm wait
+        (abi.MK_OP_QKV, 3, 0),  # the previous layer's end (its sum x(3) complete)
         (abi.MK_OP_DENSE_DOWN, 0, 0),
         (abi.MK_OP_ROUTE, 1, 0),
     ],
 )
 def test_deleted_dependency_is_caught(weights, op, layer, slot):
-    """(Some waits are implied by others through program order: every SM runs one MoE drain of a
-    layer before its O-proj tasks, so ADD_NORM's MoE wait is redundant there; these are not.)"""
+    """(Some waits are implied by others through program order; these are not.)"""
     contexts = [70, 3]
     sched = build_schedule(CFG, 2, contexts, N_SMS, TILING)
     broken = sched.without_wait(_find(sched, op, layer), slot)
@@ -199,14 +186,11 @@ def test_deleted_queue_dependency_is_caught(weights):
         _run(weights, contexts, sched=sched.without_queue_wait(0, 0), strategy="random")
 
 
-@pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
-def test_deleted_lm_head_dependency_is_caught(weights, inline):
+def test_deleted_lm_head_dependency_is_caught(weights):
     """An LM-head tile is a host-queue item whose drains wait for nothing: without its own wait
-    (the last layer's end) it reads h(L) / x(L) before they are written."""
-    from dataclasses import replace
-
+    (the last layer's end) it reads x(L) before every add into it."""
     contexts = [70, 3]
-    sched = build_schedule(CFG, 2, contexts, N_SMS, replace(TILING, norm_inline=inline))
+    sched = build_schedule(CFG, 2, contexts, N_SMS, TILING)
     broken = sched.without_queue_wait(_find_item(sched, abi.MK_OP_LM_HEAD, 0), 0)
     _assert_race_caught(weights, contexts, broken, "an LM-head tile without its wait")
 
@@ -239,9 +223,9 @@ def test_deleted_attention_tail_dependency_is_caught(weights, op):
 
 
 def test_fused_moe_sums_need_their_initialiser(weights, monkeypatch):
-    """A fused item's atomic sum must come after ROUTE zeroed it: an item of layer 1 adding into
-    layer 2's sums (zeroed by layer 2's ROUTE, which runs after it) is a race; sums nobody zeroes
-    are an error too."""
+    """A fused item's atomic sum must come after the residual copy that initialises it (its layer's
+    router tiles): an item of layer 1 adding into layer 2's sum x(3) (initialised by layer 2's router
+    tiles, which run after it) is a race; sums nobody initialises are an error too."""
     from dataclasses import replace
 
     from mkcode.backend.megakernel.emulator_ops import OpSemantics
@@ -252,14 +236,14 @@ def test_fused_moe_sums_need_their_initialiser(weights, monkeypatch):
     def shifted(self, layer, a, d):
         acc = real(self, layer, a, d)
         if layer == 1:
-            acc.accums = [((k[0], 2, *k[2:]), lo, hi) for k, lo, hi in acc.accums]
+            acc.accums = [((k[0], k[1] + 1, *k[2:]), lo, hi) for k, lo, hi in acc.accums]
         return acc
 
     monkeypatch.setattr(OpSemantics, "op_moe_fused", shifted)
     with pytest.raises(HazardError, match="race: MOE_FUSED"):
         _run(weights, [70, 3], sched=sched)
     monkeypatch.setattr(OpSemantics, "op_moe_fused", real)
-    _assert_uninitialised_sum_caught(weights, monkeypatch, sched, "op_route", "moe_acc")
+    _assert_uninitialised_sum_caught(weights, monkeypatch, sched, "op_router", "x")
 
 
 def _assert_uninitialised_sum_caught(weights, monkeypatch, sched, op: str, buf: str) -> None:
@@ -358,8 +342,8 @@ def test_claims(weights, strategy, n_sms, fused):
     """The lazy claims (two ahead while more than n_sms items remain before the queue's far end:
     with 3 SMs most items are claimed ahead) give the reference step under every interleaving, and
     two steps in a row on one bank (a drain's claims still total items + 2 per host drain), with
-    separate MoE up/down tiles and with fused MoE items (whose sums each step's ROUTE zeroes
-    again)."""
+    separate MoE up/down tiles and with fused MoE items (whose sums each step's router tiles
+    initialise again)."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
@@ -388,10 +372,9 @@ def test_claims(weights, strategy, n_sms, fused):
 @pytest.mark.parametrize("fused", [0, 1], ids=["up-down", "fused"])
 def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fused):
     """Tiling.attn_with_qkv (attention drains on the SMs of the QKV and router tiles): no deadlock
-    under any interleaving and the reference's step; a MoE layer's ADD_NORM tasks follow its MoE
-    drains. Tiling.ctrl_sms: ROUTE and ADD_NORM tasks alone on the last SMs (and a MoE
-    layer's combines with Tiling.combine_ctrl), besides the LM head's drains, which every SM holds.
-    With both kinds of MoE items (Tiling.moe_fused)."""
+    under any interleaving and the reference's step. Tiling.ctrl_sms: ROUTE tasks alone on the last
+    SMs (and a MoE layer's combines with Tiling.combine_ctrl), besides the LM head's drains, which
+    every SM holds. With both kinds of MoE items (Tiling.moe_fused)."""
     from dataclasses import replace
 
     tiling = replace(
@@ -404,18 +387,11 @@ def test_task_placement(weights, strategy, contexts, with_qkv, ctrl, combine, fu
     B = len(contexts)
     sched = build_schedule(CFG, B, contexts, N_SMS, tiling)
     layer1 = [t for t in sched.tasks if int(t[abi.MK_F_LAYER]) == 1]
-    order = [int(t[abi.MK_F_OP]) for t in layer1]
-    moe_drain = next(
-        i
-        for i, t in enumerate(layer1)
-        if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_A0]) == abi.MK_QUEUE_MOE
-    )
-    assert order.index(abi.MK_OP_ADD_NORM) > moe_drain
 
-    def is_ctrl_task(t) -> bool:  # ROUTE, ADD_NORM; with combine_ctrl a MoE layer's combines too
+    def is_ctrl_task(t) -> bool:  # ROUTE; with combine_ctrl a MoE layer's combines too
         op = int(t[abi.MK_F_OP])
         moe_comb = combine and op == abi.MK_OP_ATTN_COMBINE and not CFG.is_dense(int(t[abi.MK_F_LAYER]))
-        return op in (abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM) or moe_comb
+        return op == abi.MK_OP_ROUTE or moe_comb
 
     lm_q = len(sched.queue_info) - 1  # the LM head's queue, the step's last
     lm_drains = {
@@ -511,7 +487,7 @@ SWEEP_TILINGS = [
     {"qkv_rows": 128, "o_rows": 128},
     {"attn_with_qkv": 1},  # attention drains on the SMs of the QKV and router tiles
     {"attn_idle_first": 1, "max_splits": 12},  # attention drains on idle SMs first (BS 1 candidate)
-    {"ctrl_sms": 1},  # ROUTE and ADD_NORM alone on the last SM
+    {"ctrl_sms": 1},  # ROUTE alone on the last SM
     {"ctrl_sms": 8, "attn_with_qkv": 1},
     {"moe_fused": 1},  # up tile + down slice per item, atomic sums (the 2026-11-29 fused items)
     {"moe_fused": 1, "moe_up_cols": 128, "ctrl_sms": 1},
@@ -543,35 +519,32 @@ def test_sweep_tilings_at_release_geometry(over, batch):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_norm_inline_release_geometry(batch):
-    """Tiling.norm_inline on the engine's per-batch tiling at the release geometry (5 layers):
-    no ADD_NORM task, no deadlock, every counter at its total, and the happens-before check: every
-    add into x(l+1) after its router tiles' residual copy, every read of x(l) after every add."""
-    sched, rep = _release_engine_step(batch, 5, 99, 5, norm_inline=1)
-    assert "ADD_NORM" not in sched.summary()
+def test_layer_sums_release_geometry(batch):
+    """The engine's per-batch tiling at the release geometry (5 layers): no deadlock, every counter
+    at its total, and the happens-before check over the layers' sums: every add into x(l+1) after
+    its initialiser's residual copy (EMBED for the dense layer 0, the router tiles after it), every
+    read of x(l) after every add."""
+    sched, rep = _release_engine_step(batch, 5, 99, 5)
     static = sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
     assert rep.events > static  # the static tasks and the queue items all ran
 
 
-def test_norm_inline_without_the_residual_copy_is_caught(weights, monkeypatch):
-    """norm_inline: a router tile that does not copy its share of the residual into x(l+1) leaves
-    the layer's adds with nothing to add into: the emulator says so."""
-    from dataclasses import replace
-
-    sched = build_schedule(CFG, 2, [70, 3], N_SMS, replace(TILING, norm_inline=1))
+def test_sums_without_the_residual_copy_are_caught(weights, monkeypatch):
+    """A router tile that does not copy its share of the residual into x(l+1) leaves the layer's
+    adds (O-proj, MoE down tiles) with nothing to add into: the emulator says so."""
+    sched = build_schedule(CFG, 2, [70, 3], N_SMS, TILING)
     _assert_uninitialised_sum_caught(weights, monkeypatch, sched, "op_router", "x")
 
 
 @pytest.mark.parametrize("contexts", [[0], [5, 130, 64], [1, 2, 65, 127, 128, 129, 191, 255]])
 @pytest.mark.parametrize("strategy", ["random", "reverse"])
-@pytest.mark.parametrize("inline", [0, 1], ids=["add-norm", "norm-inline"])
-def test_lm_queue_matches_reference(weights, contexts, strategy, inline):
+def test_lm_queue_matches_reference(weights, contexts, strategy):
     """The LM-head tiles are one host queue drained by every SM (the control SMs too): the same
     logits and tokens as the reference, every tile run once (the queue's head at its total: no
     over-claim, none left)."""
     from dataclasses import replace
 
-    t = replace(TILING, norm_inline=inline, ctrl_sms=1)
+    t = replace(TILING, ctrl_sms=1)
     sched = build_schedule(CFG, len(contexts), contexts, N_SMS, t)
     assert "LM_HEAD" not in {abi.OPNAMES[int(op)] for op in sched.tasks[:, abi.MK_F_OP]}
     assert sched.summary()["LM_HEAD"] == sched.n_lm_tiles
@@ -589,17 +562,15 @@ def test_lm_queue_release_geometry(batch):
     assert rep.events >= static + len(sched.queue_desc)
 
 
-@pytest.mark.parametrize("inline", [0, 1])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_attention_in_the_moe_queue(weights, strategy, inline):
+def test_attention_in_the_moe_queue(weights, strategy):
     """Tiling.attn_in_moe: a MoE layer's attention items are its MoE queue's head, before the up
     tiles, claimed before ROUTE (the head reset by the EMBED of row 0), and the layer has no
-    attention drains (the dense layer keeps its own), with and without the norm inside the GEMVs:
-    same results."""
+    attention drains (the dense layer keeps its own): same results."""
     from dataclasses import replace
 
     contexts = [70, 3, 190]
-    tiling = replace(TILING, attn_in_moe=3, norm_inline=inline, moe_fused=0)
+    tiling = replace(TILING, attn_in_moe=3, moe_fused=0)
     sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
     drains = [
         t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_DRAIN and t[abi.MK_F_A0] == abi.MK_QUEUE_HOST
@@ -630,8 +601,9 @@ def test_attention_in_the_moe_queue(weights, strategy, inline):
     _check(*_run(weights, contexts, strategy=strategy, sched=sched)[:4])
 
 
-def _late_route_schedule(contexts):
-    return build_schedule(CFG, len(contexts), contexts, N_SMS, dc_replace(TILING, attn_in_moe=3, moe_fused=0))
+def _late_route_schedule(contexts, **over):
+    tiling = dc_replace(TILING, attn_in_moe=3, moe_fused=0, **over)
+    return build_schedule(CFG, len(contexts), contexts, N_SMS, tiling)
 
 
 def test_late_route_runs_attention_before_route(weights):
@@ -640,7 +612,7 @@ def test_late_route_runs_attention_before_route(weights):
     contexts = [70, 3, 190]
     case = make_case(CFG, contexts, seed=7)
     batch = clone_batch(case.batch)
-    sched = _late_route_schedule(contexts)
+    sched = _late_route_schedule(contexts, ctrl_sms=1)  # ROUTE on the last SM, which in_order runs last
     em = Emulator(CFG, weights, sched, Workspace.allocate(CFG, TILING, "cpu"), CounterBank(sched.n_counters))
     em.step(_inputs(batch), "in_order")
     ops = [(int(d[abi.MK_F_OP]), int(d[abi.MK_F_LAYER])) for d in em.event_descs]
@@ -708,9 +680,8 @@ def test_attention_in_the_moe_queue_release_geometry(batch):
     )
 
 
-@pytest.mark.parametrize("inline", [0, 1])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_qkv_counters_by_kv_head(weights, strategy, inline):
+def test_qkv_counters_by_kv_head(weights, strategy):
     """Tiling.qkv_by_head: each QKV tile signals its kv head's counter and each attention item waits
     for its own head's tiles only (here 16-row tiles: the 64 Q rows of a group in 4, K and V in 2
     each, 8 per head): same results."""
@@ -719,7 +690,7 @@ def test_qkv_counters_by_kv_head(weights, strategy, inline):
     from mkcode.backend.megakernel.schedule import qkv_row_head
 
     contexts = [70, 3, 190]
-    tiling = replace(TILING, qkv_by_head=1, qkv_rows=16, norm_inline=inline)
+    tiling = replace(TILING, qkv_by_head=1, qkv_rows=16)
     sched = build_schedule(CFG, 3, contexts, N_SMS, tiling)
     qkv = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_QKV and t[abi.MK_F_LAYER] == 1]
     heads = {qkv_row_head(CFG, int(t[abi.MK_F_A0])) for t in qkv}

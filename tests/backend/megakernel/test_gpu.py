@@ -54,20 +54,21 @@ def _relerr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # ---- per-op tests --------------------------------------------------------------------------------
 
+# the buffers each op writes (poisoned before it runs); the SUM_OPS' changes to x(l+1) are checked
+# in _op_check itself
 OUTPUTS = {
-    abi.MK_OP_EMBED: ["x", "h"],
+    abi.MK_OP_EMBED: ["x"],  # x(0), and x(1) of the dense layer 0
     abi.MK_OP_QKV: ["q"],
     abi.MK_OP_ATTN: ["o_part", "lse_part"],
     abi.MK_OP_ATTN_COMBINE: ["attn_out"],
-    abi.MK_OP_OPROJ: ["ao_part"],
+    abi.MK_OP_OPROJ: [],
     abi.MK_OP_DENSE_UP: ["dense_act"],
-    abi.MK_OP_DENSE_DOWN: ["mlp_part"],
+    abi.MK_OP_DENSE_DOWN: [],
     abi.MK_OP_ROUTER: ["rlogits"],
-    abi.MK_OP_ROUTE: ["route_w", "expert_tab", "moe_info", "moe_acc"],  # moe_acc: zeroed (fused)
+    abi.MK_OP_ROUTE: ["route_w", "expert_tab", "moe_info"],
     abi.MK_OP_MOE_UP: ["moe_act"],
-    abi.MK_OP_MOE_DOWN: ["moe_out"],
-    abi.MK_OP_MOE_FUSED: [],  # adds into moe_acc (random before): checked in the test itself
-    abi.MK_OP_ADD_NORM: ["x", "h"],
+    abi.MK_OP_MOE_DOWN: [],
+    abi.MK_OP_MOE_FUSED: [],
     abi.MK_OP_LM_HEAD: ["logits", "lm_best", "lm_arg"],
     abi.MK_OP_SAMPLE: ["tokens_out"],
     abi.MK_OP_SAMPLE_ROW: ["tokens_out"],  # greedy rows (no sampling params)
@@ -129,8 +130,6 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
             )
             for i in items
         ]
-    if op == abi.MK_OP_ADD_NORM:
-        return [make_desc(op, ly, (b,)) for ly in (0, 5) for b in range(B)]
     if op == abi.MK_OP_LM_HEAD:
         return [make_desc(op, 0, (r, 128, r // 128)) for r in (0, 128, 8064)]
     if op == abi.MK_OP_SAMPLE:
@@ -143,21 +142,24 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
 @pytest.mark.parametrize("op", sorted(OUTPUTS), ids=lambda o: abi.OPNAMES[o])
 @pytest.mark.parametrize("B", [1, 5, 8])
 def test_op_matches_semantics(small, op, B):
+    """Every op against OpSemantics: EMBED writes x(0) and the dense layer 0's x(1); the GEMVs over h
+    stage RMSNorm(x(l)) (QKV, router, dense up, MoE up, LM head: the final norm); the router tiles
+    copy their share of x(l) into x(l+1); O-proj, dense down, MoE down and fused items add into
+    x(l+1)."""
     w, be = small
     _op_check(CFG, w, be, op, B)
 
 
-# Tiling.norm_inline: the ops that add into (or, the router tiles, copy the residual into) x(l+1),
-# checked by what they changed there (x is their input too: it cannot be poisoned)
+# the ops that add into (or, the router tiles, copy the residual into) x(l+1), checked by what they
+# changed there (x is their input too: it cannot be poisoned)
 SUM_OPS = (abi.MK_OP_ROUTER, abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN, abi.MK_OP_MOE_DOWN, abi.MK_OP_MOE_FUSED)
 
 
 def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
     """Run `op`'s descriptors (default: _op_descs') on random workspace inputs (outputs poisoned) and
-    compare with OpSemantics; `prepare(ws)` may edit the inputs first. With the backend's tiling
-    norm_inline the GEMVs over h stage RMSNorm(x) and the SUM_OPS change x(l+1): x is compared
-    element by element with what the reference changed (the rest must stay bit-equal)."""
-    inline = bool(be.tiling.norm_inline)
+    compare with OpSemantics; `prepare(ws)` may edit the inputs first. The GEMVs over h stage
+    RMSNorm(x) and the SUM_OPS change x(l+1): x is compared element by element with what the
+    reference changed (the rest must stay bit-equal)."""
     seed = op * 10 + B
     case = make_case(cfg, [40 + 97 * b for b in range(B)], device="cuda", dtype=torch.bfloat16, seed=seed)
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -173,9 +175,8 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
         ws[name].fill_(float("nan") if ws[name].is_floating_point() else -7777)
     descs = [standalone_desc(d) for d in (descs if descs is not None else _op_descs(op, B, seed))]
     ref_bufs = {n: t.clone() for n, t in ws.bufs.items()}
-    # ref_bufs' copy is the reference workspace's: it changes (only the fused item's check needs it)
-    acc_before = ws["moe_acc"].clone() if op == abi.MK_OP_MOE_FUSED else None
-    x_before = ws["x"].clone() if inline and op in SUM_OPS else None
+    # ref_bufs' copy is the reference workspace's: it changes
+    x_before = ws["x"].clone() if op in SUM_OPS else None
     ref_batch = clone_batch(case.batch)
     be.run_tasks(np.array(descs, dtype=np.int32), case.batch, n_sms=min(len(descs), 7))
     torch.cuda.synchronize()
@@ -212,90 +213,35 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
         )
         m = ~torch.isnan(want) & torch.isfinite(want)
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
-    if x_before is not None:  # norm_inline: what the op changed in x (its layer's sum)
+    if x_before is not None:  # what the op changed in x (its layer's sum)
         got, want = ws["x"], ref_ws["x"]
         changed = want != x_before
         assert bool(changed.any()), "the reference changed nothing in x"
         assert torch.equal(got[~changed], want[~changed]), "x changed outside what the reference changed"
         delta_got, delta_want = (got - x_before)[changed], (want - x_before)[changed]
         assert _relerr(delta_got, delta_want) < 1.5e-2, f"x: rel err {_relerr(delta_got, delta_want):.3g}"
-    if op == abi.MK_OP_MOE_FUSED and not inline:  # sums added into the routed rows of layer 2 only
-        got, want, before = ws["moe_acc"], ref_ws["moe_acc"], acc_before
-        rows = sorted(
-            {
-                int(d[abi.MK_F_SLOT0 + j]) // CFG.num_experts_per_tok
-                for d in descs
-                for j in range(d[abi.MK_F_NTOK])
-            }
-        )
-        touched = torch.zeros_like(got, dtype=torch.bool)
-        touched[2, rows] = True
-        assert torch.equal(got[~touched], want[~touched]), "moe_acc changed outside the routed rows"
-        delta_got, delta_want = (got - before)[touched], (want - before)[touched]
-        assert float(delta_want.abs().min()) > 0, "the reference added nothing"
-        assert _relerr(delta_got, delta_want) < 1.5e-2, (
-            f"moe_acc: rel err {_relerr(delta_got, delta_want):.3g}"
-        )
     if op == abi.MK_OP_QKV:  # K/V written into the pool
         assert _relerr(case.batch.kv_pool.float(), ref_batch.kv_pool.float()) < 1e-2
-
-
-@pytest.fixture(scope="module")
-def small_inline(small):
-    """The same weights with Tiling.norm_inline (no ADD_NORM: sums into x(l+1), norms in the GEMVs)."""
-    from mkcode.backend.megakernel.tiling import default_tiling
-
-    w, _ = small
-    return w, MegakernelBackend(CFG, w, tiling=replace(default_tiling(CFG), norm_inline=1))
-
-
-INLINE_OPS = (
-    abi.MK_OP_EMBED,
-    abi.MK_OP_QKV,
-    abi.MK_OP_ROUTER,
-    abi.MK_OP_ROUTE,
-    abi.MK_OP_DENSE_UP,
-    abi.MK_OP_MOE_UP,
-    abi.MK_OP_OPROJ,
-    abi.MK_OP_DENSE_DOWN,
-    abi.MK_OP_MOE_DOWN,
-    abi.MK_OP_MOE_FUSED,
-    abi.MK_OP_LM_HEAD,
-)
-
-
-@pytest.mark.parametrize("op", INLINE_OPS, ids=lambda o: abi.OPNAMES[o])
-@pytest.mark.parametrize("B", [1, 5, 8])
-def test_op_norm_inline(small_inline, op, B):
-    """Every op that Tiling.norm_inline changes, against OpSemantics in that mode: EMBED writes x(0)
-    and the dense layer 0's x(1); the GEMVs over h stage RMSNorm(x(l)) (QKV, router, dense up, MoE
-    up, LM head: the final norm); the router tiles copy their share of x(l) into x(l+1); O-proj,
-    dense down, MoE down and fused items add into x(l+1); ROUTE no longer zeroes moe_acc."""
-    w, be = small_inline
-    _op_check(CFG, w, be, op, B)
 
 
 @pytest.mark.parametrize(
     "contexts", [[300], [63, 64], [5, 300, 255, 256], BS8_CONTEXTS], ids=["bs1", "bs2", "bs4", "bs8"]
 )
-@pytest.mark.parametrize("inline", [1, 0], ids=["inline", "add-norm"])
-def test_step_norm_inline_reduced(small, contexts, inline):
+def test_step_engine_tiling_reduced(small, contexts):
     """Whole steps on the engine's per-batch tiling (fused MoE items below 4 rows, up / down tiles
-    from 4) with Tiling.norm_inline (the engine's) and without it (the add+norm tasks, the A/B
-    path), against the routed fp32 reference."""
+    from 4; the layers' outputs summed into x(l+1), the norm in the GEMVs), against the routed fp32
+    reference."""
     w, _ = small
-    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=inline))
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts))
     _step_check(CFG, w, be, contexts, seed=len(contexts) + 40)
 
 
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-@pytest.mark.parametrize("inline", [1, 0], ids=["inline", "add-norm"])
-def test_consecutive_steps_norm_inline(small, contexts, inline):
-    """Three steps in a row with norm_inline (each step's router tiles re-initialise the sums: no
-    stale adds from the previous step, and the one-counter layer ends hold their totals) and with
-    the add+norm tasks on the same engine tiling."""
+def test_consecutive_steps_engine_tiling(small, contexts):
+    """Three steps in a row on the engine's tiling: each step's router tiles re-initialise the sums
+    (no stale adds from the previous step), and the one-counter layer ends hold their totals."""
     w, _ = small
-    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, norm_inline=inline))
+    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts))
     _consecutive_steps(w, be, contexts, seed=31, steps=3)
 
 
@@ -373,7 +319,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     "prefetch",
     [
         abi.MK_PREFETCH_DEFAULT,
-        abi.MK_MODE_TWICE,  # the measurement mode: add+norm and combine run twice, same results
+        abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
         abi.MK_MODE_WARM_STAGE,  # the QKV and router tiles' stagings run dry before their waits
     ],
     ids=["default", "twice", "warmstage"],
@@ -407,39 +353,24 @@ def _fused_tiling(tiles: str, B: int):
     return replace(base, moe_up_cols={"c32": 32, "c64": 64}[tiles])
 
 
-@pytest.mark.parametrize("op", [abi.MK_OP_ROUTE, abi.MK_OP_ADD_NORM], ids=lambda o: abi.OPNAMES[o])
-@pytest.mark.parametrize("B", [1, 5, 8])
-def test_fused_moe_route_and_add_norm(small_fused, op, B):
-    """With moe_fused ROUTE also zeroes moe_acc of its layer's batch rows (the items then add into
-    it), and a MoE layer's ADD_NORM adds moe_acc[layer][b] instead of the top-k slot outputs."""
-    w, be = small_fused
-    _op_check(CFG, w, be, op, B)
-    if op == abi.MK_OP_ROUTE:
-        assert bool((be.ws["moe_acc"][3, :B] == 0).all()), "ROUTE left moe_acc unzeroed"
-
-
 @pytest.mark.parametrize(
     "contexts", [[300], [63, 64], [1, 64, 65, 127, 128, 257, 511, 700]], ids=["bs1", "bs2", "bs8"]
 )
 @pytest.mark.parametrize("tiles", ["c32", "c64", "batch"])
 def test_step_matches_reference_fused_moe(small_fused, contexts, tiles):
-    """A whole step with fused MoE items (no down tiles: fp32 atomic sums into moe_acc, which ADD_NORM
-    reads) against the routed fp32 reference, as the reduced-geometry step tests."""
+    """A whole step with fused MoE items (no down tiles: fp32 atomic sums into x(l+1)) against the
+    routed fp32 reference, as the reduced-geometry step tests."""
     w, be = small_fused
     if tiles != "c32":
         be = MegakernelBackend(CFG, w, tiling=_fused_tiling(tiles, len(contexts)))
+    assert be.tiling.moe_fused and be.tiling.moe_tiles(CFG)[1] == 0  # fused items, no down tiles
     _step_check(CFG, w, be, contexts, seed=len(contexts))
-    B = len(contexts)
-    if be.tiling.norm_inline:  # the engine's tiling: fused items add into x(l+1), not moe_acc
-        assert be.tiling.moe_fused and bool(torch.isnan(be.ws["moe_out"][1, :B]).all())  # no down tiles
-    else:
-        assert not torch.isnan(be.ws["moe_acc"][1, :B]).any()  # the fused path ran
 
 
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_consecutive_steps_fused_moe(small, contexts):
-    """Fused MoE items at the engine's per-batch tiles, three steps in a row: each step's ROUTE must
-    zero the sums the previous step left (and the mlp counters' totals must hold)."""
+    """Fused MoE items at the engine's per-batch tiles, three steps in a row: each step's router
+    tiles must re-initialise the sums the previous step left (and the mlp counters' totals hold)."""
     w, _ = small
     be = MegakernelBackend(CFG, w, tiling=_fused_tiling("batch", len(contexts)))
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
@@ -495,12 +426,9 @@ def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
 
 
 def _engine_tiling(contexts: list[int], **over):
-    """The engine's tiling for this batch size (tiling_for_batch) with `over` on top (norm_inline=0
-    takes the BS 1 self-routing items off too: they need it)."""
+    """The engine's tiling for this batch size (tiling_for_batch) with `over` on top."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
-    if over.get("norm_inline") == 0:
-        over.setdefault("moe_local", 0)
     return replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), **over)
 
 
@@ -536,7 +464,7 @@ def test_consecutive_steps_reduced(small):
 @pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
 def test_task_placement_reduced(small, contexts, with_qkv, ctrl, combine, idle):
     """Tiling.attn_with_qkv (attention drains on the QKV / router SMs), Tiling.attn_idle_first (on the
-    SMs holding neither first), Tiling.ctrl_sms (ROUTE and ADD_NORM alone on the last SMs) and
+    SMs holding neither first), Tiling.ctrl_sms (ROUTE alone on the last SMs) and
     Tiling.combine_ctrl (a MoE layer's combines there too, static and warm): three steps in a row."""
     w, _ = small
     t = _engine_tiling(
@@ -797,18 +725,6 @@ def test_step_matches_reference_release_long_contexts(release, contexts):
     rise with the context: split_tokens), every layer's output against the routed fp32 reference."""
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts) + 90)
-
-
-@pytest.mark.parametrize(
-    "contexts", [[8192], [100, 4095, 4096, 4097, 8192, 63, 64, 9000]], ids=["bs1", "bs8"]
-)
-def test_step_norm_inline_release_geometry(release, contexts):
-    """Tiling.norm_inline at the release geometry on the engine's tiling for the batch."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
-    cfg, w, _ = release
-    t = replace(tiling_for_batch(cfg, default_tiling(cfg), len(contexts)), norm_inline=1)
-    _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), contexts, seed=len(contexts) + 40)
 
 
 @pytest.mark.parametrize("contexts", [[300, 5, 77, 190], BS8_CONTEXTS], ids=["bs4", "bs8"])

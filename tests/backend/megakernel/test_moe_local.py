@@ -21,7 +21,7 @@ from tests.backend.megakernel.test_emulator import TILING as EMULATOR_TILING
 
 CFG = tiny_config()
 # test_emulator's small tiles, with the fused items routing themselves
-TILING = replace(EMULATOR_TILING, moe_fused=1, norm_inline=1, moe_local=1)
+TILING = replace(EMULATOR_TILING, moe_fused=1, moe_local=1)
 N_SMS = 16  # 8 QKV and 2 router tiles per layer leave SMs for the 4 fused items (top-2 x 2 tiles)
 
 
@@ -123,8 +123,8 @@ def test_moe_local_is_refused_where_it_cannot_run():
         build_schedule(CFG, 2, [70, 3], N_SMS, TILING)
     with pytest.raises(ValueError, match="SMs free"):
         build_schedule(CFG, 1, [70], 6, TILING)
-    with pytest.raises(TilingError, match="moe_fused and norm_inline"):
-        replace(TILING, norm_inline=0).validate(CFG)
+    with pytest.raises(TilingError, match="moe_local needs moe_fused"):
+        replace(TILING, moe_fused=0).validate(CFG)
     with pytest.raises(TilingError, match="attn_in_moe"):
         replace(TILING, attn_in_moe=3).validate(CFG)
     # 2 (the items behind the QKV tiles on their SMs) was measured slower and removed

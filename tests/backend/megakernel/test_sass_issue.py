@@ -8,7 +8,7 @@ from mkcode.backend.megakernel import sass_issue
 from mkcode.backend.megakernel.build import missing_requirements
 from mkcode.backend.megakernel.code_size import CodeSizeError, find_cuobjdump
 
-FUNCS = [(0x100, 0x200, "op_add_norm"), (0x200, 0x300, "gemv_mma")]
+FUNCS = [(0x100, 0x200, "attn_combine_at"), (0x200, 0x300, "gemv_mma")]
 
 
 def _sass(rows: list[tuple[int, str]]) -> str:
@@ -29,7 +29,7 @@ TEXT = _sass(
 
 
 def test_counts_loads_before_the_first_use_in_the_function():
-    assert sass_issue.loads_before_first(TEXT, FUNCS, "op_add_norm", "LDG.E.128.STRONG", "FADD") == 2
+    assert sass_issue.loads_before_first(TEXT, FUNCS, "attn_combine_at", "LDG.E.128.STRONG", "FADD") == 2
     # no use at all: every load of the function
     assert sass_issue.loads_before_first(TEXT, FUNCS, "gemv_mma", "LDG.E.128.STRONG", "FADD") == 1
 
@@ -38,27 +38,11 @@ def test_unknown_function_or_no_load_is_a_clear_error():
     with pytest.raises(CodeSizeError, match="no device function 'op_route'"):
         sass_issue.loads_before_first(TEXT, FUNCS, "op_route", "LDG", "FADD")
     with pytest.raises(CodeSizeError, match="no LDS before its first FADD"):
-        sass_issue.loads_before_first(TEXT, FUNCS, "op_add_norm", "LDS", "FADD")
-
-
-@pytest.mark.compile
-@pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc, pybind11 and Python headers")
-@pytest.mark.skipif(
-    find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
-)
-def test_compiled_add_norm_issues_every_partial_load_before_its_first_add():
-    """On the object CI compiles: ADD_NORM's residual and 12 unrolled partial loads (4 attention,
-    8 MLP) are all issued before its first add, so they cost the layer's chain one L2 round trip."""
-    from mkcode.backend.megakernel.build import build
-
-    n = sass_issue.object_loads_before_first(
-        build(compile_only=True).path, "op_add_norm", "LDG.E.128.STRONG", "FADD"
-    )
-    assert n >= 13
+        sass_issue.loads_before_first(TEXT, FUNCS, "attn_combine_at", "LDS", "FADD")
 
 
 def test_opcodes_in_counts_one_function():
-    counts = sass_issue.opcodes_in(TEXT, FUNCS, "op_add_norm")
+    counts = sass_issue.opcodes_in(TEXT, FUNCS, "attn_combine_at")
     assert counts == {"LDG.E.128.STRONG.GPU": 3, "LDG.E.64.CONSTANT": 1, "FADD": 1}
     with pytest.raises(CodeSizeError, match="no device function 'op_route'"):
         sass_issue.opcodes_in(TEXT, FUNCS, "op_route")

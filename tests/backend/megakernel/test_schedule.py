@@ -37,7 +37,7 @@ def test_task_counts_at_release_geometry(sched):
     assert s["ROUTE"] == L - 1 and s["ROUTER"] == (L - 1) * (128 // 16)
     assert s["DENSE_UP"] == 3072 // 32 and s["DENSE_DOWN"] == (2048 // 64) * 4
     assert s["LM_HEAD"] == 262144 // 128 and s["SAMPLE_ROW"] == sched.batch and "SAMPLE" not in s
-    assert s["ADD_NORM"] == L * sched.batch and s["EMBED"] == sched.batch
+    assert s["EMBED"] == sched.batch
     assert s["max_per_sm"] <= 280
 
 
@@ -217,28 +217,29 @@ def test_timeline_summary_of_synthetic_records():
     assert bd["sm_us"]["tail"] == 12.0 - 4.0  # block 1: its drain's wait, then nothing of its own
     gp = timeline.gaps(recs)  # block 0: QKV ends (after its signal) at 9000, the MoE item starts then
     assert [(d["prev"], d["next"], d["count"], d["total_us"]) for d in gp] == [("QKV", "MOE_UP", 1, 0.0)]
-    tl[0, 2] = torch.tensor([abi.MK_OP_ADD_NORM | (3 << 8), 15000, 15500, 0, 0, 17000, 17500])
+    tl[0, 2] = torch.tensor([abi.MK_OP_OPROJ | (3 << 8), 15000, 15500, 0, 0, 17000, 17500])
     tl[1, 1] = torch.tensor([abi.MK_OP_MOE_UP | (3 << 8) | (1 << 16), 6000, 6000, 0, 0, 8000, 8500])
-    tl[1, 2] = torch.tensor([abi.MK_OP_ADD_NORM | (3 << 8), 11500, 11500, 0, 0, 12000, 12500])
+    tl[1, 2] = torch.tensor([abi.MK_OP_OPROJ | (3 << 8), 11500, 11500, 0, 0, 12000, 12500])
     gp = timeline.gaps(timeline.records(tl))  # largest total first; drains never count
     assert [(d["prev"], d["next"], d["count"]) for d in gp] == [
-        ("MOE_UP", "ADD_NORM", 2),
+        ("MOE_UP", "OPROJ", 2),
         ("QKV", "MOE_UP", 1),
     ]
     assert gp[0]["total_us"] == 5.0 and gp[0]["median_us"] == 3.0 and gp[0]["p90_us"] == 3.0
     assert bd["per_op"]["QKV"]["gemv"] == 3.0 and bd["per_op"]["DRAIN"]["drain_wait"] == 4.0
     assert timeline.breakdown(recs[:0])["blocks"] == 0
-    ch = timeline.chain_ends(timeline.records(tl))  # layer 3 has no layer-2 add+norm to count from
+    ch = timeline.chain_ends(timeline.records(tl))  # layer 3 has no layer-2 end to count from
     assert ch == []
-    tl[1, 3] = torch.tensor([abi.MK_OP_ADD_NORM | (2 << 8), 500, 500, 0, 0, 700, 800])
+    tl[1, 3] = torch.tensor([abi.MK_OP_OPROJ | (2 << 8), 500, 500, 0, 0, 700, 800])  # layer 2's end
     ch = timeline.chain_ends(timeline.records(tl))
     assert [c["layer"] for c in ch] == [3] and ch[0]["layer_us"] == 17.5 - 0.8
-    assert ch[0]["ends_us"] == {"QKV": 9.0 - 0.8}  # MOE_UP is not a chain op; ends after signals
+    # MOE_UP is not a chain op (nor an end op); ends after signals
+    assert ch[0]["ends_us"] == {"QKV": 9.0 - 0.8, "OPROJ": 17.5 - 0.8}
 
 
-def test_timeline_layer_ends_without_add_norm():
-    """A norm_inline step has no ADD_NORM records: each layer ends with its last O-proj / MLP item's
-    signal (the end counter the next layer waits on), which chain_ends and sm_states then use."""
+def test_timeline_layer_ends():
+    """Each layer ends with its last O-proj / MLP item's signal (the end counter the next layer waits
+    on), which chain_ends and sm_states use."""
     import torch
 
     from mkcode.backend.megakernel import timeline
@@ -329,7 +330,7 @@ def test_layer_chain_medians(tmp_path, capsys):
 
 
 def test_sm_states_of_a_layer(tmp_path, capsys):
-    """timeline.sm_states: per bin of a layer (previous add+norm end to its own), the blocks that
+    """timeline.sm_states: per bin of a layer (the previous layer's end to its own), the blocks that
     stream (a GEMV interval, an ATTN run), sit in fixed costs, wait (by the waiting op) or idle; and
     the module's CLI prints it from a saved step."""
     import torch
@@ -337,9 +338,10 @@ def test_sm_states_of_a_layer(tmp_path, capsys):
     from mkcode.backend.megakernel import timeline
 
     tl = timeline.allocate(3, 3, "cpu")
-    # layer 4's add+norm ends at 1 us, layer 5's at 9 us: the layer spans 8 us (two 4-us bins)
-    tl[2, 0] = torch.tensor([abi.MK_OP_ADD_NORM | (4 << 8), 500, 500, 0, 0, 900, 1000])
-    tl[2, 1] = torch.tensor([abi.MK_OP_ADD_NORM | (5 << 8), 1000, 8000, 0, 0, 8800, 9000])
+    # layer 4's last O-proj tile (its end) signals at 1 us, layer 5's at 9 us: the layer spans 8 us
+    # (two 4-us bins)
+    tl[2, 0] = torch.tensor([abi.MK_OP_OPROJ | (4 << 8), 500, 500, 0, 0, 900, 1000])
+    tl[2, 1] = torch.tensor([abi.MK_OP_OPROJ | (5 << 8), 1000, 8000, 0, 0, 8800, 9000])
     # block 0: a QKV tile waits 1-2 us, stages 2-3, streams 3-7, epilogue + signal 7-8
     tl[0, 0] = torch.tensor([abi.MK_OP_QKV | (5 << 8), 1000, 2000, 3000, 7000, 7500, 8000])
     # block 1: an attention item runs 5-9 us (ready at 5, op end 8.5, signalled 9)
@@ -347,25 +349,25 @@ def test_sm_states_of_a_layer(tmp_path, capsys):
     recs = timeline.records(tl)
     st = timeline.sm_states(recs, 5, bin_us=4.0)
     assert [s["t_us"] for s in st] == [0.0, 4.0]
-    # bin 0 (1-5 us): QKV waits 1/4, fixed 1/4, streams 2/4; the add+norm waits (1-5: 4/4)
+    # bin 0 (1-5 us): QKV waits 1/4, fixed 1/4, streams 2/4; the O-proj tile waits (1-5: 4/4)
     assert st[0]["stream"] == {"QKV": 0.5} and st[0]["fixed"] == 0.25
-    assert st[0]["wait"] == {"QKV": 0.25, "ADD_NORM": 1.0}
+    assert st[0]["wait"] == {"QKV": 0.25, "OPROJ": 1.0}
     assert abs(st[0]["idle"] - (3 - 2.0)) < 1e-9  # block 1 idle all bin
     # bin 1 (5-9 us): QKV streams 2/4 then 1/4 fixed; ATTN streams 3.5/4 and 0.5/4 fixed
     assert st[1]["stream"] == {"QKV": 0.5, "ATTN": 0.875}
-    assert abs(st[1]["fixed"] - (0.25 + 0.125 + 0.25)) < 1e-9  # + the add+norm's run 8-9
-    assert timeline.sm_states(recs, 4) == []  # no layer-3 add+norm to start from
+    assert abs(st[1]["fixed"] - (0.25 + 0.125 + 0.25)) < 1e-9  # + the O-proj tile's run 8-9
+    assert timeline.sm_states(recs, 4) == []  # no layer-3 end to start from
     path = tmp_path / "timeline_bs1.pt"
     torch.save(recs, path)
     assert timeline.main([str(path), "--layer", "5", "--bin", "4"]) == 0
     out = capsys.readouterr().out
     assert "layer 5, per 4 us" in out and "[ATTN:1 QKV:0]" in out  # 0.875 and 0.5 blocks, rounded
     assert timeline.main([str(path), "--layer", "4"]) == 1
-    # sm_tasks: each block's tasks over a window of the layer, from the previous add+norm's end (1 us)
+    # sm_tasks: each block's tasks over a window of the layer, from the previous layer's end (1 us)
     tasks = timeline.sm_tasks(recs, 5, 0.0, 3.0)
     assert sorted(tasks) == [0, 2]  # block 1's attention item starts at 4 us (after the window)
     assert tasks[0] == [{"op": "QKV", "layer": 5, "start": 0.0, "ready": 1.0, "end": 7.0}]
-    assert [t["op"] for t in tasks[2]] == ["ADD_NORM", "ADD_NORM"]  # layer 4's ends at 0 us
+    assert [t["op"] for t in tasks[2]] == ["OPROJ", "OPROJ"]  # layer 4's ends at 0 us
     assert list(timeline.sm_tasks(recs, 5, 5.0, 9.0)) == [0, 1, 2]
     assert timeline.sm_tasks(recs, 4, 0.0, 9.0) == {}
     capsys.readouterr()
@@ -477,9 +479,8 @@ def test_reduced_tiling_carries_options_that_need_each_other():
     t, dropped = gpu_check.reduced_tiling(bs1)
     t.validate(reduced_config())
     assert (t.combine_ctrl, t.ctrl_sms, t.moe_fused) == (bs1.combine_ctrl, bs1.ctrl_sms, bs1.moe_fused)
-    # the reduced default has no norm_inline (a size there), which self-routing items need; the
-    # reduced check runs BS 4, where they cannot run anyway
-    assert dropped == ["moe_local=1 does not fit the reduced geometry, kept 0"]
+    # self-routing items run one row only, and the reduced check runs BS 4
+    assert dropped == ["moe_local=1 runs one row only, the reduced check runs 4: kept 0"]
     t, dropped = gpu_check.reduced_tiling(replace(bs1, moe_up_cols=48))
     assert t.moe_up_cols == default_tiling(reduced_config()).moe_up_cols
     assert any(d.startswith("moe_up_cols=48 does not fit") for d in dropped)
@@ -516,7 +517,6 @@ def test_moe_tiles_widen_with_the_batch():
     from dataclasses import replace
 
     from mkcode.backend.megakernel.tiling import (
-        ENGINE_NORM_INLINE,
         SINGLE_QKV_ROWS,
         SMALL_FUSED_BELOW,
         SMALL_MAX_SPLITS,
@@ -533,10 +533,8 @@ def test_moe_tiles_widen_with_the_batch():
     )
 
     def placement(t, b, wide=False):  # the control SMs (one per row), where the attention drains go
-        # every engine tiling takes norm_inline (ENGINE_NORM_INLINE) where the config allows it
-        assert t.norm_inline == ENGINE_NORM_INLINE
         assert t.moe_local == int(b == 1)  # self-routing fused items at one row (SINGLE_MOE_LOCAL)
-        t = replace(t, norm_inline=0, moe_local=0)
+        t = replace(t, moe_local=0)
         if t.combine_ctrl:  # small batches: fused MoE items below SMALL_FUSED_BELOW rows, the
             # combines on at least 4 control SMs, 256-row LM-head tiles
             assert not wide and t.ctrl_sms == max(b, 4) and t.moe_fused == int(b < SMALL_FUSED_BELOW)

@@ -40,11 +40,11 @@ from tests.backend.megakernel.test_backend_host import FakeNative
 from tests.backend.megakernel.test_emulator import CFG, N_SMS, TILING  # window 64: layers 1-3 and 5 slide
 
 # tilings of the engine's kinds: attention in the MoE queue claimed before ROUTE with one QKV
-# counter per kv head (the BS 8 kind), fused MoE items with the norm inside the GEMVs
+# counter per kv head (the BS 8 kind), fused MoE items (the small batches' kind)
 TILINGS = {
     "base": TILING,
     "moe-head-by-head": replace(TILING, attn_in_moe=3, qkv_by_head=1),
-    "fused-norm-inline": replace(TILING, norm_inline=1, moe_fused=1),
+    "fused": replace(TILING, moe_fused=1),
 }
 # (contexts, rows per sequence): one sequence of 8 rows; across a page boundary (61..66); a ragged
 # mix with a plain row and a context past the window; rows ending on and starting at a page edge
