@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 31
+#define MK_ABI_VERSION 32
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -199,10 +199,8 @@ enum MkError {
 // its ranking and down slice while it waits for the router tiles (bit 262144, +0.3-0.8 %). Kept as
 // the default: the layer's weight pointers copied into shared memory before a GEMV task's wait
 // (bit 131072, -0.8 to -1.1 % at BS 1, -0.1 % at BS 8; mk_kernel.cuh gemv_prologue).
-// MK_MODE_WARM_STAGE (A/B measurement): a QKV or router tile whose inputs are not ready at its first
-// look also runs its activation staging dry (stage_act_norm on x(l) as it is: shared memory only),
-// so that the staging's code is in the instruction cache when the layer's residual is complete.
-#define MK_MODE_WARM_STAGE 524288
+// The QKV and router tiles' staging run dry before their wait (bit 524288) measured equal (H100,
+// 2026-12-07, three rounds at BS 1, two at BS 8) and was removed in ABI 32.
 
 // Claims (lazy): a DRAIN claims two items ahead (the next one's words land while the current one
 // runs) while more than n_sms items remain before the queue's far end (a host queue's end; a MoE

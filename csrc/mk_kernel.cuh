@@ -1352,32 +1352,21 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 // instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
 // code cold from L2 while HBM is saturated (MK_MODE_TWICE measured the add+norm op, since removed,
 // 8.4 us cold, 2.9 us warm; the step without warm-ups was measured slower and that switch removed).
-// MK_MODE_WARM_STAGE adds the router tiles and, for them and the QKV tiles, the staging of h(l).
-__device__ __forceinline__ bool warmable(const Params& p, const int* d) {
+// (The QKV and router tiles' activation staging run dry too, MK_MODE_WARM_STAGE: equal, removed in
+// ABI 32.)
+__device__ __forceinline__ bool warmable(const int* d) {
   const int op = d[MK_F_OP];
-  return d[MK_F_ID] >= 0 && (op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV ||
-                             (op == MK_OP_ROUTER && (p.prefetch_mode & MK_MODE_WARM_STAGE)));
+  return d[MK_F_ID] >= 0 && (op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
 }
 
-// rows: the task's rows array (the dry staging's; gemv_op sets it again).
-__device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s, int* rows) {
-  const int op = d[MK_F_OP], l = d[MK_F_LAYER];
-  if ((op == MK_OP_QKV || op == MK_OP_ROUTER) && (p.prefetch_mode & MK_MODE_WARM_STAGE) && l < p.num_layers) {
-    // x(l) as it is now, into s.act (no copy into x(l + 1): h_rows sets none); s_lw is
-    // gemv_prologue's, published by run_task's barrier before this call
-    rows_identity(rows, p.batch);
-    __syncthreads();
-    stage_rows(shared(s.act), h_rows(p, l, rows, s_lw), p.hidden);
-    __syncthreads();
-  }
-  switch (op) {
+__device__ __noinline__ void warm_op(const Params& p, const int* d, Smem& s) {
+  switch (d[MK_F_OP]) {
     case MK_OP_ROUTE: op_route(p, d[MK_F_LAYER], s, true); break;
     // a QKV tile warms its epilogue (RoPE, the Q / K / V writes): run once per layer on its SM after
     // a GEMV, it took 1-2.2 us there, groups of SMs ending it at the same instant (2026-12-01: BS 4
     // 5.874 / 5.872 vs 6.063 / 5.973 ms, BS 8 8.700 / 8.682 vs 8.794 / 8.660, BS 1 3.111 / 3.102 vs
     // 3.172 / 3.085, gpu_check, same call; with a one-page attention item warmed too: +1-3 %)
     case MK_OP_QKV: op_qkv(p, d, s, true); break;
-    case MK_OP_ROUTER: break;
     default: op_attn_combine(p, d, s, true); break;
   }
 }
@@ -1488,11 +1477,11 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   }
   if (!own_wait) {  // (the attention's own wait: below)
     bool ready = false;  // all waits were satisfied at the first look (then none is repeated)
-    if (warmable(p, d)) {
+    if (warmable(d)) {
       if (threadIdx.x == 0) *flag = wait_task(p, d, /*spin=*/false);
       __syncthreads();
       ready = *flag;
-      if (!ready) warm_op(q, d, s, rows);  // the inputs are not there yet: fetch the op's code meanwhile
+      if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
       __syncthreads();  // everyone has read *flag
     }
     if (!block_wait(p, d, flag, ready)) return false;

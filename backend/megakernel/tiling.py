@@ -338,6 +338,10 @@ SMALL_SPLIT_TOKENS = 2048
 # cap 32: 32768 3.404 (3.416), 40960 3.474 (3.463), 49152 3.531 (3.518), 65536 3.667 (3.616) ms;
 # cap 24: 3.346 (3.414), 3.432 (3.470), 3.474 (3.514), 3.583 (3.615); 98304 3.913 (3.832).
 SMALL_SPLIT_CAP = 24
+# ... and at two rows at most PAIR_SPLIT_CAP (2 rows x 4 kv heads x 24 splits outnumber the SMs):
+# H100, 2026-12-07, gpu_check, one call, two rounds: BS 2 128K 7.080 / 7.072 ms vs 24 splits 7.710 /
+# 7.699 (12: 7.272 / 7.329), 32K 5.368 / 5.370 vs 5.494 / 5.482; BS 1 and BS 3 equal either way.
+PAIR_SPLIT_CAP = 16
 
 
 # Control SMs (Tiling.ctrl_sms): one per batch row (measured when each row's add+norm task, since
@@ -462,7 +466,8 @@ def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int |
 def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The default tiling adapted to a batch size: below WIDE_MOE_FROM_BATCH rows the widest of
     SMALL_MOE_SCALES the config allows, at most SMALL_MAX_SPLITS attention splits (one
-    per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP and `base`'s
+    per SMALL_SPLIT_TOKENS visible tokens at long contexts, up to SMALL_SPLIT_CAP (PAIR_SPLIT_CAP at
+    two rows) and `base`'s
     max_splits) with
     the attention drains on idle SMs first (SMALL_ATTN_IDLE_FIRST), fused MoE items below
     SMALL_FUSED_BELOW rows (where the tile's columns allow them), the combines on SMALL_CTRL_SMS control SMs,
@@ -503,7 +508,7 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
         t,
         max_splits=min(t.max_splits, SMALL_MAX_SPLITS),
         split_tokens=SMALL_SPLIT_TOKENS,
-        split_cap=min(t.max_splits, SMALL_SPLIT_CAP),
+        split_cap=min(t.max_splits, PAIR_SPLIT_CAP if batch == 2 else SMALL_SPLIT_CAP),
         attn_idle_first=SMALL_ATTN_IDLE_FIRST,
     )
     tuned = replace(

@@ -268,9 +268,9 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
         == abi.MK_PREFETCH_DEFAULT
         == 0
     )
-    monkeypatch.setenv("MKCODE_MK_PREFETCH", str(abi.MK_MODE_WARM_STAGE | abi.MK_MODE_TWICE))
+    monkeypatch.setenv("MKCODE_MK_PREFETCH", str(abi.MK_MODE_TWICE))
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
-    assert be.prefetch_mode == abi.MK_MODE_WARM_STAGE | abi.MK_MODE_TWICE
+    assert be.prefetch_mode == abi.MK_MODE_TWICE
 
 
 def test_removed_prefetch_bits_are_refused(weights, monkeypatch):

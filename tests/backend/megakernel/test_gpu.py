@@ -320,9 +320,8 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
-        abi.MK_MODE_WARM_STAGE,  # the QKV and router tiles' stagings run dry before their waits
     ],
-    ids=["default", "twice", "warmstage"],
+    ids=["default", "twice"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -376,10 +375,10 @@ def test_consecutive_steps_fused_moe(small, contexts):
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
-def _local_backend(w, prefetch_mode=None, **over):
+def _local_backend(w, **over):
     """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
     t = replace(_fused_tiling("batch", 1), moe_local=1, **over)
-    return MegakernelBackend(CFG, w, tiling=t, prefetch_mode=prefetch_mode)
+    return MegakernelBackend(CFG, w, tiling=t)
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
@@ -399,13 +398,11 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
-@pytest.mark.parametrize("mode", [0, abi.MK_MODE_WARM_STAGE], ids=["gap-kv", "warm-stage"])
-def test_l2_prefetches_change_nothing(small, mode):
-    """The self-routing items' L2 prefetches of the KV pages and (MK_MODE_WARM_STAGE) the QKV and
-    router tiles' dry stagings before their waits leave every result as it was; a context across
-    several pages."""
+def test_consecutive_steps_self_routing_across_pages(small):
+    """The self-routing items with their L2 prefetches of row 0's KV pages (gap_prefetch_kv) on a
+    context across several pages: every step as the reference."""
     w, _ = small
-    _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=37, steps=3)
+    _consecutive_steps(w, _local_backend(w), [700], seed=37, steps=3)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:

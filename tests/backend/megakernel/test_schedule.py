@@ -154,6 +154,7 @@ def test_long_contexts_raise_the_small_batch_split_cap():
     layers (4096 visible tokens at most) keep the small cap; bad values are refused."""
     from mkcode.backend.kv.layout import PAGE_SIZE as page_tokens
     from mkcode.backend.megakernel.tiling import (
+        PAIR_SPLIT_CAP,
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_CAP,
         SMALL_SPLIT_TOKENS,
@@ -170,6 +171,9 @@ def test_long_contexts_raise_the_small_batch_split_cap():
     for ctx, full in [(8192, SMALL_MAX_SPLITS), (32768, 16), (65536, 24), (200_000, 24)]:
         s = attention_splits(CFG, [ctx - 1], t, 132)
         assert s[False] == [full] and s[True][0] <= SMALL_MAX_SPLITS, ctx
+    # two rows: a lower cap (2 x 4 kv heads x 24 items outnumber the SMs); one and three rows keep 24
+    assert split_cap(tiling_for_batch(CFG, base, 2), 10**6) == PAIR_SPLIT_CAP == 16
+    assert split_cap(tiling_for_batch(CFG, base, 3), 10**6) == SMALL_SPLIT_CAP
     narrow = tiling_for_batch(CFG, replace(base, max_splits=20), 1)  # a base stride below the cap
     assert split_cap(narrow, 10**6) == 20
     assert split_cap(base, 10**6) == base.max_splits  # split_tokens 0: the plain cap
