@@ -305,6 +305,8 @@ def layer_profile(
     kv_tokens = min(context + 1, window) if window else context + 1
     attn_bytes = B * kv_tokens * cfg.num_key_value_heads * cfg.head_dim * 2 * ebytes
     prof = timeline.stream_profile(recs, layer, op_bytes, attn_bytes, bin_us)
+    print(f"  per GEMV op, layers {max(0, layer - 20)}-{layer + 20}: median us of its items")
+    timeline.print_phases(timeline.op_phases(recs, set(range(max(0, layer - 20), layer + 21)), op_bytes))
     gap = timeline.routing_gap(recs, layer, op_bytes, attn_bytes)
     if gap:  # issue 41's bar: >= 3 TB/s
         print(

@@ -329,6 +329,49 @@ def layer_chain(recs: torch.Tensor, layers: set[int]) -> list[dict]:
     return [{"layer_us": statistics.median(lengths) if lengths else 0.0}, *out]
 
 
+def op_phases(recs: torch.Tensor, layers: set[int], op_bytes: dict[str, int] | None = None) -> list[dict]:
+    """Per GEMV opcode (records as `records` returns them, items of `layers`): the medians of an
+    item's wait (start -> waits satisfied), staging (-> GEMV start), GEMV, epilogue (-> op end; a
+    fused item's down slice) and signal, in us, and with op_bytes (an item's weight bytes by opcode,
+    as gpu_check.layer_profile gives them) the GEMV's stream rate per SM in GB/s (`gb_s_sm`;
+    MOE_FUSED_DOWN: the fused items' down slices over their epilogue). An ATTN item's GEMV is its
+    key loop. Sorted by the median staging, longest first: where each item's fixed cost goes."""
+    per: dict[str, list[list[int]]] = defaultdict(list)
+    for row in recs.tolist():
+        if (row[1] >> 8) & 0xFF in layers and row[4] and row[5]:
+            per[_op(row)].append(row)
+    out = []
+    for op, rs in per.items():
+
+        def med(a: int, b: int, rs: list[list[int]] = rs) -> float:
+            return statistics.median((r[b] - r[a]) / 1e3 for r in rs)
+
+        d = {"op": op, "count": len(rs), "wait_us": med(2, 3), "stage_us": med(3, 4), "gemv_us": med(4, 5)}
+        d |= {"epilogue_us": med(5, 6), "signal_us": med(6, 7)}
+        if op_bytes and op in op_bytes and d["gemv_us"] > 0:
+            d["gb_s_sm"] = op_bytes[op] / (d["gemv_us"] * 1e3)
+        if op_bytes and op == "MOE_FUSED" and "MOE_FUSED_DOWN" in op_bytes and d["epilogue_us"] > 0:
+            d["down_gb_s_sm"] = op_bytes["MOE_FUSED_DOWN"] / (d["epilogue_us"] * 1e3)
+        out.append(d)
+    out.sort(key=lambda d: -d["stage_us"])
+    return out
+
+
+def print_phases(phases: list[dict]) -> None:
+    """op_phases as a table (timeline.py --phases, gpu_check bench)."""
+    print(
+        f"    {'op':12s} {'n':>5s} {'wait':>6s} {'stage':>6s} {'gemv':>6s} {'epi':>6s} {'signal':>6s}  GB/s per SM"
+    )
+    for d in phases:
+        rate = f"{d['gb_s_sm']:.0f}" if "gb_s_sm" in d else "-"
+        if "down_gb_s_sm" in d:
+            rate += f" (down slice {d['down_gb_s_sm']:.0f})"
+        print(
+            f"    {d['op']:12s} {d['count']:5d} {d['wait_us']:6.2f} {d['stage_us']:6.2f} {d['gemv_us']:6.2f} "
+            f"{d['epilogue_us']:6.2f} {d['signal_us']:6.2f}  {rate}"
+        )
+
+
 def _op(row: list[int]) -> str:
     """The opcode name of a record row ([block, word 0, ...], as `records` returns them)."""
     return abi.OPNAMES.get(row[1] & 0xFF, "?")
@@ -713,6 +756,12 @@ def main(argv: list[str] | None = None) -> int:
         "medians over the release config's MoE layers 3-46 (layer_chain)",
     )
     p.add_argument(
+        "--phases",
+        action="store_true",
+        help="instead: each GEMV op's median wait, staging, GEMV, epilogue and signal over the release "
+        "config's MoE layers 3-46 (op_phases; GB/s per SM: gpu_check bench prints them)",
+    )
+    p.add_argument(
         "--moe",
         action="store_true",
         help="instead: the layer's MoE up / down tiles by time (moe_phase: ready, end, the downs' "
@@ -745,6 +794,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{d['op']:12s} {d['count']:4.0f} {d['ready_first']:7.1f} {d['ready']:7.1f} {d['gemv0']:7.1f} "
                 f"{d['gemv1']:7.1f} {d['end']:7.1f} {d['end_last']:7.1f}"
             )
+        return 0
+    if args.phases:
+        dense = _release_layer_kinds()[1]
+        print("per GEMV op, median us of its items (layers 3-46 without dense ones)")
+        print_phases(op_phases(recs, {x for x in range(3, 47) if x not in dense}))
         return 0
     if args.moe:
         ph = moe_phase(recs, args.layer, args.bin)

@@ -259,6 +259,24 @@ def test_timeline_layer_ends():
     assert timeline.sm_states(timeline.records(tl), 3, bin_us=1.0)  # a layer span to bin
     # a fused item's epilogue is its down slice's stream: only its staging and signal are fixed
     assert abs(timeline.summarize(tl)["per_op"]["MOE_FUSED*"]["median_fixed_us"] - 0.3) < 1e-9
+    # op_phases: per op, medians of wait / staging / GEMV / epilogue / signal, and the GEMV's rate
+    ph = {d["op"]: d for d in timeline.op_phases(timeline.records(tl), {3}, {"QKV": 1600, "MOE_FUSED": 5600})}
+    assert set(ph) == {"QKV", "MOE_FUSED"}  # layer 2's items are not asked for
+    q = ph["QKV"]
+    assert (q["count"], q["wait_us"], q["stage_us"], q["gemv_us"], q["epilogue_us"], q["signal_us"]) == (
+        1,
+        0.1,
+        0.2,
+        0.8,
+        0.2,
+        0.1,
+    )
+    assert abs(q["gb_s_sm"] - 2.0) < 1e-9  # 1600 bytes in 0.8 us
+    assert abs(ph["MOE_FUSED"]["gb_s_sm"] - 2.0) < 1e-9 and "down_gb_s_sm" not in ph["MOE_FUSED"]
+    assert [d["op"] for d in timeline.op_phases(timeline.records(tl), {3})] == [
+        "QKV",
+        "MOE_FUSED",
+    ]  # staging 0.2 > 0.1
 
 
 def test_layer_lengths_by_kind(tmp_path, capsys):
