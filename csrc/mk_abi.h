@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 32
+#define MK_ABI_VERSION 33
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -66,6 +66,7 @@ enum MkField {
 // Arguments per opcode (A0..A4):
 //   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
+//                            (ROUTER: A2 = MK_ROUTER_COPY_ONLY: only its share of x(l) into x(l+1))
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index (unread)
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
@@ -73,7 +74,8 @@ enum MkField {
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns (A3 =
-//                            MK_MOE_LOCAL: A0 = the row's top-k rank, see the end of this file)
+//                            MK_MOE_LOCAL or MK_MOE_LOCAL_ROUTER: A0 = the row's top-k rank, see
+//                            the end of this file)
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
 //                            A2 = its MLP counter, A3 = its tail queue or -1, A4 =
 //                            MK_DRAIN_LATE_ROUTE or 0)
@@ -284,3 +286,10 @@ enum MkLayerWeight {
 // expert of rank j and its weight, and runs as a fused item of that expert. Every item of a layer
 // reads the same logits with the same code, so they agree on the experts without a table.
 #define MK_MOE_LOCAL 1
+
+// Tiling.router_local (ABI 33, an experiment on top of moe_local): the router tiles are copy-only
+// (A2 = MK_ROUTER_COPY_ONLY: their share of x(l) into x(l+1), no GEMV, no logits) and each fused
+// item (A3 = MK_MOE_LOCAL_ROUTER) computes the layer's E router logits itself from its staged h(l)
+// after the copy tiles' counter, then ranks them as an MK_MOE_LOCAL item does. Nothing writes rlogits.
+#define MK_ROUTER_COPY_ONLY 1
+#define MK_MOE_LOCAL_ROUTER 2

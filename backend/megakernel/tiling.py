@@ -95,6 +95,11 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
+    # 1 (an experiment; needs moe_local): the router tiles only copy their share of x(l) into x(l+1)
+    # (mk_abi.h MK_ROUTER_COPY_ONLY) and each fused item computes the layer's E router logits itself
+    # from its staged h(l) after their counter (MK_MOE_LOCAL_ROUTER): no router GEMV, logits write
+    # and signal on the MoE chain before the ranking. Not in the engine's tilings until measured.
+    router_local: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -106,6 +111,14 @@ class Tiling:
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
         need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
+        need(self.router_local in (0, 1), "router_local must be 0 or 1")
+        need(not self.router_local or self.moe_local, "router_local needs moe_local")
+        # every fused item's router GEMV: all E rows in one tile (a partial 16-row group repeats its
+        # last row, as a router tile of 4 rows does)
+        need(
+            not self.router_local or cfg.num_experts <= abi.MK_MAX_TILE_ROWS,
+            f"router_local: the items' router GEMV takes at most {abi.MK_MAX_TILE_ROWS} experts",
+        )
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
@@ -220,6 +233,7 @@ def norm_geometry_problem(cfg: ModelConfig, router_rows: int) -> str | None:
 SWITCH_FIELDS = frozenset(
     {
         "moe_local",
+        "router_local",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",

@@ -556,6 +556,7 @@ def test_moe_tiles_widen_with_the_batch():
 
     def placement(t, b, wide=False):  # the control SMs (one per row), where the attention drains go
         assert t.moe_local == int(b == 1)  # self-routing fused items at one row (SINGLE_MOE_LOCAL)
+        assert t.router_local == 0  # the items' own router GEMVs: an experiment until measured
         t = replace(t, moe_local=0)
         if t.combine_ctrl:  # small batches: fused MoE items below SMALL_FUSED_BELOW rows, the
             # combines on at least 4 control SMs, 256-row LM-head tiles
