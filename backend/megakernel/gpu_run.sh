@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device-tool call: build the extension, run the GPU tests, benchmark, (optionally) sanitize.
 # Usage (from the repo root, on the GPU machine):
-#   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san|probe]...  (decode: DECODE_BATCHES, default 1,8;
+#   bash backend/megakernel/gpu_run.sh [tests|runtime|bench|decode|san|probe]...  (decode: DECODE_BATCHES, default 1,8, DECODE_CTX, default 8192;
 #                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program;
 #                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
@@ -65,7 +65,7 @@ for stage in "${stages[@]}"; do
     bench)
       timeout ${T_BENCH:-130} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches ${BATCHES:-1 8} --context 8192 --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
     decode)  # the engine's bench harness: graph vs megakernel, one run
-      timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx 8192 \
+      timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx ${DECODE_CTX:-8192} \
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
     ab)  # the engine harness on ab_base/ and this tree, the same cap for both
       T_DECODE=${T_DECODE:-100} tree_rounds decode "B=[18] " ab ab_base . ;;
