@@ -305,8 +305,14 @@ def layer_profile(
     kv_tokens = min(context + 1, window) if window else context + 1
     attn_bytes = B * kv_tokens * cfg.num_key_value_heads * cfg.head_dim * 2 * ebytes
     prof = timeline.stream_profile(recs, layer, op_bytes, attn_bytes, bin_us)
-    print(f"  per GEMV op, layers {max(0, layer - 20)}-{layer + 20}: median us of its items")
-    timeline.print_phases(timeline.op_phases(recs, set(range(max(0, layer - 20), layer + 21)), op_bytes))
+    # the phases' means are printed per op above (summarize); here what each GEMV streams per SM
+    rates = timeline.op_phases(recs, set(range(max(0, layer - 20), layer + 21)), op_bytes)
+    print(
+        f"  GEMV stream per SM, layers {max(0, layer - 20)}-{layer + 20} (median item): "
+        + ", ".join(f"{d['op']} {d['gb_s_sm']:.0f}" for d in rates if "gb_s_sm" in d)
+        + "".join(f", fused down slice {d['down_gb_s_sm']:.0f}" for d in rates if "down_gb_s_sm" in d)
+        + " GB/s"
+    )
     gap = timeline.routing_gap(recs, layer, op_bytes, attn_bytes)
     if gap:  # issue 41's bar: >= 3 TB/s
         print(

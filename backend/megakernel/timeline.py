@@ -357,21 +357,6 @@ def op_phases(recs: torch.Tensor, layers: set[int], op_bytes: dict[str, int] | N
     return out
 
 
-def print_phases(phases: list[dict]) -> None:
-    """op_phases as a table (timeline.py --phases, gpu_check bench)."""
-    print(
-        f"    {'op':12s} {'n':>5s} {'wait':>6s} {'stage':>6s} {'gemv':>6s} {'epi':>6s} {'signal':>6s}  GB/s per SM"
-    )
-    for d in phases:
-        rate = f"{d['gb_s_sm']:.0f}" if "gb_s_sm" in d else "-"
-        if "down_gb_s_sm" in d:
-            rate += f" (down slice {d['down_gb_s_sm']:.0f})"
-        print(
-            f"    {d['op']:12s} {d['count']:5d} {d['wait_us']:6.2f} {d['stage_us']:6.2f} {d['gemv_us']:6.2f} "
-            f"{d['epilogue_us']:6.2f} {d['signal_us']:6.2f}  {rate}"
-        )
-
-
 def _op(row: list[int]) -> str:
     """The opcode name of a record row ([block, word 0, ...], as `records` returns them)."""
     return abi.OPNAMES.get(row[1] & 0xFF, "?")
@@ -759,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         "--phases",
         action="store_true",
         help="instead: each GEMV op's median wait, staging, GEMV, epilogue and signal over the release "
-        "config's MoE layers 3-46 (op_phases; GB/s per SM: gpu_check bench prints them)",
+        "config's MoE layers 3-46 (op_phases; the GB/s per SM: gpu_check bench, which knows the tiles)",
     )
     p.add_argument(
         "--moe",
@@ -798,7 +783,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.phases:
         dense = _release_layer_kinds()[1]
         print("per GEMV op, median us of its items (layers 3-46 without dense ones)")
-        print_phases(op_phases(recs, {x for x in range(3, 47) if x not in dense}))
+        print(f"    {'op':12s} {'n':>5s} {'wait':>6s} {'stage':>6s} {'gemv':>6s} {'epi':>6s} {'signal':>6s}")
+        for d in op_phases(recs, {x for x in range(3, 47) if x not in dense}):
+            print(
+                f"    {d['op']:12s} {d['count']:5d} {d['wait_us']:6.2f} {d['stage_us']:6.2f} {d['gemv_us']:6.2f} "
+                f"{d['epilogue_us']:6.2f} {d['signal_us']:6.2f}"
+            )
         return 0
     if args.moe:
         ph = moe_phase(recs, args.layer, args.bin)
