@@ -209,6 +209,12 @@ __device__ __forceinline__ ActSrc h_rows(const Params& p, int l, const int* rows
   return ActSrc{V.x(l), p.hidden, rows, 0, w, p.rms_eps};
 }
 
+// A router tile's share of the residual's columns, [router_share(.., 0), router_share(.., 1)): the
+// columns of x(l) it copies into x(l+1), the layer's initialiser (the tiling keeps them whole float4s).
+__device__ __forceinline__ int router_share(const Params& p, const int* d, int end) {
+  return (d[MK_F_A0] + end * d[MK_F_A1]) * p.hidden / p.num_experts;
+}
+
 // Before a GEMV task's wait (gemv_prologue, warps 1-: thread 0 polls): layer_w[l] (the layer's
 // weight pointers) into shared memory, so that after the wait the tile's and the norm's pointers are
 // shared-memory reads, not an L2 round trip ahead of the activation loads (the wait's acquire leaves
@@ -235,8 +241,8 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     a = ActSrc{V.dense_act(l), p.dense_inter, rows, d[MK_F_A2]};
   } else if (op == MK_OP_ROUTER) {  // its share of the residual, into x(l+1)
     a.copy = V.x(l + 1);
-    a.copy_lo = d[MK_F_A0] * p.hidden / p.num_experts;
-    a.copy_hi = (d[MK_F_A0] + d[MK_F_A1]) * p.hidden / p.num_experts;
+    a.copy_lo = router_share(p, d, 0);
+    a.copy_hi = router_share(p, d, 1);
   } else if (op == MK_OP_MOE_UP || op == MK_OP_MOE_FUSED) {
     // all batch rows of h(l), staged once per layer and SM and reused (s_h_staged)
     staged = s_h_staged == l;
@@ -468,13 +474,13 @@ __device__ void op_router(const Params& p, const int* d, Smem& s) {
 }
 
 // A copy-only router tile (Tiling.router_local, mk_abi.h MK_ROUTER_COPY_ONLY): the layer's
-// initialiser without the GEMV. Its share of the residual's columns (those a router tile's staging
-// copies, gemv_op's copy_lo / copy_hi) from x(l) into x(l+1), float4s through L2 (x(l) was written
-// by other SMs this step).
+// initialiser without the GEMV. Its share of the residual's columns (router_share, as a router
+// tile's staging copies them) from x(l) into x(l+1), float4s through L2 (x(l) was written by other
+// SMs this step).
 __device__ __noinline__ void router_copy(const Params& p, const int* d) {
   View V(p);
   const int l = d[MK_F_LAYER], H = p.hidden;
-  const int lo = d[MK_F_A0] * H / p.num_experts, n4 = ((d[MK_F_A0] + d[MK_F_A1]) * H / p.num_experts - lo) / 4;
+  const int lo = router_share(p, d, 0), n4 = (router_share(p, d, 1) - lo) / 4;
   for (int i = threadIdx.x; i < n4 * p.batch; i += NT) {
     const int b = i / n4, k = lo + (i - b * n4) * 4;
     *reinterpret_cast<float4*>(V.x(l + 1) + (size_t)b * H + k) = ld_cg4(V.x(l) + (size_t)b * H + k);
@@ -1382,8 +1388,6 @@ __device__ __noinline__ void op_sample_row(const Params& p, const int* d, Smem& 
 // instruction cache when the inputs arrive: an op an SM runs once per layer otherwise fetches its
 // code cold from L2 while HBM is saturated (MK_MODE_TWICE measured the add+norm op, since removed,
 // 8.4 us cold, 2.9 us warm; the step without warm-ups was measured slower and that switch removed).
-// (The QKV and router tiles' activation staging run dry too, MK_MODE_WARM_STAGE: equal, removed in
-// ABI 32.)
 __device__ __forceinline__ bool warmable(const int* d) {
   const int op = d[MK_F_OP];
   return d[MK_F_ID] >= 0 && (op == MK_OP_ROUTE || op == MK_OP_ATTN_COMBINE || op == MK_OP_QKV);
