@@ -166,7 +166,7 @@ def test_moe_local_is_refused_where_it_cannot_run():
 @pytest.mark.parametrize(
     "tiling",
     [TILING, replace(TILING, ctrl_sms=2), _tiling(1)],
-    ids=["tiling", "ctrl-2", "router-local"],
+    ids=["no-ctrl", "ctrl-2", "router-local"],
 )
 @pytest.mark.parametrize("n_sms", [4, 6, 7, 8, 12, 13, 14, 16, 132])
 def test_fits_says_what_the_builder_does(n_sms, tiling):
