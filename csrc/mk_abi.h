@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 33
+#define MK_ABI_VERSION 34
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -74,8 +74,8 @@ enum MkField {
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns (A3 =
-//                            MK_MOE_LOCAL or MK_MOE_LOCAL_ROUTER: A0 = the row's top-k rank, see
-//                            the end of this file)
+//                            MK_MOE_LOCAL or MK_MOE_LOCAL_ROUTER: A0 = the row's top-k rank, A4 =
+//                            row 0's attention splits in the layer, see the end of this file)
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
 //                            A2 = its MLP counter, A3 = its tail queue or -1, A4 =
 //                            MK_DRAIN_LATE_ROUTE or 0)
@@ -286,6 +286,11 @@ enum MkLayerWeight {
 // expert of rank j and its weight, and runs as a fused item of that expert. Every item of a layer
 // reads the same logits with the same code, so they agree on the experts without a table.
 #define MK_MOE_LOCAL 1
+// While they wait for the router tiles, the layer's self-routing items ask L2 for row 0's KV pages
+// the attention splits read first: page k of every split before page k + 1 of any, at most this many
+// pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
+// took the QKV tiles' HBM share).
+#define MK_GAP_KV_PAGES 128
 
 // Tiling.router_local (ABI 33, an experiment on top of moe_local): the router tiles are copy-only
 // (A2 = MK_ROUTER_COPY_ONLY: their share of x(l) into x(l+1), no GEMV, no logits) and each fused

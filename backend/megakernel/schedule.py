@@ -386,7 +386,8 @@ def build_schedule(
                 for m in range(K * up_tiles):
                     j, t = divmod(m, up_tiles)
                     c0, cols = t * tiling.moe_up_cols, tiling.moe_up_cols
-                    item = make_desc(abi.MK_OP_MOE_FUSED, layer, (j, c0, cols, marker), wait_local, (mlp_c,))
+                    args = (j, c0, cols, marker, rows_splits[0])  # A4: which KV pages to prefetch
+                    item = make_desc(abi.MK_OP_MOE_FUSED, layer, args, wait_local, (mlp_c,))
                     item[abi.MK_F_NTOK] = 1
                     item[abi.MK_F_SLOT0] = j
                     emit(item, moe_sms[m])

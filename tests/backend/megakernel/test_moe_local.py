@@ -49,6 +49,14 @@ def _run(weights, context, strategy, sched, seed=0):
     return ws, batch, ref, ref_batch
 
 
+def _attn_items(sched, layer):
+    return [
+        t
+        for t in sched.queue_desc
+        if int(t[abi.MK_F_OP]) == abi.MK_OP_ATTN and int(t[abi.MK_F_LAYER]) == layer
+    ]
+
+
 def _ops(sched, layer):
     return [int(t[abi.MK_F_OP]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer]
 
@@ -64,12 +72,15 @@ def test_self_routing_items_match_the_reference(weights, context, strategy, rout
             continue
         ops = _ops(sched, layer)
         assert abi.MK_OP_ROUTE not in ops
+        # A4: row 0's attention splits in the layer (which KV pages the items prefetch, gap_prefetch_kv)
+        splits = {int(t[abi.MK_F_A3]) for t in _attn_items(sched, layer)}
+        assert len(splits) == 1
         assert ops.count(abi.MK_OP_MOE_FUSED) == CFG.num_experts_per_tok * 2  # 64 columns in 32-col tiles
         for t in sched.tasks:
             if int(t[abi.MK_F_LAYER]) != layer:
                 continue
             if int(t[abi.MK_F_OP]) == abi.MK_OP_MOE_FUSED:
-                assert int(t[abi.MK_F_A3]) == marker
+                assert int(t[abi.MK_F_A3]) == marker and {int(t[abi.MK_F_A4])} == splits
             if int(t[abi.MK_F_OP]) == abi.MK_OP_ROUTER:  # copy-only with router_local
                 assert (int(t[abi.MK_F_A2]) == abi.MK_ROUTER_COPY_ONLY) == bool(router_local)
         # every drain of the layer is a host-queue drain (attention, then the O-proj tail)
