@@ -34,7 +34,7 @@
 // for activations / for a full stage, the loader waiting for a free stage; base: the pre-GEMV time),
 // and the check (max |y - ref| / max |ref|).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   csrc/probes/ring_probe.cu -o /tmp/ring_probe && /tmp/ring_probe [smoke|geom|persm|grid|all]
+//   csrc/probes/ring_probe.cu -o /tmp/ring_probe && /tmp/ring_probe [smoke|geom|persm|grid|resident|all]
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -875,6 +875,21 @@ int main(int argc, char** argv) {
           for (double F : {4.0, 8.0})
             for (int D : {2, 4, 6})
               if (go({TMA, NB, R, 32768, D, G, DEP_GLOB, 1, F}, nullptr)) return 1;
+  }
+  if (!strcmp(mode, "resident") || !strcmp(mode, "all")) {
+    // the design docs/MEGAKERNEL.md proposes: a tile that sits whole in the ring (R 32: 128 KB, about
+    // a QKV + router share of 132 SMs; R 64: 256 KB, three quarters of it) is loaded during the
+    // previous item and its layer-boundary wait, so after the wait only the math from shared memory
+    // remains (us per item against base; base's K split needs R >= 32)
+    printf("== resident tiles ==\n");
+    for (int G : {Gs[0], Gs[2]})
+      for (int R : {32, 64})
+        for (int dep : {DEP_NONE, DEP_GLOB})
+          for (double F : {0.0, 4.0}) {
+            if (go({2, 1, R, 0, 0, G, dep, 0, F}, nullptr)) return 1;
+            for (int fl : {(int)BULK, (int)TMA})
+              if (go({fl, 1, R, 32768, 6, G, dep, 0, F}, nullptr)) return 1;
+          }
   }
   printf("checks: %d wrong\n", wrong);
   return wrong ? 2 : 0;
