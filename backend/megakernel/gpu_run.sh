@@ -5,6 +5,7 @@
 #                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program;
 #                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
+#   bash backend/megakernel/gpu_run.sh next      # the next device call docs/MEGAKERNEL.md names
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -82,6 +83,12 @@ for stage in "${stages[@]}"; do
           timeout ${T_PROBE:-120} "/tmp/$probe" "$arg" 2>&1 | tee -a "$OUT/$probe.log"
           rc=${PIPESTATUS[0]}; echo "$probe $arg: exit $rc"; [[ $rc == 0 ]] || break
         done ;;
+    next)  # the next device call docs/MEGAKERNEL.md names, in one stage (~420 s on an H100)
+      T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -3
+      DECODE_BATCHES=1,2 DECODE_CTX=8192,131072 T_DECODE=${T_DECODE:-150} bash "$0" decode | grep -E "B=|HBM|rror"
+      VARIANTS="prefetch=0 router_local=1 prefetch=0 router_local=1" BATCHES=1 T_BENCH=${T_BENCH:-90} \
+        BENCH_ARGS="--timeline-variant router_local=1" bash "$0" bench | grep -E "^BS|routing gap|GEMV stream|rror"
+      PROBE=ring_probe PROBE_ARGS=resident T_PROBE=60 bash "$0" probe | grep -E "resident|bound|base|bulk|tma|exit" ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
