@@ -67,7 +67,7 @@ enum MkField {
 //   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
 //                            (ROUTER: A2 = MK_ROUTER_COPY_ONLY: only its share of x(l) into x(l+1))
-//   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1, A4 = split index (unread)
+//   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
 //   ATTN_COMBINE             A0 = row, A1 = kv head, A2 = splits

@@ -343,7 +343,7 @@ class OpSemantics:
         return acc
 
     def op_oproj(self, layer, a, d) -> Access:
-        r0, n, k0, k1, _ = a
+        r0, n, k0, k1 = a[:4]
         reads = [(("attn_out", layer, b), k0, k1) for b in self._rows()]
         acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
         if self.math:
@@ -367,7 +367,7 @@ class OpSemantics:
         return acc
 
     def op_dense_down(self, layer, a, d) -> Access:
-        r0, n, k0, k1, _ = a
+        r0, n, k0, k1 = a[:4]
         reads = [(("dense_act", layer, b), k0, k1) for b in self._rows()]
         acc = Access(reads=reads, accums=self._add_out(layer, list(self._rows()), r0, n))
         if self.math:

@@ -459,7 +459,7 @@ def build_schedule(
             make_desc(
                 abi.MK_OP_OPROJ,
                 layer,
-                (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan, s),
+                (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan),
                 ((comb_c[s], B),),
                 (mlp_c,),  # the layer's one end counter
             )
@@ -516,13 +516,7 @@ def build_schedule(
                         make_desc(
                             abi.MK_OP_DENSE_DOWN,
                             layer,
-                            (
-                                t * tiling.dense_down_rows,
-                                tiling.dense_down_rows,
-                                s * kspan,
-                                (s + 1) * kspan,
-                                s,
-                            ),
+                            (t * tiling.dense_down_rows, tiling.dense_down_rows, s * kspan, (s + 1) * kspan),
                             ((up_c, n_up),),
                             (mlp_c,),
                         )
