@@ -115,6 +115,13 @@ __device__ __forceinline__ void rows_identity(int* rows, int B) {
 
 // ---- the weight tile of each GEMV task (one definition, for gemv_op) -------------------------------
 
+// Router rows r0 .. r0 + n of a layer (lw: its weight pointers): read every step, small (E x H per
+// layer), so kept in L2 across steps. A router tile's, or (router_local) a fused item's E rows.
+__device__ __forceinline__ Gemv router_gemv(const long long* lw, int r0, int n, int H) {
+  const bf16* W = (const bf16*)lw[MK_LW_ROUTER] + (size_t)r0 * H;
+  return Gemv{W, H, W, H, n, n, H, true};
+}
+
 // lw: the task's layer row of weight pointers (layer_w[l], or gemv_prologue's copy of it).
 __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const long long* lw, Gemv& g) {
   View V(p);
@@ -130,11 +137,9 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
-    case MK_OP_ROUTER: {  // read every step, small (E x H per layer): kept in L2 across steps
-      const bf16* W = (const bf16*)lw[MK_LW_ROUTER] + (size_t)a0 * H;
-      g = Gemv{W, H, W, H, a1, a1, H, true};
+    case MK_OP_ROUTER:
+      g = router_gemv(lw, a0, a1, H);
       return true;
-    }
     case MK_OP_DENSE_UP: {
       const bf16* Wg = (const bf16*)lw[MK_LW_GATE] + (size_t)a0 * H;
       const bf16* Wu = (const bf16*)lw[MK_LW_UP] + (size_t)a0 * H;
@@ -260,9 +265,8 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     __syncthreads();
   }
   Gemv g;
-  if (router)  // as a router tile's: weights kept in L2 (the up GEMV's marks overwrite the timeline's)
-    g = Gemv{(const bf16*)lw[MK_LW_ROUTER], p.hidden, (const bf16*)lw[MK_LW_ROUTER], p.hidden,
-             p.num_experts, p.num_experts, p.hidden, true};
+  if (router)  // all E rows (the up GEMV's marks overwrite the timeline's)
+    g = router_gemv(lw, 0, p.num_experts, p.hidden);
   else
     task_gemv(p, d, lw, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
