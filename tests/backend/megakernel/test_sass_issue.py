@@ -1,4 +1,4 @@
-"""sass_issue: the loads a device function issues before its first use of one, from SASS."""
+"""sass_issue: the opcodes a device function compiled to, from SASS."""
 
 from __future__ import annotations
 
@@ -26,19 +26,6 @@ TEXT = _sass(
         (0x200, "LDG.E.128.STRONG.GPU R20, desc[UR4][R6.64]"),  # the next function
     ]
 )
-
-
-def test_counts_loads_before_the_first_use_in_the_function():
-    assert sass_issue.loads_before_first(TEXT, FUNCS, "attn_combine_at", "LDG.E.128.STRONG", "FADD") == 2
-    # no use at all: every load of the function
-    assert sass_issue.loads_before_first(TEXT, FUNCS, "gemv_mma", "LDG.E.128.STRONG", "FADD") == 1
-
-
-def test_unknown_function_or_no_load_is_a_clear_error():
-    with pytest.raises(CodeSizeError, match="no device function 'op_route'"):
-        sass_issue.loads_before_first(TEXT, FUNCS, "op_route", "LDG", "FADD")
-    with pytest.raises(CodeSizeError, match="no LDS before its first FADD"):
-        sass_issue.loads_before_first(TEXT, FUNCS, "attn_combine_at", "LDS", "FADD")
 
 
 def test_opcodes_in_counts_one_function():
