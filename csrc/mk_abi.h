@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 34
+#define MK_ABI_VERSION 35
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -66,7 +66,6 @@ enum MkField {
 // Arguments per opcode (A0..A4):
 //   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
-//                            (ROUTER: A2 = MK_ROUTER_COPY_ONLY: only its share of x(l) into x(l+1))
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
@@ -74,7 +73,7 @@ enum MkField {
 //   MOE_UP                   A0 = expert, A1 = first intermediate column, A2 = columns
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns (A3 =
-//                            MK_MOE_LOCAL or MK_MOE_LOCAL_ROUTER: A0 = the row's top-k rank, A4 =
+//                            MK_MOE_LOCAL: A0 = the row's top-k rank, A4 =
 //                            row 0's attention splits in the layer, see the end of this file)
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
 //                            A2 = its MLP counter, A3 = its tail queue or -1, A4 =
@@ -291,10 +290,3 @@ enum MkLayerWeight {
 // pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
 // took the QKV tiles' HBM share).
 #define MK_GAP_KV_PAGES 128
-
-// Tiling.router_local (ABI 33, an experiment on top of moe_local): the router tiles are copy-only
-// (A2 = MK_ROUTER_COPY_ONLY: their share of x(l) into x(l+1), no GEMV, no logits) and each fused
-// item (A3 = MK_MOE_LOCAL_ROUTER) computes the layer's E router logits itself from its staged h(l)
-// after the copy tiles' counter, then ranks them as an MK_MOE_LOCAL item does. Nothing writes rlogits.
-#define MK_ROUTER_COPY_ONLY 1
-#define MK_MOE_LOCAL_ROUTER 2

@@ -115,13 +115,6 @@ __device__ __forceinline__ void rows_identity(int* rows, int B) {
 
 // ---- the weight tile of each GEMV task (one definition, for gemv_op) -------------------------------
 
-// Router rows r0 .. r0 + n of a layer (lw: its weight pointers): read every step, small (E x H per
-// layer), so kept in L2 across steps. A router tile's, or (router_local) a fused item's E rows.
-__device__ __forceinline__ Gemv router_gemv(const long long* lw, int r0, int n, int H) {
-  const bf16* W = (const bf16*)lw[MK_LW_ROUTER] + (size_t)r0 * H;
-  return Gemv{W, H, W, H, n, n, H, true};
-}
-
 // lw: the task's layer row of weight pointers (layer_w[l], or gemv_prologue's copy of it).
 __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const long long* lw, Gemv& g) {
   View V(p);
@@ -137,9 +130,11 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
-    case MK_OP_ROUTER:
-      g = router_gemv(lw, a0, a1, H);
+    case MK_OP_ROUTER: {  // read every step, small (E x H per layer): kept in L2 across steps
+      const bf16* W = (const bf16*)lw[MK_LW_ROUTER] + (size_t)a0 * H;
+      g = Gemv{W, H, W, H, a1, a1, H, true};
       return true;
+    }
     case MK_OP_DENSE_UP: {
       const bf16* Wg = (const bf16*)lw[MK_LW_GATE] + (size_t)a0 * H;
       const bf16* Wu = (const bf16*)lw[MK_LW_UP] + (size_t)a0 * H;
@@ -196,9 +191,7 @@ __device__ void moe_rows(const int* d, int* rows) {
 // tasks and queue items) instead of an inlined copy per op and call site; it reads Params from
 // s_params (run_task passes it). Measured 2026-11-30: the step kernel's stack frame 592 -> 272 B, its spill
 // stores 1216 -> 232 B, its code 263 -> 164 KB; step time unchanged (docs/MEGAKERNEL.md).
-__device__ __forceinline__ bool is_gemv_op(const int* d) {
-  const int op = d[MK_F_OP];
-  if (op == MK_OP_ROUTER && d[MK_F_A2] == MK_ROUTER_COPY_ONLY) return false;  // no GEMV (router_copy)
+__device__ __forceinline__ bool is_gemv_op(int op) {
   return op == MK_OP_QKV || op == MK_OP_OPROJ || op == MK_OP_DENSE_UP || op == MK_OP_DENSE_DOWN ||
          op == MK_OP_ROUTER || op == MK_OP_MOE_UP || op == MK_OP_MOE_DOWN || op == MK_OP_LM_HEAD ||
          op == MK_OP_MOE_FUSED;
@@ -231,9 +224,7 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
   if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = View(p).lw_row(l)[i];
 }
 
-// router: (Tiling.router_local) a self-routing fused item's GEMV of all E router rows over its staged
-// h(l) instead of its own tile (moe_local_route; a second call site of gemv_mma grew gemv_op's spills).
-__device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows, bool router = false) {
+__device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
   const long long* lw = l < p.num_layers ? s_lw : nullptr;  // gemv_prologue's copy (the LM head: none)
@@ -265,10 +256,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     __syncthreads();
   }
   Gemv g;
-  if (router)  // all E rows (the up GEMV's marks overwrite the timeline's)
-    g = router_gemv(lw, 0, p.num_experts, p.hidden);
-  else
-    task_gemv(p, d, lw, g);
+  task_gemv(p, d, lw, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
@@ -477,20 +465,6 @@ __device__ void op_router(const Params& p, const int* d, Smem& s) {
   }
 }
 
-// A copy-only router tile (Tiling.router_local, mk_abi.h MK_ROUTER_COPY_ONLY): the layer's
-// initialiser without the GEMV. Its share of the residual's columns (router_share, as a router
-// tile's staging copies them) from x(l) into x(l+1), float4s through L2 (x(l) was written by other
-// SMs this step).
-__device__ __noinline__ void router_copy(const Params& p, const int* d) {
-  View V(p);
-  const int l = d[MK_F_LAYER], H = p.hidden;
-  const int lo = router_share(p, d, 0), n4 = (router_share(p, d, 1) - lo) / 4;
-  for (int i = threadIdx.x; i < n4 * p.batch; i += NT) {
-    const int b = i / n4, k = lo + (i - b * n4) * 4;
-    *reinterpret_cast<float4*>(V.x(l + 1) + (size_t)b * H + k) = ld_cg4(V.x(l) + (size_t)b * H + k);
-  }
-}
-
 // Order-preserving uint32 key of an fp32 value.
 __device__ __forceinline__ uint32_t fkey(float f) {
   const uint32_t u = __float_as_uint(f);
@@ -637,9 +611,8 @@ __device__ __noinline__ void op_route(const Params& p, int l, Smem& s, bool dry)
 }
 
 // A fused item that routes itself (Tiling.moe_local, mk_abi.h MK_MOE_LOCAL).
-// MK_MOE_LOCAL_ROUTER (Tiling.router_local): one that computes the router logits too.
 __device__ __forceinline__ bool moe_local(const int* d) {
-  return d[MK_F_OP] == MK_OP_MOE_FUSED && (d[MK_F_A3] == MK_MOE_LOCAL || d[MK_F_A3] == MK_MOE_LOCAL_ROUTER);
+  return d[MK_F_OP] == MK_OP_MOE_FUSED && d[MK_F_A3] == MK_MOE_LOCAL;
 }
 
 // Tiling.moe_local (mk_abi.h MK_MOE_LOCAL), after the router tiles' wait: rank row 0's logits as
@@ -648,15 +621,14 @@ __device__ __forceinline__ bool moe_local(const int* d) {
 // op_moe_fused read) and its routing weight into s_rw[0]. The logits go through s.out, free until
 // the GEMV; the staged h rows (s.act) and their norm sums stay. Nothing on the device reads the
 // expert table, route_w or moe_info in this mode; the rank's first tile writes them for the host.
-// own: the logits are row 0 of this item's router GEMV (moe_local_route: s.out[e * 8]), not rlogits.
 template <int J>
-__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s, bool own) {
+__device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, rank = d[MK_F_A0];
-  float* lg = shared(s.out) + (own ? 8 * E : 0);  // past the GEMV's E x 8 outputs (E <= 384)
+  float* lg = shared(s.out);
   const float* src = V.rlogits(d[MK_F_LAYER]);
   for (int e = threadIdx.x; e < E; e += NT) {
-    const float v = own ? s.out[e * 8] : __ldcg(src + e);
+    const float v = __ldcg(src + e);
     lg[e] = isnan(v) ? -INFINITY : v;  // as ROUTE: a total order, K distinct experts
   }
   __syncthreads();  // also: every thread has read A0 before it changes below
@@ -688,17 +660,11 @@ __device__ void moe_local_route_impl(const Params& p, int* d, Smem& s, bool own)
   __syncthreads();
 }
 
-// rows: unread (the h(l) rows are staged: moe_local_stage).
-__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s, int* rows) {
-  // Tiling.router_local (MK_MOE_LOCAL_ROUTER): first the layer's E router logits of the staged h(l)
-  // (s.act, s_nss), as the router tiles' GEMV, into s.out[e * 8 + b]; the staged rows and s_nss stay
-  // for the up GEMV. gemv_op ends with a barrier.
-  const bool own = d[MK_F_A3] == MK_MOE_LOCAL_ROUTER;
-  if (own) gemv_op(p, d, s, rows, /*router=*/true);
+__device__ __noinline__ void moe_local_route(const Params& p, int* d, Smem& s) {
   if (p.num_experts <= 128)
-    moe_local_route_impl<4>(p, d, s, own);
+    moe_local_route_impl<4>(p, d, s);
   else
-    moe_local_route_impl<ROUTE_J>(p, d, s, own);
+    moe_local_route_impl<ROUTE_J>(p, d, s);
 }
 
 // Before ROUTE's dependency wait: reset the layer's dynamic counters (its MoE queue head and the
@@ -1511,7 +1477,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
-  if (is_gemv_op(d)) gemv_prologue(q, d);
+  if (is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
     cp_async_wait_all();  // no copy may land after the block has left
@@ -1528,8 +1494,8 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
     }
     if (!block_wait(p, d, flag, ready)) return false;
   }
-  if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s, rows);  // d: this SM's copy (s_desc)
-  if (is_gemv_op(d)) gemv_op(q, d, s, rows);  // then the op's epilogue below
+  if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
+  if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below
   switch (d[MK_F_OP]) {
     case MK_OP_NOP:
       break;
@@ -1559,10 +1525,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       op_dense_down(q, d, s);
       break;
     case MK_OP_ROUTER:
-      if (d[MK_F_A2] == MK_ROUTER_COPY_ONLY)
-        router_copy(q, d);
-      else
-        op_router(p, d, s);
+      op_router(p, d, s);
       break;
     case MK_OP_ROUTE:
       op_route(q, d[MK_F_LAYER], s, false);

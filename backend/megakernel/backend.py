@@ -273,9 +273,7 @@ class MegakernelBackend:
         t = tiling_for_batch(self.cfg, self.tiling, B, position)
         # the one-row self-routing items need SMs free of the QKV and router tiles: on a part with
         # too few SMs the engine keeps ROUTE (an explicit tiling is refused by build_schedule)
-        if t.moe_local and not moe_local_fits(self.cfg, t, self.n_sms):
-            t = replace(t, moe_local=0, router_local=0)  # (router_local needs moe_local)
-        return t
+        return t if not t.moe_local or moe_local_fits(self.cfg, t, self.n_sms) else replace(t, moe_local=0)
 
     def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
         """Build and upload the schedules for these batch sizes at this context (all rows at it), so

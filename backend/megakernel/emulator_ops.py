@@ -377,24 +377,17 @@ class OpSemantics:
         return acc
 
     def op_router(self, layer, a, d) -> Access:
-        """A router tile: its experts' logits of h(l) and its share of the residual's columns, x(l)
-        into x(l+1) (the layer's sum starts there). Copy-only (A2 = MK_ROUTER_COPY_ONLY,
-        Tiling.router_local): the copy alone, reading those columns of x(l)."""
         e0, n = a[0], a[1]
         H, E = self.cfg.hidden_size, self.cfg.num_experts
+        acc = Access(
+            reads=self._h_reads(layer),
+            writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
+        )
+        # its share of the residual: the layer's sum x(l+1) starts there
         c0, c1 = e0 * H // E, (e0 + n) * H // E
-        copy_only = a[2] == abi.MK_ROUTER_COPY_ONLY
-        if copy_only:
-            acc = Access(reads=[(("x", layer, b), c0, c1) for b in self._rows()])
-        else:
-            acc = Access(
-                reads=self._h_reads(layer),
-                writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
-            )
         acc.writes += [(("x", layer + 1, b), c0, c1) for b in self._rows()]
         if self.math:
             self.ws["x"][layer + 1, : self.B, c0:c1] = self.ws["x"][layer, : self.B, c0:c1]
-        if self.math and not copy_only:
             W = self.w.layers[layer].router[e0 : e0 + n].float()
             self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self._h(layer) @ W.T
         return acc
@@ -425,18 +418,16 @@ class OpSemantics:
         self.ws["moe_info"][layer, 0] = len(table)
         return acc
 
-    def _topk(self, layer, logits: torch.Tensor | None = None) -> tuple[list[list[int]], torch.Tensor | None]:
+    def _topk(self, layer) -> tuple[list[list[int]], torch.Tensor | None]:
         """Each row's top-k experts by rank and their routing weights [B, K] (None without math:
-        random experts), from the router's logits (rlogits, or `logits` [B, E]) as ROUTE (and a
-        self-routing item) ranks them."""
+        random experts), from the router's logits as ROUTE (and a self-routing item) ranks them."""
         cfg, B = self.cfg, self.B
         E, K = cfg.num_experts, cfg.num_experts_per_tok
         if not self.math:
             return [[int(e) for e in self.rng.choice(E, K, replace=False)] for _ in range(B)], None
         # NaN ranks as -inf (as in the kernel); equal logits in expert order (the kernel's tie rule:
         # the lower id first; torch.topk leaves the order of ties open)
-        logits = self.ws["rlogits"][layer, :B] if logits is None else logits
-        logits = torch.nan_to_num(logits, nan=float("-inf"))
+        logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
         top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
         w = ops.route_weights(top[:, :K], cfg.expert_selection_fn, cfg.norm_topk_prob)
         return ids[:, :K].tolist(), w
@@ -487,25 +478,19 @@ class OpSemantics:
         """Up tile (columns c0 .. c0+n) then the down slice of those columns for every hidden row,
         weighted by each token's routing weight and added into its row of x(l+1). A self-routing
         item (A3 = MK_MOE_LOCAL, Tiling.moe_local) is rank A0 of row 0: it ranks the router's logits
-        itself and takes that rank's expert and weight (no table, no route_w). With A3 =
-        MK_MOE_LOCAL_ROUTER (Tiling.router_local) it computes those logits itself from h(l) and the
-        router weights (rlogits is not read)."""
+        itself and takes that rank's expert and weight (no table, no route_w)."""
         e, c0, n = a[0], a[1], a[2]
         K, H, E = self.cfg.num_experts_per_tok, self.cfg.hidden_size, self.cfg.num_experts
         slots = self._moe_slots(d)
-        own = a[3] == abi.MK_MOE_LOCAL_ROUTER  # its own router GEMV over h(l)
-        local = a[3] == abi.MK_MOE_LOCAL or own
+        local = a[3] == abi.MK_MOE_LOCAL
         if local:
             if layer not in self.local_routes:  # every item of the layer ranks the same logits
-                logits = None
-                if own and self.math:
-                    logits = self._h(layer)[:1] @ self.w.layers[layer].router.float().T
-                ids_l, w = self._topk(layer, logits)
+                ids_l, w = self._topk(layer)
                 self.local_routes[layer] = (ids_l[0], [] if w is None else w[0].tolist())
             experts, weights = self.local_routes[layer]
             rank = e
             e = experts[rank]
-            reads = [*self._h_reads(layer)] + ([] if own else [(("rlogits", layer, 0), 0, E)])
+            reads = [*self._h_reads(layer), (("rlogits", layer, 0), 0, E)]
         else:
             reads = self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots]
         acc = Access(reads=reads, accums=[(("x", layer + 1, s // K), 0, H) for s in slots])

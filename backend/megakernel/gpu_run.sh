@@ -83,16 +83,20 @@ for stage in "${stages[@]}"; do
           timeout ${T_PROBE:-120} "/tmp/$probe" "$arg" 2>&1 | tee -a "$OUT/$probe.log"
           rc=${PIPESTATUS[0]}; echo "$probe $arg: exit $rc"; [[ $rc == 0 ]] || break
         done ;;
-    next)  # the next device call docs/MEGAKERNEL.md names, in one stage (~520 s on an H100)
+    next)  # the next device call docs/MEGAKERNEL.md names, in one stage (~400 s on an H100)
       T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -3
-      DECODE_BATCHES=1,2 DECODE_CTX=8192,131072 T_DECODE=${T_DECODE:-150} bash "$0" decode | grep -E "B=|HBM|rror"
-      VARIANTS="prefetch=0 router_local=1 prefetch=0 router_local=1" BATCHES=1 T_BENCH=${T_BENCH:-90} \
-        BENCH_ARGS="--timeline-variant router_local=1" bash "$0" bench | grep -E "^BS|routing gap|GEMV stream|rror"
-      V="prefetch=0 prefetch=0,split_cap=20"; VARIANTS="$V $V" BATCHES=1 T_BENCH=100 BENCH_ARGS="--context 131072" \
-        OUT=$OUT/c131072 bash "$0" bench | grep -E "^BS|rror"  # one wave of attention items at 128K?
-      PROBE=ring_probe PROBE_ARGS=resident T_PROBE=60 bash "$0" probe | grep -E "resident|bound|base|bulk|tma|exit"
-      # what comes back (the device tool returns at most 8 files): logs, bench JSONs, the BS 1 timeline
-      rm -f "$OUT"/{build.log,gpu.txt,decode.log,ring_probe.ptxas} "$OUT"/c131072/{bench.log,timeline_*.pt,build.log,gpu.txt}
+      # the hybrid's split (backend/engine/hybrid_backend.py): graph vs megakernel by rows and context,
+      # twice; then BS 4 and 8 at 8K (the figures PERF.md keeps)
+      for round in 1 2; do
+        DECODE_BATCHES=1 DECODE_CTX=512,2048,8192,32768,65536,98304,131072,262144 T_DECODE=${T_DECODE:-150} \
+          OUT=$OUT/sweep$round bash "$0" decode | grep -E "B=|rror"
+        DECODE_BATCHES=2 DECODE_CTX=2048,8192,32768,131072 T_DECODE=${T_DECODE:-100} \
+          OUT=$OUT/pair$round bash "$0" decode | grep -E "B=|rror"
+      done
+      DECODE_BATCHES=4,8 DECODE_CTX=8192 T_DECODE=${T_DECODE:-120} OUT=$OUT/wide bash "$0" decode | grep -E "B=|rror"
+      BATCHES=1 T_BENCH=${T_BENCH:-60} bash "$0" bench | grep -E "^BS|routing gap|GEMV stream|rror"  # + timeline
+      # what comes back (the device tool returns at most 8 files): decode JSONs, logs, the BS 1 timeline (8 with pytest.log)
+      rm -f "$OUT"/{build.log,gpu.txt,bench.log} "$OUT"/{sweep1,sweep2,pair1,pair2,wide}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac

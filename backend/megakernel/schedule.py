@@ -352,14 +352,12 @@ def build_schedule(
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + n_o)
             if not local:  # device-made items (Tiling.moe_local: static tasks, counted by emit)
                 cs.totals[mlp_c] += B * K * mlp_items
-            # Tiling.router_local: copy-only router tiles (the initialisers of x(l+1), no logits)
-            copy_only = (abi.MK_ROUTER_COPY_ONLY,) if local and tiling.router_local else ()
             for t in range(n_router):
                 emit(
                     make_desc(
                         abi.MK_OP_ROUTER,
                         layer,
-                        (t * tiling.router_rows, tiling.router_rows, *copy_only),
+                        (t * tiling.router_rows, tiling.router_rows),
                         wait_h,
                         (router_c,),
                     ),
@@ -381,12 +379,10 @@ def build_schedule(
                         f"QKV and router tiles, {len(free)} are"
                     )
                 wait_local = (*wait_h, (router_c, n_router))  # h(l) first: the item stages it meanwhile
-                # Tiling.router_local: the item computes the logits itself (router_c: the copies)
-                marker = abi.MK_MOE_LOCAL_ROUTER if tiling.router_local else abi.MK_MOE_LOCAL
                 for m in range(K * up_tiles):
                     j, t = divmod(m, up_tiles)
                     c0, cols = t * tiling.moe_up_cols, tiling.moe_up_cols
-                    args = (j, c0, cols, marker, rows_splits[0])  # A4: which KV pages to prefetch
+                    args = (j, c0, cols, abi.MK_MOE_LOCAL, rows_splits[0])  # A4: which KV pages to prefetch
                     item = make_desc(abi.MK_OP_MOE_FUSED, layer, args, wait_local, (mlp_c,))
                     item[abi.MK_F_NTOK] = 1
                     item[abi.MK_F_SLOT0] = j

@@ -95,11 +95,6 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
-    # 1 (an experiment; needs moe_local): the router tiles only copy their share of x(l) into x(l+1)
-    # (mk_abi.h MK_ROUTER_COPY_ONLY) and each fused item computes the layer's E router logits itself
-    # from its staged h(l) after their counter (MK_MOE_LOCAL_ROUTER): no router GEMV, logits write
-    # and signal on the MoE chain before the ranking. Not in the engine's tilings until measured.
-    router_local: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -111,14 +106,6 @@ class Tiling:
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
         need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
-        need(self.router_local in (0, 1), "router_local must be 0 or 1")
-        need(not self.router_local or self.moe_local, "router_local needs moe_local")
-        # every fused item's router GEMV: all E rows in one tile (a partial 16-row group repeats its
-        # last row, as a router tile of 4 rows does)
-        need(
-            not self.router_local or cfg.num_experts <= abi.MK_MAX_TILE_ROWS,
-            f"router_local: the items' router GEMV takes at most {abi.MK_MAX_TILE_ROWS} experts",
-        )
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
@@ -233,7 +220,6 @@ def norm_geometry_problem(cfg: ModelConfig, router_rows: int) -> str | None:
 SWITCH_FIELDS = frozenset(
     {
         "moe_local",
-        "router_local",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",
@@ -350,8 +336,11 @@ SMALL_SPLIT_TOKENS = 2048
 # split stride, so the per-batch tilings fit the engine's one workspace). Harness at BS 1 (2026-11-30, calls
 # 9 and 14, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`, graph in brackets):
 # cap 32: 32768 3.404 (3.416), 40960 3.474 (3.463), 49152 3.531 (3.518), 65536 3.667 (3.616) ms;
-# cap 24: 3.346 (3.414), 3.432 (3.470), 3.474 (3.514), 3.583 (3.615); 98304 3.913 (3.832).
-SMALL_SPLIT_CAP = 24
+# cap 24: 3.346 (3.414), 3.432 (3.470), 3.474 (3.514), 3.583 (3.615); 98304 3.913 (3.832). With the
+# self-routing fused items (48 SMs at one row) 20: 4 kv heads x 20 = 80 items make one wave on the SMs
+# they leave; 96 ran in two. H100, 2026-12-07, gpu_check, one call, two rounds, BS 1 at 128K: 4.631 /
+# 4.610 ms vs 24 splits 4.803 / 4.697.
+SMALL_SPLIT_CAP = 20
 # ... and at two rows at most PAIR_SPLIT_CAP (2 rows x 4 kv heads x 24 splits outnumber the SMs):
 # H100, 2026-12-07, gpu_check, one call, two rounds: BS 2 128K 7.080 / 7.072 ms vs 24 splits 7.710 /
 # 7.699 (12: 7.272 / 7.329), 32K 5.368 / 5.370 vs 5.494 / 5.482; BS 1 and BS 3 equal either way.

@@ -381,41 +381,28 @@ def _local_backend(w, **over):
     return MegakernelBackend(CFG, w, tiling=t)
 
 
-# Tiling.router_local 0 / 1: the router tiles' logits, or copy-only router tiles and every item's
-# own router GEMV over its staged h(l) (mk_abi.h MK_MOE_LOCAL_ROUTER)
-ROUTER_LOCAL = pytest.mark.parametrize("router_local", [0, 1], ids=["router-tiles", "router-local"])
-
-
-@ROUTER_LOCAL
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
-def test_step_matches_reference_self_routing_moe(small, contexts, router_local):
-    """Tiling.moe_local: every fused item ranks the router's logits itself (router_local: computes
-    them too); the expert choices it records (the table kernel_routing reads) are checked as
-    near-ties against the reference's."""
+def test_step_matches_reference_self_routing_moe(small, contexts):
+    """Tiling.moe_local: every fused item ranks the router's logits itself; the expert choices it
+    records (the table kernel_routing reads) are checked as near-ties against the reference's."""
     w, _ = small
-    be = _local_backend(w, router_local=router_local)
+    be = _local_backend(w)
     assert build_schedule(CFG, 1, contexts, be.n_sms, be.tiling).summary().get("ROUTE", 0) == 0
-    if router_local:  # nothing writes the router logits: poisoned, they stay so
-        be.ws["rlogits"].fill_(float("nan"))
     _step_check(CFG, w, be, contexts, seed=7)
     K = CFG.num_experts_per_tok
     assert be.ws["moe_info"][1, 0].item() == K  # recorded by the items, as ROUTE would
-    if router_local:
-        assert bool(torch.isnan(be.ws["rlogits"][1:, 0]).all())
 
 
-@ROUTER_LOCAL
-def test_consecutive_steps_self_routing_moe(small, router_local):
+def test_consecutive_steps_self_routing_moe(small):
     w, _ = small
-    _consecutive_steps(w, _local_backend(w, router_local=router_local), [300], seed=31, steps=4)
+    _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
-@ROUTER_LOCAL
-def test_consecutive_steps_self_routing_across_pages(small, router_local):
+def test_consecutive_steps_self_routing_across_pages(small):
     """The self-routing items with their L2 prefetches of row 0's KV pages (gap_prefetch_kv) on a
     context across several pages: every step as the reference."""
     w, _ = small
-    _consecutive_steps(w, _local_backend(w, router_local=router_local), [700], seed=37, steps=3)
+    _consecutive_steps(w, _local_backend(w), [700], seed=37, steps=3)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:

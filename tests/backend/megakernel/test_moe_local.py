@@ -1,6 +1,5 @@
 """Tiling.moe_local: at one row a MoE layer's fused items are static tasks that rank the router's
-logits themselves (no ROUTE, no MoE queue); with Tiling.router_local they compute those logits
-too and the router tiles only copy the residual. The emulator runs such schedules under every
+logits themselves (no ROUTE, no MoE queue). The emulator runs such schedules under every
 interleaving against the reference; removing a wait the mode relies on must fail loudly."""
 
 from __future__ import annotations
@@ -24,12 +23,6 @@ CFG = tiny_config()
 # test_emulator's small tiles, with the fused items routing themselves
 TILING = replace(EMULATOR_TILING, moe_fused=1, moe_local=1)
 N_SMS = 16  # 8 QKV and 2 router tiles per layer leave SMs for the 4 fused items (top-2 x 2 tiles)
-# Tiling.router_local 0 and 1: every test below runs on both
-ROUTER_LOCAL = pytest.mark.parametrize("router_local", [0, 1], ids=["router-tiles", "router-local"])
-
-
-def _tiling(router_local: int):
-    return replace(TILING, router_local=router_local)
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +54,10 @@ def _ops(sched, layer):
     return [int(t[abi.MK_F_OP]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer]
 
 
-@ROUTER_LOCAL
 @pytest.mark.parametrize("context", [0, 70, 200])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_self_routing_items_match_the_reference(weights, context, strategy, router_local):
-    sched = build_schedule(CFG, 1, [context], N_SMS, _tiling(router_local))
-    marker = abi.MK_MOE_LOCAL_ROUTER if router_local else abi.MK_MOE_LOCAL
+def test_self_routing_items_match_the_reference(weights, context, strategy):
+    sched = build_schedule(CFG, 1, [context], N_SMS, TILING)
     for layer in range(CFG.num_hidden_layers):
         if CFG.is_dense(layer):
             continue
@@ -77,12 +68,8 @@ def test_self_routing_items_match_the_reference(weights, context, strategy, rout
         assert len(splits) == 1
         assert ops.count(abi.MK_OP_MOE_FUSED) == CFG.num_experts_per_tok * 2  # 64 columns in 32-col tiles
         for t in sched.tasks:
-            if int(t[abi.MK_F_LAYER]) != layer:
-                continue
-            if int(t[abi.MK_F_OP]) == abi.MK_OP_MOE_FUSED:
-                assert int(t[abi.MK_F_A3]) == marker and {int(t[abi.MK_F_A4])} == splits
-            if int(t[abi.MK_F_OP]) == abi.MK_OP_ROUTER:  # copy-only with router_local
-                assert (int(t[abi.MK_F_A2]) == abi.MK_ROUTER_COPY_ONLY) == bool(router_local)
+            if int(t[abi.MK_F_LAYER]) == layer and int(t[abi.MK_F_OP]) == abi.MK_OP_MOE_FUSED:
+                assert int(t[abi.MK_F_A3]) == abi.MK_MOE_LOCAL and {int(t[abi.MK_F_A4])} == splits
         # every drain of the layer is a host-queue drain (attention, then the O-proj tail)
         drains = [
             t
@@ -91,9 +78,6 @@ def test_self_routing_items_match_the_reference(weights, context, strategy, rout
         ]
         assert {int(t[abi.MK_F_A0]) for t in drains} == {abi.MK_QUEUE_HOST}
     ws, batch, ref, ref_batch = _run(weights, context, strategy, sched)
-    moe = [i for i in range(CFG.num_hidden_layers) if not CFG.is_dense(i)]
-    # router_local: nothing writes the router logits (the items keep theirs in shared memory)
-    assert bool(torch.isnan(ws["rlogits"][moe, 0]).all()) == bool(router_local)
     torch.testing.assert_close(ws["logits"][:1], ref, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-4, atol=1e-5)
     assert ws["tokens_out"][:1].tolist() == ref.argmax(-1).tolist()
@@ -104,9 +88,8 @@ def test_self_routing_items_match_the_reference(weights, context, strategy, rout
     torch.testing.assert_close(forced, ref, rtol=1e-5, atol=1e-6)
 
 
-@ROUTER_LOCAL
-def test_fused_items_sit_apart_from_the_layers_qkv_and_router_tiles(router_local):
-    sched = build_schedule(CFG, 1, [70], N_SMS, _tiling(router_local))
+def test_fused_items_sit_apart_from_the_layers_qkv_and_router_tiles():
+    sched = build_schedule(CFG, 1, [70], N_SMS, TILING)
     sm_of = {tid: sm for sm, ids in enumerate(sched.sm_lists) for tid in ids}
     for layer in range(1, CFG.num_hidden_layers):
         ids = [int(t[abi.MK_F_ID]) for t in sched.tasks if int(t[abi.MK_F_LAYER]) == layer]
@@ -125,18 +108,15 @@ def _task(sched, op, layer):
     raise LookupError(op)
 
 
-@ROUTER_LOCAL
 @pytest.mark.parametrize(
     "what,slot",
     [
-        # a fused item's wait for the router tiles: it ranks logits not written yet (router_local:
-        # it adds into x(l+1) before the copy tiles initialise it)
-        ("item", 1),
+        ("item", 1),  # a fused item's wait for the router tiles: it ranks logits not written yet
         ("tail_drain", 0),  # the O-proj drains' wait for the router tiles that initialise x(l+1)
     ],
 )
-def test_deleted_wait_is_caught(weights, what, slot, router_local):
-    sched = build_schedule(CFG, 1, [70], N_SMS, _tiling(router_local))
+def test_deleted_wait_is_caught(weights, what, slot):
+    sched = build_schedule(CFG, 1, [70], N_SMS, TILING)
     if what == "item":
         tid = _task(sched, abi.MK_OP_MOE_FUSED, 1)
     else:  # the last drain of layer 1: a drain of its O-proj tail queue
@@ -166,19 +146,9 @@ def test_moe_local_is_refused_where_it_cannot_run():
         replace(TILING, moe_local=2).validate(CFG)
     with pytest.raises(TilingError, match="moe_local must be 0 or 1"):
         build_schedule(CFG, 1, [70], N_SMS, replace(TILING, moe_local=2))
-    with pytest.raises(TilingError, match="router_local needs moe_local"):
-        replace(TILING, moe_local=0, router_local=1).validate(CFG)
-    with pytest.raises(TilingError, match="router_local must be 0 or 1"):
-        replace(TILING, router_local=2).validate(CFG)
-    with pytest.raises(ValueError, match="batch 1"):
-        build_schedule(CFG, 2, [70, 3], N_SMS, _tiling(1))
 
 
-@pytest.mark.parametrize(
-    "tiling",
-    [TILING, replace(TILING, ctrl_sms=2), _tiling(1)],
-    ids=["no-ctrl", "ctrl-2", "router-local"],
-)
+@pytest.mark.parametrize("tiling", [TILING, replace(TILING, ctrl_sms=2)], ids=["tiling", "ctrl-2"])
 @pytest.mark.parametrize("n_sms", [4, 6, 7, 8, 12, 13, 14, 16, 132])
 def test_fits_says_what_the_builder_does(n_sms, tiling):
     """moe_local_fits (the engine's check before it takes the mode) agrees with build_schedule."""
@@ -190,20 +160,3 @@ def test_fits_says_what_the_builder_does(n_sms, tiling):
     except ValueError:
         built = False
     assert moe_local_fits(CFG, tiling, n_sms) == built
-
-
-@pytest.mark.parametrize("router_local", [0, 1], ids=["router-tiles", "router-local"])
-def test_release_geometry_self_routing(router_local):
-    """The engine's BS 1 tiling at the release geometry (128 experts, 48 items a layer) with and
-    without router_local, run without math under the happens-before check: the copy-only router
-    tiles initialise x(l+1) before every add (the items' and the O-proj drains' waits order them)."""
-    from tests.backend.megakernel.test_emulator import _release_engine_step
-
-    sched, rep = _release_engine_step(1, 9, 5, 3, router_local=router_local)
-    ops = [(int(t[abi.MK_F_OP]), int(t[abi.MK_F_A2]), int(t[abi.MK_F_A3])) for t in sched.tasks]
-    routers = [a2 for op, a2, _ in ops if op == abi.MK_OP_ROUTER]
-    items = [a3 for op, _, a3 in ops if op == abi.MK_OP_MOE_FUSED]
-    assert len(routers) == 8 * 8 and len(items) == 48 * 8  # 8 MoE layers
-    assert set(routers) == {abi.MK_ROUTER_COPY_ONLY if router_local else 0}
-    assert set(items) == {abi.MK_MOE_LOCAL_ROUTER if router_local else abi.MK_MOE_LOCAL}
-    assert rep.events >= sum(op != abi.MK_OP_DRAIN for op, _, _ in ops) + len(sched.queue_desc)
