@@ -34,7 +34,7 @@
 // for activations / for a full stage, the loader waiting for a free stage; base: the pre-GEMV time),
 // and the check (max |y - ref| / max |ref|).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   csrc/probes/ring_probe.cu -o /tmp/ring_probe && /tmp/ring_probe [smoke|geom|persm|grid|resident|all]
+//   csrc/probes/ring_probe.cu -o /tmp/ring_probe && /tmp/ring_probe [smoke|geom|persm|grid|resident|layer|all]
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -53,7 +53,7 @@ constexpr int BASE_NT = 512;
 constexpr int BASE_SMEM = 116 * 1024;            // the engine's carve-out (L1 ~124 KB), one block per SM
 constexpr int MIN_SMEM = 116 * 1024;             // every ring launch too: one block per SM
 constexpr unsigned long long WATCHDOG_NS = 2000000000ull;
-enum Dep { DEP_NONE = 0, DEP_NBR = 1, DEP_GLOB = 2 };
+enum Dep { DEP_NONE = 0, DEP_NBR = 1, DEP_GLOB = 2, DEP_LAYER = 3 };
 enum Flavour { BULK = 0, TMA = 1 };
 enum Err { ERR_MBAR = 1, ERR_DEP = 2 };
 constexpr int DONE_TOTAL = 1023;                 // done[0..G): per CTA; done[DONE_TOTAL]: every CTA's
@@ -223,7 +223,18 @@ struct RingArgs {
   int* err;
   int R, rbox, S, D, n_items, G, dep, place;
   uint32_t F_ns;
+  // DEP_LAYER: items come in layers of ipl; item j waits for every CTA's item j - 1 (a global wait)
+  // where bit j % ipl of wait_mask is set, and its loader first waits too where ldr_mask's is (weights
+  // whose address the wait decides: the routed experts)
+  int ipl;
+  unsigned wait_mask, ldr_mask;
 };
+
+// The dependency item j waits for (DEP_LAYER: a global wait at the layer's phase starts, else none).
+__device__ __forceinline__ int item_dep(const RingArgs& A, int j) {
+  if (A.dep != DEP_LAYER) return A.dep;
+  return (A.wait_mask >> (j % A.ipl)) & 1u ? DEP_GLOB : DEP_NONE;
+}
 
 // One stage: bps boxes of [rbox rows][64 k] (128-byte rows, 16-byte chunk c of row r at c ^ (r & 7)).
 // With G = rbox / 16 row groups of 16 and CW warps: G >= CW: warp w takes groups w + CW i of every
@@ -291,7 +302,7 @@ __global__ void __launch_bounds__(RING_NT, 1) ring_kernel(const __grid_constant_
         const int i = j * G + b, a = j & 1;
         if (A.place == 0) spin_ns(A.F_ns);
         const uint64_t t = gtimer();
-        dep_wait(A.done, A.dep, b, G, j, A.err);
+        dep_wait(A.done, item_dep(A, j), b, G, j, A.err);
         dep_ns += gtimer() - t;
         if (A.place == 1) spin_ns(A.F_ns);
         mbar_wait(act_empty + 8u * a, ((j >> 1) & 1) ^ 1, A.err);
@@ -311,6 +322,11 @@ __global__ void __launch_bounds__(RING_NT, 1) ring_kernel(const __grid_constant_
       uint32_t phase = 0;
       for (int j = 0; j < A.n_items; ++j) {
         const size_t i = (size_t)j * G + b;
+        if (A.dep == DEP_LAYER && ((A.ldr_mask >> (j % A.ipl)) & 1u)) {
+          const long long t = clock64();
+          dep_wait(A.done, DEP_GLOB, b, G, j, A.err);  // the item's weights are known only now
+          stall += clock64() - t;
+        }
         for (int s = 0; s < item_stages; ++s) {
           const long long t = clock64();
           mbar_wait(empty + 8u * slot, phase ^ 1u, A.err);
@@ -415,7 +431,7 @@ __global__ void __launch_bounds__(BASE_NT, 1) base_kernel(const __nv_bfloat16* W
     if (threadIdx.x == 0) {
       if (A.place == 0) spin_ns(A.F_ns);
       const uint64_t tt = gtimer();
-      dep_wait(A.done, A.dep, b, A.G, j, A.err);
+      dep_wait(A.done, item_dep(A, j), b, A.G, j, A.err);
       dep_ns += gtimer() - tt;
       if (A.place == 1) spin_ns(A.F_ns);
     }
@@ -571,6 +587,8 @@ struct Cfg {
   int fl;  // 0 bulk, 1 tma, 2 base
   int NB, R, S, D, G, dep, place;
   double F_us;
+  int ipl = 0;  // DEP_LAYER: RingArgs' ipl, wait_mask, ldr_mask
+  unsigned wait_mask = 0, ldr_mask = 0;
 };
 struct Res {
   double ms = 0, tbs = 0, us_item = 0, pct = 0, over_us = 0, st0 = 0, st1 = 0, st2 = 0, dep_us = 0, err = 0;
@@ -578,7 +596,7 @@ struct Res {
 };
 
 static const char* fl_name(int fl) { return fl == BULK ? "bulk" : fl == TMA ? "tma" : "base"; }
-static const char* dep_name(int d) { return d == DEP_NONE ? "none" : d == DEP_NBR ? "nbr" : "glob"; }
+static const char* dep_name(int d) { return d == DEP_NONE ? "none" : d == DEP_NBR ? "nbr" : d == DEP_GLOB ? "glob" : "layr"; }
 static int rbox_for(int R, int S) {
   int rb = std::min(S / 128, 256);
   while (R % rb) rb /= 2;
@@ -615,6 +633,7 @@ static int run_cfg(Ctx& c, const Cfg& g, Res* out, bool print = true) {
   const size_t per_cta = (size_t)30 << 20;
   int n_items = (int)(per_cta / item_bytes);
   if ((size_t)n_items * g.G * g.R > c.rows) n_items = (int)(c.rows / ((size_t)g.G * g.R));
+  if (g.ipl) n_items -= n_items % g.ipl;  // whole layers
   const size_t used_rows = (size_t)n_items * g.G * g.R;
   const int rbox = g.fl == 2 ? 0 : rbox_for(g.R, g.S);
   if (g.fl != 2 && ((g.R * K * 2) % g.S || (KB % (g.S / (rbox * 128))) || !ring_fits(g.NB, g.S, g.D))) return 0;
@@ -637,7 +656,7 @@ static int run_cfg(Ctx& c, const Cfg& g, Res* out, bool print = true) {
   memset(&map, 0, sizeof map);
   if (g.fl == TMA && make_map(c, &map, rbox)) return 1;
   RingArgs A{c.wt, c.act, c.y, c.done, c.stats, c.err, g.R, rbox, g.S, g.D, n_items, g.G, g.dep, g.place,
-             (uint32_t)(g.F_us * 1000.0)};
+             (uint32_t)(g.F_us * 1000.0), std::max(g.ipl, 1), g.wait_mask, g.ldr_mask};
   const int smem = g.fl == 2 ? BASE_SMEM : std::max(ring_smem(g.NB, g.S, g.D), MIN_SMEM);
   auto launch = [&]() {
     if (g.fl == 2) {
@@ -726,6 +745,12 @@ static int run_cfg(Ctx& c, const Cfg& g, Res* out, bool print = true) {
              dep_name(g.dep), out->ms, out->tbs, out->pct, out->us_item, out->over_us, stall, out->dep_us,
              out->ok ? "ok" : "WRONG", out->err);
     fputs(line, stdout);
+    if (g.ipl) {  // the layer's time against its bytes at the read bound on these SMs
+      const double layers = (double)n_items / g.ipl, bound_us = bytes / layers / (bound_for(c, g.G) * 1e9) * 1e6;
+      printf("     layer of %d items, %d global waits (loader waits at %d): %6.2f us, bound %5.2f, over %5.2f us\n",
+             g.ipl, __builtin_popcount(g.wait_mask), __builtin_popcount(g.ldr_mask), out->ms * 1e3 / layers,
+             bound_us, out->ms * 1e3 / layers - bound_us);
+    }
     fflush(stdout);
   }
   return 0;
@@ -890,6 +915,25 @@ int main(int argc, char** argv) {
             for (int fl : {(int)BULK, (int)TMA})
               if (go({fl, 1, R, 32768, 6, G, dep, 0, F}, nullptr)) return 1;
           }
+  }
+  if (!strcmp(mode, "layer") || !strcmp(mode, "all")) {
+    // the resident design as a layer (docs/MEGAKERNEL.md): per SM 6 items of 128 KB. Item 0 is the SM's
+    // share of the layer's QKV and router tiles (163 KB at the release geometry), loaded during the
+    // previous layer's items and run after the layer boundary; items 1-3 the routed experts (the wait
+    // for the router; their loader waits too: the address is the routing); items 4-5 the O-proj (the
+    // wait for the attention; weights known ahead). Then: the experts' weights known ahead, one wait
+    // per layer, none.
+    printf("== layers ==\n");
+    const unsigned masks[4][2] = {{0x13u, 0x2u}, {0x13u, 0u}, {0x1u, 0u}, {0u, 0u}};
+    for (const auto& m : masks)
+      for (double F : {0.0, 2.0})
+        for (int fl : {2, (int)BULK, (int)TMA}) {
+          Cfg g{fl, 1, 32, fl == 2 ? 0 : 32768, fl == 2 ? 0 : 6, Gs[0], DEP_LAYER, 0, F};
+          g.ipl = 6;
+          g.wait_mask = m[0];
+          g.ldr_mask = m[1];
+          if (go(g, nullptr)) return 1;
+        }
   }
   printf("checks: %d wrong\n", wrong);
   return wrong ? 2 : 0;
