@@ -442,7 +442,7 @@ def reduced_tiling(tiling_release: Tiling, cfg: ModelConfig | None = None) -> tu
     Each field the variant changes from the release default is carried over: sizes at most twice
     the reduced default, switches (SWITCH_FIELDS: modes, placements) as given. They are applied in
     the fields' order, each kept only if the tiling so far still validates with it, so that options
-    that need each other (moe_split_downs needs moe_split_last) are checked together, and a size
+    that need each other (moe_local needs moe_fused) are checked together, and a size
     that does not fit the reduced geometry (moe_up_cols=48 does not divide 256) keeps the default.
     Tiling.moe_local is not carried: it runs one row only, and the reduced check runs four."""
     cfg = cfg or reduced_config()
