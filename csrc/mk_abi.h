@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 35
+#define MK_ABI_VERSION 36
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -19,7 +19,8 @@
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
 // 12 is reserved, never to be reused: ADD_NORM (one row's residual add and next norm), removed in
-// ABI 31 (the norm inside the GEMVs, below, measured faster: docs/PERF.md).
+// ABI 31 (the norm inside the GEMVs, below, measured faster: docs/PERF.md). 14 is reserved too:
+// SAMPLE (every row's greedy argmax), never scheduled since SAMPLE_ROW; removed in ABI 36.
 enum MkOpcode {
   MK_OP_NOP = 0,
   MK_OP_EMBED = 1,         // one row: x[0][b] = embed[token[b]] (a dense layer 0: x[1][b] too)
@@ -34,7 +35,6 @@ enum MkOpcode {
   MK_OP_MOE_UP = 10,       // one expert, a tile of intermediate columns, its <= 8 tokens
   MK_OP_MOE_DOWN = 11,     // one expert, a tile of hidden rows, its tokens: added (weighted) into x[l+1]
   MK_OP_LM_HEAD = 13,      // a tile of vocab rows: logits (scaled) and the tile's argmax per row
-  MK_OP_SAMPLE = 14,       // all rows: greedy argmax over the LM-head tiles -> tokens
   MK_OP_DRAIN = 15,        // claim tasks from a work queue until it is empty, run each
   MK_OP_SAMPLE_ROW = 16,   // one row: greedy / temperature / top-k / top-p draw -> tokens[b]
   MK_OP_MOE_FUSED = 17,    // one expert, a tile of intermediate columns: its up tile, then the down

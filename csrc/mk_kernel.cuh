@@ -808,30 +808,6 @@ __device__ void op_lm_head(const Params& p, const int* d, Smem& s) {
   if (threadIdx.x == 0) s_h_staged = p.num_layers;
 }
 
-__device__ __noinline__ void op_sample(const Params& p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp < p.batch) {
-    float best = -INFINITY;
-    int bt = 0x7fffffff;
-    for (int t = lane; t < p.n_lm_tiles; t += 32) {
-      const float v = ld_cg((const float*)p.lm_best + (size_t)t * 8 + warp);
-      if (v > best || (v == best && t < bt)) {
-        best = v;
-        bt = t;
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bt, o);
-      if (ov > best || (ov == best && oi < bt)) {
-        best = ov;
-        bt = oi;
-      }
-    }
-    if (lane == 0) ((long long*)p.tokens_out)[warp] = ld_cg((const int*)p.lm_arg + (size_t)bt * 8 + warp);
-  }
-}
-
 // ---- per-row sampling (semantics: mkcode.backend.megakernel.sampling) ----------------------------
 
 __device__ __forceinline__ uint32_t mix32(uint32_t x) {
@@ -1541,9 +1517,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       break;
     case MK_OP_LM_HEAD:
       op_lm_head(p, d, s);
-      break;
-    case MK_OP_SAMPLE:
-      op_sample(q);
       break;
     case MK_OP_SAMPLE_ROW:
       op_sample_row(q, d, s);

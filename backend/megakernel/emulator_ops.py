@@ -531,15 +531,6 @@ class OpSemantics:
             self.ws["lm_arg"][t, : self.B] = (arg + r0).to(torch.int32)
         return acc
 
-    def op_sample(self, layer, a, d) -> Access:
-        n_lm = self.n_lm
-        acc = Access(reads=[(("lm_best",), 0, n_lm)], writes=[(("tokens",), 0, self.B)])
-        if self.math:
-            best = self.ws["lm_best"][:n_lm, : self.B]  # [tiles, B]
-            t = best.argmax(0)  # first maximal tile
-            self.ws["tokens_out"][: self.B] = self.ws["lm_arg"][t, torch.arange(self.B)].long()
-        return acc
-
     def op_sample_row(self, layer, a, d) -> Access:
         b = a[0]
         n_lm = self.n_lm
@@ -548,7 +539,7 @@ class OpSemantics:
         if self.math:
             sp = self.inp.sample_params
             p = sampling.SamplingParams() if sp is None else sampling.unpack(np.asarray(sp)[b])
-            if p.greedy:  # the first maximal tile's argmax, as SAMPLE
+            if p.greedy:  # the first maximal tile's argmax
                 t = int(self.ws["lm_best"][:n_lm, b].argmax())
                 tok = int(self.ws["lm_arg"][t, b])
             else:

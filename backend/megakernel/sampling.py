@@ -5,7 +5,7 @@ The kernel and the emulator implement exactly this; the tests compare both with 
 Per row, with logits `l` (fp32, already scaled), `m = max(l)` and the row's `SamplingParams`:
 
 - **greedy** when `temperature <= 0`, `top_k == 1` or `top_p <= 0`: the first maximal logit
-  (the LM-head tiles' argmax merged, as SAMPLE does).
+  (the LM-head tiles' argmax merged: the first maximal tile's).
 - otherwise every logit gets the order-preserving uint32 key `key(l)` and
   1. top-k (`0 < top_k < V`): `kth` = the largest key v with `#{key >= v} >= top_k` (the k-th
      largest key; ties at the boundary are kept, so the set can hold more than k tokens);

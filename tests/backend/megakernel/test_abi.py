@@ -18,14 +18,14 @@ def test_header_parses_into_constants():
 
 
 # opcode numbers of removed ops: never reused (mk_abi.h)
-RESERVED_OPCODES = {12: "ADD_NORM, removed in ABI 31"}
+RESERVED_OPCODES = {12: "ADD_NORM, removed in ABI 31", 14: "SAMPLE, removed in ABI 36"}
 
 
 def test_opcodes_are_dense_and_unique():
     values = sorted(abi.OPCODES.values())
     assert len(set(values)) == len(values)
     assert sorted([*values, *RESERVED_OPCODES]) == list(range(abi.MK_OP_COUNT))
-    assert "12 is reserved" in abi.HEADER.read_text()
+    assert "12 is reserved" in abi.HEADER.read_text() and "14 is reserved" in abi.HEADER.read_text()
 
 
 def test_descriptor_fields_fit_and_do_not_overlap():

@@ -70,7 +70,6 @@ OUTPUTS = {
     abi.MK_OP_MOE_DOWN: [],
     abi.MK_OP_MOE_FUSED: [],
     abi.MK_OP_LM_HEAD: ["logits", "lm_best", "lm_arg"],
-    abi.MK_OP_SAMPLE: ["tokens_out"],
     abi.MK_OP_SAMPLE_ROW: ["tokens_out"],  # greedy rows (no sampling params)
 }
 
@@ -132,8 +131,6 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
         ]
     if op == abi.MK_OP_LM_HEAD:
         return [make_desc(op, 0, (r, 128, r // 128)) for r in (0, 128, 8064)]
-    if op == abi.MK_OP_SAMPLE:
-        return [make_desc(op, 0, ())]
     if op == abi.MK_OP_SAMPLE_ROW:
         return [make_desc(op, 0, (b,)) for b in range(B)]
     raise AssertionError(op)
