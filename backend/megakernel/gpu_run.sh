@@ -83,23 +83,20 @@ for stage in "${stages[@]}"; do
           timeout ${T_PROBE:-120} "/tmp/$probe" "$arg" 2>&1 | tee -a "$OUT/$probe.log"
           rc=${PIPESTATUS[0]}; echo "$probe $arg: exit $rc"; [[ $rc == 0 ]] || break
         done ;;
-    next)  # the next device call docs/MEGAKERNEL.md names, in one stage (~420 s on an H100)
+    next)  # the next device call docs/MEGAKERNEL.md names, in one stage (~250 s on an H100)
       T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -8
-      # the hybrid's split (backend/engine/hybrid_backend.py): graph vs megakernel by rows and context,
-      # twice; then BS 4 and 8 at 8K (the figures PERF.md keeps)
+      # the hybrid's split (backend/engine/hybrid_backend.py): graph vs megakernel by rows and context, twice
       for round in 1 2; do
-        DECODE_BATCHES=1 DECODE_CTX=512,2048,8192,32768,65536,98304,131072,262144 T_DECODE=${T_DECODE:-150} \
-          OUT=$OUT/sweep$round bash "$0" decode | grep -E "B=|rror"
-        DECODE_BATCHES=2 DECODE_CTX=2048,8192,32768,131072 T_DECODE=${T_DECODE:-100} \
+        DECODE_BATCHES=1 DECODE_CTX=1024,2048,8192,65536,98304,131072,262144 T_DECODE=${T_DECODE:-120} \
+          STEPS=20 OUT=$OUT/sweep$round bash "$0" decode | grep -E "B=|rror"
+        DECODE_BATCHES=2 DECODE_CTX=8192,131072 T_DECODE=${T_DECODE:-60} STEPS=20 \
           OUT=$OUT/pair$round bash "$0" decode | grep -E "B=|rror"
       done
-      DECODE_BATCHES=4,8 DECODE_CTX=8192 T_DECODE=${T_DECODE:-120} OUT=$OUT/wide bash "$0" decode | grep -E "B=|rror"
-      BATCHES=1 T_BENCH=${T_BENCH:-60} bash "$0" bench | grep -E "^BS|routing gap|GEMV stream|rror"  # + timeline
       PROBE=ring_probe PROBE_ARGS=layer T_PROBE=60 bash "$0" probe | grep -E "bound|layer|base|bulk|tma|exit"
-      # what comes back (the device tool returns at most 8 files): decode JSONs, bench.json, the BS 1
-      # timeline, the probe's log (the tests' summary is in the output)
-      rm -f "$OUT"/{build.log,gpu.txt,bench.log,pytest.log,ring_probe.ptxas}
-      rm -f "$OUT"/{sweep1,sweep2,pair1,pair2,wide}/{build.log,gpu.txt,decode.log}
+      # what comes back (the device tool returns at most 8 files): the decode JSONs, the probe's log
+      # (the tests' summary is in the output)
+      rm -f "$OUT"/{build.log,gpu.txt,pytest.log,ring_probe.ptxas}
+      rm -f "$OUT"/{sweep1,sweep2,pair1,pair2}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
