@@ -102,9 +102,9 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
 
     `auto` on a GPU loads the graph backend and the megakernel and, when both load, runs them as one
     hybrid backend: the megakernel for batches below `MEGAKERNEL_BELOW_ROWS` rows whose longest row
-    is at a position in [`MEGAKERNEL_FROM_POSITION`, `MEGAKERNEL_BELOW_POSITION`) (where it is the
-    faster one: docs/PERF.md, hybrid table), the graph backend for the other steps (the
-    megakernel is still slower at BS 8, and at BS 1 below ~1K and beyond ~64K tokens). `auto` uses
+    is at a position from `MEGAKERNEL_FROM_POSITION` on (below `MEGAKERNEL_BELOW_POSITION` where
+    that is set; where it is the faster one: docs/PERF.md, hybrid table), the graph backend for the
+    other steps (the megakernel is still slower from two rows on, and on the H200 below ~1K tokens). `auto` uses
     the megakernel's extension only when it is built (`mkcode kernels build`). Either alone when
     the other does not load (the reason says why), torch when neither does. `graph`, `megakernel`
     and `hybrid` ask for exactly that (building the extension if needed) and fail with the reason."""

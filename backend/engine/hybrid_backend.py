@@ -1,10 +1,9 @@
 """A decode backend that hands each step to the faster of two backends for its batch and context.
 
-On the H200 the megakernel is faster than the graph backend for a single sequence between ~1K and
-~64K tokens of context, and slower below and above that, and from two rows on (docs/PERF.md:
-BS 1-4 and 8 at 8K in one harness run, BS 1 from 256 to 96K tokens (2026-11-30),
-and BS 2-8 at 16K and 32K). `--decode auto` therefore runs both over the same weights and paged KV
-pool when both load: the megakernel for batches below `split` rows whose longest row sits at a
+For a single sequence the megakernel is faster than the graph backend at every context from ~1K
+tokens on (docs/PERF.md: BS 1 from 256 to 256K tokens on the H100, 2026-12-07), and slower from
+two rows on (BS 2-8 at 8K; BS 2 within ~1 % either way). `--decode auto` therefore runs both over
+the same weights and paged KV pool when both load: the megakernel for batches below `split` rows whose longest row sits at a
 position in [`from_position`, `below_position`), the graph backend for every other step. Both
 implement `DecodeBackend` and read and write the same pool layout, so the steps of one sequence may
 alternate between them as the batch grows and shrinks or the context grows (each step writes its
@@ -22,7 +21,11 @@ from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 # vs graph BS 1 3.063 vs 3.219 ms, BS 2 4.191 vs 3.948, BS 3 5.692 vs 5.090, BS 4 7.135 vs 5.702,
 # BS 8 9.788 vs 8.179: the megakernel only at BS 1. Still so after the warp-pipeline attention (2026-12-01,
 # `mkcode bench decode --batch 2,3`): BS 2 4.041 vs 3.972 ms
-# at 8K, 4.539 vs 4.300 at 32K; BS 3 5.252 vs 5.107, 5.734 vs 5.665 (BS 4 / 8: docs/PERF.md).
+# at 8K, 4.539 vs 4.300 at 32K; BS 3 5.252 vs 5.107, 5.734 vs 5.665 (BS 4 / 8: docs/PERF.md). On
+# the H100 (2026-12-07, `mkcode bench decode --batch 2`, two calls) BS 2 is within ~1 % either way:
+# megakernel vs graph at 2048 4.537-4.558 vs 4.590-4.610 ms, 8192 4.817-4.839 vs 4.886-4.890, but
+# 1024 4.490-4.497 vs 4.475-4.481, 32768 5.303-5.305 vs 5.272-5.274, 131072 7.058-7.063 vs
+# 7.008-7.011: too narrow a win (and the H200's 8K figure above the other way) to move the split.
 MEGAKERNEL_BELOW_ROWS = 2
 # ... and only once the longest row's position reaches this. Measured on the H200 at BS 1
 # (2026-11-30, `mkcode bench decode --batch 1 --ctx ...`, docs/PERF.md): graph vs
@@ -30,16 +33,16 @@ MEGAKERNEL_BELOW_ROWS = 2
 # 3.008, 2048 3.107 vs 2.965, 8192 3.227 vs 3.031. The megakernel's step hardly grows with the context
 # (its attention runs beside the MoE items); the graph backend's does.
 MEGAKERNEL_FROM_POSITION = 1024
-# ... and below this one. Measured 2026-11-30 (10 attention splits per kv head at BS 1): from ~20K tokens on
-# the attention items (~25 GB/s per SM each) outlasted the layer's MoE items and the graph backend was
-# faster again (graph vs megakernel at 20480 3.338 vs 3.319 ms, 24576 3.364 vs 3.407, 32768 3.418 vs
-# 3.597, 65536 3.613 vs 4.373). The split cap now rises with the context
-# (Tiling.split_tokens: 16 splits in the 32K bucket, 24 from there). Measured on the H200
-# (2026-11-30, `mkcode bench decode --backend graph,megakernel --batch 1 --ctx ...`,
-# docs/PERF.md): graph vs megakernel at 16384 3.312 vs 3.136 ms, 24576 3.363 vs 3.291 (call 9),
-# 32768 3.414 vs 3.346, 40960 3.470 vs 3.432, 49152 3.514 vs 3.474, 57344 3.559 vs 3.528, 65536
-# 3.615 vs 3.583, 98304 3.832 vs 3.913 (call 14): the megakernel below 64K.
-MEGAKERNEL_BELOW_POSITION = 65536
+# ... at any context (None: no upper bound). It was 65536 while the graph backend was faster from
+# ~96K on (H200, 2026-11-30: 98304 3.832 vs 3.913 ms). Since the routing gap's KV prefetch was bounded
+# and the split cap at one row is 20 (docs/PERF.md), measured on the H100 (2026-12-07, `mkcode bench
+# decode --backend graph,megakernel --batch 1 --ctx ...`, `gpu_run.sh next`, four rounds over two
+# calls): graph vs megakernel at 65536 4.145-4.148 vs 3.802-3.826 ms, 98304 4.439-4.447 vs
+# 4.142-4.158, 131072 4.739-4.746 vs 4.483-4.507, 262144 5.873-5.875 vs 5.813-5.856: the
+# megakernel in every round. (Below 1024 the H100 has the megakernel ahead too, 256: 3.26 vs 2.89-2.95
+# ms, but the H200 had graph ahead there by 4-9 % (2026-11-30); the lower bound stays until an H200
+# run of today's kernel says otherwise.)
+MEGAKERNEL_BELOW_POSITION: int | None = None
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:

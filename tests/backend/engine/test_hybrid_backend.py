@@ -50,7 +50,8 @@ def test_each_step_goes_to_the_backend_for_its_batch_size():
     assert h.steps == {"megakernel": 3, "graph": 3}
     assert h.max_batch == 32  # batches from the split on go to the large-batch backend
     lo, hi = MEGAKERNEL_FROM_POSITION, MEGAKERNEL_BELOW_POSITION
-    assert h.describe() == f"megakernel below 4 rows at positions {lo}-{hi - 1}, graph otherwise"
+    at = f"at positions {lo}-{hi - 1}" if hi is not None else f"from position {lo}"
+    assert h.describe() == f"megakernel below 4 rows {at}, graph otherwise"
 
 
 @pytest.mark.parametrize("host", [True, False], ids=["host-positions", "device-positions"])
