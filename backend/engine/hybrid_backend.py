@@ -36,7 +36,7 @@ MEGAKERNEL_FROM_POSITION = 1024
 # ... at any context (None: no upper bound). It was 65536 while the graph backend was faster from
 # ~96K on (H200, 2026-11-30: 98304 3.832 vs 3.913 ms). Since the routing gap's KV prefetch was bounded
 # and the split cap at one row is 20 (docs/PERF.md), measured on the H100 (2026-12-07, `mkcode bench
-# decode --backend graph,megakernel --batch 1 --ctx ...`, `gpu_run.sh next`, four rounds over two
+# decode --backend graph,megakernel --batch 1 --ctx ...`, `gpu_run.sh split`, four rounds over two
 # calls): graph vs megakernel at 65536 4.145-4.148 vs 3.802-3.826 ms, 98304 4.439-4.447 vs
 # 4.142-4.158, 131072 4.739-4.746 vs 4.483-4.507, 262144 5.873-5.875 vs 5.813-5.856: the
 # megakernel in every round. (Below 1024 the H100 has the megakernel ahead too, 256: 3.26 vs 2.89-2.95

@@ -5,7 +5,7 @@
 #                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program;
 #                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
-#   bash backend/megakernel/gpu_run.sh next      # the next device call docs/MEGAKERNEL.md names
+#   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -83,11 +83,11 @@ for stage in "${stages[@]}"; do
           timeout ${T_PROBE:-120} "/tmp/$probe" "$arg" 2>&1 | tee -a "$OUT/$probe.log"
           rc=${PIPESTATUS[0]}; echo "$probe $arg: exit $rc"; [[ $rc == 0 ]] || break
         done ;;
-    next)  # the next device call docs/MEGAKERNEL.md names, in one stage (~250 s on an H100)
+    split)  # the GPU tests, the hybrid's split and the resident layer probe in one stage (~140 s, H100)
       T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -8
       # the hybrid's split (backend/engine/hybrid_backend.py): graph vs megakernel by rows and context, twice
       for round in 1 2; do
-        DECODE_BATCHES=1 DECODE_CTX=1024,2048,8192,65536,98304,131072,262144 T_DECODE=${T_DECODE:-120} \
+        DECODE_BATCHES=1 DECODE_CTX=256,1024,2048,8192,65536,131072,262144 T_DECODE=${T_DECODE:-120} \
           STEPS=20 OUT=$OUT/sweep$round bash "$0" decode | grep -E "B=|rror"
         DECODE_BATCHES=2 DECODE_CTX=8192,131072 T_DECODE=${T_DECODE:-60} STEPS=20 \
           OUT=$OUT/pair$round bash "$0" decode | grep -E "B=|rror"
