@@ -43,6 +43,12 @@ MEGAKERNEL_FROM_POSITION = 1024
 # ms, but the H200 had graph ahead there by 4-9 % (2026-11-30); the lower bound stays until an H200
 # run of today's kernel says otherwise.)
 MEGAKERNEL_BELOW_POSITION: int | None = None
+# A step of the small-batch backend relative to the large one's of as many rows: the speculation
+# policy (backend.spec.policy) weighs a sequence's plain step, which the megakernel runs, against its
+# verify steps of 2+ rows, which the graph backend runs. Measured on the H100 at 8K (2026-12-07, the
+# same runs as above): 3.137-3.155 vs 3.661-3.667 ms, 0.86 (H200, 2026-12-06: 2.842 vs 3.228, 0.88;
+# at 128K 0.95). Below `from_position` the graph runs that step too; the policy does not see positions.
+MEGAKERNEL_STEP_RATIO = 0.86
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
@@ -64,6 +70,7 @@ class HybridDecodeBackend:
         split: int = MEGAKERNEL_BELOW_ROWS,
         from_position: int = MEGAKERNEL_FROM_POSITION,
         below_position: int | None = MEGAKERNEL_BELOW_POSITION,
+        small_step_ratio: float = MEGAKERNEL_STEP_RATIO,
     ):
         if split < 2:
             raise ValueError(f"split {split}: the small-batch backend must take at least one batch size")
@@ -81,9 +88,20 @@ class HybridDecodeBackend:
         self.max_batch = large.max_batch  # batches from `split` rows on go to `large`
         # several rows of one sequence (a speculative verify step) go to a backend that runs them
         self.verify_rows = bool(getattr(large, "verify_rows", False))
-        # steps of several rows run on `large`: its step time by rows stands for the hybrid's
-        self.row_cost = getattr(large, "row_cost", None)
+        if not 0 < small_step_ratio <= 1:
+            raise ValueError(
+                f"small_step_ratio {small_step_ratio} must be in (0, 1]: `small` is the faster one"
+            )
+        # the step time by rows (the speculation policy's cost model): `large`'s, scaled by
+        # small_step_ratio where `small` runs the step; none when `large` gives none
+        self._large_cost = getattr(large, "row_cost", None)
+        self.small_step_ratio = small_step_ratio
+        self.row_cost = self._row_cost if self._large_cost is not None else None
         self.steps = {small.name: 0, large.name: 0}  # steps each backend ran (diagnostics)
+
+    def _row_cost(self, rows: int) -> float:
+        cost = self._large_cost(rows)
+        return cost * self.small_step_ratio if rows < self.split else cost
 
     def backend_for(self, rows: int, longest_position: int) -> DecodeBackend:
         """`small` for batches below `split` rows whose longest row's position is in

@@ -15,8 +15,10 @@ from mkcode.backend.engine.hybrid_backend import (
     MEGAKERNEL_BELOW_POSITION,
     MEGAKERNEL_BELOW_ROWS,
     MEGAKERNEL_FROM_POSITION,
+    MEGAKERNEL_STEP_RATIO,
     HybridDecodeBackend,
 )
+from mkcode.backend.spec.policy import choose_draft_counts
 
 
 class _Fake:
@@ -241,3 +243,29 @@ def test_metrics_count_the_steps_each_backend_ran():
         SimpleNamespace(engine=SimpleNamespace(metrics=lambda: EngineMetrics()), requests_total={})
     )
     assert "decode_steps_total" not in plain  # a single backend: nothing to split
+
+
+class _Costed(_Fake):
+    def row_cost(self, rows: int) -> float:
+        return {1: 1.0, 2: 1.3, 3: 1.9, 4: 1.9}[rows]
+
+
+def test_the_step_cost_by_rows_is_the_backend_that_runs_it():
+    """The speculation policy's cost model: a plain step runs on the megakernel (cheaper by the
+    measured ratio), verify steps of 2+ rows on graph, so a sequence drafts only where its drafts'
+    expected tokens outweigh the graph's 2-row step against the megakernel's 1-row one."""
+    h = HybridDecodeBackend(_Fake("megakernel", 8), _Costed("graph", 32), split=2)
+    assert h.row_cost(1) == pytest.approx(MEGAKERNEL_STEP_RATIO) and h.row_cost(2) == 1.3
+    assert h.row_cost(4) == 1.9 and h.small_step_ratio == MEGAKERNEL_STEP_RATIO
+    wide = HybridDecodeBackend(_Fake("megakernel", 8), _Costed("graph", 32), split=4, small_step_ratio=0.5)
+    assert [wide.row_cost(r) for r in (1, 2, 3, 4)] == [0.5, 0.65, 0.95, 1.9]
+    # per-draft acceptance 0.4: one draft pays on graph alone (1.4 / 1.3 > 1), not against a
+    # megakernel plain step (1.4 / 1.3 < 1 / 0.86); 0.6 pays on both
+    assert choose_draft_counts([0.4], [1], _Costed("graph", 32).row_cost, 8) == [1]
+    assert choose_draft_counts([0.4], [1], h.row_cost, 8) == [0]
+    assert choose_draft_counts([0.6], [1], h.row_cost, 8) == [1]
+    # no cost model when the large backend has none (the engine then uses its adaptive k)
+    assert HybridDecodeBackend(_Fake("megakernel", 8), _Fake("graph", 32)).row_cost is None
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="small_step_ratio"):
+            HybridDecodeBackend(_Fake("megakernel", 8), _Costed("graph", 32), small_step_ratio=bad)
