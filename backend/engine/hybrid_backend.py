@@ -3,8 +3,9 @@
 For a single sequence the megakernel is faster than the graph backend at every context from ~1K
 tokens on (docs/PERF.md: BS 1 from 256 to 256K tokens on the H100, 2026-12-07), and slower from
 two rows on (BS 2-8 at 8K; BS 2 within ~1 % either way). `--decode auto` therefore runs both over
-the same weights and paged KV pool when both load: the megakernel for batches below `split` rows whose longest row sits at a
-position in [`from_position`, `below_position`), the graph backend for every other step. Both
+the same weights and paged KV pool when both load: the megakernel for batches below `split` rows
+whose longest row sits at a position in [`from_position`, `below_position`) (no upper bound when
+`below_position` is None), the graph backend for every other step. Both
 implement `DecodeBackend` and read and write the same pool layout, so the steps of one sequence may
 alternate between them as the batch grows and shrinks or the context grows (each step writes its
 token's K/V at its position; nothing else carries over between steps).
