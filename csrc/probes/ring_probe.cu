@@ -921,10 +921,11 @@ int main(int argc, char** argv) {
     // share of the layer's QKV and router tiles (163 KB at the release geometry), loaded during the
     // previous layer's items and run after the layer boundary; items 1-3 the routed experts (the wait
     // for the router; their loader waits too: the address is the routing); items 4-5 the O-proj (the
-    // wait for the attention; weights known ahead). Then: the experts' weights known ahead, one wait
-    // per layer, none.
+    // wait for the attention; weights known ahead). First with a fourth wait at item 3 (today's BS 1
+    // chain has four: the layer boundary, the router, the attention's QKV, the O-proj's attention),
+    // then three, one, none (the loader's own wait measured free: 9.2 vs 9.0 us over, H100).
     printf("== layers ==\n");
-    const unsigned masks[4][2] = {{0x13u, 0x2u}, {0x13u, 0u}, {0x1u, 0u}, {0u, 0u}};
+    const unsigned masks[4][2] = {{0x1Bu, 0x2u}, {0x13u, 0x2u}, {0x1u, 0u}, {0u, 0u}};
     for (const auto& m : masks)
       for (double F : {0.0, 2.0})
         for (int fl : {2, (int)BULK, (int)TMA}) {
