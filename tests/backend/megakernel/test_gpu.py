@@ -713,10 +713,14 @@ def test_step_matches_reference_release_geometry(release, contexts):
     _step_check(cfg, w, be, contexts, seed=len(contexts))
 
 
-@pytest.mark.parametrize("contexts", [[32768], [131071], [131071, 40000]], ids=["32k", "128k", "bs2-128k"])
+@pytest.mark.parametrize(
+    "contexts", [[32768], [131071], [131071, 40000], [262143]], ids=["32k", "128k", "bs2-128k", "256k"]
+)
 def test_step_matches_reference_release_long_contexts(release, contexts):
-    """The release geometry at 32K and 128K tokens on the engine's tiling (the full layers' splits
-    rise with the context: split_tokens), every layer's output against the routed fp32 reference."""
+    """The release geometry at 32K, 128K and the model's longest context (262,144 tokens: `--decode
+    auto` runs one row on the megakernel at any context) on the engine's tiling (the full layers'
+    splits rise with the context: split_tokens), every layer's output against the routed fp32
+    reference."""
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts) + 90)
 
