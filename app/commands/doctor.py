@@ -341,15 +341,15 @@ def _auto_decode_plan(cuda: bool, megakernel_loads: bool) -> str:
         MEGAKERNEL_BELOW_ROWS,
         MEGAKERNEL_FROM_POSITION,
         auto_choice,
+        positions_text,
     )
     from mkcode.backend.gpu.triton_support import HAVE_TRITON
 
     if not cuda:
         return "torch reference backend (no CUDA GPU)"
-    n, lo, hi = MEGAKERNEL_BELOW_ROWS, MEGAKERNEL_FROM_POSITION, MEGAKERNEL_BELOW_POSITION
-    at = f"at positions {lo}-{hi - 1}" if hi is not None else f"from position {lo}"
+    n, at = MEGAKERNEL_BELOW_ROWS, positions_text(MEGAKERNEL_FROM_POSITION, MEGAKERNEL_BELOW_POSITION)
     return {
-        "hybrid": f"hybrid: the megakernel below {n} rows {at}, the graph backend otherwise",
+        "hybrid": f"hybrid: the megakernel below {n} rows{at}, the graph backend otherwise",
         "graph": "graph backend (the megakernel extension is not built or does not load)",
         "megakernel": "megakernel (triton is missing: no graph backend; pip install -e '.[gpu]')",
         "torch": "torch reference backend (neither the graph backend nor the megakernel is available)",

@@ -5,10 +5,10 @@ tokens on (docs/PERF.md: BS 1 from 256 to 256K tokens on the H100, 2026-12-07), 
 two rows on (BS 2-8 at 8K; BS 2 within ~1 % either way). `--decode auto` therefore runs both over
 the same weights and paged KV pool when both load: the megakernel for batches below `split` rows
 whose longest row sits at a position in [`from_position`, `below_position`) (no upper bound when
-`below_position` is None), the graph backend for every other step. Both
-implement `DecodeBackend` and read and write the same pool layout, so the steps of one sequence may
-alternate between them as the batch grows and shrinks or the context grows (each step writes its
-token's K/V at its position; nothing else carries over between steps).
+`below_position` is None), the graph backend for every other step. Both implement `DecodeBackend`
+and read and write the same pool layout, so the steps of one sequence may alternate between them
+as the batch grows and shrinks or the context grows (each step writes its token's K/V at its
+position; nothing else carries over between steps).
 """
 
 from __future__ import annotations
@@ -50,6 +50,14 @@ MEGAKERNEL_BELOW_POSITION: int | None = None
 # same runs as above): 3.137-3.155 vs 3.661-3.667 ms, 0.86 (H200, 2026-12-06: 2.842 vs 3.228, 0.88;
 # at 128K 0.95). Below `from_position` the graph runs that step too; the policy does not see positions.
 MEGAKERNEL_STEP_RATIO = 0.86
+
+
+def positions_text(from_position: int, below_position: int | None) -> str:
+    """The position range a hybrid gives the small-batch backend, as `describe()` and `mkcode
+    doctor` print it (with a leading space; empty when it is every position)."""
+    if below_position is not None:
+        return f" at positions {from_position}-{below_position - 1}"
+    return f" from position {from_position}" if from_position else ""
 
 
 def auto_choice(graph_loads: bool, megakernel_loads: bool) -> str:
@@ -125,10 +133,5 @@ class HybridDecodeBackend:
         return backend.decode(batch)
 
     def describe(self) -> str:
-        lo, hi = self.from_position, self.below_position
-        at = ""
-        if hi is not None:
-            at = f" at positions {lo}-{hi - 1}"
-        elif lo:
-            at = f" from position {lo}"
+        at = positions_text(self.from_position, self.below_position)
         return f"{self.small.name} below {self.split} rows{at}, {self.large.name} otherwise"
