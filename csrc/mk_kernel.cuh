@@ -15,6 +15,7 @@ struct Smem {
   float* out;   // [OUT_FLOATS]
   float* misc;  // [NWARPS + 64]
   unsigned char* raw;
+  bf16* res;  // resident weights (Params resident_bytes), past every op's region (mk_step_kernel)
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k) {
@@ -86,6 +87,7 @@ __device__ __forceinline__ bool block_wait(const Params& p, const int* d, int* f
   __syncthreads();
   if (!*flag) {
     cp_async_wait_all();
+    if (s_res_pending) res_wait();  // no bulk copy may land after the block has left
     return false;
   }
   return true;
@@ -224,6 +226,33 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
   if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = View(p).lw_row(l)[i];
 }
 
+// Resident weights (Params resident_bytes; one row): the columns [0, kr) of every row of a QKV or
+// router tile that fit the buffer, in multiples of 256 (0: none). Their task loads them into shared
+// memory before its wait (resident_load), so they arrive while the previous layer still runs: the
+// layer's first GEMVs, on both of its chains, stream only the rest after the wait.
+__device__ __forceinline__ int resident_cols(const Params& p, const int* d) {
+  const int op = d[MK_F_OP];
+  if (p.resident_bytes <= 0 || p.batch != 1 || (op != MK_OP_QKV && op != MK_OP_ROUTER)) return 0;
+  const int kr = (p.resident_bytes / (d[MK_F_A1] * 2)) & ~255;
+  return kr < p.hidden ? kr : p.hidden;
+}
+
+// Warp 0, before the task's wait: columns [0, kr) of each tile row into s.res ([rows][kr] bf16), one
+// bulk copy per row, completing s_res_bar's phase that gemv_resident waits for. The tile's pointers
+// come from layer_w (gemv_prologue's shared copy is not published yet).
+__device__ __noinline__ void resident_load(const Params& p, const int* d, Smem& s, int kr) {
+  if (threadIdx.x >= 32) return;
+  Gemv g;
+  task_gemv(p, d, View(p).lw_row(d[MK_F_LAYER]), g);
+  if (threadIdx.x == 0) {
+    s_res_pending = 1;
+    res_expect((uint32_t)g.nrows * kr * 2);
+  }
+  __syncwarp();
+  const uint64_t pol = l2_policy(g.keep);
+  for (int r = threadIdx.x; r < g.nrows; r += 32) res_copy(s.res + (size_t)r * kr, gemv_row(g, r), kr * 2, pol);
+}
+
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
@@ -257,7 +286,8 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
-  gemv(p, g, a, s.act, s.red, s.out, staged);
+  g.kr = resident_cols(p, d);
+  gemv(p, g, a, s.act, s.red, s.out, staged, s.res);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -1454,6 +1484,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   if (is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
+  if (const int kr = resident_cols(q, d)) resident_load(q, d, s, kr);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
     cp_async_wait_all();  // no copy may land after the block has left
@@ -1748,11 +1779,13 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   if (threadIdx.x == 0) {
     s_tl_n = 0;
     s_h_staged = -1;
+    res_init();
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
   if (threadIdx.x < sizeof(Params) / 4)
     reinterpret_cast<int*>(&s_params)[threadIdx.x] = reinterpret_cast<const int*>(&p)[threadIdx.x];
   Smem s = carve(mk_dyn_smem, p, max_k);
+  s.res = reinterpret_cast<bf16*>(mk_dyn_smem + base_smem_bytes(p, max_k));
   __syncthreads();
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];

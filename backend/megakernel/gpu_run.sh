@@ -6,6 +6,7 @@
 #                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
+#   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -64,7 +65,7 @@ for stage in "${stages[@]}"; do
     tests)
       timeout ${T_TESTS:-160} python3 -m pytest tests/backend/megakernel/test_gpu.py -m gpu -q --maxfail=12 -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -40 ;;
     bench)
-      timeout ${T_BENCH:-130} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches ${BATCHES:-1 8} --context 8192 --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
+      timeout ${T_BENCH:-130} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT" --batches ${BATCHES:-1 8} --context ${CONTEXT:-8192} --variants $VARIANTS ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
     decode)  # the engine's bench harness: graph vs megakernel, one run
       timeout ${T_DECODE:-70} python3 -m mkcode.app.cli bench decode --backend graph,megakernel --batch ${DECODE_BATCHES:-1,8} --ctx ${DECODE_CTX:-8192} \
         --steps ${STEPS:-30} --out "$OUT/decode" 2>&1 | tee "$OUT/decode.log" | tail -20 ;;
@@ -98,6 +99,13 @@ for stage in "${stages[@]}"; do
       rm -f "$OUT"/{build.log,gpu.txt,pytest.log,ring_probe.ptxas}
       rm -f "$OUT"/{sweep1,sweep2,pair1,pair2}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
+    smem)  # the L1 share's cost: gpu_check bench at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
+      # (the kernel reads the pad once per process), each pad of PADS in turn
+      for pad in ${PADS:-0 65536 98304 0 65536 98304}; do
+        MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-90} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/pad$pad" \
+          --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 2>&1 | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
+      done
+      find "$OUT" -name "timeline_*.pt" -delete ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
