@@ -432,7 +432,9 @@ def _engine_tiling(contexts: list[int], **over):
 def _resident_backend(w, contexts, **over):
     """The engine's one-row tiling with MK_RESIDENT_MAX_BYTES of resident weights: at the reduced
     geometry 256 of the 512 columns of each 128-row QKV tile and every column of the router tile."""
-    return MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, resident=abi.MK_RESIDENT_MAX_BYTES, **over))
+    return MegakernelBackend(
+        CFG, w, tiling=_engine_tiling(contexts, resident=abi.MK_RESIDENT_MAX_BYTES, **over)
+    )
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
