@@ -226,15 +226,17 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
   if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = View(p).lw_row(l)[i];
 }
 
-// Resident weights (Params resident_bytes; one row): the columns [0, kr) of every row of a QKV or
-// router tile that fit the buffer, in multiples of 256 (0: none). Their task loads them into shared
-// memory before its wait (resident_load), so they arrive while the previous layer still runs: the
-// layer's first GEMVs, on both of its chains, stream only the rest after the wait.
+// Resident weights (Params resident_bytes; one row): the columns [0, kr) of every row of a QKV,
+// router or O-proj tile that fit the buffer, in multiples of 256 (0: none; at most the tile's K,
+// which the callers clamp to). The task loads them into shared memory before its wait
+// (resident_load): a QKV or router tile while the previous layer still runs, so the layer's first
+// GEMVs, on both of its chains, stream only the rest after the wait; an O-proj item (a host-queue
+// item at one row) between its claim and its wait for the attention.
 __device__ __forceinline__ int resident_cols(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
-  if (p.resident_bytes <= 0 || p.batch != 1 || (op != MK_OP_QKV && op != MK_OP_ROUTER)) return 0;
-  const int kr = (p.resident_bytes / (d[MK_F_A1] * 2)) & ~255;
-  return kr < p.hidden ? kr : p.hidden;
+  const bool oproj = op == MK_OP_OPROJ && !(p.prefetch_mode & MK_MODE_RES_NO_OPROJ);
+  if (p.resident_bytes <= 0 || p.batch != 1 || (op != MK_OP_QKV && op != MK_OP_ROUTER && !oproj)) return 0;
+  return (p.resident_bytes / (d[MK_F_A1] * 2)) & ~255;
 }
 
 // Warp 0, before the task's wait: columns [0, kr) of each tile row into s.res ([rows][kr] bf16), one
@@ -244,6 +246,7 @@ __device__ __noinline__ void resident_load(const Params& p, const int* d, Smem& 
   if (threadIdx.x >= 32) return;
   Gemv g;
   task_gemv(p, d, View(p).lw_row(d[MK_F_LAYER]), g);
+  kr = min(kr, g.klen);
   if (threadIdx.x == 0) {
     s_res_pending = 1;
     res_expect((uint32_t)g.nrows * kr * 2);
@@ -286,7 +289,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
-  g.kr = resident_cols(p, d);
+  g.kr = min(resident_cols(p, d), g.klen);
   gemv(p, g, a, s.act, s.red, s.out, staged, s.res);
 }
 

@@ -439,9 +439,16 @@ def _resident_backend(w, contexts, **over):
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
 @pytest.mark.parametrize("local", [1, 0], ids=["self-routing", "route"])
-def test_step_matches_reference_resident(small, contexts, local):
+@pytest.mark.parametrize(
+    "mode", [abi.MK_PREFETCH_DEFAULT, abi.MK_MODE_RES_NO_OPROJ], ids=["with-oproj", "no-oproj"]
+)
+def test_step_matches_reference_resident(small, contexts, local, mode):
+    """QKV, router and O-proj tiles (256 of the O-proj tile's 1,024 columns, one kv head's)
+    resident; MK_MODE_RES_NO_OPROJ streams the O-proj tiles."""
     w, _ = small
-    _step_check(CFG, w, _resident_backend(w, contexts, moe_local=local), contexts, seed=41 + local)
+    be = _resident_backend(w, contexts, moe_local=local)
+    be.prefetch_mode = mode
+    _step_check(CFG, w, be, contexts, seed=41 + local)
 
 
 def test_consecutive_steps_resident(small):
