@@ -493,13 +493,17 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
 
 // The resident columns' sums of one row of activations (act_s row 0; Gemv::kr, batch 1 only):
 // res_sum[r] = sum_{k < kr} res[r][k] * act[0][k], a warp per row, each lane 16 contiguous bytes of
-// the row per step (conflict-free). Waits for the resident load first; ends with __syncthreads().
-__device__ __noinline__ void gemv_resident(const bf16* res, int nrows, int kr, const bf16* act_s, float* res_sum) {
+// the row per step (conflict-free), after waiting for the resident load; no barrier (gemv_mma's).
+// dry (resident_load, warp 0, before the task's wait): the same code over act_s alone, nothing
+// written, so that the consumer's code is in the instruction cache when the GEMV reaches it (cold,
+// it cost the first measurement 2-4 us per tile: an H100 router tile's GEMV from shared memory took
+// 3-4 us whatever the load's lead).
+__device__ __noinline__ void gemv_resident(const bf16* res, int nrows, int kr, const bf16* act_s, float* res_sum,
+                                           bool dry) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   res = shared(res);
   act_s = shared(act_s);
-  res_sum = shared(res_sum);
-  res_wait();
+  if (!dry) res_wait();
   for (int r = warp; r < nrows; r += NWARPS) {
     float acc = 0.f;
     for (int k = lane * 8; k < kr; k += 256) {
@@ -515,12 +519,7 @@ __device__ __noinline__ void gemv_resident(const bf16* res, int nrows, int kr, c
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) res_sum[r] = acc;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {  // consumed: the next load completes the other phase
-    s_res_parity ^= 1;
-    s_res_pending = 0;
+    if (lane == 0 && !dry) shared(res_sum)[r] = acc;
   }
 }
 
@@ -563,7 +562,14 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   __syncthreads();
   // the resident columns' sums (token 0), past the tile's outputs in out_s
   float* const res_sum = out_s + g.nrows * 8;
-  if (g.kr > 0) gemv_resident(res, g.nrows, g.kr, act_s, res_sum);
+  if (g.kr > 0) {
+    gemv_resident(res, g.nrows, g.kr, act_s, res_sum, false);
+    __syncthreads();
+    if (threadIdx.x == 0) {  // consumed: the next load completes the other phase
+      s_res_parity ^= 1;
+      s_res_pending = 0;
+    }
+  }
   // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
   const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
   if (wpg > 1 || act.norm_w != nullptr || g.kr > 0) {
