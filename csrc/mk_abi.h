@@ -195,9 +195,9 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-// MK_MODE_RES_NO_OPROJ (measurement only): with resident weights, the O-proj tiles stream as before
-// (only the QKV and router tiles are resident).
-#define MK_MODE_RES_NO_OPROJ 32
+// MK_MODE_RES_QKV_ONLY (measurement only): with resident weights, only the QKV tiles are resident
+// (the router and O-proj tiles stream as before).
+#define MK_MODE_RES_QKV_ONLY 32
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
 // for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit

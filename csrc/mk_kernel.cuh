@@ -234,8 +234,8 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
 // item at one row) between its claim and its wait for the attention.
 __device__ __forceinline__ int resident_cols(const Params& p, const int* d) {
   const int op = d[MK_F_OP];
-  const bool oproj = op == MK_OP_OPROJ && !(p.prefetch_mode & MK_MODE_RES_NO_OPROJ);
-  if (p.resident_bytes <= 0 || p.batch != 1 || (op != MK_OP_QKV && op != MK_OP_ROUTER && !oproj)) return 0;
+  const bool others = !(p.prefetch_mode & MK_MODE_RES_QKV_ONLY) && (op == MK_OP_ROUTER || op == MK_OP_OPROJ);
+  if (p.resident_bytes <= 0 || p.batch != 1 || (op != MK_OP_QKV && !others)) return 0;
   return (p.resident_bytes / (d[MK_F_A1] * 2)) & ~255;
 }
 

@@ -439,12 +439,10 @@ def _resident_backend(w, contexts, **over):
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
 @pytest.mark.parametrize("local", [1, 0], ids=["self-routing", "route"])
-@pytest.mark.parametrize(
-    "mode", [abi.MK_PREFETCH_DEFAULT, abi.MK_MODE_RES_NO_OPROJ], ids=["with-oproj", "no-oproj"]
-)
+@pytest.mark.parametrize("mode", [abi.MK_PREFETCH_DEFAULT, abi.MK_MODE_RES_QKV_ONLY], ids=["all", "qkv-only"])
 def test_step_matches_reference_resident(small, contexts, local, mode):
     """QKV, router and O-proj tiles (256 of the O-proj tile's 1,024 columns, one kv head's)
-    resident; MK_MODE_RES_NO_OPROJ streams the O-proj tiles."""
+    resident; MK_MODE_RES_QKV_ONLY streams the router and O-proj tiles."""
     w, _ = small
     be = _resident_backend(w, contexts, moe_local=local)
     be.prefetch_mode = mode
