@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 37
+#define MK_ABI_VERSION 38
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -15,11 +15,6 @@
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
 #define MK_MAX_TILE_ROWS 1024  // weight rows of one GEMV task at most (gate+up count twice)
 #define MK_NORM_MAX_HIDDEN 4096  // hidden size at most (the GEMV staging's RMSNorm sweeps)
-// Resident weights (Params resident_bytes, one row only): shared memory per SM at most for a QKV,
-// router or O-proj tile's first columns, loaded by cp.async.bulk before the task's wait (mk_kernel.cuh
-// resident_load). 64 KB more shared memory than the kernel's own left the BS 1 step unchanged on the
-// H100 (2026-12-07, `PADS=... gpu_run.sh smem`: 3.309 / 3.197 vs 3.360 / 3.247 ms); 96 KB cost 3-5 %.
-#define MK_RESIDENT_MAX_BYTES 65536
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
@@ -156,11 +151,12 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) X(resident_bytes)
-// resident_bytes: 0, or (batch 1) each QKV / router / O-proj tile's first columns that fit that many bytes
-// (multiples of 256 columns, every row of the tile) are resident (MK_RESIDENT_MAX_BYTES).
+  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait), 0 = MOE_UP tiles, then MOE_DOWN tiles.
+// ABI 37 added resident_bytes (Tiling.resident: a QKV / router / O-proj tile's first columns loaded
+// into shared memory by cp.async.bulk before its wait), measured slower in every form and removed in
+// ABI 38 (docs/PERF.md).
 // The norm inside the GEMVs: x(l+1) is layer l's sum: its residual x(l) copied in by the layer's
 // initialiser (EMBED for a dense layer 0, else the router tiles while they stage, each its share of
 // the columns), then the O-proj, dense-down, MoE-down and fused items add their outputs into it
@@ -195,9 +191,6 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-// MK_MODE_RES_QKV_ONLY (measurement only): with resident weights, only the QKV tiles are resident
-// (the router and O-proj tiles stream as before).
-#define MK_MODE_RES_QKV_ONLY 32
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
 // for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit

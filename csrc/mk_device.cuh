@@ -231,10 +231,6 @@ struct Gemv {
   int nrows;
   int klen;
   bool keep = false;  // L2 evict_last (weights every step reads again: the routers), else evict_first
-  // columns [0, kr) of every row are resident in shared memory (`res`: [nrows][kr] bf16, one row of
-  // activations), loaded before the task's wait (mk_kernel.cuh resident_load): the stream reads the
-  // rest; kr is a multiple of 256
-  int kr = 0;
 };
 
 __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
@@ -369,51 +365,6 @@ __device__ __forceinline__ void stage_rows(bf16* act_s, const ActSrc& a, int kle
     stage_act(act_s, a, klen);
 }
 
-// ---- resident weights: one mbarrier, bulk copies into shared memory ------------------------------
-//
-// A resident load (mk_kernel.cuh resident_load) is one phase of s_res_bar: thread 0 arrives with the
-// bytes expected, the copies complete them; its consumer waits for the phase of parity s_res_parity
-// and flips it. s_res_pending: a load is in flight that no GEMV has consumed yet (block_wait waits
-// for it before the block leaves an abandoned step).
-__shared__ __align__(8) uint64_t s_res_bar;
-__shared__ int s_res_parity, s_res_pending;
-
-__device__ __forceinline__ void res_init() {  // thread 0, before the kernel's first barrier
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&s_res_bar)));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  s_res_parity = 0;
-  s_res_pending = 0;
-}
-
-// Thread 0: the load's bytes expected (its arrival); then the copies may be issued.
-__device__ __forceinline__ void res_expect(uint32_t bytes) {
-  // the previous load's generic-proxy reads of the buffer are ordered before these async writes
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&s_res_bar)), "r"(bytes)
-               : "memory");
-}
-
-// [dst, dst + bytes) <- [src, ..) by the bulk-copy engine (no registers, no L1), completing on s_res_bar.
-__device__ __forceinline__ void res_copy(void* dst, const void* src, uint32_t bytes, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(&s_res_bar)), "l"(pol)
-      : "memory");
-}
-
-// Every calling thread: until the pending load has landed (the copies of weights always complete).
-__device__ __forceinline__ void res_wait() {
-  const uint32_t bar = smem_u32(&s_res_bar), parity = (uint32_t)s_res_parity;
-  uint32_t ok = 0;
-  while (!ok)
-    asm volatile(
-        "{\n .reg .pred P;\n mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n selp.u32 %0, 1, 0, P;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
-
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
@@ -491,40 +442,8 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
   red[(gid + 8) * 8 + 2 * t + 1] = c[3];
 }
 
-// The resident columns' sums of one row of activations (act_s row 0; Gemv::kr, batch 1 only):
-// res_sum[r] = sum_{k < kr} res[r][k] * act[0][k], a warp per row, each lane 16 contiguous bytes of
-// the row per step (conflict-free), after waiting for the resident load; no barrier (gemv_mma's).
-// dry (resident_load, warp 0, before the task's wait): the same code over act_s alone, nothing
-// written, so that the consumer's code is in the instruction cache when the GEMV reaches it (cold,
-// it cost the first measurement 2-4 us per tile: an H100 router tile's GEMV from shared memory took
-// 3-4 us whatever the load's lead).
-__device__ __noinline__ void gemv_resident(const bf16* res, int nrows, int kr, const bf16* act_s, float* res_sum,
-                                           bool dry) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  res = shared(res);
-  act_s = shared(act_s);
-  if (!dry) res_wait();
-  for (int r = warp; r < nrows; r += NWARPS) {
-    float acc = 0.f;
-    for (int k = lane * 8; k < kr; k += 256) {
-      const uint4 w = *reinterpret_cast<const uint4*>(res + (size_t)r * kr + k);
-      const uint4 x = *reinterpret_cast<const uint4*>(act_s + k);
-      const uint32_t wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wv[j]));
-        const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xv[j]));
-        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0 && !dry) shared(res_sum)[r] = acc;
-  }
-}
-
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
-                                      bool mark, bool staged, const bf16* res) {
+                                      bool mark, bool staged) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
@@ -538,9 +457,8 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read
   // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
   // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
-  // (the resident columns [0, g.kr) are not streamed: gemv_resident sums them from shared memory)
-  const int span = (((klen - g.kr) / 32 + wpg - 1) / wpg) * 32;
-  const int k_begin = g.kr + kw * span, k_end = min(klen, k_begin + span);
+  const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
+  const int k_begin = kw * span, k_end = min(klen, k_begin + span);
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
   act_s = shared(act_s);
   red_s = shared(red_s);
@@ -560,39 +478,27 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
-  // the resident columns' sums (token 0), past the tile's outputs in out_s
-  float* const res_sum = out_s + g.nrows * 8;
-  if (g.kr > 0) {
-    gemv_resident(res, g.nrows, g.kr, act_s, res_sum, false);
-    __syncthreads();
-    if (threadIdx.x == 0) {  // consumed: the next load completes the other phase
-      s_res_parity ^= 1;
-      s_res_pending = 0;
-    }
-  }
   // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
   const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
-  if (wpg > 1 || act.norm_w != nullptr || g.kr > 0) {
+  if (wpg > 1) {
     for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
       const int r = i / 8, n = i % 8, grp = r / 16;
       float s = 0.f;
-      if (wpg > 1)
-        for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
-      else
-        s = out_s[i];
-      if (g.kr > 0 && n == 0) s += res_sum[r];
+      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
       out_s[i] = s * sc;
     }
+    __syncthreads();
+  } else if (act.norm_w != nullptr) {
+    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) out_s[i] *= sc;
     __syncthreads();
   }
 }
 
 // The GEMV of a task with its activation staging (see gemv_mma). Callers have synced `act.rows`.
 // staged: act_s already holds these activations (a MoE up item after another of its layer).
-// res: the resident columns (Gemv::kr > 0), else unused.
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
-                                     float* out_s, bool staged = false, const bf16* res = nullptr) {
-  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged, res);
+                                     float* out_s, bool staged = false) {
+  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 

@@ -15,7 +15,6 @@ struct Smem {
   float* out;   // [OUT_FLOATS]
   float* misc;  // [NWARPS + 64]
   unsigned char* raw;
-  bf16* res;  // resident weights (Params resident_bytes), past every op's region (mk_step_kernel)
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k) {
@@ -87,7 +86,6 @@ __device__ __forceinline__ bool block_wait(const Params& p, const int* d, int* f
   __syncthreads();
   if (!*flag) {
     cp_async_wait_all();
-    if (s_res_pending) res_wait();  // no bulk copy may land after the block has left
     return false;
   }
   return true;
@@ -226,37 +224,6 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
   if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = View(p).lw_row(l)[i];
 }
 
-// Resident weights (Params resident_bytes; one row): the columns [0, kr) of every row of a QKV,
-// router or O-proj tile that fit the buffer, in multiples of 256 (0: none; at most the tile's K,
-// which the callers clamp to). The task loads them into shared memory before its wait
-// (resident_load): a QKV or router tile while the previous layer still runs, so the layer's first
-// GEMVs, on both of its chains, stream only the rest after the wait; an O-proj item (a host-queue
-// item at one row) between its claim and its wait for the attention.
-__device__ __forceinline__ int resident_cols(const Params& p, const int* d) {
-  const int op = d[MK_F_OP];
-  const bool others = !(p.prefetch_mode & MK_MODE_RES_QKV_ONLY) && (op == MK_OP_ROUTER || op == MK_OP_OPROJ);
-  if (p.resident_bytes <= 0 || p.batch != 1 || (op != MK_OP_QKV && !others)) return 0;
-  return (p.resident_bytes / (d[MK_F_A1] * 2)) & ~255;
-}
-
-// Warp 0, before the task's wait: columns [0, kr) of each tile row into s.res ([rows][kr] bf16), one
-// bulk copy per row, completing s_res_bar's phase that gemv_resident waits for. The tile's pointers
-// come from layer_w (gemv_prologue's shared copy is not published yet).
-__device__ __noinline__ void resident_load(const Params& p, const int* d, Smem& s, int kr) {
-  if (threadIdx.x >= 32) return;
-  Gemv g;
-  task_gemv(p, d, View(p).lw_row(d[MK_F_LAYER]), g);
-  kr = min(kr, g.klen);
-  if (threadIdx.x == 0) {
-    s_res_pending = 1;
-    res_expect((uint32_t)g.nrows * kr * 2);
-  }
-  __syncwarp();
-  const uint64_t pol = l2_policy(g.keep);
-  for (int r = threadIdx.x; r < g.nrows; r += 32) res_copy(s.res + (size_t)r * kr, gemv_row(g, r), kr * 2, pol);
-  gemv_resident(s.act, 1, kr, s.act, nullptr, true);  // warms the consumer's code (reads act_s row 0 only)
-}
-
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
@@ -290,8 +257,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
-  g.kr = min(resident_cols(p, d), g.klen);
-  gemv(p, g, a, s.act, s.red, s.out, staged, s.res);
+  gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -1488,7 +1454,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   if (is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
-  if (const int kr = resident_cols(q, d)) resident_load(q, d, s, kr);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
   if (moe_local(d) && !moe_local_stage(q, d, s, rows, flag)) {
     cp_async_wait_all();  // no copy may land after the block has left
@@ -1783,13 +1748,11 @@ __global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ 
   if (threadIdx.x == 0) {
     s_tl_n = 0;
     s_h_staged = -1;
-    res_init();
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
   if (threadIdx.x < sizeof(Params) / 4)
     reinterpret_cast<int*>(&s_params)[threadIdx.x] = reinterpret_cast<const int*>(&p)[threadIdx.x];
   Smem s = carve(mk_dyn_smem, p, max_k);
-  s.res = reinterpret_cast<bf16*>(mk_dyn_smem + base_smem_bytes(p, max_k));
   __syncthreads();
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];

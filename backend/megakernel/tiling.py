@@ -95,11 +95,6 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
-    # bytes of shared memory per SM (one row only; 0: none, at most abi.MK_RESIDENT_MAX_BYTES) for
-    # resident weights: each QKV and router tile loads the first columns of every row that fit (in
-    # multiples of 256) by bulk copies before its wait, while the previous layer still runs, and its
-    # GEMV streams only the rest (mk_kernel.cuh resident_load)
-    resident: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -109,10 +104,6 @@ class Tiling:
         need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
-        need(
-            0 <= self.resident <= abi.MK_RESIDENT_MAX_BYTES and self.resident % 512 == 0,
-            f"resident must be a multiple of 512 bytes, at most {abi.MK_RESIDENT_MAX_BYTES}",
-        )
         need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
         need(

@@ -426,50 +426,6 @@ def _engine_tiling(contexts: list[int], **over):
     return replace(tiling_for_batch(CFG, default_tiling(CFG), len(contexts)), **over)
 
 
-# ---- resident weights (Tiling.resident, one row) ---------------------------------------------------
-
-
-def _resident_backend(w, contexts, **over):
-    """The engine's one-row tiling with MK_RESIDENT_MAX_BYTES of resident weights: at the reduced
-    geometry 256 of the 512 columns of each 128-row QKV tile and every column of the router tile."""
-    return MegakernelBackend(
-        CFG, w, tiling=_engine_tiling(contexts, resident=abi.MK_RESIDENT_MAX_BYTES, **over)
-    )
-
-
-@pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
-@pytest.mark.parametrize("local", [1, 0], ids=["self-routing", "route"])
-@pytest.mark.parametrize("mode", [abi.MK_PREFETCH_DEFAULT, abi.MK_MODE_RES_QKV_ONLY], ids=["all", "qkv-only"])
-def test_step_matches_reference_resident(small, contexts, local, mode):
-    """QKV, router and O-proj tiles (256 of the O-proj tile's 1,024 columns, one kv head's)
-    resident; MK_MODE_RES_QKV_ONLY streams the router and O-proj tiles."""
-    w, _ = small
-    be = _resident_backend(w, contexts, moe_local=local)
-    be.prefetch_mode = mode
-    _step_check(CFG, w, be, contexts, seed=41 + local)
-
-
-def test_consecutive_steps_resident(small):
-    """Resident loads in consecutive steps: each load is one phase of the block's mbarrier."""
-    w, _ = small
-    _consecutive_steps(w, _resident_backend(w, [700]), [700], seed=43, steps=4)
-
-
-def test_watchdog_with_a_resident_load_in_flight(small):
-    """A QKV tile whose wait never ends issued its resident load before the wait: the block waits
-    for the copy before it leaves the abandoned step, the error names the task, and the backend
-    runs a step afterwards."""
-    w, _ = small
-    be = _resident_backend(w, [10])
-    case = make_case(CFG, [10], device="cuda", dtype=torch.bfloat16, seed=1)
-    d = make_desc(abi.MK_OP_QKV, 1, (0, be.tiling.qkv_rows), ((3, 1),))
-    be.timeout_s = 1.0
-    with pytest.raises(MegakernelError, match="TIMEOUT"):
-        be.run_tasks(np.array([d], dtype=np.int32), case.batch, n_sms=1)
-    be.timeout_s = 10.0
-    _step_check(CFG, w, be, [10], seed=2)
-
-
 def test_consecutive_steps_reduced(small):
     """Steps in a row on one counter bank (bases advance, counters never reset) stay exact."""
     w, be = small
@@ -755,22 +711,6 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
-
-
-@pytest.mark.parametrize("contexts", [[8192], [131071]], ids=["8k", "128k"])
-def test_step_matches_reference_release_resident(release, contexts):
-    """Resident weights at the release geometry: 256 of the 2,048 columns of each 128-row QKV tile,
-    every column of the 16-row router tiles."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
-    cfg, w, _ = release
-    t = replace(tiling_for_batch(cfg, default_tiling(cfg), 1), resident=abi.MK_RESIDENT_MAX_BYTES)
-    be = MegakernelBackend(cfg, w, tiling=t)
-    try:
-        _step_check(cfg, w, be, contexts, seed=77)
-    finally:  # its workspace: the 256K case after it needs the memory
-        del be
-        torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize(
