@@ -5,11 +5,16 @@ completion list is open.
 Typed characters are inserted in batches: a printable key is buffered and the buffer is inserted
 by a callback queued behind the keys already waiting, so a paste the terminal delivers as keys (no
 bracketed paste: tens of thousands of them) costs one insert (one re-wrap, one `Changed`) per
-batch instead of one per character, which was quadratic (a 54 KB paste ran for minutes). Any other
-key inserts the buffer first, so the order of keys is kept."""
+batch instead of one per character, which was quadratic (a 54 KB paste ran for minutes). Within a
+burst (a key less than BURST_S after the last insert) the callback waits BURST_S: tmux delivers such
+a paste ~32 keys at a time, and each insert re-wraps the whole line (Textual's wrap is linear in
+it), so one insert per read was still quadratic (~25 s for 54 KB on a 2-core machine); typing at
+human speed inserts each key at once. Any other key inserts the buffer first, so the order of keys
+is kept."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from textual import events
@@ -20,6 +25,7 @@ from mkcode.app.core.prompt_history import PromptHistory
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
 COMPLETION_KEYS = ("up", "down", "tab", "enter", "escape")
+BURST_S = 0.05  # seconds: a typed key this soon after an insert is part of a burst (a paste as keys)
 
 
 class PromptInput(TextArea):
@@ -50,18 +56,24 @@ class PromptInput(TextArea):
         self._draft = ""
         self.completion_open = False
         self._typed: list[str] = []  # printable keys not inserted yet
+        self._inserted_at = -1.0  # time.monotonic() of the last insert of typed keys
 
     def take_typed(self, character: str) -> None:
-        """A typed character: inserted with the others that arrive before the next callback."""
+        """A typed character: inserted with the others that arrive before the next callback (in a
+        burst: within the next BURST_S)."""
         self._typed.append(character)
         if len(self._typed) == 1:
-            self.call_later(self._flush_typed)
+            if time.monotonic() - self._inserted_at < BURST_S:
+                self.set_timer(BURST_S, self._flush_typed)
+            else:
+                self.call_later(self._flush_typed)
 
     def _flush_typed(self) -> None:
         if self._typed:
             text, self._typed = "".join(self._typed), []
             self.replace(text, *self.selection, maintain_selection_offset=False)  # as typing does
             self.scroll_cursor_visible()
+            self._inserted_at = time.monotonic()
 
     async def _on_key(self, event: events.Key) -> None:
         if event.is_printable and event.character and not self.read_only:

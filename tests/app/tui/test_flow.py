@@ -253,6 +253,42 @@ async def test_turn_finished_reports_context(make_app):
         assert "ctx" in str(app.screen.status_bar.render())
 
 
+async def test_a_paste_read_a_few_keys_at_a_time_is_inserted_per_burst_window(make_app):
+    """tmux delivers a paste without bracketed paste ~32 keys per read: inserting each read's keys
+    re-wrapped the whole line each time (quadratic: ~25 s for 54 KB); within a burst the prompt
+    inserts at most once per BURST_S, yet a key typed after a quiet moment is inserted at once."""
+    import asyncio
+
+    from textual import events
+    from textual.widgets import TextArea
+
+    from mkcode.app.tui.widgets.prompt import BURST_S
+
+    changes = []
+    text = "word " * 1200  # 6,000 characters in 200 reads of 30
+    app = make_app([text_step("ok")])
+    async with app.run_test(size=(80, 24), message_hook=changes.append) as pilot:
+        prompt = app.screen.prompt
+        t0 = asyncio.get_running_loop().time()
+        for i in range(0, len(text), 30):
+            for ch in text[i : i + 30]:
+                prompt.post_message(events.Key(ch if ch != " " else "space", ch))
+            await asyncio.sleep(0.002)  # the next read
+        for _ in range(100):
+            if len(prompt.text) == len(text):
+                break
+            await pilot.pause(0.02)
+        took = asyncio.get_running_loop().time() - t0
+        assert prompt.text == text
+        inserts = len({id(m) for m in changes if isinstance(m, TextArea.Changed)})  # (each bubbles up)
+        assert inserts <= took / BURST_S + 3, (inserts, took)  # one per read would be 200
+        await pilot.pause(2 * BURST_S)  # a quiet moment, then one key: in at once
+        changes.clear()
+        prompt.post_message(events.Key("x", "x"))
+        await pilot.pause()
+        assert prompt.text.endswith("x")
+
+
 async def test_a_paste_delivered_as_keys_is_inserted_in_batches(make_app):
     """Without bracketed paste a terminal sends a paste as one key per character: they are inserted
     a batch at a time (few `Changed` events), in order, and Enter still submits afterwards."""
