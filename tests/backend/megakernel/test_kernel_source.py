@@ -41,10 +41,12 @@ def test_kernels_compile_with_nvcc():
 
 @pytest.mark.compile
 @pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc")
-@pytest.mark.parametrize("probe", ["stream_probe", "moe_probe", "gemv_rate_probe", "ring_probe"])
+@pytest.mark.parametrize(
+    "probe", ["stream_probe", "moe_probe", "gemv_rate_probe", "ring_probe", "bulk_probe"]
+)
 def test_probes_compile(tmp_path, probe):
     """The stand-alone probes (csrc/probes: HBM streaming strategies, the MoE phase's schedules, the
-    warp-specialised weight ring) stay buildable for sm_90a."""
+    warp-specialised weight ring, bulk copies by size) stay buildable for sm_90a."""
     import subprocess
 
     from mkcode.backend.megakernel.build import ARCH_FLAGS, find_nvcc
