@@ -142,17 +142,16 @@ class MkcodeApp(App[str | None]):
         """Printable keys for the chat prompt go straight to it: a paste the terminal sends as
         keys (no bracketed paste) is tens of thousands of them, and the general path (binding
         chains of every widget up to the app) cost more than the insert itself. No binding of the
-        chat screen or the app is a printable key."""
-        if (
-            isinstance(event, events.Key)
-            and not event.is_forwarded
-            and event.is_printable
-            and event.character
-        ):
+        chat screen or the app is a printable key. Any other key first inserts the typed keys the
+        prompt still holds (PromptInput.take_typed), so a binding that acts on the prompt's text
+        (Ctrl+C clears it) sees every key typed before it."""
+        if isinstance(event, events.Key) and not event.is_forwarded:
             screen = self.screen
             if isinstance(screen, ChatScreen) and isinstance(screen.focused, PromptInput):
-                screen.focused.take_typed(event.character)
-                return
+                if event.is_printable and event.character:
+                    screen.focused.take_typed(event.character)
+                    return
+                screen.focused.flush_typed()
         await super().on_event(event)
 
     def action_quit_interrupted(self) -> None:

@@ -64,11 +64,13 @@ class PromptInput(TextArea):
         self._typed.append(character)
         if len(self._typed) == 1:
             if time.monotonic() - self._inserted_at < BURST_S:
-                self.set_timer(BURST_S, self._flush_typed)
+                self.set_timer(BURST_S, self.flush_typed)
             else:
-                self.call_later(self._flush_typed)
+                self.call_later(self.flush_typed)
 
-    def _flush_typed(self) -> None:
+    def flush_typed(self) -> None:
+        """Insert the typed keys not inserted yet (the app calls it before any other key, since a
+        binding above the prompt may act on its text)."""
         if self._typed:
             text, self._typed = "".join(self._typed), []
             self.replace(text, *self.selection, maintain_selection_offset=False)  # as typing does
@@ -80,7 +82,7 @@ class PromptInput(TextArea):
             self._consume(event)
             self.take_typed(event.character)
             return
-        self._flush_typed()
+        self.flush_typed()
         if self.completion_open and event.key in COMPLETION_KEYS:
             self._consume(event)
             self.post_message(self.CompletionKey(event.key))

@@ -289,6 +289,24 @@ async def test_a_paste_read_a_few_keys_at_a_time_is_inserted_per_burst_window(ma
         assert prompt.text.endswith("x")
 
 
+async def test_ctrl_c_clears_keys_a_burst_still_holds(make_app):
+    """Keys of a burst wait up to BURST_S in the prompt's buffer; a binding above the prompt (Ctrl+C
+    clears it) must see them: the app inserts them before any other key, so none lands after."""
+    from mkcode.app.tui.widgets.prompt import BURST_S
+
+    app = make_app([text_step("ok")])
+    async with app.run_test(size=(80, 24)) as pilot:
+        prompt = app.screen.prompt
+        prompt.take_typed("a")
+        await pilot.pause()  # inserted at once: the burst window opens
+        for ch in "bcdef":
+            prompt.take_typed(ch)  # held for the window
+        assert prompt.text == "a"
+        await pilot.press("ctrl+c")
+        await pilot.pause(3 * BURST_S)
+        assert prompt.text == ""
+
+
 async def test_a_paste_delivered_as_keys_is_inserted_in_batches(make_app):
     """Without bracketed paste a terminal sends a paste as one key per character: they are inserted
     a batch at a time (few `Changed` events), in order, and Enter still submits afterwards."""
