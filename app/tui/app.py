@@ -143,7 +143,7 @@ class MkcodeApp(App[str | None]):
         keys (no bracketed paste) is tens of thousands of them, and the general path (binding
         chains of every widget up to the app) cost more than the insert itself. No binding of the
         chat screen or the app is a printable key. Any other key first inserts the typed keys the
-        prompt still holds (PromptInput.take_typed), so a binding that acts on the prompt's text
+        prompt still holds (PromptInput.flush_typed), so a binding that acts on the prompt's text
         (Ctrl+C clears it) sees every key typed before it."""
         if isinstance(event, events.Key) and not event.is_forwarded:
             screen = self.screen

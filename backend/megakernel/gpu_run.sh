@@ -99,13 +99,13 @@ for stage in "${stages[@]}"; do
       rm -f "$OUT"/{build.log,gpu.txt,pytest.log,ring_probe.ptxas}
       rm -f "$OUT"/{sweep1,sweep2,pair1,pair2}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
-    smem)  # the L1 share's cost: gpu_check bench at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
+    smem)  # the L1 share's cost: the bench stage at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
       # (the kernel reads the pad once per process), each pad of PADS in turn
       for pad in ${PADS:-0 65536 98304 0 65536 98304}; do
-        MKCODE_MK_SMEM_PAD=$pad timeout ${T_BENCH:-90} python3 -m mkcode.backend.megakernel.gpu_check bench --out "$OUT/pad$pad" \
-          --batches ${BATCHES:-1} --context 8192 --variants prefetch=0 2>&1 | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
+        MKCODE_MK_SMEM_PAD=$pad BATCHES=${BATCHES:-1} VARIANTS=prefetch=0 T_BENCH=${T_BENCH:-90} OUT=$OUT/pad$pad \
+          bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
-      find "$OUT" -name "timeline_*.pt" -delete ;;
+      find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
     san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"

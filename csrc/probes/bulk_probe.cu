@@ -21,7 +21,7 @@
 #include "probe_util.cuh"
 
 constexpr int NT = 512, LOADERS = 40, ROUNDS = 32, BYTES = 65536;
-constexpr size_t ROUND_SPAN = (size_t)1 << 20;  // a round's source region: 128 rows at an 8 KB pitch
+constexpr size_t ROUND_SPAN = (size_t)1 << 20;  // a round's source region (a pattern reads 512 KB of it at most)
 enum Pattern { ONE = 0, ROWS4K = 1, PIECES1K = 2, PIECES512 = 3, LDG = 4, NPAT = 5 };
 static const char* kNames[NPAT] = {"1x64K", "16x4K", "64x1K", "128x512", "ldg"};
 
