@@ -442,6 +442,35 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
   red[(gid + 8) * 8 + 2 * t + 1] = c[3];
 }
 
+// How a GEMV's 16 warps share a tile of nrows x klen: wpg warps per 16-row group (gslots groups at
+// a time), warp kw of a group taking the contiguous K block [k_begin, k_end), so each warp's loads of
+// a row are consecutive 64-byte pieces, as with one warp per group. Interleaved k-steps (warp kw:
+// kw * 32 + j * wpg * 32, before 2026-11-30) read each row in 64-byte pieces 64 * wpg bytes apart:
+// csrc/probes/stream_probe.cu (`gemv`) measured 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM
+// streaming and 256 x 2048 (wpg 1) at 3.6.
+struct WarpSplit {
+  int ngroups, wpg, gslots, kw, k_begin, k_end;
+};
+
+__device__ __forceinline__ WarpSplit warp_split(int nrows, int klen) {
+  WarpSplit w;
+  w.ngroups = (nrows + 15) / 16;
+  w.wpg = NWARPS / (w.ngroups < NWARPS ? w.ngroups : NWARPS);
+  w.gslots = NWARPS / w.wpg;
+  w.kw = (int)(threadIdx.x / 32) % w.wpg;
+  const int span = ((klen / 32 + w.wpg - 1) / w.wpg) * 32;
+  w.k_begin = w.kw * span;
+  w.k_end = min(klen, w.k_begin + span);
+  return w;
+}
+
+// A GEMV's activations into act_s (unless `staged`), the barrier, and thread 0's timeline mark.
+__device__ __forceinline__ void gemv_stage(bf16* act_s, const ActSrc& act, int klen, bool staged, bool mark) {
+  if (!staged) stage_rows(act_s, act, klen);
+  __syncthreads();
+  if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
+}
+
 // The end of a GEMV (after its barrier): the wpg K blocks' partial sums of each 16-row group
 // (red_s) summed into out_s (wpg 1: they are there already), times the row's RMSNorm factor for a
 // GEMV over h(l) (the staged rows were x * norm_w). Ends with __syncthreads() where it wrote.
@@ -521,19 +550,14 @@ __device__ __noinline__ void gemv_res_mma(const bf16* res, int nrows, const ActS
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int lds = klen + ACT_PAD, rld = klen + MK_RES_ROW_PAD;
-  const int ngroups = (nrows + 15) / 16;
-  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);
-  const int gslots = NWARPS / wpg;
-  const int kw = warp % wpg;
-  const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
-  const int k_begin = kw * span, k_end = min(klen, k_begin + span);
+  const WarpSplit ws = warp_split(nrows, klen);
+  const int ngroups = ws.ngroups, wpg = ws.wpg, gslots = ws.gslots, kw = ws.kw;
+  const int k_begin = ws.k_begin, k_end = ws.k_end;
   res = shared(res);
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
-  if (!staged) stage_rows(act_s, act, klen);
-  __syncthreads();
-  if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
+  gemv_stage(act_s, act, klen, staged, mark);
   res_wait();
   const bf16* xa = act_s + gid * lds + t * 8;
   float* const part = wpg == 1 ? out_s : red_s;
@@ -569,24 +593,14 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
   const int lds = klen + ACT_PAD;
-  const int ngroups = (g.nrows + 15) / 16;
-  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per 16-row group
-  const int gslots = NWARPS / wpg;
-  const int kw = warp % wpg;
-  // The wpg warps of a row group split K into contiguous blocks (warp kw: k-steps [kw * span,
-  // (kw + 1) * span)), so each warp's loads of a row are consecutive 64-byte pieces, as with one
-  // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read
-  // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
-  // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
-  const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
-  const int k_begin = kw * span, k_end = min(klen, k_begin + span);
+  const WarpSplit ws = warp_split(g.nrows, klen);  // warps per 16-row group, their K blocks
+  const int ngroups = ws.ngroups, wpg = ws.wpg, gslots = ws.gslots, kw = ws.kw;
+  const int k_begin = ws.k_begin, k_end = ws.k_end;
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
-  if (!staged) stage_rows(act_s, act, klen);
-  __syncthreads();
-  if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
+  gemv_stage(act_s, act, klen, staged, mark);
   const bf16* xa = act_s + gid * lds + t * 8;
   const uint64_t pol = l2_policy(g.keep);
   // one warp per group (wpg 1): its sums are the result, in out_s's layout (group grp's 16 rows x 8
