@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 39
+#define MK_ABI_VERSION 40
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -15,12 +15,6 @@
 #define MK_MAX_TOKENS 8   // decode batch limit (tokens per expert tile fit one mma N=8)
 #define MK_MAX_TILE_ROWS 1024  // weight rows of one GEMV task at most (gate+up count twice)
 #define MK_NORM_MAX_HIDDEN 4096  // hidden size at most (the GEMV staging's RMSNorm sweeps)
-// Resident QKV tiles (Tiling.qkv_res_tiles, Params res_bytes): a block's one buffer of shared memory
-// holds a resident tile's rows, each padded by MK_RES_ROW_PAD bf16 (conflict-free mma reads), at most
-// MK_RESIDENT_MAX_BYTES (64 KB of rows: 64 KB more shared memory left the BS 1 step unchanged on the
-// H100, 2026-12-07, `PADS=... gpu_run.sh smem`; 96 KB cost 3-5 %).
-#define MK_RES_ROW_PAD 8
-#define MK_RESIDENT_MAX_BYTES 66560
 #define MK_NO_COUNTER -1
 
 // Opcodes (word MK_F_OP). Every opcode is handled by the kernel's dispatch and by the emulator.
@@ -157,13 +151,15 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) X(res_bytes)
-// res_bytes: the resident buffer's bytes (0: no resident QKV tile in the schedule; MK_QKV_RESIDENT).
+  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
 // wait), 0 = MOE_UP tiles, then MOE_DOWN tiles.
 // ABI 37 added resident_bytes (Tiling.resident: a QKV / router / O-proj tile's first columns loaded
 // into shared memory by cp.async.bulk before its wait), measured slower in every form and removed in
 // ABI 38 (docs/PERF.md).
+// ABI 39 added res_bytes (Tiling.qkv_res_tiles: QKV tiles of 16 rows whose whole rows a block loaded
+// into shared memory a layer ahead, on the self-routing items' SMs, the other rows in shorter
+// streamed tiles), measured 6-9 % slower at BS 1 and removed in ABI 40 (docs/PERF.md).
 // The norm inside the GEMVs: x(l+1) is layer l's sum: its residual x(l) copied in by the layer's
 // initialiser (EMBED for a dense layer 0, else the router tiles while they stage, each its share of
 // the columns), then the O-proj, dense-down, MoE-down and fused items add their outputs into it
@@ -300,12 +296,3 @@ enum MkLayerWeight {
 // pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
 // took the QKV tiles' HBM share).
 #define MK_GAP_KV_PAGES 128
-
-// Resident QKV tiles (ABI 39, Tiling.qkv_res_tiles): a QKV tile with A2 = MK_QKV_RESIDENT reads its
-// rows from the block's resident buffer (shared memory), not from HBM. The rows are loaded by one
-// cp.async.bulk per row completing one mbarrier phase, issued by the block's previous resident tile
-// as soon as its GEMV is done (A3 / A4 of that tile: the layer and first row of the next resident
-// tile in this SM's list, -1: none), so they arrive a layer or more ahead; a resident tile whose rows
-// are not on their way (its SM's first) loads them itself before its wait. Resident tiles sit on SMs
-// idle at the layer's start (the self-routing items'), so the streamed tiles are fewer and shorter.
-#define MK_QKV_RESIDENT 1

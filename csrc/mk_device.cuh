@@ -442,165 +442,30 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
   red[(gid + 8) * 8 + 2 * t + 1] = c[3];
 }
 
-// How a GEMV's 16 warps share a tile of nrows x klen: wpg warps per 16-row group (gslots groups at
-// a time), warp kw of a group taking the contiguous K block [k_begin, k_end), so each warp's loads of
-// a row are consecutive 64-byte pieces, as with one warp per group. Interleaved k-steps (warp kw:
-// kw * 32 + j * wpg * 32, before 2026-11-30) read each row in 64-byte pieces 64 * wpg bytes apart:
-// csrc/probes/stream_probe.cu (`gemv`) measured 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM
-// streaming and 256 x 2048 (wpg 1) at 3.6.
-struct WarpSplit {
-  int ngroups, wpg, gslots, kw, k_begin, k_end;
-};
-
-__device__ __forceinline__ WarpSplit warp_split(int nrows, int klen) {
-  WarpSplit w;
-  w.ngroups = (nrows + 15) / 16;
-  w.wpg = NWARPS / (w.ngroups < NWARPS ? w.ngroups : NWARPS);
-  w.gslots = NWARPS / w.wpg;
-  w.kw = (int)(threadIdx.x / 32) % w.wpg;
-  const int span = ((klen / 32 + w.wpg - 1) / w.wpg) * 32;
-  w.k_begin = w.kw * span;
-  w.k_end = min(klen, w.k_begin + span);
-  return w;
-}
-
-// A GEMV's activations into act_s (unless `staged`), the barrier, and thread 0's timeline mark.
-__device__ __forceinline__ void gemv_stage(bf16* act_s, const ActSrc& act, int klen, bool staged, bool mark) {
-  if (!staged) stage_rows(act_s, act, klen);
-  __syncthreads();
-  if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
-}
-
-// The end of a GEMV (after its barrier): the wpg K blocks' partial sums of each 16-row group
-// (red_s) summed into out_s (wpg 1: they are there already), times the row's RMSNorm factor for a
-// GEMV over h(l) (the staged rows were x * norm_w). Ends with __syncthreads() where it wrote.
-__device__ __forceinline__ void gemv_reduce(int nrows, int wpg, const ActSrc& act, int klen, const float* red_s,
-                                            float* out_s) {
-  const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
-  if (wpg > 1) {
-    for (int i = threadIdx.x; i < nrows * 8; i += NT) {
-      const int r = i / 8, n = i % 8, grp = r / 16;
-      float s = 0.f;
-      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
-      out_s[i] = s * sc;
-    }
-    __syncthreads();
-  } else if (act.norm_w != nullptr) {
-    for (int i = threadIdx.x; i < nrows * 8; i += NT) out_s[i] *= sc;
-    __syncthreads();
-  }
-}
-
-// ---- the resident buffer: one mbarrier, bulk copies into shared memory (mk_abi.h MK_QKV_RESIDENT) --
-//
-// A load is one phase of s_res_bar: thread 0 arrives with the bytes expected, the copies complete
-// them; the consumer waits for the phase of parity s_res_parity, then flips it. s_res_tag: the tile
-// whose rows are loaded or on their way (res_tag; -1: none); s_res_pending: a load no GEMV has
-// consumed yet (the block waits for it before it leaves the kernel).
-__shared__ __align__(8) uint64_t s_res_bar;
-__shared__ int s_res_parity, s_res_pending, s_res_tag;
-
-__device__ __forceinline__ int res_tag(int layer, int row) { return layer * 65536 + row; }
-
-__device__ __forceinline__ void res_init() {  // thread 0, before the kernel's first barrier
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&s_res_bar)));
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  s_res_parity = 0;
-  s_res_pending = 0;
-  s_res_tag = -1;
-}
-
-// Thread 0: the load's bytes expected (its arrival); then the copies may be issued.
-__device__ __forceinline__ void res_expect(uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&s_res_bar)), "r"(bytes)
-               : "memory");
-}
-
-// [dst, dst + bytes) <- [src, ..) by the bulk-copy engine (no registers, no L1), completing on
-// s_res_bar. The fence orders this thread's view of the buffer's earlier generic-proxy reads (every
-// thread's, by the barrier before) before the async writes.
-__device__ __forceinline__ void res_copy(void* dst, const void* src, uint32_t bytes, uint64_t pol) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(&s_res_bar)), "l"(pol)
-      : "memory");
-}
-
-// Every calling thread: until the pending load has landed (copies of weights always complete).
-__device__ __forceinline__ void res_wait() {
-  const uint32_t bar = smem_u32(&s_res_bar), parity = (uint32_t)s_res_parity;
-  uint32_t ok = 0;
-  while (!ok)
-    asm volatile(
-        "{\n .reg .pred P;\n mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n selp.u32 %0, 1, 0, P;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
-
-// A resident tile's GEMV (mk_abi.h MK_QKV_RESIDENT): gemv_mma's math and layout with the weights
-// read from shared memory (res: nrows rows of klen + MK_RES_ROW_PAD bf16; the 16-byte pad puts the
-// 8 rows a warp reads at once in distinct banks), after the activations are staged and the load has
-// landed. The wpg warps of a 16-row group split K into contiguous blocks, as in gemv_mma.
-// Consumes the load (thread 0 flips the phase after the closing barrier).
-__device__ __noinline__ void gemv_res_mma(const bf16* res, int nrows, const ActSrc act, int klen, bf16* act_s,
-                                          float* red_s, float* out_s, bool mark, bool staged) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gid = lane >> 2, t = lane & 3;
-  const int lds = klen + ACT_PAD, rld = klen + MK_RES_ROW_PAD;
-  const WarpSplit ws = warp_split(nrows, klen);
-  const int ngroups = ws.ngroups, wpg = ws.wpg, gslots = ws.gslots, kw = ws.kw;
-  const int k_begin = ws.k_begin, k_end = ws.k_end;
-  res = shared(res);
-  act_s = shared(act_s);
-  red_s = shared(red_s);
-  out_s = shared(out_s);
-  gemv_stage(act_s, act, klen, staged, mark);
-  res_wait();
-  const bf16* xa = act_s + gid * lds + t * 8;
-  float* const part = wpg == 1 ? out_s : red_s;
-  for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-    const bf16* ra = res + (size_t)(grp * 16 + gid) * rld + t * 8;
-    const bf16* rb = ra + (size_t)8 * rld;
-    for (int k = k_begin; k < k_end; k += 32) {
-      const uint4 wa = *reinterpret_cast<const uint4*>(ra + k);
-      const uint4 wb = *reinterpret_cast<const uint4*>(rb + k);
-      const uint4 bx = *reinterpret_cast<const uint4*>(xa + k);
-      mma16816(c, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
-      mma16816(c, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
-    }
-    float* red = part + (grp * wpg + kw) * 128;
-    red[gid * 8 + 2 * t] = c[0];
-    red[gid * 8 + 2 * t + 1] = c[1];
-    red[(gid + 8) * 8 + 2 * t] = c[2];
-    red[(gid + 8) * 8 + 2 * t + 1] = c[3];
-  }
-  __syncthreads();  // every read of the buffer is done
-  if (threadIdx.x == 0) {  // consumed: the next load completes the other phase
-    s_res_parity ^= 1;
-    s_res_pending = 0;
-    s_res_tag = -1;
-  }
-  gemv_reduce(nrows, wpg, act, klen, red_s, out_s);
-}
-
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
                                       bool mark, bool staged) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
   const int lds = klen + ACT_PAD;
-  const WarpSplit ws = warp_split(g.nrows, klen);  // warps per 16-row group, their K blocks
-  const int ngroups = ws.ngroups, wpg = ws.wpg, gslots = ws.gslots, kw = ws.kw;
-  const int k_begin = ws.k_begin, k_end = ws.k_end;
+  const int ngroups = (g.nrows + 15) / 16;
+  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per 16-row group
+  const int gslots = NWARPS / wpg;
+  const int kw = warp % wpg;
+  // The wpg warps of a row group split K into contiguous blocks (warp kw: k-steps [kw * span,
+  // (kw + 1) * span)), so each warp's loads of a row are consecutive 64-byte pieces, as with one
+  // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read
+  // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
+  // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
+  const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
+  const int k_begin = kw * span, k_end = min(klen, k_begin + span);
   constexpr int U = 8;  // 16 x 16 B of weights in flight per thread
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
-  gemv_stage(act_s, act, klen, staged, mark);
+  if (!staged) stage_rows(act_s, act, klen);
+  __syncthreads();
+  if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
   const bf16* xa = act_s + gid * lds + t * 8;
   const uint64_t pol = l2_policy(g.keep);
   // one warp per group (wpg 1): its sums are the result, in out_s's layout (group grp's 16 rows x 8
@@ -613,7 +478,20 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     gemv_group<U>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
-  gemv_reduce(g.nrows, wpg, act, klen, red_s, out_s);
+  // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
+  const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
+  if (wpg > 1) {
+    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
+      const int r = i / 8, n = i % 8, grp = r / 16;
+      float s = 0.f;
+      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
+      out_s[i] = s * sc;
+    }
+    __syncthreads();
+  } else if (act.norm_w != nullptr) {
+    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) out_s[i] *= sc;
+    __syncthreads();
+  }
 }
 
 // The GEMV of a task with its activation staging (see gemv_mma). Callers have synced `act.rows`.

@@ -9,10 +9,7 @@ static_assert(mk::NT == mk::kThreads, "mk_launch.h kThreads must equal NT");
 
 namespace mk {
 
-// the ops' region, then the resident buffer (rounded to 128 bytes)
-size_t smem_bytes(const Params& p, int max_k) {
-  return base_smem_bytes(p, max_k) + (((size_t)(p.res_bytes > 0 ? p.res_bytes : 0) + 127) & ~(size_t)127);
-}
+size_t smem_bytes(const Params& p, int max_k) { return base_smem_bytes(p, max_k); }
 
 cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* msg, size_t cap) {
   int dev = 0, sms = 0;
@@ -37,10 +34,6 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
              "head and head_dim %d, %d or %d",
              p.num_heads, p.num_kv_heads, p.head_dim, MK_ATTN_MAX_GROUP, MK_ATTN_HEAD_DIM_32, MK_ATTN_HEAD_DIM_64,
              MK_ATTN_HEAD_DIM_128);
-    return cudaErrorInvalidValue;
-  }
-  if (p.res_bytes < 0 || p.res_bytes > MK_RESIDENT_MAX_BYTES) {
-    snprintf(msg, cap, "res_bytes=%d: at most %d", p.res_bytes, MK_RESIDENT_MAX_BYTES);
     return cudaErrorInvalidValue;
   }
   if (p.hidden > MK_NORM_MAX_HIDDEN) {  // the GEMVs' norm staging (stage_act_norm) sweeps that many

@@ -15,7 +15,6 @@ struct Smem {
   float* out;   // [OUT_FLOATS]
   float* misc;  // [NWARPS + 64]
   unsigned char* raw;
-  bf16* res;  // the resident buffer (Params res_bytes), past every op's region (mk_step_kernel)
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* base, const Params& p, int max_k) {
@@ -117,16 +116,6 @@ __device__ __forceinline__ void rows_identity(int* rows, int B) {
 // ---- the weight tile of each GEMV task (one definition, for gemv_op) -------------------------------
 
 // lw: the task's layer row of weight pointers (layer_w[l], or gemv_prologue's copy of it).
-// Row r0 of [Wq; Wk; Wv] (a QKV tile's first row; tiles never straddle two of them).
-__device__ __forceinline__ const bf16* qkv_rows_w(const Params& p, const long long* lw, int r0) {
-  View V(p);
-  const int qw = V.QW(), kvw = V.KVW();
-  const size_t H = p.hidden;
-  return r0 < qw         ? (const bf16*)lw[MK_LW_Q] + (size_t)r0 * H
-         : r0 < qw + kvw ? (const bf16*)lw[MK_LW_K] + (size_t)(r0 - qw) * H
-                         : (const bf16*)lw[MK_LW_V] + (size_t)(r0 - qw - kvw) * H;
-}
-
 __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const long long* lw, Gemv& g) {
   View V(p);
   const int op = d[MK_F_OP];
@@ -134,7 +123,10 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   const int H = p.hidden;
   switch (op) {
     case MK_OP_QKV: {
-      const bf16* W = qkv_rows_w(p, lw, a0);
+      const int qw = V.QW(), kvw = V.KVW();
+      const bf16* W = a0 < qw          ? (const bf16*)lw[MK_LW_Q] + (size_t)a0 * H
+                      : a0 < qw + kvw ? (const bf16*)lw[MK_LW_K] + (size_t)(a0 - qw) * H
+                                      : (const bf16*)lw[MK_LW_V] + (size_t)(a0 - qw - kvw) * H;
       g = Gemv{W, H, W, H, a1, a1, H};
       return true;
     }
@@ -232,28 +224,6 @@ __device__ __forceinline__ void gemv_prologue(const Params& p, const int* d) {
   if (l < p.num_layers && i >= 0 && i < MK_LW_COUNT) s_lw[i] = View(p).lw_row(l)[i];
 }
 
-// Warp 0: rows r0 .. r0 + n of layer l's [Wq; Wk; Wv] into the resident buffer (one bulk copy per
-// row, one s_res_bar phase; mk_abi.h MK_QKV_RESIDENT). The layer's pointers come from layer_w (an
-// L2 round trip for thread 0's lanes, off every other warp's path).
-__device__ __noinline__ void res_load(const Params& p, int l, int r0, int n, Smem& s) {
-  if (threadIdx.x >= 32) return;
-  __syncwarp();  // every lane has read s_res_tag (run_task) before thread 0 writes it
-  const bf16* W = qkv_rows_w(p, View(p).lw_row(l), r0);
-  const int H = p.hidden, rld = H + MK_RES_ROW_PAD;
-  if (threadIdx.x == 0) {
-    s_res_pending = 1;
-    s_res_tag = res_tag(l, r0);
-    res_expect((uint32_t)n * H * 2);
-  }
-  __syncwarp();
-  const uint64_t pol = l2_policy(false);
-  for (int r = threadIdx.x; r < n; r += 32) res_copy(s.res + (size_t)r * rld, W + (size_t)r * H, H * 2, pol);
-}
-
-__device__ __forceinline__ bool qkv_resident(const int* d) {
-  return d[MK_F_OP] == MK_OP_QKV && (d[MK_F_A2] & MK_QKV_RESIDENT);
-}
-
 __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int* rows) {
   View V(p);
   const int op = d[MK_F_OP], l = d[MK_F_LAYER];
@@ -284,15 +254,6 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     else
       rows_identity(rows, p.batch);
     __syncthreads();
-  }
-  if (qkv_resident(d)) {  // the rows from the resident buffer, then the next resident tile's load
-    gemv_res_mma(s.res, d[MK_F_A1], a, p.hidden, s.act, s.red, s.out, p.timeline != nullptr, false);
-    if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();
-    if (d[MK_F_A3] >= 0) res_load(p, d[MK_F_A3], d[MK_F_A4], d[MK_F_A1], s);
-    // h(l) stays staged for this SM's next task of the layer (a self-routing item: stage_h_once);
-    // published by run_task's closing barrier
-    if (threadIdx.x == 0) s_h_staged = l;
-    return;
   }
   Gemv g;
   task_gemv(p, d, lw, g);
@@ -1491,9 +1452,6 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
   if (d[MK_F_OP] == MK_OP_ATTN) attn_prologue(q, d, s);  // the page ring's first pages land while we wait
   if (d[MK_F_OP] == MK_OP_ROUTE) route_prologue(q, d);
   if (d[MK_F_OP] == MK_OP_QKV) qkv_prologue(q, d);
-  // a resident tile whose rows are not loaded or on their way (its SM's first) loads them now
-  if (threadIdx.x < 32 && qkv_resident(d) && s_res_tag != res_tag(d[MK_F_LAYER], d[MK_F_A0]))
-    res_load(q, d[MK_F_LAYER], d[MK_F_A0], d[MK_F_A1], s);
   if (d[MK_F_OP] == MK_OP_MOE_FUSED || d[MK_F_OP] == MK_OP_MOE_DOWN) moe_prologue(q, d);
   if (is_gemv_op(d[MK_F_OP])) gemv_prologue(q, d);
   // a self-routing fused item stages h(l) between its first wait and the router tiles' (uniform)
@@ -1773,7 +1731,7 @@ __device__ __forceinline__ void advance(int* s_desc, int* s_next, int& ahead, in
   }
 }
 
-__device__ __forceinline__ void step_tasks(const Params& p, int max_k) {
+__global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
   __shared__ int s_desc[MK_DESC_WORDS];
   __shared__ int s_item[MK_DESC_WORDS];
   __shared__ int s_next[MK_DESC_WORDS];
@@ -1790,13 +1748,11 @@ __device__ __forceinline__ void step_tasks(const Params& p, int max_k) {
   if (threadIdx.x == 0) {
     s_tl_n = 0;
     s_h_staged = -1;
-    res_init();
   }
   static_assert(sizeof(Params) % 4 == 0 && sizeof(Params) <= 4 * NT, "Params: one word per thread");
   if (threadIdx.x < sizeof(Params) / 4)
     reinterpret_cast<int*>(&s_params)[threadIdx.x] = reinterpret_cast<const int*>(&p)[threadIdx.x];
   Smem s = carve(mk_dyn_smem, p, max_k);
-  s.res = reinterpret_cast<bf16*>(mk_dyn_smem + base_smem_bytes(p, max_k));
   __syncthreads();
   const int sm = blockIdx.x;
   const int n = ((const int*)p.ntasks)[sm];
@@ -1967,13 +1923,6 @@ __device__ __forceinline__ void step_tasks(const Params& p, int max_k) {
     }
     advance(s_desc, s_next, ahead, lane_w, mine, i, n);
   }
-}
-
-// The step, then (every return, an abandoned step's too) no bulk copy may land after the block has
-// left: a resident load not consumed yet is waited for.
-__global__ void __launch_bounds__(NT, 1) mk_step_kernel(const __grid_constant__ Params p, int max_k) {
-  step_tasks(p, max_k);
-  if (s_res_pending) res_wait();
 }
 
 }  // namespace mk

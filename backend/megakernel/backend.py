@@ -385,7 +385,6 @@ class MegakernelBackend:
             "prefetch_mode": check_prefetch_mode(self.prefetch_mode),
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "moe_fused": t.moe_fused,
-            "res_bytes": t.res_bytes(cfg),
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

@@ -187,28 +187,12 @@ def qkv_row_head(cfg: ModelConfig, row: int) -> int:
     return ((row - cfg.q_width) % cfg.kv_width) // cfg.head_dim
 
 
-def is_resident(words: np.ndarray) -> bool:
-    """A resident QKV tile (mk_abi.h MK_QKV_RESIDENT)."""
-    return int(words[abi.MK_F_OP]) == abi.MK_OP_QKV and bool(int(words[abi.MK_F_A2]) & abi.MK_QKV_RESIDENT)
-
-
-def link_resident(tasks: np.ndarray, sm_lists: list[list[int]]) -> None:
-    """Each resident QKV tile's next-tile words (A3, A4: the layer and first row of the next
-    resident tile in its SM's list, -1 after the last), which its SM loads once this one's GEMV is
-    done (mk_abi.h MK_QKV_RESIDENT)."""
-    for ids in sm_lists:
-        res = [i for i in ids if is_resident(tasks[i])]
-        for i, j in zip(res, [*res[1:], None]):
-            nxt = (-1, -1) if j is None else (int(tasks[j, abi.MK_F_LAYER]), int(tasks[j, abi.MK_F_A0]))
-            tasks[i, abi.MK_F_A3], tasks[i, abi.MK_F_A4] = nxt
-
-
 def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     """Whether a one-row MoE layer's self-routing fused items (Tiling.moe_local) find as many SMs
     free of the layer's QKV and router tiles, dealt round-robin over the work SMs (build_schedule)."""
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
-    n_qkv = tiling.n_qkv_streamed(cfg)
+    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_router = max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
     return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
@@ -296,14 +280,6 @@ def build_schedule(
         qinfo.append([first, len(items), head_c, 0])
         return len(qinfo) - 1
 
-    def emit_resident(layer: int, wait: tuple, sig: tuple, sms: list[int]) -> None:
-        """A layer's resident QKV tiles (Tiling.qkv_res_tiles), one per SM of `sms` (round-robin
-        where it runs short); their next-tile words (A3, A4) are linked per SM once the whole list
-        is dealt (link_resident)."""
-        for t in range(n_res):
-            args = (t * res_rows, res_rows, abi.MK_QKV_RESIDENT, -1, -1)
-            emit(make_desc(abi.MK_OP_QKV, layer, args, wait, sig), sms[t] if t < len(sms) else None)
-
     embed_c = counter("embed", B)  # x(0) (and a dense layer 0's x(1)) written
     # Tiling.attn_in_moe = 3: the MoE queue heads are claimed before ROUTE, so the EMBED of row 0
     # resets them (mk_abi.h MK_EMBED_RESET_HEADS) and ROUTE leaves them alone (MK_ROUTE_KEEP_HEAD)
@@ -312,10 +288,7 @@ def build_schedule(
         reset = abi.MK_EMBED_RESET_HEADS if late_route and b == 0 else 0
         emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (embed_c,)))
 
-    # QKV tiles per layer: n_stream of qkv_rows rows, then n_res resident ones (Tiling.qkv_res_tiles)
-    n_res, res_rows = tiling.qkv_res_tiles, tiling.qkv_res_rows
-    n_stream = tiling.n_qkv_streamed(cfg)
-    n_qkv = n_stream + n_res
+    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
     n_o = (H // tiling.o_rows) * Hkv
     # What the GEMVs over h(l) wait for, (counter, target): the EMBED tasks, then the previous
     # layer's end, its MLP counter (the O-proj tiles signal it too)
@@ -349,10 +322,9 @@ def build_schedule(
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
-        qkv_sig = (qkv_cs[0],) + ((qkv_all,) if qkv_all is not None else ())
-        for t in range(n_stream):
-            r0 = n_res * res_rows + t * tiling.qkv_rows
-            sig = (qkv_cs[qkv_row_head(cfg, r0) % qkv_heads], *qkv_sig[1:])
+        for t in range(n_qkv):
+            r0 = t * tiling.qkv_rows
+            sig = (qkv_cs[qkv_row_head(cfg, r0) % qkv_heads],) + ((qkv_all,) if qkv_all is not None else ())
             emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, sig))
 
         qkv_sms = list(dict.fromkeys(deal[first_qkv:]))
@@ -368,8 +340,6 @@ def build_schedule(
             for t in range(n_up):
                 c0 = t * tiling.dense_up_cols
                 emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
-            busy = set(deal[first_qkv:])
-            emit_resident(layer, wait_h, qkv_sig, [s for s in range(n_work) if s not in busy])
         moe_sms: list[int] = []  # Tiling.moe_local: the SMs of the layer's fused items
         if not dense:
             n_router = E // tiling.router_rows
@@ -392,16 +362,15 @@ def build_schedule(
                         (router_c,),
                     ),
                 )
-            busy = set(deal[first_qkv:])
-            free = [s for s in range(n_work) if s not in busy]
             if not local:
                 keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
                 emit(
                     make_desc(abi.MK_OP_ROUTE, layer, keep, ((router_c, n_router),), (route_c,)),
                     ctrl_sm(layer),
                 )
-                emit_resident(layer, wait_h, qkv_sig, free)
             else:  # the SMs without this layer's QKV or router tiles, from a point that turns per layer
+                busy = set(deal[first_qkv:])
+                free = [s for s in range(n_work) if s not in busy]
                 turn = (layer * K * up_tiles) % max(1, len(free))
                 moe_sms = (free[turn:] + free[:turn])[: K * up_tiles]
                 if len(moe_sms) < K * up_tiles:
@@ -409,9 +378,6 @@ def build_schedule(
                         f"moe_local: {K * up_tiles} fused items need as many SMs free of the layer's "
                         f"QKV and router tiles, {len(free)} are"
                     )
-                # resident tiles on the items' SMs first: ahead of the item in the SM's list, idle
-                # until the router tiles end anyway, and the item reuses the h(l) they staged
-                emit_resident(layer, wait_h, qkv_sig, moe_sms + [s for s in free if s not in set(moe_sms)])
                 wait_local = (*wait_h, (router_c, n_router))  # h(l) first: the item stages it meanwhile
                 for m in range(K * up_tiles):
                     j, t = divmod(m, up_tiles)
@@ -446,7 +412,7 @@ def build_schedule(
         if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
             head = deal[first_qkv:]  # QKV tiles, then router tiles (or dense ups) and ROUTE
             busy = set(head)
-            later = [s for s in dict.fromkeys(head[n_stream:]) if s < n_work and s not in on_qkv_sms]
+            later = [s for s in dict.fromkeys(head[n_qkv:]) if s < n_work and s not in on_qkv_sms]
             pool = [s for s in range(n_work) if s not in busy] + later + qkv_sms
         if moe_sms:  # not behind a fused item (~40 us) in its SM's list
             pool = [s for s in (pool or range(n_work)) if s not in set(moe_sms)]
@@ -586,8 +552,6 @@ def build_schedule(
     sm_lists: list[list[int]] = [[] for _ in range(n_sms)]
     for i, sm in enumerate(deal):  # each SM's list keeps the global order: still topological
         sm_lists[sm].append(i)
-    if n_res:
-        link_resident(arr, sm_lists)
     return Schedule(
         cfg=cfg,
         tiling=tiling,

@@ -95,25 +95,6 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
-    # Resident QKV tiles (mk_abi.h MK_QKV_RESIDENT): the first qkv_res_tiles * qkv_res_rows rows of
-    # [Wq; Wk; Wv] as tiles of qkv_res_rows rows that read their weights from a block's resident
-    # buffer in shared memory, loaded a layer ahead by the SM's previous resident tile; one per SM
-    # free of the layer's streamed QKV and router tiles (the self-routing items' SMs first, which
-    # wait for the router tiles anyway and reuse the staged h(l)). The other rows stay streamed
-    # tiles of qkv_rows. 0: none.
-    qkv_res_tiles: int = 0
-    qkv_res_rows: int = 16
-
-    def n_qkv_streamed(self, cfg: ModelConfig) -> int:
-        """QKV tiles of qkv_rows rows per layer (the rows the resident tiles leave)."""
-        rows = cfg.q_width + 2 * cfg.kv_width - self.qkv_res_tiles * self.qkv_res_rows
-        return rows // self.qkv_rows
-
-    def res_bytes(self, cfg: ModelConfig) -> int:
-        """The kernel's resident buffer (Params res_bytes): one resident tile's padded rows, or 0."""
-        if not self.qkv_res_tiles:
-            return 0
-        return self.qkv_res_rows * (cfg.hidden_size + abi.MK_RES_ROW_PAD) * 2
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -132,23 +113,10 @@ class Tiling:
 
         H, d = cfg.hidden_size, cfg.head_dim
         need(self.qkv_rows % 2 == 0, "qkv_rows must be even (RoPE pairs)")
-        res = self.qkv_res_tiles * self.qkv_res_rows
-        need(self.qkv_res_tiles >= 0, "qkv_res_tiles must be >= 0")
         need(
-            cfg.q_width > res
-            and (cfg.q_width - res) % self.qkv_rows == 0
-            and cfg.kv_width % self.qkv_rows == 0,
-            "qkv_rows must divide the K/V width and the Q rows the resident tiles leave",
+            cfg.q_width % self.qkv_rows == 0 and cfg.kv_width % self.qkv_rows == 0,
+            "qkv_rows must divide the Q and K/V widths",
         )
-        if self.qkv_res_tiles:
-            need(
-                self.qkv_res_rows > 0 and self.qkv_res_rows % 16 == 0, "qkv_res_rows must be a multiple of 16"
-            )
-            need(
-                self.res_bytes(cfg) <= abi.MK_RESIDENT_MAX_BYTES,
-                f"a resident tile ({self.res_bytes(cfg)} bytes) must fit {abi.MK_RESIDENT_MAX_BYTES}",
-            )
-            need(not self.qkv_by_head, "resident QKV tiles take one QKV counter per layer (qkv_by_head 0)")
         need(H % 32 == 0, "hidden_size must be a multiple of 32")
         need(
             (cfg.gqa_group * d) % 32 == 0, "the O-proj K split (one kv head's heads) must be a multiple of 32"

@@ -402,46 +402,6 @@ def test_consecutive_steps_self_routing_across_pages(small):
     _consecutive_steps(w, _local_backend(w), [700], seed=37, steps=3)
 
 
-# ---- resident QKV tiles (Tiling.qkv_res_tiles: rows from shared memory, loaded a layer ahead) ----
-
-
-@pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
-def test_step_matches_reference_resident_qkv(small, contexts):
-    """Eight resident tiles per layer on the self-routing items' SMs (the BS 1 engine tiling), the
-    other Q/K/V rows streamed: every layer's output against the reference."""
-    w, _ = small
-    be = _local_backend(w, qkv_res_tiles=8)
-    sched = build_schedule(CFG, 1, contexts, be.n_sms, be.tiling)
-    res = [t for t in sched.tasks if t[abi.MK_F_OP] == abi.MK_OP_QKV and t[abi.MK_F_A2] & abi.MK_QKV_RESIDENT]
-    assert len(res) == 8 * CFG.num_hidden_layers
-    _step_check(CFG, w, be, contexts, seed=43)
-
-
-def test_consecutive_steps_resident_qkv(small):
-    """Resident tiles over steps in a row (each step's first tile per SM loads its own rows; the
-    others were loaded by the SM's previous resident tile) and at three rows (ROUTE, MoE drains)."""
-    w, _ = small
-    _consecutive_steps(w, _local_backend(w, qkv_res_tiles=8), [700], seed=47, steps=4)
-    rows3 = [300, 65, 190]
-    be3 = MegakernelBackend(CFG, w, tiling=_engine_tiling(rows3, qkv_res_tiles=8))
-    _consecutive_steps(w, be3, rows3, seed=53, steps=2)
-
-
-def test_watchdog_with_a_resident_load_in_flight(small):
-    """A resident tile whose GEMV issued the next tile's load, then a wait that never ends: the
-    in-kernel watchdog abandons the step and the block waits for the load before it leaves."""
-    w, _ = small
-    be = _local_backend(w, qkv_res_tiles=8)
-    case = make_case(CFG, [10], device="cuda", dtype=torch.bfloat16, seed=3)
-    res = make_desc(abi.MK_OP_QKV, 1, (0, 16, abi.MK_QKV_RESIDENT, 2, 16))  # next: layer 2, row 16
-    stuck = make_desc(abi.MK_OP_NOP, 0, (), ((3, 1),))
-    be.timeout_s = 1.0
-    with pytest.raises(MegakernelError, match="TIMEOUT"):
-        be.run_tasks(np.array([res, stuck], dtype=np.int32), case.batch, n_sms=1)
-    be.timeout_s = 10.0
-    _step_check(CFG, w, be, [10], seed=5)  # and the backend still works afterwards
-
-
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
     """`steps` greedy steps in a row on one backend (one counter bank: bases advance, counters never
     reset), each within cosine 0.999 of the routed fp32 reference."""
@@ -751,17 +711,6 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
-
-
-@pytest.mark.parametrize("contexts", [[8192], [131071]], ids=["8k", "128k"])
-def test_step_matches_reference_release_resident_qkv(release, contexts):
-    """The BS 1 engine tiling with 48 resident QKV tiles and 68 streamed tiles of 64 rows (gpu_check's
-    variant `qkv_rows=64,qkv_res_tiles=48`) at the release geometry."""
-    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
-
-    cfg, w, _ = release
-    t = replace(tiling_for_batch(cfg, default_tiling(cfg), 1, contexts[0]), qkv_rows=64, qkv_res_tiles=48)
-    _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), contexts, seed=61)
 
 
 @pytest.mark.parametrize(
