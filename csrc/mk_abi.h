@@ -296,10 +296,3 @@ enum MkLayerWeight {
 // pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
 // took the QKV tiles' HBM share).
 #define MK_GAP_KV_PAGES 128
-// MK_MODE_GAP_QKV (A/B): each self-routing item, once h(l) is ready, also asks L2 for its 1/n of the
-// layer's [Wq; Wk; Wv] (before the KV pages), the bytes the QKV tiles stream from then on: L2's
-// prefetch engine (no registers, no L1) brings them in at the HBM's rate while the QKV tiles' own
-// loads stay capped per SM (mk_kernel.cuh gap_prefetch_qkv). MK_MODE_GAP_QKV_EARLY: the same
-// before the item's h(l) wait, during the previous layer's tail.
-#define MK_MODE_GAP_QKV 1048576
-#define MK_MODE_GAP_QKV_EARLY 2097152

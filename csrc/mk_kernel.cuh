@@ -1428,35 +1428,13 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   }
 }
 
-// MK_MODE_GAP_QKV(_EARLY): self-routing item m of the layer's n asks L2 (bulk prefetches) for its
-// 1/n of layer l's [Wq; Wk; Wv], whole 128-byte lines, in row order (thread 0; the pointers from
-// layer_w: the item's shared copy may not be published yet).
-__device__ __noinline__ void gap_prefetch_qkv(const Params& p, const int* d) {
-  if (threadIdx.x != 0) return;
-  View V(p);
-  const long long* lw = V.lw_row(d[MK_F_LAYER]);
-  const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
-  const size_t row = (size_t)p.hidden * sizeof(bf16), qb = (size_t)V.QW() * row, kb = (size_t)V.KVW() * row;
-  const size_t total = qb + 2 * kb;
-  const size_t lo = (total * m / n) & ~(size_t)127, hi = m + 1 >= n ? total : (total * (m + 1) / n) & ~(size_t)127;
-  const size_t start[3] = {0, qb, qb + kb}, len[3] = {qb, kb, kb};
-  const int slot[3] = {MK_LW_Q, MK_LW_K, MK_LW_V};
-  const uint64_t pol = l2_policy(false);
-  for (int t = 0; t < 3; ++t) {
-    const size_t a = lo > start[t] ? lo : start[t], b = hi < start[t] + len[t] ? hi : start[t] + len[t];
-    if (a < b) prefetch_l2_bulk((const char*)lw[slot[t]] + (a - start[t]), b - a, pol);
-  }
-}
-
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
 // for the router tiles and gemv_op finds the rows staged.
 __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem& s, int* rows, int* flag) {
-  if (p.prefetch_mode & MK_MODE_GAP_QKV_EARLY) gap_prefetch_qkv(p, d);
   if (threadIdx.x == 0) *flag = wait_counter(p, d[MK_F_WAIT0], d[MK_F_WAIT0 + 1], d[MK_F_ID]);
   __syncthreads();
   if (!*flag) return false;  // uniform
-  if (p.prefetch_mode & MK_MODE_GAP_QKV) gap_prefetch_qkv(p, d);
   gap_prefetch_kv(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
   return true;
