@@ -200,7 +200,9 @@ enum MkError {
 // 32768, measured equal on the H200 and +1.2 % on the H100, was removed in ABI 29). Measured slower
 // and removed: the same for Wo(l) (+4.5 % at BS 1 on the H100, 2026-12-06), each O-proj tile's own
 // weights before its wait and the next layer's QKV weights by the O-proj tiles (+13 % at BS 1 on
-// the H200, 2026-12-06).
+// the H200, 2026-12-06), and this layer's QKV weights by the self-routing items after or before
+// their h(l) wait (bits 1048576 / 2097152, +1.5-4 % at BS 1 on the H100, 2026-12-07: the QKV tiles'
+// own loads queue behind the prefetches, their GEMV 10.8 -> 12.9 us).
 // Measured and removed in ABI 30 (H100, BS 1, 8K, 2026-12-07, two rounds in one call): a fused
 // item's L2 prefetch of its down slice once its expert is ranked (bit 65536, +9-10 %) and a dry run of
 // its ranking and down slice while it waits for the router tiles (bit 262144, +0.3-0.8 %). Kept as
