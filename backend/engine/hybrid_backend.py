@@ -27,6 +27,8 @@ from mkcode.backend.engine.decode_backend import DecodeBackend, DecodeBatch
 # megakernel vs graph at 2048 4.537-4.558 vs 4.590-4.610 ms, 8192 4.817-4.839 vs 4.886-4.890, but
 # 1024 4.490-4.497 vs 4.475-4.481, 32768 5.303-5.305 vs 5.272-5.274, 131072 7.058-7.063 vs
 # 7.008-7.011: too narrow a win (and the H200's 8K figure above the other way) to move the split.
+# Again on the H100 (2026-12-07, `gpu_run.sh split`, two rounds): 8192 4.717-4.734 vs 4.808, 131072
+# 6.826-6.869 vs 6.863-6.871: ahead by 0-2 %, still no H200 run of today's kernel at two rows.
 MEGAKERNEL_BELOW_ROWS = 2
 # ... and only once the longest row's position reaches this. Measured on the H200 at BS 1
 # (2026-11-30, `mkcode bench decode --batch 1 --ctx ...`, docs/PERF.md): graph vs
