@@ -492,29 +492,48 @@ def _compare_step(cfg: ModelConfig, w, be, contexts: list[int], seed: int) -> tu
     return bool(torch.isfinite(got).all()) and bool(cos.min() >= 0.999), cos.tolist()
 
 
+def step_config(layers: int) -> ModelConfig:
+    """The step harness's geometry: the GPU tests' 6 layers, or 2 (full + sliding, dense + MoE)."""
+    if layers == 6:
+        return reduced_config()
+    return reduced_config(
+        num_hidden_layers=2,
+        layer_types=["full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse"],
+        vocab_size=1024,
+    )
+
+
+def step_sms(cfg: ModelConfig, tiling: Tiling, floor: int = 16, most: int = 132) -> int:
+    """The fewest SMs from `floor` on (in steps of 4) that run `tiling` as given: a one-row tiling
+    with self-routing items (Tiling.moe_local) needs as many SMs free of a layer's QKV and router
+    tiles as it has items, else the backend falls back to ROUTE and the MoE queue, and the product's
+    BS 1 path would go unchecked (the sanitizer's step at 16 SMs never ran it)."""
+    from mkcode.backend.megakernel.schedule import moe_local_fits
+
+    n = floor
+    while tiling.moe_local and not moe_local_fits(cfg, tiling, n) and n < most:
+        n += 4
+    return min(n, most)
+
+
 def step(args: argparse.Namespace) -> int:
     """One reduced-geometry step (2 layers: full + sliding, dense + MoE) in one variant, against
     the fp32 reference: the bisection and sanitizer harness (`gpu_run.sh san` runs it under
     compute-sanitizer). Exit status 1 when the logits disagree."""
     from mkcode.backend.megakernel.backend import MegakernelBackend
 
-    cfg = (
-        reduced_config()  # the GPU tests' 6-layer geometry
-        if args.layers == 6
-        else reduced_config(
-            num_hidden_layers=2,
-            layer_types=["full_attention", "sliding_attention"],
-            mlp_layer_types=["dense", "sparse"],
-            vocab_size=1024,
-        )
-    )
+    cfg = step_config(args.layers)
     w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=1, std=0.05)
     kw = parse_variant(args.tiling)[1] if args.tiling else {}
-    tiling = replace(tiling_for_batch(cfg, default_tiling(cfg), len(args.contexts)), **kw) if kw else None
+    engine = tiling_for_batch(cfg, default_tiling(cfg), len(args.contexts))
+    tiling = replace(engine, **kw) if kw else None
+    sms = args.sms if args.sms is not None else step_sms(cfg, tiling or engine)
+    print(f"step on {sms or 'every'} SMs", flush=True)
     be = MegakernelBackend(
         cfg,
         w,
-        n_sms=args.sms or None,
+        n_sms=sms or None,
         timeout_s=args.timeout,
         prefetch_mode=args.mode,
         tiling=tiling,
@@ -586,7 +605,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=abi.MK_PREFETCH_DEFAULT,
         help="prefetch_mode bits (MK_MODE_*)",
     )
-    s.add_argument("--sms", type=int, default=16, help="0: every SM")
+    s.add_argument(
+        "--sms",
+        type=int,
+        default=None,
+        help="0: every SM; default: the fewest from 16 on that run the tiling as given (step_sms)",
+    )
     s.add_argument("--layers", type=int, default=2, choices=[2, 6])
     s.add_argument("--timeout", type=float, default=120.0)
     s.add_argument("--contexts", type=int, nargs="+", default=[3, 64, 300])

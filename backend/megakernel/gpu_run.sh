@@ -106,7 +106,13 @@ for stage in "${stages[@]}"; do
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
-    san) timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 python3 -m mkcode.backend.megakernel.gpu_check sanitize ${SAN_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" | tail -25 ;;
+    san)  # compute-sanitizer (SAN_TOOL) on the reduced step at three rows, then at one row (the
+      # product's self-routing path, on the SMs it needs: gpu_check step_sms), or SAN_ARGS alone
+      if [[ -n ${SAN_ARGS:-} ]]; then runs=("$SAN_ARGS"); else runs=("" "--contexts 300"); fi
+      for a in "${runs[@]}"; do
+        timeout ${T_SAN:-150} compute-sanitizer --tool ${SAN_TOOL:-memcheck} --print-limit 20 \
+          python3 -m mkcode.backend.megakernel.gpu_check sanitize $a 2>&1 | tee -a "$OUT/sanitize.log" | tail -25
+      done ;;
   esac
   echo "$stage done at +$(( $(date +%s) - t0 ))s"
 done

@@ -484,6 +484,24 @@ def test_gpu_check_cli_parses_variants():
     assert tw.timeline_mode == abi.MK_MODE_TWICE == 16
 
 
+@pytest.mark.parametrize("layers", [2, 6])
+def test_sanitizer_step_runs_the_one_row_path(layers):
+    """The sanitizer's step (gpu_check step_sms) takes enough SMs for the BS 1 engine tiling's
+    self-routing items, the product's one-row path, and the fewest such; three rows keep 16."""
+    from mkcode.backend.megakernel import gpu_check
+    from mkcode.backend.megakernel.schedule import moe_local_fits
+    from mkcode.backend.megakernel.tiling import tiling_for_batch
+
+    cfg = gpu_check.step_config(layers)
+    one = tiling_for_batch(cfg, default_tiling(cfg), 1)
+    assert one.moe_local and not moe_local_fits(cfg, one, 16)  # 16 SMs would drop it
+    n = gpu_check.step_sms(cfg, one)
+    assert moe_local_fits(cfg, one, n) and not moe_local_fits(cfg, one, n - 4)
+    build_schedule(cfg, 1, [300], n, one)  # the self-routing schedule builds there
+    assert gpu_check.step_sms(cfg, tiling_for_batch(cfg, default_tiling(cfg), 3)) == 16
+    assert gpu_check.build_parser().parse_args(["step"]).sms is None
+
+
 def test_reduced_tiling_carries_options_that_need_each_other():
     """gpu_check.reduced_tiling (the bench's correctness check of a variant at the reduced
     geometry): the BS 1 engine tiling's combines on the control SMs need those SMs, and checked one
