@@ -106,8 +106,9 @@ def choose_decode_backend(name: str, model: ReferenceModel) -> tuple[object, str
     that is set; where it is the faster one: docs/PERF.md, hybrid table), the graph backend for the
     other steps (the megakernel is still slower from two rows on, and on the H200 below ~1K
     tokens). `auto` uses the megakernel's extension only when it is built (`mkcode kernels
-    build`). Either alone when the other does not load (the reason says why), torch when neither does. `graph`, `megakernel`
-    and `hybrid` ask for exactly that (building the extension if needed) and fail with the reason."""
+    build`). Either alone when the other does not load (the reason says why), torch when neither
+    does. `graph`, `megakernel` and `hybrid` ask for exactly that (building the extension if
+    needed) and fail with the reason."""
     from mkcode.backend.engine.hybrid_backend import MEGAKERNEL_BELOW_ROWS, HybridDecodeBackend, auto_choice
 
     if name not in DECODE_BACKENDS:

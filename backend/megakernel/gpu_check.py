@@ -505,20 +505,23 @@ def step_config(layers: int) -> ModelConfig:
 
 
 def step_sms(cfg: ModelConfig, tiling: Tiling, floor: int = 16, most: int = 132) -> int:
-    """The fewest SMs from `floor` on (in steps of 4) that run `tiling` as given: a one-row tiling
-    with self-routing items (Tiling.moe_local) needs as many SMs free of a layer's QKV and router
-    tiles as it has items, else the backend falls back to ROUTE and the MoE queue, and the product's
-    BS 1 path would go unchecked (the sanitizer's step at 16 SMs never ran it)."""
+    """The fewest SMs from `floor` on (at most `most`, the device's) that run `tiling` as given: a
+    one-row tiling with self-routing items (Tiling.moe_local) needs as many SMs free of a layer's QKV
+    and router tiles as it has items, else the backend falls back to ROUTE and the MoE queue, and the
+    product's BS 1 path would go unchecked (the sanitizer's step at 16 SMs never ran it). ValueError
+    when even `most` do not take it: no silent fallback."""
     from mkcode.backend.megakernel.schedule import moe_local_fits
 
-    n = floor
-    while tiling.moe_local and not moe_local_fits(cfg, tiling, n) and n < most:
-        n += 4
-    return min(n, most)
+    if not tiling.moe_local:
+        return floor
+    for n in range(floor, most + 1):
+        if moe_local_fits(cfg, tiling, n):
+            return n
+    raise ValueError(f"the one-row tiling's self-routing items do not fit {most} SMs")
 
 
 def step(args: argparse.Namespace) -> int:
-    """One reduced-geometry step (2 layers: full + sliding, dense + MoE) in one variant, against
+    """One reduced-geometry step (step_config) in one variant, against
     the fp32 reference: the bisection and sanitizer harness (`gpu_run.sh san` runs it under
     compute-sanitizer). Exit status 1 when the logits disagree."""
     from mkcode.backend.megakernel.backend import MegakernelBackend
@@ -528,7 +531,8 @@ def step(args: argparse.Namespace) -> int:
     kw = parse_variant(args.tiling)[1] if args.tiling else {}
     engine = tiling_for_batch(cfg, default_tiling(cfg), len(args.contexts))
     tiling = replace(engine, **kw) if kw else None
-    sms = args.sms if args.sms is not None else step_sms(cfg, tiling or engine)
+    most = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = args.sms if args.sms is not None else step_sms(cfg, tiling or engine, most=most)
     print(f"step on {sms or 'every'} SMs", flush=True)
     be = MegakernelBackend(
         cfg,
