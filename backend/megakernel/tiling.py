@@ -452,11 +452,6 @@ WIDE_O_ROWS = 128
 # 8.829 / 8.914): one row only.
 SINGLE_QKV_ROWS = 128
 
-# Router tiles of this many experts at one row (32 tiles at the release geometry instead of 8: the
-# router's 64-KB tiles are latency-bound, so four times the SMs end it sooner on the MoE chain).
-# Measured: H100 3.456 / 3.468 vs 3.542 ms, H200 2.994 vs 3.012 / 3.007 (2026-12-06, gpu_check).
-SINGLE_ROUTER_ROWS = 4
-
 # Tiling.moe_local at one row: the fused items rank the router's logits themselves (no ROUTE, no
 # MoE queue). Measured on the H200 at 8K (gpu_check, 2026-12-06, four alternating rounds in one
 # call): 2.967 / 2.975 / 3.006 / 2.916 ms against 3.039 / 3.148 / 3.151 / 3.100 (-4.8 % by the
@@ -529,7 +524,6 @@ def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | No
     )
     if batch == 1:
         tuned = _if_valid(cfg, replace(tuned, qkv_rows=SINGLE_QKV_ROWS), tuned)
-        tuned = _if_valid(cfg, replace(tuned, router_rows=SINGLE_ROUTER_ROWS), tuned)
     return _if_valid(cfg, tuned, t)  # not e.g. with a column count the fused down slice does not take
 
 

@@ -558,7 +558,6 @@ def test_moe_tiles_widen_with_the_batch():
 
     from mkcode.backend.megakernel.tiling import (
         SINGLE_QKV_ROWS,
-        SINGLE_ROUTER_ROWS,
         SMALL_FUSED_BELOW,
         SMALL_MAX_SPLITS,
         SMALL_SPLIT_CAP,
@@ -582,7 +581,6 @@ def test_moe_tiles_widen_with_the_batch():
             assert (t.lm_rows, t.o_rows) == (256, 128)  # 256-row LM-head, 128-row O-proj tiles
             d = default_tiling(cfg)
             assert t.qkv_rows == (SINGLE_QKV_ROWS if b == 1 else d.qkv_rows)  # 128-row QKV tiles at one row
-            assert t.router_rows == (SINGLE_ROUTER_ROWS if b == 1 else d.router_rows)  # 4-expert router tiles
             t = replace(
                 t,
                 moe_fused=0,
@@ -591,7 +589,6 @@ def test_moe_tiles_widen_with_the_batch():
                 lm_rows=d.lm_rows,
                 o_rows=d.o_rows,
                 qkv_rows=d.qkv_rows,
-                router_rows=d.router_rows,
             )
         # small batches: the attention drains on idle SMs first; wide: on every work SM, at most
         # WIDE_MAX_SPLITS splits (more at long contexts: one per WIDE_SPLIT_TOKENS tokens)
