@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 41
+#define MK_ABI_VERSION 40
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -298,10 +298,3 @@ enum MkLayerWeight {
 // pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
 // took the QKV tiles' HBM share).
 #define MK_GAP_KV_PAGES 128
-// MK_MODE_NEXT_QKV (A/B, ABI 41): each self-routing item of layer l, once h(l) is ready and after its
-// KV pages, asks L2 (evict_last) for its 1/n of layer l+1's [Wq; Wk; Wv] and router: the bytes the
-// next layer's QKV and router tiles start on, brought in while this layer's start leaves HBM idle
-// (only the QKV and router SMs stream then, each capped by its register loads), so those tiles read
-// L2 (mk_kernel.cuh next_prefetch_qkv). The same prefetch of layer l's own weights queued the tiles'
-// loads behind it (+1.5-4 %, removed in ABI 40).
-#define MK_MODE_NEXT_QKV 4194304

@@ -1428,28 +1428,6 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   }
 }
 
-// MK_MODE_NEXT_QKV: self-routing item m of the layer's n asks L2 (bulk prefetches, evict_last) for its
-// 1/n of layer l+1's [Wq; Wk; Wv; W_router] (thread 0; the pointers from layer_w: the next layer's).
-__device__ __noinline__ void next_prefetch_qkv(const Params& p, const int* d) {
-  const int l = d[MK_F_LAYER] + 1;
-  if (threadIdx.x != 0 || l >= p.num_layers) return;
-  View V(p);
-  const long long* lw = V.lw_row(l);
-  const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
-  const size_t row = (size_t)p.hidden * sizeof(bf16);
-  const size_t len[4] = {(size_t)V.QW() * row, (size_t)V.KVW() * row, (size_t)V.KVW() * row,
-                         (size_t)p.num_experts * row};
-  const int slot[4] = {MK_LW_Q, MK_LW_K, MK_LW_V, MK_LW_ROUTER};
-  const size_t total = len[0] + len[1] + len[2] + len[3];
-  const size_t lo = (total * m / n) & ~(size_t)127, hi = m + 1 >= n ? total : (total * (m + 1) / n) & ~(size_t)127;
-  const uint64_t pol = l2_policy(true);
-  size_t start = 0;
-  for (int t = 0; t < 4; start += len[t], ++t) {
-    const size_t a = lo > start ? lo : start, b = hi < start + len[t] ? hi : start + len[t];
-    if (a < b && lw[slot[t]] != 0) prefetch_l2_bulk((const char*)lw[slot[t]] + (a - start), b - a, pol);
-  }
-}
-
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
 // for the router tiles and gemv_op finds the rows staged.
@@ -1458,7 +1436,6 @@ __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem
   __syncthreads();
   if (!*flag) return false;  // uniform
   gap_prefetch_kv(p, d);
-  if (p.prefetch_mode & MK_MODE_NEXT_QKV) next_prefetch_qkv(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
   return true;
 }

@@ -372,10 +372,10 @@ def test_consecutive_steps_fused_moe(small, contexts):
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
-def _local_backend(w, prefetch_mode: int = abi.MK_PREFETCH_DEFAULT, **over):
+def _local_backend(w, **over):
     """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
     t = replace(_fused_tiling("batch", 1), moe_local=1, **over)
-    return MegakernelBackend(CFG, w, tiling=t, prefetch_mode=prefetch_mode)
+    return MegakernelBackend(CFG, w, tiling=t)
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
@@ -393,13 +393,6 @@ def test_step_matches_reference_self_routing_moe(small, contexts):
 def test_consecutive_steps_self_routing_moe(small):
     w, _ = small
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
-
-
-def test_consecutive_steps_self_routing_next_qkv(small):
-    """The self-routing items' L2 prefetch of the next layer's QKV and router weights
-    (MK_MODE_NEXT_QKV) changes no result."""
-    w, _ = small
-    _consecutive_steps(w, _local_backend(w, prefetch_mode=abi.MK_MODE_NEXT_QKV), [700], seed=41, steps=3)
 
 
 def test_consecutive_steps_self_routing_across_pages(small):
