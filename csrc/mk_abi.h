@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 40
+#define MK_ABI_VERSION 41
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -298,3 +298,19 @@ enum MkLayerWeight {
 // pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
 // took the QKV tiles' HBM share).
 #define MK_GAP_KV_PAGES 128
+// What-if bounds (measurement only; the step's results are wrong): MK_MODE_WHATIF_HOT_QKV makes every
+// QKV and router tile read a 20-KB window of its weights (row r at element r * 64) that stays in L2,
+// so their GEMVs cost what L2-resident weights would; MK_MODE_WHATIF_HOT_OPROJ the same for the O-proj
+// tiles.
+#define MK_MODE_WHATIF_HOT_QKV 8388608
+#define MK_MODE_WHATIF_HOT_OPROJ 16777216
+// MK_MODE_WHATIF_FREE_QKV / _OPROJ: those tiles' GEMVs run one k-step per warp (staging and epilogue
+// as usual): the bound of a GEMV that costs nothing, e.g. from weights already in shared memory.
+#define MK_MODE_WHATIF_FREE_QKV 33554432
+#define MK_MODE_WHATIF_FREE_OPROJ 67108864
+// MK_MODE_PACED_WO (A/B): each self-routing item, after staging h(l) and until the router tiles are
+// done, asks L2 (evict_last) for its 1/n of layer l's Wo in 16-KB pieces, one per 800 ns (400 with
+// MK_MODE_PACED_WO_FAST): ~1 TB/s beside the QKV tiles, below the rate whose queueing slowed them
+// (an unpaced Wo prefetch: +4.5 %), so the O-proj tiles read L2 (the what-if: -5 %).
+#define MK_MODE_PACED_WO 134217728
+#define MK_MODE_PACED_WO_FAST 268435456

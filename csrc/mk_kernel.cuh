@@ -174,6 +174,19 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   }
 }
 
+// MK_MODE_WHATIF_HOT_*: the tile's rows overlap (row r at element r * 64 of its first row), a window
+// L2 keeps: the GEMV's time without its HBM bytes (measurement only, wrong results).
+__device__ __forceinline__ void whatif_hot(const Params& p, int op, Gemv& g) {
+  const bool hot = (op == MK_OP_QKV || op == MK_OP_ROUTER) ? (p.prefetch_mode & MK_MODE_WHATIF_HOT_QKV) != 0
+                   : op == MK_OP_OPROJ                        ? (p.prefetch_mode & MK_MODE_WHATIF_HOT_OPROJ) != 0
+                                                              : false;
+  if (hot) g.ld0 = g.ld1 = 64, g.W1 = g.W0;
+  const int m = p.prefetch_mode;
+  g.one_step = (op == MK_OP_QKV || op == MK_OP_ROUTER) ? (m & MK_MODE_WHATIF_FREE_QKV) != 0
+               : op == MK_OP_OPROJ                        ? (m & MK_MODE_WHATIF_FREE_OPROJ) != 0
+                                                          : false;
+}
+
 // A MoE down item's activation rows: its tokens' top-k slots (rows of moe_act).
 __device__ void moe_rows(const int* d, int* rows) {
   if (threadIdx.x < 8) {
@@ -257,6 +270,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
+  whatif_hot(p, op, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
 }
 
@@ -1428,6 +1442,27 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   }
 }
 
+// MK_MODE_PACED_WO: thread 0 of self-routing item m of n asks L2 for its 1/n of Wo(l), a 16-KB piece
+// per pace, until the item's router wait (its second) is satisfied: it returns within ~100 ns of that.
+__device__ __noinline__ void paced_prefetch_wo(const Params& p, const int* d) {
+  if (threadIdx.x != 0) return;
+  View V(p);
+  const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
+  const char* wo = (const char*)V.lw_row(d[MK_F_LAYER])[MK_LW_O];
+  const size_t total = (size_t)p.hidden * V.QW() * sizeof(bf16);
+  const size_t lo = (total * m / n) & ~(size_t)127, hi = m + 1 >= n ? total : (total * (m + 1) / n) & ~(size_t)127;
+  const uint64_t pol = l2_policy(true), pace = (p.prefetch_mode & MK_MODE_PACED_WO_FAST) ? 400 : 800;
+  const int c = d[MK_F_WAIT0 + 2], rel = d[MK_F_WAIT0 + 3];
+  for (size_t a = lo; a < hi; a += 16384) {
+    prefetch_l2_bulk(wo + a, hi - a < 16384 ? hi - a : 16384, pol);
+    const uint64_t t = globaltimer();
+    do {
+      if (c == MK_NO_COUNTER || wait_counter(p, c, rel, d[MK_F_ID], false)) return;
+      __nanosleep(64);
+    } while (globaltimer() - t < pace);
+  }
+}
+
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
 // for the router tiles and gemv_op finds the rows staged.
@@ -1437,6 +1472,7 @@ __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem
   if (!*flag) return false;  // uniform
   gap_prefetch_kv(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
+  if (p.prefetch_mode & MK_MODE_PACED_WO) paced_prefetch_wo(p, d);
   return true;
 }
 

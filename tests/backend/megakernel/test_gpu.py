@@ -372,10 +372,10 @@ def test_consecutive_steps_fused_moe(small, contexts):
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
-def _local_backend(w, **over):
+def _local_backend(w, prefetch_mode: int = abi.MK_PREFETCH_DEFAULT, **over):
     """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
     t = replace(_fused_tiling("batch", 1), moe_local=1, **over)
-    return MegakernelBackend(CFG, w, tiling=t)
+    return MegakernelBackend(CFG, w, tiling=t, prefetch_mode=prefetch_mode)
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
@@ -393,6 +393,18 @@ def test_step_matches_reference_self_routing_moe(small, contexts):
 def test_consecutive_steps_self_routing_moe(small):
     w, _ = small
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [abi.MK_MODE_PACED_WO, abi.MK_MODE_PACED_WO | abi.MK_MODE_PACED_WO_FAST],
+    ids=["paced_wo", "paced_wo_fast"],
+)
+def test_consecutive_steps_self_routing_prefetch(small, mode):
+    """The self-routing items' paced L2 prefetch of Wo until the router is done (MK_MODE_PACED_WO)
+    changes no result."""
+    w, _ = small
+    _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=41, steps=3)
 
 
 def test_consecutive_steps_self_routing_across_pages(small):

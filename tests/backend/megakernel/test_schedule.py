@@ -484,6 +484,21 @@ def test_gpu_check_cli_parses_variants():
     assert tw.timeline_mode == abi.MK_MODE_TWICE == 16
 
 
+def test_bench_knows_the_what_if_bounds():
+    """gpu_check bench runs a what-if bound (MK_MODE_WHATIF_*, wrong results by design) without the
+    reduced-geometry check that would drop it, and never takes it as the fastest mode; the backend
+    accepts the bits, and no A/B bit is mistaken for one."""
+    from mkcode.backend.megakernel import gpu_check
+    from mkcode.backend.megakernel.backend import check_prefetch_mode
+
+    names = [k for k in abi.load().constants if k.startswith("MK_MODE_WHATIF_")]
+    assert len(names) == 4
+    for k in names:
+        bit = getattr(abi, k)
+        assert gpu_check.WHATIF_BITS & bit and check_prefetch_mode(bit) == bit
+    assert not gpu_check.WHATIF_BITS & (abi.MK_MODE_TWICE | abi.MK_MODE_PACED_WO | abi.MK_MODE_PACED_WO_FAST)
+
+
 @pytest.mark.parametrize("layers", [2, 6])
 def test_sanitizer_step_runs_the_one_row_path(layers):
     """The sanitizer's step (gpu_check step_sms) takes enough SMs for the BS 1 engine tiling's
