@@ -308,9 +308,6 @@ enum MkLayerWeight {
 // as usual): the bound of a GEMV that costs nothing, e.g. from weights already in shared memory.
 #define MK_MODE_WHATIF_FREE_QKV 33554432
 #define MK_MODE_WHATIF_FREE_OPROJ 67108864
-// MK_MODE_PACED_WO (A/B): each self-routing item, after staging h(l) and until the router tiles are
-// done, asks L2 (evict_last) for its 1/n of layer l's Wo in 16-KB pieces, one per 800 ns (400 with
-// MK_MODE_PACED_WO_FAST): ~1 TB/s beside the QKV tiles, below the rate whose queueing slowed them
-// (an unpaced Wo prefetch: +4.5 %), so the O-proj tiles read L2 (the what-if: -5 %).
-#define MK_MODE_PACED_WO 134217728
-#define MK_MODE_PACED_WO_FAST 268435456
+// MK_MODE_GEMV_TWICE (measurement; results unchanged): every GEMV task runs its GEMV again over the
+// staged activations, the timeline's GEMV marks stamping the second run: warm code, weights in L2.
+#define MK_MODE_GEMV_TWICE 134217728

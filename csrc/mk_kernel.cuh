@@ -272,6 +272,10 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   task_gemv(p, d, lw, g);
   whatif_hot(p, op, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
+  if (p.prefetch_mode & MK_MODE_GEMV_TWICE) {  // idempotent: out_s is rewritten from the staged rows
+    if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
+    gemv(p, g, a, s.act, s.red, s.out, true);
+  }
 }
 
 // ---- ops -------------------------------------------------------------------------------------------
@@ -1442,27 +1446,6 @@ __device__ __noinline__ void gap_prefetch_kv(const Params& p, const int* d) {
   }
 }
 
-// MK_MODE_PACED_WO: thread 0 of self-routing item m of n asks L2 for its 1/n of Wo(l), a 16-KB piece
-// per pace, until the item's router wait (its second) is satisfied: it returns within ~100 ns of that.
-__device__ __noinline__ void paced_prefetch_wo(const Params& p, const int* d) {
-  if (threadIdx.x != 0) return;
-  View V(p);
-  const int n = p.top_k * p.moe_up_tiles, m = d[MK_F_A0] * p.moe_up_tiles + d[MK_F_A1] / d[MK_F_A2];
-  const char* wo = (const char*)V.lw_row(d[MK_F_LAYER])[MK_LW_O];
-  const size_t total = (size_t)p.hidden * V.QW() * sizeof(bf16);
-  const size_t lo = (total * m / n) & ~(size_t)127, hi = m + 1 >= n ? total : (total * (m + 1) / n) & ~(size_t)127;
-  const uint64_t pol = l2_policy(true), pace = (p.prefetch_mode & MK_MODE_PACED_WO_FAST) ? 400 : 800;
-  const int c = d[MK_F_WAIT0 + 2], rel = d[MK_F_WAIT0 + 3];
-  for (size_t a = lo; a < hi; a += 16384) {
-    prefetch_l2_bulk(wo + a, hi - a < 16384 ? hi - a : 16384, pol);
-    const uint64_t t = globaltimer();
-    do {
-      if (c == MK_NO_COUNTER || wait_counter(p, c, rel, d[MK_F_ID], false)) return;
-      __nanosleep(64);
-    } while (globaltimer() - t < pace);
-  }
-}
-
 // A self-routing fused item (MK_MOE_LOCAL) before its full wait: wait for its first counter (h(l)
 // ready), prefetch the KV pages and stage h(l) (false: the step was abandoned); run_task then waits
 // for the router tiles and gemv_op finds the rows staged.
@@ -1472,7 +1455,6 @@ __device__ __noinline__ bool moe_local_stage(const Params& p, const int* d, Smem
   if (!*flag) return false;  // uniform
   gap_prefetch_kv(p, d);
   stage_h_once(p, d[MK_F_LAYER], s, rows);
-  if (p.prefetch_mode & MK_MODE_PACED_WO) paced_prefetch_wo(p, d);
   return true;
 }
 

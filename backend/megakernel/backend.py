@@ -61,6 +61,11 @@ MODE_BITS = functools.reduce(
 )
 
 
+# the measurement-only bounds among them (MK_MODE_WHATIF_*): their steps' results are wrong by design, so
+# only a lab tool passes them (gpu_check bench); MKCODE_MK_PREFETCH refuses them
+WHATIF_BITS = sum(v for k, v in abi.load().constants.items() if k.startswith("MK_MODE_WHATIF_"))
+
+
 def check_prefetch_mode(mode: int) -> int:
     """`mode` if every bit set is an MK_MODE_* bit, else ValueError (a removed bit would otherwise
     run the default silently)."""
@@ -180,6 +185,11 @@ class MegakernelBackend:
         # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
             prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_DEFAULT))
+            if prefetch_mode & WHATIF_BITS:
+                raise ValueError(
+                    f"MKCODE_MK_PREFETCH={prefetch_mode}: bits {prefetch_mode & WHATIF_BITS:#x} are what-if "
+                    "bounds (MK_MODE_WHATIF_*) whose results are wrong; only gpu_check bench runs them"
+                )
         self.prefetch_mode = check_prefetch_mode(prefetch_mode)
         # int64 [n_sms, cap, MK_TL_WORDS] when recording (timeline.py)
         self.timeline: torch.Tensor | None = None

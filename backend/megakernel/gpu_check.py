@@ -26,6 +26,7 @@ import torch
 from mkcode.backend.bench.accounting import step_bytes as account_step_bytes
 from mkcode.backend.bench.hbm import measure_copy_bandwidth
 from mkcode.backend.megakernel import abi
+from mkcode.backend.megakernel.backend import WHATIF_BITS
 from mkcode.backend.megakernel.tiling import (
     SWITCH_FIELDS,
     Tiling,
@@ -48,9 +49,6 @@ from tests.backend.megakernel.cases import (
     reference_step,
     standalone_desc,
 )
-
-# the measurement-only bounds (mk_abi.h MK_MODE_WHATIF_*): their steps' results are wrong by design
-WHATIF_BITS = sum(v for k, v in abi.load().constants.items() if k.startswith("MK_MODE_WHATIF_"))
 
 
 def hbm_bandwidth() -> float:

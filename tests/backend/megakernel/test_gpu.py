@@ -317,8 +317,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
+        abi.MK_MODE_GEMV_TWICE,  # ... and every GEMV
     ],
-    ids=["default", "twice"],
+    ids=["default", "twice", "gemv_twice"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -393,18 +394,6 @@ def test_step_matches_reference_self_routing_moe(small, contexts):
 def test_consecutive_steps_self_routing_moe(small):
     w, _ = small
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
-
-
-@pytest.mark.parametrize(
-    "mode",
-    [abi.MK_MODE_PACED_WO, abi.MK_MODE_PACED_WO | abi.MK_MODE_PACED_WO_FAST],
-    ids=["paced_wo", "paced_wo_fast"],
-)
-def test_consecutive_steps_self_routing_prefetch(small, mode):
-    """The self-routing items' paced L2 prefetch of Wo until the router is done (MK_MODE_PACED_WO)
-    changes no result."""
-    w, _ = small
-    _consecutive_steps(w, _local_backend(w, prefetch_mode=mode), [700], seed=41, steps=3)
 
 
 def test_consecutive_steps_self_routing_across_pages(small):

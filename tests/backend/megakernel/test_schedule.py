@@ -485,9 +485,9 @@ def test_gpu_check_cli_parses_variants():
 
 
 def test_bench_knows_the_what_if_bounds():
-    """gpu_check bench runs a what-if bound (MK_MODE_WHATIF_*, wrong results by design) without the
-    reduced-geometry check that would drop it, and never takes it as the fastest mode; the backend
-    accepts the bits, and no A/B bit is mistaken for one."""
+    """gpu_check bench knows every what-if bound (MK_MODE_WHATIF_*, wrong results by design: it runs
+    them without the reduced-geometry check that would drop them), the backend takes them from a lab
+    caller, and no other mode bit is mistaken for one."""
     from mkcode.backend.megakernel import gpu_check
     from mkcode.backend.megakernel.backend import check_prefetch_mode
 
@@ -496,7 +496,7 @@ def test_bench_knows_the_what_if_bounds():
     for k in names:
         bit = getattr(abi, k)
         assert gpu_check.WHATIF_BITS & bit and check_prefetch_mode(bit) == bit
-    assert not gpu_check.WHATIF_BITS & (abi.MK_MODE_TWICE | abi.MK_MODE_PACED_WO | abi.MK_MODE_PACED_WO_FAST)
+    assert not gpu_check.WHATIF_BITS & abi.MK_MODE_TWICE
 
 
 @pytest.mark.parametrize("layers", [2, 6])
