@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 41
+#define MK_ABI_VERSION 42
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -308,6 +308,8 @@ enum MkLayerWeight {
 // as usual): the bound of a GEMV that costs nothing, e.g. from weights already in shared memory.
 #define MK_MODE_WHATIF_FREE_QKV 33554432
 #define MK_MODE_WHATIF_FREE_OPROJ 67108864
+// ABI 41 added the what-if bits and MK_MODE_PACED_WO (134217728 / 268435456: Wo paced into L2, +1.5-2 %
+// on the H200, removed); ABI 42 MK_MODE_GEMV_TWICE.
 // MK_MODE_GEMV_TWICE (measurement; results unchanged): every GEMV task runs its GEMV again over the
 // staged activations, the timeline's GEMV marks stamping the second run: warm code, weights in L2.
-#define MK_MODE_GEMV_TWICE 134217728
+#define MK_MODE_GEMV_TWICE 536870912

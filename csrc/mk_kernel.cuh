@@ -174,9 +174,10 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   }
 }
 
-// MK_MODE_WHATIF_HOT_*: the tile's rows overlap (row r at element r * 64 of its first row), a window
-// L2 keeps: the GEMV's time without its HBM bytes (measurement only, wrong results).
-__device__ __forceinline__ void whatif_hot(const Params& p, int op, Gemv& g) {
+// The what-if bounds (measurement only, wrong results): MK_MODE_WHATIF_HOT_* overlap the tile's rows
+// (row r at element r * 64 of its first row), a window L2 keeps: the GEMV's time without its HBM
+// bytes; MK_MODE_WHATIF_FREE_* run one k-step per warp: its time without its bytes at all.
+__device__ __forceinline__ void whatif_gemv(const Params& p, int op, Gemv& g) {
   const bool hot = (op == MK_OP_QKV || op == MK_OP_ROUTER) ? (p.prefetch_mode & MK_MODE_WHATIF_HOT_QKV) != 0
                    : op == MK_OP_OPROJ                        ? (p.prefetch_mode & MK_MODE_WHATIF_HOT_OPROJ) != 0
                                                               : false;
@@ -270,7 +271,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
-  whatif_hot(p, op, g);
+  whatif_gemv(p, op, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
   if (p.prefetch_mode & MK_MODE_GEMV_TWICE) {  // idempotent: out_s is rewritten from the staged rows
     if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();

@@ -373,10 +373,10 @@ def test_consecutive_steps_fused_moe(small, contexts):
     _consecutive_steps(w, be, contexts, seed=29, steps=3)
 
 
-def _local_backend(w, prefetch_mode: int = abi.MK_PREFETCH_DEFAULT, **over):
+def _local_backend(w, **over):
     """The engine's BS 1 tiling with self-routing fused items (Tiling.moe_local: no ROUTE)."""
     t = replace(_fused_tiling("batch", 1), moe_local=1, **over)
-    return MegakernelBackend(CFG, w, tiling=t, prefetch_mode=prefetch_mode)
+    return MegakernelBackend(CFG, w, tiling=t)
 
 
 @pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
