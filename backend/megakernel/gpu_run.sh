@@ -7,6 +7,7 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
+#   bash backend/megakernel/gpu_run.sh fixed     # a GEMV's fixed cost: cold, warm, warm without bytes (--phases)
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -106,6 +107,14 @@ for stage in "${stages[@]}"; do
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
+    fixed)  # what a GEMV item's ~4 us without bytes is (docs/MEGAKERNEL.md Next): BS 1 timelines of the
+      # default, MK_MODE_GEMV_TWICE (GEMV marks on the warm second run) and that with the free what-ifs
+      for m in 0 536870912 637534208; do
+        BATCHES=1 VARIANTS=prefetch=0 BENCH_ARGS="--timeline-mode $m" T_BENCH=${T_BENCH:-90} OUT=$OUT/fixed$m \
+          bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror"
+        python3 -m mkcode.backend.megakernel.timeline "$OUT/fixed$m/timeline_bs1.pt" --phases | sed "s/^/mode $m /"
+      done
+      find "$OUT" \( -name build.log -o -name gpu.txt \) -delete ;;
     san)  # compute-sanitizer (SAN_TOOL) on the reduced step at three rows, then at one row (the
       # product's self-routing path, on the SMs it needs: gpu_check step_sms), or SAN_ARGS alone
       if [[ -n ${SAN_ARGS:-} ]]; then runs=("$SAN_ARGS"); else runs=("" "--contexts 300"); fi
