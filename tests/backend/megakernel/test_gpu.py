@@ -396,6 +396,12 @@ def test_consecutive_steps_self_routing_moe(small):
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
 
 
+def test_consecutive_steps_self_routing_fixed_roles(small):
+    """The self-routing layer with its roles on the same SMs at every layer (Tiling.fixed_roles)."""
+    w, _ = small
+    _consecutive_steps(w, _local_backend(w, fixed_roles=1), [700], seed=43, steps=3)
+
+
 def test_consecutive_steps_self_routing_across_pages(small):
     """The self-routing items with their L2 prefetches of row 0's KV pages (gap_prefetch_kv) on a
     context across several pages: every step as the reference."""
