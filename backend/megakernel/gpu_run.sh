@@ -7,7 +7,8 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
-#   bash backend/megakernel/gpu_run.sh fixed     # a GEMV's fixed cost: cold, warm, warm without bytes (--phases)
+#   bash backend/megakernel/gpu_run.sh fixed     # a GEMV's fixed cost: cold, warm, warm without bytes (--phases);
+#                                                # then Tiling.fixed_roles against the default at 8K and 128K
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -113,6 +114,12 @@ for stage in "${stages[@]}"; do
         BATCHES=1 VARIANTS=prefetch=0 BENCH_ARGS="--timeline-mode $m" T_BENCH=${T_BENCH:-90} OUT=$OUT/fixed$m \
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror"
         python3 -m mkcode.backend.megakernel.timeline "$OUT/fixed$m/timeline_bs1.pt" --phases | sed "s/^/mode $m /"
+      done
+      # ... and the first role kept on its SMs (Tiling.fixed_roles), alternating with the default
+      for ctx in 8192 131072; do
+        BATCHES=1 CONTEXT=$ctx VARIANTS="prefetch=0 fixed_roles=1 prefetch=0 fixed_roles=1" T_BENCH=${T_BENCH:-90} \
+          OUT=$OUT/roles$ctx bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror"
+        rm -f "$OUT/roles$ctx/timeline_bs1.pt"
       done
       find "$OUT" \( -name build.log -o -name gpu.txt \) -delete ;;
     san)  # compute-sanitizer (SAN_TOOL) on the reduced step at three rows, then at one row (the
