@@ -178,14 +178,11 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
 // (row r at element r * 64 of its first row), a window L2 keeps: the GEMV's time without its HBM
 // bytes; MK_MODE_WHATIF_FREE_* run one k-step per warp: its time without its bytes at all.
 __device__ __forceinline__ void whatif_gemv(const Params& p, int op, Gemv& g) {
-  const bool hot = (op == MK_OP_QKV || op == MK_OP_ROUTER) ? (p.prefetch_mode & MK_MODE_WHATIF_HOT_QKV) != 0
-                   : op == MK_OP_OPROJ                        ? (p.prefetch_mode & MK_MODE_WHATIF_HOT_OPROJ) != 0
-                                                              : false;
-  if (hot) g.ld0 = g.ld1 = 64, g.W1 = g.W0;
-  const int m = p.prefetch_mode;
-  g.one_step = (op == MK_OP_QKV || op == MK_OP_ROUTER) ? (m & MK_MODE_WHATIF_FREE_QKV) != 0
-               : op == MK_OP_OPROJ                        ? (m & MK_MODE_WHATIF_FREE_OPROJ) != 0
-                                                          : false;
+  const int m = op == MK_OP_QKV || op == MK_OP_ROUTER ? p.prefetch_mode & (MK_MODE_WHATIF_HOT_QKV | MK_MODE_WHATIF_FREE_QKV)
+                : op == MK_OP_OPROJ ? p.prefetch_mode & (MK_MODE_WHATIF_HOT_OPROJ | MK_MODE_WHATIF_FREE_OPROJ)
+                                    : 0;
+  if (m & (MK_MODE_WHATIF_HOT_QKV | MK_MODE_WHATIF_HOT_OPROJ)) g.ld0 = g.ld1 = 64, g.W1 = g.W0;
+  g.one_step = (m & (MK_MODE_WHATIF_FREE_QKV | MK_MODE_WHATIF_FREE_OPROJ)) != 0;
 }
 
 // A MoE down item's activation rows: its tokens' top-k slots (rows of moe_act).

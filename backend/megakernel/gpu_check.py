@@ -76,6 +76,13 @@ def time_steps(be, batch, reps: int) -> list[float]:
     return times
 
 
+def needs_check(mode: int, kw: dict) -> bool:
+    """Whether bench checks a variant at the reduced geometry before timing it: tile overrides and
+    modes other than the default, except what-if bounds (MK_MODE_WHATIF_*), whose results are wrong
+    by design (the check would drop them)."""
+    return not mode & WHATIF_BITS and bool(kw or mode != abi.MK_PREFETCH_DEFAULT)
+
+
 def bench(args: argparse.Namespace) -> int:
     from mkcode.backend.megakernel.backend import MegakernelBackend, MegakernelTimeout
 
@@ -161,11 +168,10 @@ def bench(args: argparse.Namespace) -> int:
         mode = fastest_mode if mode is None else mode
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode})"
-        # tile overrides, other modes: check first (a what-if bound's results are wrong by design)
         whatif = mode & WHATIF_BITS
         if whatif:
             print(f"[{vname}]: a what-if bound (MK_MODE_WHATIF_*), no check", flush=True)
-        if not whatif and (kw or mode != abi.MK_PREFETCH_DEFAULT):
+        if needs_check(mode, kw):
             try:
                 ok = reduced_check(tiling, mode)
             except MegakernelTimeout as e:  # a hung kernel keeps the GPU: nothing after it can run

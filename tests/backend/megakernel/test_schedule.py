@@ -522,9 +522,10 @@ def test_fixed_roles_pin_the_one_row_layer():
 
 
 def test_bench_knows_the_what_if_bounds():
-    """gpu_check bench knows every what-if bound (MK_MODE_WHATIF_*, wrong results by design: it runs
-    them without the reduced-geometry check that would drop them), the backend takes them from a lab
-    caller, and no other mode bit is mistaken for one."""
+    """gpu_check bench runs every what-if bound (MK_MODE_WHATIF_*, wrong results by design) without
+    the reduced-geometry check that would drop it, alone or with other bits; it still checks tile
+    overrides and other modes, and the default alone needs no check; the backend takes the bits from
+    a lab caller."""
     from mkcode.backend.megakernel import gpu_check
     from mkcode.backend.megakernel.backend import check_prefetch_mode
 
@@ -532,8 +533,13 @@ def test_bench_knows_the_what_if_bounds():
     assert len(names) == 4
     for k in names:
         bit = getattr(abi, k)
-        assert gpu_check.WHATIF_BITS & bit and check_prefetch_mode(bit) == bit
-    assert not gpu_check.WHATIF_BITS & abi.MK_MODE_TWICE
+        assert check_prefetch_mode(bit) == bit
+        assert not gpu_check.needs_check(bit, {}) and not gpu_check.needs_check(
+            bit | abi.MK_MODE_GEMV_TWICE, {}
+        )
+    assert gpu_check.needs_check(abi.MK_MODE_TWICE, {}) and gpu_check.needs_check(abi.MK_MODE_GEMV_TWICE, {})
+    assert gpu_check.needs_check(abi.MK_PREFETCH_DEFAULT, {"fixed_roles": 1})
+    assert not gpu_check.needs_check(abi.MK_PREFETCH_DEFAULT, {})
 
 
 @pytest.mark.parametrize("layers", [2, 6])
