@@ -60,11 +60,12 @@ def symtab_functions(text: str) -> list[tuple[int, int, str, str]]:
 
 
 _MANGLED = re.compile(r"_ZN2mk(\d+)")
+_INT_ARG = re.compile(r"Li(\d+)E")
 
 
 def short_name(symbol: str) -> str:
-    """`$_ZN2mk14mk_step_kernel...$_ZN2mk8op_oprojERK...` -> `op_oproj` (template arguments
-    kept for instances: `attn_mma_t<128>`)."""
+    """`$_ZN2mk14mk_step_kernel...$_ZN2mk8op_oprojERK...` -> `op_oproj` (integer template arguments
+    kept for instances: `attn_mma_t<128>`, `gemv_down_acc<4, 2>`)."""
     inner = symbol.rsplit("$", 1)[-1]
     m = _MANGLED.search(inner)
     if not m:
@@ -72,8 +73,10 @@ def short_name(symbol: str) -> str:
     n = int(m.group(1))
     start = m.end()
     name = inner[start : start + n]
-    tmpl = re.match(r"ILi(\d+)EE", inner[start + n :])
-    return f"{name}<{tmpl.group(1)}>" if tmpl else name
+    tmpl = re.match(r"I((?:Li\d+E)+)E", inner[start + n :])
+    if not tmpl:
+        return name
+    return f"{name}<{', '.join(_INT_ARG.findall(tmpl.group(1)))}>"
 
 
 def parse_symtab(text: str) -> list[FunctionSize]:

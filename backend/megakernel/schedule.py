@@ -297,8 +297,6 @@ def build_schedule(
     local = bool(tiling.moe_local)
     if local and (B != 1 or verify_rows):
         raise ValueError("Tiling.moe_local routes one row: batch 1 without verify rows only")
-    # Tiling.fixed_roles: every layer's QKV, router tiles and fused items on the same SMs
-    fixed = bool(tiling.fixed_roles)
     for layer in range(L):
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
@@ -327,10 +325,7 @@ def build_schedule(
         for t in range(n_qkv):
             r0 = t * tiling.qkv_rows
             sig = (qkv_cs[qkv_row_head(cfg, r0) % qkv_heads],) + ((qkv_all,) if qkv_all is not None else ())
-            emit(
-                make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, sig),
-                t % n_work if fixed else None,
-            )
+            emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, sig))
 
         qkv_sms = list(dict.fromkeys(deal[first_qkv:]))
         on_qkv_sms = set(qkv_sms)
@@ -366,7 +361,6 @@ def build_schedule(
                         wait_h,
                         (router_c,),
                     ),
-                    (n_qkv + t) % n_work if fixed else None,
                 )
             if not local:
                 keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
@@ -377,7 +371,7 @@ def build_schedule(
             else:  # the SMs without this layer's QKV or router tiles, from a point that turns per layer
                 busy = set(deal[first_qkv:])
                 free = [s for s in range(n_work) if s not in busy]
-                turn = 0 if fixed else (layer * K * up_tiles) % max(1, len(free))
+                turn = (layer * K * up_tiles) % max(1, len(free))
                 moe_sms = (free[turn:] + free[:turn])[: K * up_tiles]
                 if len(moe_sms) < K * up_tiles:
                     raise ValueError(

@@ -95,11 +95,6 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
-    # 1 (with moe_local; a variant for A/B): every layer puts its QKV tiles on work SMs 0.., its router
-    # tiles on the next ones and its self-routing items on the same free SMs, instead of turning the
-    # placement per layer (round-robin dealing), so an SM runs the same ops every layer and finds their
-    # code in its instruction cache (a GEMV with no bytes still took ~4 us, 2026-12-07: MEGAKERNEL.md)
-    fixed_roles: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -111,8 +106,6 @@ class Tiling:
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
         need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
-        need(self.fixed_roles in (0, 1), "fixed_roles must be 0 or 1")
-        need(not self.fixed_roles or self.moe_local, "fixed_roles needs moe_local (the one-row layer)")
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
@@ -234,7 +227,6 @@ SWITCH_FIELDS = frozenset(
         "combine_ctrl",
         "attn_in_moe",
         "qkv_by_head",
-        "fixed_roles",
     }
 )
 

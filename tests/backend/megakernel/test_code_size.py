@@ -29,6 +29,13 @@ def test_symtab_sizes_and_names():
     assert sum(by.values()) == 0x10000
 
 
+def test_template_instances_keep_every_integer_argument():
+    """Two instances that differ in a second argument (gemv_down_acc<KP, GB>) get two names."""
+    name = "$_ZN2mk14mk_step_kernelENS_6ParamsEi$_ZN2mk13gemv_down_accILi4ELi2EEEvPKS0_"
+    assert code_size.short_name(name) == "gemv_down_acc<4, 2>"
+    assert code_size.short_name(name.replace("ELi2EE", "ELi1EE")) == "gemv_down_acc<4, 1>"
+
+
 def test_missing_cuobjdump_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(code_size, "find_cuobjdump", lambda: None)
     with pytest.raises(code_size.CodeSizeError, match="cuobjdump not found"):

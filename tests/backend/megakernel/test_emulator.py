@@ -529,14 +529,6 @@ def test_layer_sums_release_geometry(batch):
     assert rep.events > static  # the static tasks and the queue items all ran
 
 
-def test_fixed_roles_release_geometry():
-    """The one-row engine tiling with every layer's roles on the same SMs (Tiling.fixed_roles) at the
-    release geometry: no deadlock, every counter at its total, the happens-before check."""
-    sched, rep = _release_engine_step(1, 6, 77, 3, fixed_roles=1)
-    assert sched.tiling.fixed_roles and sched.tiling.moe_local
-    assert rep.events > sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
-
-
 def test_sums_without_the_residual_copy_are_caught(weights, monkeypatch):
     """A router tile that does not copy its share of the residual into x(l+1) leaves the layer's
     adds (O-proj, MoE down tiles) with nothing to add into: the emulator says so."""

@@ -484,43 +484,6 @@ def test_gpu_check_cli_parses_variants():
     assert tw.timeline_mode == abi.MK_MODE_TWICE == 16
 
 
-def test_fixed_roles_pin_the_one_row_layer():
-    """Tiling.fixed_roles: every layer's QKV tile t on work SM t, its router tile t on SM n_qkv + t and
-    its self-routing items on one set of SMs, so each SM runs one of those roles at every layer (the
-    default turns them per layer); it needs the self-routing layer."""
-    from mkcode.backend.megakernel.tiling import TilingError, tiling_for_batch
-
-    cfg = north_mini_code_config()
-    one = tiling_for_batch(cfg, default_tiling(cfg), 1)
-    roles = (abi.MK_OP_QKV, abi.MK_OP_ROUTER, abi.MK_OP_MOE_FUSED)
-
-    def placement(tiling):
-        sched = build_schedule(cfg, 1, [8192], 132, tiling)
-        where = defaultdict(set)  # (op, index within its layer) -> SMs over the MoE layers
-        by_layer = defaultdict(list)
-        for sm, lst in enumerate(sched.sm_lists):
-            for i in lst:
-                d = sched.tasks[i]
-                op, layer = int(d[abi.MK_F_OP]), int(d[abi.MK_F_LAYER])
-                if op in roles and not cfg.is_dense(layer):
-                    by_layer[(op, layer)].append((i, sm))
-        for (op, _), items in by_layer.items():
-            for k, (_, sm) in enumerate(sorted(items)):
-                where[(op, k)].add(sm)
-        return where
-
-    fixed = placement(replace(one, fixed_roles=1))
-    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // one.qkv_rows
-    assert all(len(sms) == 1 for sms in fixed.values())
-    assert {k: sms.pop() for (op, k), sms in fixed.items() if op == abi.MK_OP_QKV} == {
-        t: t for t in range(n_qkv)
-    }
-    assert fixed[(abi.MK_OP_ROUTER, 0)] == {n_qkv}
-    assert any(len(sms) > 1 for sms in placement(one).values())  # the default turns
-    with pytest.raises(TilingError, match="fixed_roles needs moe_local"):
-        replace(one, moe_local=0, fixed_roles=1).validate(cfg)
-
-
 def test_bench_knows_the_what_if_bounds():
     """gpu_check bench runs every what-if bound (MK_MODE_WHATIF_*, wrong results by design) without
     the reduced-geometry check that would drop it, alone or with other bits; it still checks tile
@@ -538,7 +501,7 @@ def test_bench_knows_the_what_if_bounds():
             bit | abi.MK_MODE_GEMV_TWICE, {}
         )
     assert gpu_check.needs_check(abi.MK_MODE_TWICE, {}) and gpu_check.needs_check(abi.MK_MODE_GEMV_TWICE, {})
-    assert gpu_check.needs_check(abi.MK_PREFETCH_DEFAULT, {"fixed_roles": 1})
+    assert gpu_check.needs_check(abi.MK_PREFETCH_DEFAULT, {"moe_local": 1})
     assert not gpu_check.needs_check(abi.MK_PREFETCH_DEFAULT, {})
 
 
