@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 43
+#define MK_ABI_VERSION 44
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -309,13 +309,8 @@ enum MkLayerWeight {
 #define MK_MODE_WHATIF_FREE_QKV 33554432
 #define MK_MODE_WHATIF_FREE_OPROJ 67108864
 // ABI 41 added the what-if bits and MK_MODE_PACED_WO (134217728 / 268435456: Wo paced into L2, +1.5-2 %
-// on the H200, removed); ABI 42 MK_MODE_GEMV_TWICE.
+// on the H200, removed); ABI 42 MK_MODE_GEMV_TWICE. ABI 43's MK_MODE_GEMV_U4 (512) / MK_MODE_MOE_U4
+// (1073741824), half the weight bytes in flight, were measured and removed in ABI 44 (docs/PERF.md).
 // MK_MODE_GEMV_TWICE (measurement; results unchanged): every GEMV task runs its GEMV again over the
 // staged activations, the timeline's GEMV marks stamping the second run: warm code, weights in L2.
 #define MK_MODE_GEMV_TWICE 536870912
-// In-flight bytes (A/B, ABI 43; results unchanged up to summation order): MK_MODE_GEMV_U4 makes every
-// GEMV load 4 k-steps per batch (64 KB in flight per SM) instead of 8; MK_MODE_MOE_U4 does so for the
-// MoE up GEMVs only and halves the groups a 128-column fused down slice keeps in flight. The question:
-// is a chain hop's ~3-µs round trip queueing behind the bytes in flight (docs/MEGAKERNEL.md)?
-#define MK_MODE_GEMV_U4 512
-#define MK_MODE_MOE_U4 1073741824

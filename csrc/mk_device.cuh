@@ -232,7 +232,6 @@ struct Gemv {
   int klen;
   bool keep = false;  // L2 evict_last (weights every step reads again: the routers), else evict_first
   bool one_step = false;  // what-if (MK_MODE_WHATIF_FREE_*): one k-step per warp, wrong results
-  bool half = false;      // MK_MODE_GEMV_U4 / MK_MODE_MOE_U4: batches of 4 k-steps instead of 8
 };
 
 __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
@@ -461,6 +460,10 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
   const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
   const int k_begin = kw * span, k_end = min(klen, g.one_step ? k_begin + 32 : k_begin + span);
+  // 16 x 16 B of weights in flight per thread (U = 8), or 8 (U = 4) where a warp's K block has at most
+  // 4 k-steps (the 16-row router tiles: one batch of 4, where U = 8 ran a tail of 7 loads, 3 of them
+  // reloads; H100, 2026-12-07: router GEMV 5.8 -> 4.4 us). U = 4 for every GEMV slowed the others.
+  const bool u4 = span <= 4 * 32;
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
@@ -476,8 +479,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
     const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
-    // 16 x 16 B of weights in flight per thread (8 with g.half)
-    if (g.half)
+    if (u4)
       gemv_group<4>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
     else
       gemv_group<8>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
@@ -523,9 +525,10 @@ __device__ __forceinline__ void red_add_global(float* p, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(__cvta_generic_to_global(p)), "f"(v) : "memory");
 }
 
-template <int KP, int GB = 8 / KP>
+template <int KP>
 __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, const bf16* act_s, int lds, float* acc,
                                            int H, const float* wtok, const int* btok, int nt) {
+  constexpr int GB = 8 / KP;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int ngroups = nrows / 16;
   const int gpw = (ngroups + NWARPS - 1) / NWARPS;

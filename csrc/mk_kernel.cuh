@@ -174,18 +174,15 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   }
 }
 
-// The GEMV's variant bits. The what-if bounds (measurement only, wrong results): MK_MODE_WHATIF_HOT_*
-// overlap the tile's rows (row r at element r * 64 of its first row), a window L2 keeps: the GEMV's
-// time without its HBM bytes; MK_MODE_WHATIF_FREE_* run one k-step per warp: its time without its
-// bytes at all. MK_MODE_GEMV_U4 / MK_MODE_MOE_U4: half the bytes in flight (mk_abi.h).
-__device__ __forceinline__ void variant_gemv(const Params& p, int op, Gemv& g) {
+// The what-if bounds (measurement only, wrong results): MK_MODE_WHATIF_HOT_* overlap the tile's rows
+// (row r at element r * 64 of its first row), a window L2 keeps: the GEMV's time without its HBM
+// bytes; MK_MODE_WHATIF_FREE_* run one k-step per warp: its time without its bytes at all.
+__device__ __forceinline__ void whatif_gemv(const Params& p, int op, Gemv& g) {
   const int m = op == MK_OP_QKV || op == MK_OP_ROUTER ? p.prefetch_mode & (MK_MODE_WHATIF_HOT_QKV | MK_MODE_WHATIF_FREE_QKV)
                 : op == MK_OP_OPROJ ? p.prefetch_mode & (MK_MODE_WHATIF_HOT_OPROJ | MK_MODE_WHATIF_FREE_OPROJ)
                                     : 0;
   if (m & (MK_MODE_WHATIF_HOT_QKV | MK_MODE_WHATIF_HOT_OPROJ)) g.ld0 = g.ld1 = 64, g.W1 = g.W0;
   g.one_step = (m & (MK_MODE_WHATIF_FREE_QKV | MK_MODE_WHATIF_FREE_OPROJ)) != 0;
-  g.half = (p.prefetch_mode & MK_MODE_GEMV_U4) ||
-           ((p.prefetch_mode & MK_MODE_MOE_U4) && (op == MK_OP_MOE_UP || op == MK_OP_MOE_FUSED));
 }
 
 // A MoE down item's activation rows: its tokens' top-k slots (rows of moe_act).
@@ -271,7 +268,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
-  variant_gemv(p, op, g);
+  whatif_gemv(p, op, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
   if (p.prefetch_mode & MK_MODE_GEMV_TWICE) {  // idempotent: out_s is rewritten from the staged rows
     if (p.timeline && threadIdx.x == 0) tl_marks[0] = globaltimer();
@@ -757,20 +754,14 @@ __device__ __forceinline__ const bf16* fused_down_w(const Params& p, int e, int 
 }
 
 // gemv_down_acc over the first nrows hidden rows of a slice of n columns (false: n is not one the
-// kernel instantiates; the tiling keeps n a multiple of 32, at most 256). MK_MODE_MOE_U4: a 128-column
-// slice keeps one group in flight per warp instead of two.
+// kernel instantiates; the tiling keeps n a multiple of 32, at most 256).
 __device__ __forceinline__ bool fused_down(const Params& p, const bf16* Wd, int n, int nrows, const bf16* act,
                                            float* acc, const float* wtok, const int* btok, int nt) {
   const int I = p.moe_inter, H = p.hidden, lds = fused_act_lds(n);
   switch (n / 32) {
     case 1: gemv_down_acc<1>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     case 2: gemv_down_acc<2>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
-    case 4:
-      if (p.prefetch_mode & MK_MODE_MOE_U4)
-        gemv_down_acc<4, 1>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt);
-      else
-        gemv_down_acc<4>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt);
-      return true;
+    case 4: gemv_down_acc<4>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     case 8: gemv_down_acc<8>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     default: return false;
   }

@@ -7,7 +7,6 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
-#   bash backend/megakernel/gpu_run.sh flight    # half the bytes in flight (MK_MODE_*_U4) against the default
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -107,21 +106,6 @@ for stage in "${stages[@]}"; do
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
-    flight)  # half the bytes in flight (MK_MODE_GEMV_U4 = 512, MK_MODE_MOE_U4 = 1073741824, both) against
-      # the default: BS 1 8K with each mode's timeline in turn (--phases, --chain), then BS 8 8K and BS 1 128K
-      local_v="prefetch=0 prefetch=512 prefetch=1073741824 prefetch=1073742336"
-      for m in 0 512 1073741824 1073742336; do
-        BATCHES=1 VARIANTS="$local_v" BENCH_ARGS="--timeline-mode $m" \
-          T_BENCH=${T_BENCH:-90} OUT=$OUT/flight$m bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror"
-        python3 -m mkcode.backend.megakernel.timeline "$OUT/flight$m/timeline_bs1.pt" --phases | sed "s/^/mode $m /"
-        python3 -m mkcode.backend.megakernel.timeline "$OUT/flight$m/timeline_bs1.pt" --chain | sed "s/^/mode $m /"
-      done
-      BATCHES=8 VARIANTS="$local_v $local_v" \
-        T_BENCH=${T_BENCH:-150} OUT=$OUT/flight_bs8 bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror"
-      BATCHES=1 CONTEXT=131072 VARIANTS="$local_v $local_v" \
-        T_BENCH=${T_BENCH:-150} OUT=$OUT/flight_128k bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror"
-      find "$OUT" \( -name build.log -o -name gpu.txt -o -name bench.json -o -name "*.png" \) -delete
-      rm -f "$OUT"/flight{512,1073741824}/timeline_bs1.pt "$OUT"/flight_*/timeline_bs*.pt ;;
     san)  # compute-sanitizer (SAN_TOOL) on the reduced step at three rows, then at one row (the
       # product's self-routing path, on the SMs it needs: gpu_check step_sms), or SAN_ARGS alone
       if [[ -n ${SAN_ARGS:-} ]]; then runs=("$SAN_ARGS"); else runs=("" "--contexts 300"); fi

@@ -318,9 +318,8 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
         abi.MK_MODE_GEMV_TWICE,  # ... and every GEMV
-        abi.MK_MODE_GEMV_U4 | abi.MK_MODE_MOE_U4,  # half the bytes in flight: same sums
     ],
-    ids=["default", "twice", "gemv_twice", "u4"],
+    ids=["default", "twice", "gemv_twice"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -395,16 +394,6 @@ def test_step_matches_reference_self_routing_moe(small, contexts):
 def test_consecutive_steps_self_routing_moe(small):
     w, _ = small
     _consecutive_steps(w, _local_backend(w), [300], seed=31, steps=4)
-
-
-def test_consecutive_steps_self_routing_half_in_flight(small):
-    """The self-routing layer with half the bytes in flight (MK_MODE_GEMV_U4 | MK_MODE_MOE_U4: every
-    GEMV in batches of 4 k-steps, the 128-column down slices one group per warp)."""
-    w, _ = small
-    be = _local_backend(w)
-    assert be.tiling.moe_up_cols == 128  # the slices the halved down path runs
-    be.prefetch_mode = abi.MK_MODE_GEMV_U4 | abi.MK_MODE_MOE_U4
-    _consecutive_steps(w, be, [700], seed=47, steps=3)
 
 
 def test_consecutive_steps_self_routing_across_pages(small):

@@ -42,12 +42,12 @@ def test_opcodes_in_counts_one_function():
 )
 @pytest.mark.parametrize("kp", [1, 2, 4, 8])
 def test_compiled_fused_down_slice_sums_by_global_reductions(kp):
-    """On the object CI compiles: the fused MoE item's down slice (gemv_down_acc<KP, GB>) adds into the
+    """On the object CI compiles: the fused MoE item's down slice (gemv_down_acc<KP>) adds into the
     row sums with REDG (global, no return value) and holds no ATOM / CAS loop: atomicAdd on a
     generic float pointer compiled to a generic ATOM plus compare-and-swap loops (2026-11-30)."""
     from mkcode.backend.megakernel.build import build
 
-    counts = sass_issue.object_opcodes_in(build(compile_only=True).path, f"gemv_down_acc<{kp}, {8 // kp}>")
+    counts = sass_issue.object_opcodes_in(build(compile_only=True).path, f"gemv_down_acc<{kp}>")
     assert sum(n for op, n in counts.items() if op.startswith("REDG.E.ADD.F32")) >= 4, counts
     assert not [op for op in counts if op.startswith("ATOM") or "CAS" in op], counts
 
@@ -57,7 +57,7 @@ def test_compiled_fused_down_slice_sums_by_global_reductions(kp):
 @pytest.mark.skipif(
     find_cuobjdump() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump)"
 )
-@pytest.mark.parametrize("function,least", [("gemv_mma", 16), ("gemv_down_acc<4, 2>", 8)])
+@pytest.mark.parametrize("function,least", [("gemv_mma", 16), ("gemv_down_acc<4>", 8)])
 def test_compiled_weight_loads_fetch_whole_lines(function, least):
     """On the object CI compiles: every weight load (the read-only path, LDG ... .CONSTANT) of the
     GEMVs carries the L2::128B prefetch-size hint (LTC128B in SASS): a GEMV warp load covers 64
