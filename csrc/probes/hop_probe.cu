@@ -1,0 +1,206 @@
+// hop_probe.cu: what one dependency hop between two SMs costs, the megakernel's way (a release add on
+// a global counter, the waiter's thread 0 spinning with ld.acquire.gpu, block barriers on both sides)
+// and through distributed shared memory inside a thread-block cluster (st.release.cluster into the
+// partner's shared memory, ld.acquire.cluster spinning on its own), beside a dependent L2-hit load
+// chain; each with the other blocks idle and with them streaming HBM as the megakernel's GEMVs do (8
+// k-steps of 16 B per thread in flight, evict_first + L2::128B). The question (docs/MEGAKERNEL.md):
+// does a hop inside a cluster cost a fraction of a global hop under load, so that a layer's chain
+// placed inside clusters would shed most of its ~2-3 us per hop? A stand-alone measurement (not part
+// of the megakernel).
+// Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
+//   csrc/probes/hop_probe.cu -o /tmp/hop_probe && /tmp/hop_probe
+#include <algorithm>
+
+#include "probe_util.cuh"
+
+constexpr int NT = 512, CLUSTER = 2, ITERS = 2000, WARMUP = 100;
+constexpr int CHAIN = 1 << 20;  // the L2 chain: 1 Mi words (4 MB), a stride that defeats the sectors
+
+enum Mode { GLOBAL_PAIR = 0, GLOBAL_FAR = 1, CLUSTER_PAIR = 2, L2_CHAIN = 3 };
+
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_addr(const void* smem, unsigned rank) {
+  uint32_t local = (uint32_t)__cvta_generic_to_shared(smem), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ unsigned ld_acquire_cluster(uint32_t addr) {
+  unsigned v;
+  asm volatile("ld.acquire.cluster.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_cluster(uint32_t addr, unsigned v) {
+  asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Background: stream `chunk` bytes per block from the 4 GiB buffer, round after round, until *stop.
+__device__ void stream_until(const uint4* buf, size_t chunk, const volatile unsigned* stop, uint32_t* out) {
+  const uint64_t pol = evict_first_policy();
+  const size_t n = chunk / 16;
+  const uint4* base = buf + (size_t)blockIdx.x * n;
+  uint32_t acc = 0;
+  for (size_t i = threadIdx.x; !*stop; i += (size_t)NT * 8) {
+    if (i + (size_t)NT * 7 >= n) i = threadIdx.x;
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = ldw_hint(base + i + (size_t)u * NT, pol);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= fold(v[u]);
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+// Blocks 0 and `partner` measure (MODE), the others stream while `background`, else idle. res[0]:
+// ns per hop (ping-pong round trip / 2) or per chained load.
+template <int MODE>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
+    hop_kernel(const uint4* buf, size_t chunk, unsigned* flags, const unsigned* chain, int background, int partner,
+               uint32_t* out, double* res) {
+  __shared__ unsigned s_flag;  // (the launch's 120 KB of dynamic shared memory: one block per SM)
+  if (threadIdx.x == 0) s_flag = 0;
+  cluster_sync();
+  volatile unsigned* stop = flags + 64;
+  const int me = blockIdx.x;
+  if (me != 0 && me != partner) {
+    if (background) stream_until(buf, chunk, stop, out);
+    cluster_sync();
+    return;
+  }
+  const bool ping = me == 0;
+  uint64_t t0 = 0;
+  if (MODE == L2_CHAIN) {  // the same ITERS words twice: misses (res[1]), then L2 hits (res[0])
+    if (ping && threadIdx.x == 0) {
+      unsigned j = 0;
+      for (int pass = 1; pass >= 0; --pass) {
+        j = 0;
+        t0 = gtimer();
+        for (int i = 0; i < ITERS; ++i) j = __ldcg(chain + j);
+        res[pass] = (double)(gtimer() - t0) / ITERS;
+      }
+      out[1000] = j;
+      *stop = 1;
+    }
+    cluster_sync();
+    return;
+  }
+  unsigned* gflag = flags + (ping ? 0 : 32);  // where this block waits
+  unsigned* gother = flags + (ping ? 32 : 0);
+  const uint32_t mine = cluster_addr(&s_flag, cluster_rank());
+  const uint32_t theirs = cluster_addr(&s_flag, cluster_rank() ^ 1);
+  for (int i = 0; i < WARMUP + ITERS; ++i) {
+    if (ping && i == WARMUP && threadIdx.x == 0) t0 = gtimer();
+    const unsigned want = (unsigned)i + 1;
+    if (ping) {  // signal, then wait for the answer
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (MODE == CLUSTER_PAIR)
+          st_release_cluster(theirs, want);
+        else
+          red_release_gpu(gother, 1);
+      }
+    }
+    if (threadIdx.x == 0) {
+      if (MODE == CLUSTER_PAIR)
+        while (ld_acquire_cluster(mine) < want) {
+        }
+      else
+        while (ld_acquire_gpu(gflag) < want) {
+        }
+    }
+    __syncthreads();
+    if (!ping) {  // answer
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (MODE == CLUSTER_PAIR)
+          st_release_cluster(theirs, want);
+        else
+          red_release_gpu(gother, 1);
+      }
+    }
+  }
+  if (ping && threadIdx.x == 0) {
+    res[0] = (double)(gtimer() - t0) / (2.0 * ITERS);
+    *stop = 1;
+  }
+  cluster_sync();
+}
+
+int main() {
+  ProbeMem m;
+  if (probe_alloc(&m)) return 1;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int SMEM = 120 * 1024;
+  CK(cudaFuncSetAttribute(hop_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(hop_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(hop_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(hop_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  // every block resident at once (clusters fill GPCs pairwise: fewer than sms / 2 may fit)
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(sms / CLUSTER * CLUSTER);
+  lc.blockDim = dim3(NT);
+  lc.dynamicSmemBytes = SMEM;
+  int clusters = 0;
+  CK(cudaOccupancyMaxActiveClusters(&clusters, hop_kernel<0>, &lc));
+  const int blocks = std::min(clusters, sms / CLUSTER) * CLUSTER;
+  unsigned *flags = nullptr, *chain = nullptr;
+  double* res = nullptr;
+  CK(cudaMalloc(&flags, 256 * sizeof(unsigned)));
+  CK(cudaMalloc(&res, 2 * sizeof(double)));
+  // the chain: j -> (j * 4099 + 1) mod CHAIN visits words 16 KB apart in a full cycle (4099 odd, CHAIN
+  // a power of two)
+  unsigned* h = new unsigned[CHAIN];
+  for (unsigned j = 0; j < (unsigned)CHAIN; ++j) h[j] = (j * 4099u + 1u) & (CHAIN - 1);
+  CK(cudaMalloc(&chain, CHAIN * sizeof(unsigned)));
+  CK(cudaMemcpy(chain, h, CHAIN * sizeof(unsigned), cudaMemcpyHostToDevice));
+  delete[] h;
+  const size_t chunk = probe_chunk(blocks, (size_t)32 << 20);
+  const uint4* buf = reinterpret_cast<const uint4*>(m.buf);
+  const char* names[] = {"global hop, same cluster", "global hop, far block", "cluster hop (DSMEM)",
+                         "L2-hit load (chained)"};
+  printf("hop probe: %d blocks of %d threads, clusters of %d; ns per hop (ping-pong / 2) or per load, median of 5\n",
+         blocks, NT, CLUSTER);
+  for (int mode = 0; mode < 4; ++mode) {
+    for (int bg = 0; bg < 2; ++bg) {
+      double v[5], w[5];
+      for (int r = 0; r < 5; ++r) {
+        CK(cudaMemset(flags, 0, 256 * sizeof(unsigned)));
+        const int partner = mode == GLOBAL_FAR ? blocks / 2 : 1;
+        if (mode == 0) hop_kernel<0><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
+        if (mode == 1) hop_kernel<1><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
+        if (mode == 2) hop_kernel<2><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
+        if (mode == 3) hop_kernel<3><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        double got[2];
+        CK(cudaMemcpy(got, res, 2 * sizeof(double), cudaMemcpyDeviceToHost));
+        v[r] = got[0];
+        w[r] = got[1];
+      }
+      const char* where = bg ? "beside streaming SMs" : "others idle";
+      printf("%-26s %-22s %8.0f ns\n", names[mode], where, median5(v));
+      if (mode == L2_CHAIN) printf("%-26s %-22s %8.0f ns\n", "HBM-miss load (chained)", where, median5(w));
+    }
+  }
+  return 0;
+}
