@@ -1,12 +1,12 @@
 // hop_probe.cu: what one dependency hop between two SMs costs, the megakernel's way (a release add on
 // a global counter, the waiter's thread 0 spinning with ld.acquire.gpu, block barriers on both sides)
 // and through distributed shared memory inside a thread-block cluster (st.release.cluster into the
-// partner's shared memory, ld.acquire.cluster spinning on its own), beside a dependent L2-hit load
-// chain; each with the other blocks idle and with them streaming HBM as the megakernel's GEMVs do (8
-// k-steps of 16 B per thread in flight, evict_first + L2::128B). The question (docs/MEGAKERNEL.md):
-// does a hop inside a cluster cost a fraction of a global hop under load, so that a layer's chain
-// placed inside clusters would shed most of its ~2-3 us per hop? A stand-alone measurement (not part
-// of the megakernel).
+// partner's shared memory, ld.acquire.cluster spinning on its own); beside them a dependent L2-hit and
+// HBM-miss load chain and a cluster-wide barrier by cluster size (2 / 8 / 16 SMs). Each with the other
+// blocks idle and with them streaming HBM as the megakernel's GEMVs do (8 k-steps of 16 B per thread in
+// flight, evict_first + L2::128B). The question (docs/MEGAKERNEL.md): does a hop inside a cluster cost a
+// fraction of a global hop under load, so that a layer's chains placed inside clusters would shed most
+// of their ~2-3 us per hop? A stand-alone measurement (not part of the megakernel).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/hop_probe.cu -o /tmp/hop_probe && /tmp/hop_probe
 #include <algorithm>
@@ -145,6 +145,32 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
   cluster_sync();
 }
 
+// A cluster-wide barrier (barrier.cluster arrive.release / wait.acquire, every thread) ITERS times in
+// cluster 0 (clusters of the launch's size), the other clusters streaming while `background`, else idle.
+// res[0]: ns per barrier.
+__global__ void __launch_bounds__(NT, 1)
+    barrier_kernel(const uint4* buf, size_t chunk, unsigned* flags, int background, uint32_t* out, double* res) {
+  volatile unsigned* stop = flags + 64;
+  unsigned nblocks;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nblocks));
+  cluster_sync();
+  if (blockIdx.x >= nblocks) {  // not cluster 0
+    if (background) stream_until(buf, chunk, stop, out);
+    cluster_sync();
+    return;
+  }
+  uint64_t t0 = 0;
+  for (int i = 0; i < WARMUP + ITERS; ++i) {
+    if (i == WARMUP) t0 = gtimer();
+    cluster_sync();
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    res[0] = (double)(gtimer() - t0) / ITERS;
+    *stop = 1;
+  }
+  cluster_sync();
+}
+
 int main() {
   ProbeMem m;
   if (probe_alloc(&m)) return 1;
@@ -200,6 +226,40 @@ int main() {
       const char* where = bg ? "beside streaming SMs" : "others idle";
       printf("%-26s %-22s %8.0f ns\n", names[mode], where, median5(v));
       if (mode == L2_CHAIN) printf("%-26s %-22s %8.0f ns\n", "HBM-miss load (chained)", where, median5(w));
+    }
+  }
+  // cluster barriers by cluster size (16 needs the non-portable size)
+  CK(cudaFuncSetAttribute(barrier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(barrier_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  for (int cl : {2, 8, 16}) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cl;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t bc = {};
+    bc.gridDim = dim3(sms / cl * cl);
+    bc.blockDim = dim3(NT);
+    bc.dynamicSmemBytes = SMEM;
+    bc.attrs = attr;
+    bc.numAttrs = 1;
+    int fit = 0;
+    if (cudaOccupancyMaxActiveClusters(&fit, barrier_kernel, &bc) != cudaSuccess || fit == 0) {
+      (void)cudaGetLastError();
+      printf("cluster barrier, %2d SMs: no launch fits\n", cl);
+      continue;
+    }
+    bc.gridDim = dim3(std::min(fit, sms / cl) * cl);
+    for (int bg = 0; bg < 2; ++bg) {
+      double v[5];
+      for (int r = 0; r < 5; ++r) {
+        CK(cudaMemset(flags, 0, 256 * sizeof(unsigned)));
+        CK(cudaLaunchKernelEx(&bc, barrier_kernel, buf, chunk, flags, bg, m.out, res));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(&v[r], res, sizeof(double), cudaMemcpyDeviceToHost));
+      }
+      printf("cluster barrier, %2d SMs (%3d blocks) %-22s %8.0f ns\n", cl, (int)bc.gridDim.x,
+             bg ? "beside streaming SMs" : "others idle", median5(v));
     }
   }
   return 0;
