@@ -26,11 +26,6 @@ enum Pattern { ONE = 0, ROWS4K = 1, PIECES1K = 2, PIECES512 = 3, LDG = 4, NPAT =
 static const char* kNames[NPAT] = {"1x64K", "16x4K", "64x1K", "128x512", "ldg"};
 
 __device__ __forceinline__ uint32_t sa(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ uint64_t gtimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void __launch_bounds__(NT, 1) bulk_kernel(const char* W, int pattern, int bg, unsigned* done,
                                                      unsigned long long* t_out, uint32_t* sink) {

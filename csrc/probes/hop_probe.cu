@@ -18,19 +18,6 @@ constexpr int CHAIN = 1 << 20;  // the L2 chain: 1 Mi words (4 MB), a stride tha
 
 enum Mode { GLOBAL_PAIR = 0, GLOBAL_FAR = 1, CLUSTER_PAIR = 2, L2_CHAIN = 3 };
 
-__device__ __forceinline__ uint64_t gtimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_gpu(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ uint32_t cluster_addr(const void* smem, unsigned rank) {
   uint32_t local = (uint32_t)__cvta_generic_to_shared(smem), remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
@@ -107,36 +94,29 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
   unsigned* gother = flags + (ping ? 32 : 0);
   const uint32_t mine = cluster_addr(&s_flag, cluster_rank());
   const uint32_t theirs = cluster_addr(&s_flag, cluster_rank() ^ 1);
+  auto signal = [&](unsigned want) {  // after the block's barrier, as the megakernel's signals
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (MODE == CLUSTER_PAIR)
+        st_release_cluster(theirs, want);
+      else
+        red_release(gother, 1);
+    }
+  };
   for (int i = 0; i < WARMUP + ITERS; ++i) {
     if (ping && i == WARMUP && threadIdx.x == 0) t0 = gtimer();
     const unsigned want = (unsigned)i + 1;
-    if (ping) {  // signal, then wait for the answer
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        if (MODE == CLUSTER_PAIR)
-          st_release_cluster(theirs, want);
-        else
-          red_release_gpu(gother, 1);
-      }
-    }
+    if (ping) signal(want);  // signal, then wait for the answer
     if (threadIdx.x == 0) {
       if (MODE == CLUSTER_PAIR)
         while (ld_acquire_cluster(mine) < want) {
         }
       else
-        while (ld_acquire_gpu(gflag) < want) {
+        while (ld_acquire(gflag) < want) {
         }
     }
     __syncthreads();
-    if (!ping) {  // answer
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        if (MODE == CLUSTER_PAIR)
-          st_release_cluster(theirs, want);
-        else
-          red_release_gpu(gother, 1);
-      }
-    }
+    if (!ping) signal(want);  // answer
   }
   if (ping && threadIdx.x == 0) {
     res[0] = (double)(gtimer() - t0) / (2.0 * ITERS);

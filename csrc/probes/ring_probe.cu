@@ -58,11 +58,6 @@ enum Flavour { BULK = 0, TMA = 1 };
 enum Err { ERR_MBAR = 1, ERR_DEP = 2 };
 constexpr int DONE_TOTAL = 1023;                 // done[0..G): per CTA; done[DONE_TOTAL]: every CTA's
 
-__device__ __forceinline__ uint64_t gtimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ uint32_t sa(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 // ---- mbarriers and bulk copies -------------------------------------------------------------------
@@ -122,14 +117,6 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int
 }
 
 // ---- cross-CTA dependency ------------------------------------------------------------------------
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 // Item j's dependency: every item j - 1 of the producer(s) finished (one thread polls).
 __device__ __forceinline__ void dep_wait(const unsigned* done, int dep, int b, int G, int j, int* err) {
   if (dep == DEP_NONE || j == 0) return;

@@ -470,11 +470,6 @@ static int gemv_probe(int sms, char* buf, uint32_t* out, cudaEvent_t a, cudaEven
 // its own time, so the background's longer stream only sets the load. Question for the megakernel:
 // does a deeper in-flight window raise one SM's rate when HBM is shared (its MoE phases stream on
 // 48-88 SMs at ~50-60 GB/s each)?
-__device__ __forceinline__ uint64_t gtimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 
 template <int MODE>  // 0: ldg U=8, 1: bulk 4 x 32 KB, 2: bulk 6 x 32 KB
 __global__ void __launch_bounds__(NT, 1)
