@@ -11,6 +11,7 @@ one layer (the critical path); `records` into a flat array (block, word 0, stamp
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import defaultdict
@@ -327,6 +328,46 @@ def layer_chain(recs: torch.Tensor, layers: set[int]) -> list[dict]:
     out = [{"op": op, **{k: statistics.median(v) for k, v in d.items()}} for op, d in per.items()]
     out.sort(key=lambda d: d["ready"])
     return [{"layer_us": statistics.median(lengths) if lengths else 0.0}, *out]
+
+
+# the chains' hand-offs at one row: (producer ops, consumer op, the producers' layer offset: -1 for
+# the previous layer's end)
+HAND_OFFS = (
+    (("QKV",), "ATTN", 0),
+    (("ATTN",), "ATTN_COMBINE", 0),
+    (("ATTN_COMBINE",), "OPROJ", 0),
+    (("ROUTER",), "MOE_FUSED", 0),
+    (("OPROJ", "MOE_FUSED"), "QKV", -1),
+)
+
+
+def hand_offs(recs: torch.Tensor, layers: set[int], min_wait_us: float = 1.0) -> list[dict]:
+    """How long a flag hop takes: for each chain hand-off (HAND_OFFS) and each consumer item of
+    `layers` that waited at least min_wait_us, its wait end less the last producer signal before it
+    (its trigger, per kv head or not), in us; the median per hand-off (`hop_us`) and the count."""
+    by: dict[tuple[str, int], list[list[int]]] = defaultdict(list)
+    for row in recs.tolist():
+        by[(_op(row), (row[1] >> 8) & 0xFF)].append(row)
+    out = []
+    for producers, consumer, off in HAND_OFFS:
+        hops = []
+        for layer in layers:
+            sigs = sorted(r[7] for p in producers for r in by.get((p, layer + off), []))
+            for r in by.get((consumer, layer), []):
+                if not sigs or (r[3] - r[2]) / 1e3 < min_wait_us:
+                    continue
+                i = bisect.bisect_right(sigs, r[3])
+                if i:
+                    hops.append((r[3] - sigs[i - 1]) / 1e3)
+        if hops:
+            out.append(
+                {
+                    "hand_off": f"{'+'.join(producers)} -> {consumer}",
+                    "count": len(hops),
+                    "hop_us": statistics.median(hops),
+                }
+            )
+    return out
 
 
 def op_phases(recs: torch.Tensor, layers: set[int], op_bytes: dict[str, int] | None = None) -> list[dict]:
@@ -779,6 +820,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{d['op']:12s} {d['count']:4.0f} {d['ready_first']:7.1f} {d['ready']:7.1f} {d['gemv0']:7.1f} "
                 f"{d['gemv1']:7.1f} {d['end']:7.1f} {d['end_last']:7.1f}"
             )
+        print("hand-offs: a waiting consumer's wait end less the last producer signal before it (medians)")
+        for d in hand_offs(recs, {x for x in range(3, 47) if x not in dense}):
+            print(f"  {d['hand_off']:28s} n={d['count']:5d} {d['hop_us']:6.2f} us")
         return 0
     if args.phases:
         dense = _release_layer_kinds()[1]

@@ -1,12 +1,13 @@
-// hop_probe.cu: what one dependency hop between two SMs costs, the megakernel's way (a release add on
-// a global counter, the waiter's thread 0 spinning with ld.acquire.gpu, block barriers on both sides)
-// and through distributed shared memory inside a thread-block cluster (st.release.cluster into the
-// partner's shared memory, ld.acquire.cluster spinning on its own); beside them a dependent L2-hit and
-// HBM-miss load chain and a cluster-wide barrier by cluster size (2 / 8 / 16 SMs). Each with the other
-// blocks idle and with them streaming HBM as the megakernel's GEMVs do (8 k-steps of 16 B per thread in
-// flight, evict_first + L2::128B). The question (docs/MEGAKERNEL.md): does a hop inside a cluster cost a
-// fraction of a global hop under load, so that a layer's chains placed inside clusters would shed most
-// of their ~2-3 us per hop? A stand-alone measurement (not part of the megakernel).
+// hop_probe.cu: what a hand-off between two SMs costs. A flag hop the megakernel's way (a release add
+// on a global counter, the waiter's thread 0 spinning with ld.acquire.gpu, block barriers on both
+// sides) and through distributed shared memory inside a thread-block cluster (st.release.cluster into
+// the partner's shared memory, ld.acquire.cluster spinning on its own); dependent load chains (L2
+// hits, HBM misses, the partner's shared memory: a data round trip); cluster-wide barriers of 2 / 8 /
+// 16 SMs. Each with the other blocks idle and with them streaming HBM as the megakernel's GEMVs do (8
+// k-steps of 16 B per thread in flight, evict_first + L2::128B). The question (docs/MEGAKERNEL.md): a
+// BS 1 item spends ~2-4 us staging its activations from L2 and ~1.5-2 more from its GEMV's end to its
+// signal, while the flag hop itself takes ~0.5 us; would data handed over inside a cluster cost a
+// fraction of that? A stand-alone measurement (not part of the megakernel).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/hop_probe.cu -o /tmp/hop_probe && /tmp/hop_probe
 #include <algorithm>
@@ -16,7 +17,8 @@
 constexpr int NT = 512, CLUSTER = 2, ITERS = 2000, WARMUP = 100;
 constexpr int CHAIN = 1 << 20;  // the L2 chain: 1 Mi words (4 MB), a stride that defeats the sectors
 
-enum Mode { GLOBAL_PAIR = 0, GLOBAL_FAR = 1, CLUSTER_PAIR = 2, L2_CHAIN = 3 };
+enum Mode { GLOBAL_PAIR = 0, GLOBAL_FAR = 1, CLUSTER_PAIR = 2, L2_CHAIN = 3, DSMEM_CHAIN = 4 };
+constexpr int NMODES = 5, DSMEM_WORDS = 4096;
 
 __device__ __forceinline__ uint32_t cluster_addr(const void* smem, unsigned rank) {
   uint32_t local = (uint32_t)__cvta_generic_to_shared(smem), remote;
@@ -75,6 +77,24 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
   }
   const bool ping = me == 0;
   uint64_t t0 = 0;
+  if (MODE == DSMEM_CHAIN) {  // dependent loads from the partner's shared memory (a chain it wrote)
+    extern __shared__ unsigned dyn[];
+    for (int j = threadIdx.x; j < DSMEM_WORDS; j += NT) dyn[j] = (unsigned)(j * 97 + 1) & (DSMEM_WORDS - 1);
+    cluster_sync();
+    if (ping && threadIdx.x == 0) {
+      const uint32_t base = cluster_addr(dyn, cluster_rank() ^ 1);
+      unsigned j = 0;
+      for (int i = 0; i < WARMUP + ITERS; ++i) {
+        if (i == WARMUP) t0 = gtimer();
+        asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(j) : "r"(base + 4 * j) : "memory");
+      }
+      res[0] = (double)(gtimer() - t0) / ITERS;
+      out[1001] = j;
+      *stop = 1;
+    }
+    cluster_sync();
+    return;
+  }
   if (MODE == L2_CHAIN) {  // the same ITERS words twice: misses (res[1]), then L2 hits (res[0])
     if (ping && threadIdx.x == 0) {
       unsigned j = 0;
@@ -161,6 +181,7 @@ int main() {
   CK(cudaFuncSetAttribute(hop_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   CK(cudaFuncSetAttribute(hop_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   CK(cudaFuncSetAttribute(hop_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  CK(cudaFuncSetAttribute(hop_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   // every block resident at once (clusters fill GPCs pairwise: fewer than sms / 2 may fit)
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(sms / CLUSTER * CLUSTER);
@@ -183,10 +204,10 @@ int main() {
   const size_t chunk = probe_chunk(blocks, (size_t)32 << 20);
   const uint4* buf = reinterpret_cast<const uint4*>(m.buf);
   const char* names[] = {"global hop, same cluster", "global hop, far block", "cluster hop (DSMEM)",
-                         "L2-hit load (chained)"};
+                         "L2-hit load (chained)", "DSMEM load (chained)"};
   printf("hop probe: %d blocks of %d threads, clusters of %d; ns per hop (ping-pong / 2) or per load, median of 5\n",
          blocks, NT, CLUSTER);
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < NMODES; ++mode) {
     for (int bg = 0; bg < 2; ++bg) {
       double v[5], w[5];
       for (int r = 0; r < 5; ++r) {
@@ -196,6 +217,7 @@ int main() {
         if (mode == 1) hop_kernel<1><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
         if (mode == 2) hop_kernel<2><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
         if (mode == 3) hop_kernel<3><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
+        if (mode == 4) hop_kernel<4><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         double got[2];

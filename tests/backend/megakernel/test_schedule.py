@@ -351,6 +351,37 @@ def test_layer_chain_medians(tmp_path, capsys):
     assert out.startswith("median layer 11.0 us") and "MOE_FUSED" in out
 
 
+def test_hand_offs_time_each_waiting_consumer_from_its_trigger():
+    """timeline.hand_offs: a consumer that waited is timed from the last producer signal before its
+    wait end (a later signal, or a consumer that did not wait, does not count); the layer-end hand-off
+    takes the previous layer's O-proj and MoE signals."""
+    import torch
+
+    from mkcode.backend.megakernel import timeline
+
+    def rec(op, layer, start, ready, sig):  # (a record with start 0 is no record)
+        return [op | (layer << 8), start + 10, ready, 0, 0, sig - 100, sig]
+
+    rows = [
+        rec(abi.MK_OP_QKV, 3, 0, 100, 5000),
+        rec(abi.MK_OP_QKV, 3, 0, 100, 9000),
+        rec(abi.MK_OP_QKV, 3, 0, 100, 30000),  # after both attention items' wait ends
+        rec(abi.MK_OP_ATTN, 3, 1000, 5500, 20000),  # waited 4.5 us: 0.5 after the 5-us signal
+        rec(abi.MK_OP_ATTN, 3, 1000, 9700, 21000),  # 0.7 after the 9-us signal
+        rec(abi.MK_OP_ATTN, 3, 9400, 9800, 22000),  # waited 0.4 us: not a hand-off
+        rec(abi.MK_OP_OPROJ, 2, 0, 100, 40000),
+        rec(abi.MK_OP_MOE_FUSED, 2, 0, 100, 41000),
+        rec(abi.MK_OP_QKV, 3, 39000, 41900, 50000),  # wait end 0.9 after the MoE signal
+    ]
+    tl = timeline.allocate(1, 16, "cpu")
+    for i, r in enumerate(rows):
+        tl[0, i] = torch.tensor(r)
+    got = {d["hand_off"]: d for d in timeline.hand_offs(timeline.records(tl), {3})}
+    assert got["QKV -> ATTN"]["count"] == 2 and abs(got["QKV -> ATTN"]["hop_us"] - 0.6) < 1e-9
+    assert abs(got["OPROJ+MOE_FUSED -> QKV"]["hop_us"] - 0.9) < 1e-9
+    assert "ROUTER -> MOE_FUSED" not in got
+
+
 def test_sm_states_of_a_layer(tmp_path, capsys):
     """timeline.sm_states: per bin of a layer (the previous layer's end to its own), the blocks that
     stream (a GEMV interval, an ATTN run), sit in fixed costs, wait (by the waiting op) or idle; and
