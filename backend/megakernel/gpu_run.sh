@@ -7,6 +7,7 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
+#   bash backend/megakernel/gpu_run.sh hop       # hop_probe, the one-row tests, this tree vs ab_base/ at BS 1
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -106,6 +107,16 @@ for stage in "${stages[@]}"; do
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
+    hop)  # hop_probe (data and flag hand-offs, global vs inside a cluster), the one-row GPU tests, then
+      # this tree against ab_base/ at BS 1 (8K two rounds, 128K one; ab_tree.sh REV first) and a timeline
+      PROBE=hop_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -v "^ptxas\|Compiling\|registers\|spill"
+      PYTEST_K=${PYTEST_K:-"reduced or self_routing"} T_TESTS=${T_TESTS:-100} bash "$0" tests | tail -1
+      TREES=ab_base ROUNDS=2 BATCHES=1 bash "$0" trees | grep -E "^(A|B) |rror"
+      CONTEXT=131072 TREES=ab_base ROUNDS=1 BATCHES=1 OUT=$OUT/c128 bash "$0" trees | grep -E "^(A|B) |rror"
+      BATCHES=1 VARIANTS=prefetch=0 OUT=$OUT/tl bash "$0" bench | grep -E "^  (ROUTER|QKV|MOE_FUSED|OPROJ) |^BS"
+      python3 -m mkcode.backend.megakernel.timeline "$OUT/tl/timeline_bs1.pt" --chain
+      rm -rf "$OUT"/trees "$OUT"/c128
+      find "$OUT" \( -name build.log -o -name gpu.txt -o -name "*.png" \) -delete ;;
     san)  # compute-sanitizer (SAN_TOOL) on the reduced step at three rows, then at one row (the
       # product's self-routing path, on the SMs it needs: gpu_check step_sms), or SAN_ARGS alone
       if [[ -n ${SAN_ARGS:-} ]]; then runs=("$SAN_ARGS"); else runs=("" "--contexts 300"); fi
