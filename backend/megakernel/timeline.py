@@ -343,8 +343,10 @@ HAND_OFFS = (
 
 def hand_offs(recs: torch.Tensor, layers: set[int], min_wait_us: float = 1.0) -> list[dict]:
     """How long a flag hop takes: for each chain hand-off (HAND_OFFS) and each consumer item of
-    `layers` that waited at least min_wait_us, its wait end less the last producer signal before it
-    (its trigger, per kv head or not), in us; the median per hand-off (`hop_us`) and the count."""
+    `layers` that waited at least min_wait_us, its wait end less the last producer signal before it,
+    in us; the median per hand-off (`hop_us`) and the count. Exact where the consumer waits for every
+    producer (ROUTER -> MOE_FUSED, the layer's end -> QKV); a lower bound where it waits for some
+    (a kv head's QKV tiles or combine), since another producer may have signalled after its trigger."""
     by: dict[tuple[str, int], list[list[int]]] = defaultdict(list)
     for row in recs.tolist():
         by[(_op(row), (row[1] >> 8) & 0xFF)].append(row)
