@@ -9,6 +9,7 @@
 
 #include "mk_abi.h"
 #include "mk_params.h"
+#include "mk_sync.cuh"
 
 namespace mk {
 
@@ -89,24 +90,6 @@ __device__ __forceinline__ float ld_cg_if(const float* p, bool pred) {
                : "l"(p), "r"((int)pred)
                : "memory");
   return r;
-}
-
-__device__ __forceinline__ uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Counter increment with release semantics (one instruction instead of a full __threadfence and
-// a relaxed atomic; the waiter's ld.acquire pairs with it).
-__device__ __forceinline__ void signal_release(uint32_t* c, uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(c), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(NT, 1) bulk_kernel(const char* W, int pattern,
     // the upper 2 GB (the background streams the lower): 40 x 32 rounds of 1 MB regions
     const char* src = W + ((size_t)1 << 31) + (size_t)(b * ROUNDS + r) * ROUND_SPAN;
     __syncthreads();
-    const uint64_t t0 = gtimer();
+    const uint64_t t0 = globaltimer();
     if (pattern == LDG) {
       uint4 v[8];
 #pragma unroll
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(NT, 1) bulk_kernel(const char* W, int pattern,
             : "memory");
     }
     __syncthreads();
-    if (threadIdx.x == 0) t_out[b * ROUNDS + r] = gtimer() - t0;
+    if (threadIdx.x == 0) t_out[b * ROUNDS + r] = globaltimer() - t0;
     if (pattern != LDG) acc ^= reinterpret_cast<const uint32_t*>(smem)[threadIdx.x * 32];
   }
   sink[b * NT + threadIdx.x] = acc;

@@ -85,10 +85,10 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
       const uint32_t base = cluster_addr(dyn, cluster_rank() ^ 1);
       unsigned j = 0;
       for (int i = 0; i < WARMUP + ITERS; ++i) {
-        if (i == WARMUP) t0 = gtimer();
+        if (i == WARMUP) t0 = globaltimer();
         asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(j) : "r"(base + 4 * j) : "memory");
       }
-      res[0] = (double)(gtimer() - t0) / ITERS;
+      res[0] = (double)(globaltimer() - t0) / ITERS;
       out[1001] = j;
       *stop = 1;
     }
@@ -100,9 +100,9 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
       unsigned j = 0;
       for (int pass = 1; pass >= 0; --pass) {
         j = 0;
-        t0 = gtimer();
+        t0 = globaltimer();
         for (int i = 0; i < ITERS; ++i) j = __ldcg(chain + j);
-        res[pass] = (double)(gtimer() - t0) / ITERS;
+        res[pass] = (double)(globaltimer() - t0) / ITERS;
       }
       out[1000] = j;
       *stop = 1;
@@ -120,11 +120,11 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
       if (MODE == CLUSTER_PAIR)
         st_release_cluster(theirs, want);
       else
-        red_release(gother, 1);
+        signal_release(gother, 1);
     }
   };
   for (int i = 0; i < WARMUP + ITERS; ++i) {
-    if (ping && i == WARMUP && threadIdx.x == 0) t0 = gtimer();
+    if (ping && i == WARMUP && threadIdx.x == 0) t0 = globaltimer();
     const unsigned want = (unsigned)i + 1;
     if (ping) signal(want);  // signal, then wait for the answer
     if (threadIdx.x == 0) {
@@ -139,7 +139,7 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
     if (!ping) signal(want);  // answer
   }
   if (ping && threadIdx.x == 0) {
-    res[0] = (double)(gtimer() - t0) / (2.0 * ITERS);
+    res[0] = (double)(globaltimer() - t0) / (2.0 * ITERS);
     *stop = 1;
   }
   cluster_sync();
@@ -161,11 +161,11 @@ __global__ void __launch_bounds__(NT, 1)
   }
   uint64_t t0 = 0;
   for (int i = 0; i < WARMUP + ITERS; ++i) {
-    if (i == WARMUP) t0 = gtimer();
+    if (i == WARMUP) t0 = globaltimer();
     cluster_sync();
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    res[0] = (double)(gtimer() - t0) / ITERS;
+    res[0] = (double)(globaltimer() - t0) / ITERS;
     *stop = 1;
   }
   cluster_sync();

@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../mk_sync.cuh"
+
 // A CUDA runtime call in main(): print where it failed and return 1.
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -56,20 +58,10 @@ static size_t probe_chunk(int blocks, size_t cap) {
   return per_block & ~(size_t)((1 << 20) - 1);
 }
 
-// %globaltimer (ns), and the cross-block signal / wait pair the megakernel's counters use.
-__device__ __forceinline__ uint64_t gtimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+// The megakernel's clock and cross-block signal / wait pair (one definition: csrc/mk_sync.cuh).
+using mk::globaltimer;
+using mk::ld_acquire;
+using mk::signal_release;
 
 // Folds loaded words into a checksum, so that no load is dead code.
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }

@@ -82,10 +82,10 @@ __device__ __forceinline__ bool mbar_try(uint32_t b, uint32_t parity) {
 // Wait for the phase of `parity` to complete; a watchdog turns a protocol bug into an error, not a hang.
 __device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity, int* err) {
   if (mbar_try(b, parity)) return;
-  const uint64_t t0 = gtimer();
+  const uint64_t t0 = globaltimer();
   for (uint32_t n = 0;; ++n) {
     if (mbar_try(b, parity)) return;
-    if ((n & 255) == 255 && gtimer() - t0 > WATCHDOG_NS) {
+    if ((n & 255) == 255 && globaltimer() - t0 > WATCHDOG_NS) {
       atomicExch(err, ERR_MBAR);
       asm volatile("trap;");
     }
@@ -123,10 +123,10 @@ __device__ __forceinline__ void dep_wait(const unsigned* done, int dep, int b, i
   const unsigned* c = dep == DEP_NBR ? done + (b + 1) % G : done + DONE_TOTAL;
   const unsigned target = dep == DEP_NBR ? (unsigned)j : (unsigned)(j * G);
   if (ld_acquire(c) >= target) return;
-  const uint64_t t0 = gtimer();
+  const uint64_t t0 = globaltimer();
   for (uint32_t n = 0;; ++n) {
     if (ld_acquire(c) >= target) return;
-    if ((n & 63) == 63 && gtimer() - t0 > WATCHDOG_NS) {
+    if ((n & 63) == 63 && globaltimer() - t0 > WATCHDOG_NS) {
       atomicExch(err, ERR_DEP);
       asm volatile("trap;");
     }
@@ -134,8 +134,8 @@ __device__ __forceinline__ void dep_wait(const unsigned* done, int dep, int b, i
 }
 __device__ __forceinline__ void spin_ns(uint32_t ns) {
   if (!ns) return;
-  const uint64_t t0 = gtimer();
-  while (gtimer() - t0 < ns) {
+  const uint64_t t0 = globaltimer();
+  while (globaltimer() - t0 < ns) {
   }
 }
 
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(RING_NT, 1) ring_kernel(const __grid_constant_
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  const uint64_t g0 = gtimer();
+  const uint64_t g0 = globaltimer();
   const long long c0 = clock64();
   if (warp == 0) {  // control: per item F, the dependency, the activations
     if (lane == 0) {
@@ -288,9 +288,9 @@ __global__ void __launch_bounds__(RING_NT, 1) ring_kernel(const __grid_constant_
       for (int j = 0; j < A.n_items; ++j) {
         const int i = j * G + b, a = j & 1;
         if (A.place == 0) spin_ns(A.F_ns);
-        const uint64_t t = gtimer();
+        const uint64_t t = globaltimer();
         dep_wait(A.done, item_dep(A, j), b, G, j, A.err);
-        dep_ns += gtimer() - t;
+        dep_ns += globaltimer() - t;
         if (A.place == 1) spin_ns(A.F_ns);
         mbar_wait(act_empty + 8u * a, ((j >> 1) & 1) ^ 1, A.err);
         mbar_expect_tx(act_full + 8u * a, NB * K * 2);
@@ -381,15 +381,15 @@ __global__ void __launch_bounds__(RING_NT, 1) ring_kernel(const __grid_constant_
       if (lane == 0) mbar_arrive(act_empty + 8u * a);
       asm volatile("bar.sync 1, %0;" ::"n"(CW * 32) : "memory");  // every consumer's adds issued
       if (w == 0 && lane == 0) {
-        red_release(A.done + b, 1);
-        red_release(A.done + DONE_TOTAL, 1);
+        signal_release(A.done + b, 1);
+        signal_release(A.done + DONE_TOTAL, 1);
       }
     }
     if (w == 0 && lane == 0) {
       A.stats[b * 8 + 0] = (unsigned long long)act_wait;
       A.stats[b * 8 + 1] = (unsigned long long)full_wait;
       A.stats[b * 8 + 3] = (unsigned long long)(clock64() - c0);
-      A.stats[b * 8 + 4] = gtimer() - g0;
+      A.stats[b * 8 + 4] = globaltimer() - g0;
     }
   }
 }
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(BASE_NT, 1) base_kernel(const __nv_bfloat16* W
   const uint64_t pol = evict_first();
   const uint16_t* Wb = reinterpret_cast<const uint16_t*>(W);
   __syncthreads();
-  const uint64_t g0 = gtimer();
+  const uint64_t g0 = globaltimer();
   const long long c0 = clock64();
   long long pre = 0, gemv = 0;
   unsigned long long dep_ns = 0;
@@ -417,9 +417,9 @@ __global__ void __launch_bounds__(BASE_NT, 1) base_kernel(const __nv_bfloat16* W
     const long long ts = clock64();
     if (threadIdx.x == 0) {
       if (A.place == 0) spin_ns(A.F_ns);
-      const uint64_t tt = gtimer();
+      const uint64_t tt = globaltimer();
       dep_wait(A.done, item_dep(A, j), b, A.G, j, A.err);
-      dep_ns += gtimer() - tt;
+      dep_ns += globaltimer() - tt;
       if (A.place == 1) spin_ns(A.F_ns);
     }
     __syncthreads();
@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(BASE_NT, 1) base_kernel(const __nv_bfloat16* W
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      red_release(A.done + b, 1);
-      red_release(A.done + DONE_TOTAL, 1);
+      signal_release(A.done + b, 1);
+      signal_release(A.done + DONE_TOTAL, 1);
     }
     pre += tg - ts;
     gemv += clock64() - tg;
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(BASE_NT, 1) base_kernel(const __nv_bfloat16* W
     A.stats[b * 8 + 0] = (unsigned long long)pre;
     A.stats[b * 8 + 1] = (unsigned long long)gemv;
     A.stats[b * 8 + 3] = (unsigned long long)(clock64() - c0);
-    A.stats[b * 8 + 4] = gtimer() - g0;
+    A.stats[b * 8 + 4] = globaltimer() - g0;
     A.stats[b * 8 + 5] = dep_ns;
   }
 }

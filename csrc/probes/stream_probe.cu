@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(NT, 1)
   const char* p = src + (mine ? (size_t)blockIdx.x * per_measured
                               : (size_t)measured * per_measured + (size_t)(blockIdx.x - measured) * per_background);
   __syncthreads();
-  const uint64_t t0 = gtimer();
+  const uint64_t t0 = globaltimer();
   uint32_t acc;
   if (!mine || MODE == 0)
     acc = ldg_words<8>(reinterpret_cast<const uint4*>(p), bytes / 16);
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(NT, 1)
   else
     acc = bulk_ring<6, 32768>(lring, full, empty, p, bytes);
   __syncthreads();
-  if (threadIdx.x == 0) span[blockIdx.x] = gtimer() - t0;
+  if (threadIdx.x == 0) span[blockIdx.x] = globaltimer() - t0;
   if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
