@@ -192,7 +192,7 @@ def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     free of the layer's QKV and router tiles, dealt round-robin over the work SMs (build_schedule)."""
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
-    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
+    n_qkv = tiling.qkv_tiles(cfg)
     n_router = max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
     return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
@@ -288,7 +288,7 @@ def build_schedule(
         reset = abi.MK_EMBED_RESET_HEADS if late_route and b == 0 else 0
         emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (embed_c,)))
 
-    n_qkv = (cfg.q_width + 2 * cfg.kv_width) // tiling.qkv_rows
+    n_qkv = tiling.qkv_tiles(cfg)
     n_o = (H // tiling.o_rows) * Hkv
     # What the GEMVs over h(l) wait for, (counter, target): the EMBED tasks, then the previous
     # layer's end, its MLP counter (the O-proj tiles signal it too)

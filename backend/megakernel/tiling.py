@@ -182,6 +182,10 @@ class Tiling:
         stride of its workspace (o_part / lse_part) and of the kernel's max_splits."""
         return max(self.max_splits, self.split_cap) if self.split_tokens else self.max_splits
 
+    def qkv_tiles(self, cfg: ModelConfig) -> int:
+        """QKV tiles per layer: the rows of [Wq; Wk; Wv] in tiles of qkv_rows (validate: they divide)."""
+        return (cfg.q_width + 2 * cfg.kv_width) // self.qkv_rows
+
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
         (the kernel's moe_up_tiles / moe_down_tiles; the emulator and the schedule count the same)."""
