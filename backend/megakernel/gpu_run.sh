@@ -108,12 +108,16 @@ for stage in "${stages[@]}"; do
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
     hop)  # hop_probe (data and flag hand-offs, global vs inside a cluster), the one-row GPU tests, then
-      # this tree against ab_base/ at BS 1 (8K two rounds, 128K one; ab_tree.sh REV first) and a timeline
+      # this tree against ab_base/ at BS 1 (8K two rounds, 128K one; ab_tree.sh REV first), router
+      # tile sizes and a timeline
       PROBE=hop_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -v "^ptxas\|Compiling\|registers\|spill"
       PYTEST_K=${PYTEST_K:-"reduced or self_routing"} T_TESTS=${T_TESTS:-100} bash "$0" tests | tail -1
       TREES=ab_base ROUNDS=2 BATCHES=1 bash "$0" trees | grep -E "^(A|B) |rror"
       CONTEXT=131072 TREES=ab_base ROUNDS=1 BATCHES=1 OUT=$OUT/c128 bash "$0" trees | grep -E "^(A|B) |rror"
-      BATCHES=1 VARIANTS=prefetch=0 OUT=$OUT/tl bash "$0" bench | grep -E "^  (ROUTER|QKV|MOE_FUSED|OPROJ) |^BS"
+      # the router in 16 / 32 tiles at one row (the MoE chain waits for them; 8 tiles of 16 experts were
+      # measured at BS 8 only), then the default's timeline
+      BATCHES=1 VARIANTS="prefetch=0 router_rows=8 router_rows=4 prefetch=0 router_rows=8 router_rows=4" \
+        T_BENCH=${T_BENCH:-200} OUT=$OUT/tl bash "$0" bench | grep -E "^  (ROUTER|QKV|MOE_FUSED|OPROJ) |^BS|rror|FAIL"
       python3 -m mkcode.backend.megakernel.timeline "$OUT/tl/timeline_bs1.pt" --chain
       rm -rf "$OUT"/trees "$OUT"/c128
       find "$OUT" \( -name build.log -o -name gpu.txt -o -name "*.png" \) -delete ;;

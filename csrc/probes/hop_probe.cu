@@ -3,7 +3,9 @@
 // sides) and through distributed shared memory inside a thread-block cluster (st.release.cluster into
 // the partner's shared memory, ld.acquire.cluster spinning on its own); dependent load chains (L2
 // hits, HBM misses, the partner's shared memory: a data round trip); cluster-wide barriers of 2 / 8 /
-// 16 SMs. Each with the other blocks idle and with them streaming HBM as the megakernel's GEMVs do (8
+// 16 SMs; an 8-KB hand-off each way (every thread's 16 B written by the producer, a flag, read by
+// the consumer and used in its answer), through global memory the megakernel's way and pushed into
+// the partner's shared memory. Each with the other blocks idle and with them streaming HBM as the megakernel's GEMVs do (8
 // k-steps of 16 B per thread in flight, evict_first + L2::128B). The question (docs/MEGAKERNEL.md): a
 // BS 1 item spends ~2-4 us staging its activations from L2 and ~1.5-2 more from its GEMV's end to its
 // signal, while the flag hop itself takes ~0.5 us; would data handed over inside a cluster cost a
@@ -17,8 +19,16 @@
 constexpr int NT = 512, CLUSTER = 2, ITERS = 2000, WARMUP = 100;
 constexpr int CHAIN = 1 << 20;  // the L2 chain: 1 Mi words (4 MB), a stride that defeats the sectors
 
-enum Mode { GLOBAL_PAIR = 0, GLOBAL_FAR = 1, CLUSTER_PAIR = 2, L2_CHAIN = 3, DSMEM_CHAIN = 4 };
-constexpr int NMODES = 5, DSMEM_WORDS = 4096;
+enum Mode {
+  GLOBAL_PAIR = 0,
+  GLOBAL_FAR = 1,
+  CLUSTER_PAIR = 2,
+  L2_CHAIN = 3,
+  DSMEM_CHAIN = 4,
+  DATA_GLOBAL = 5,
+  DATA_CLUSTER = 6
+};
+constexpr int NMODES = 7, DSMEM_WORDS = 4096;
 
 __device__ __forceinline__ uint32_t cluster_addr(const void* smem, unsigned rank) {
   uint32_t local = (uint32_t)__cvta_generic_to_shared(smem), remote;
@@ -32,6 +42,10 @@ __device__ __forceinline__ unsigned ld_acquire_cluster(uint32_t addr) {
 }
 __device__ __forceinline__ void st_release_cluster(uint32_t addr, unsigned v) {
   asm volatile("st.release.cluster.shared::cluster.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_cluster_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
 }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -60,11 +74,12 @@ __device__ void stream_until(const uint4* buf, size_t chunk, const volatile unsi
 }
 
 // Blocks 0 and `partner` measure (MODE), the others stream while `background`, else idle. res[0]:
-// ns per hop (ping-pong round trip / 2) or per chained load.
+// ns per hop (ping-pong round trip / 2) or per chained load; DATA_*: the payloads that arrived wrong
+// are counted into out[2000] (0 expected).
 template <int MODE>
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
-    hop_kernel(const uint4* buf, size_t chunk, unsigned* flags, const unsigned* chain, int background, int partner,
-               uint32_t* out, double* res) {
+    hop_kernel(const uint4* buf, size_t chunk, unsigned* flags, const unsigned* chain, uint4* xbuf, int background,
+               int partner, uint32_t* out, double* res) {
   __shared__ unsigned s_flag;  // (the launch's 120 KB of dynamic shared memory: one block per SM)
   if (threadIdx.x == 0) s_flag = 0;
   cluster_sync();
@@ -105,6 +120,63 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
         res[pass] = (double)(globaltimer() - t0) / ITERS;
       }
       out[1000] = j;
+      *stop = 1;
+    }
+    cluster_sync();
+    return;
+  }
+  if (MODE == DATA_GLOBAL || MODE == DATA_CLUSTER) {  // an 8-KB hand-off each way, 16 B per thread
+    // the answer is the received value plus one, so the consumer's read is on the chain; global: the
+    // producer's st.global.cg, the megakernel's release add / acquire spin and the consumer's
+    // ld.global.cg (L2); cluster: st.shared::cluster into the partner's shared memory, a release
+    // store of its flag, the consumer's acquire spin on its own flag and a local shared-memory read
+    extern __shared__ uint4 dyn4[];
+    uint4* gin = xbuf + (ping ? 0 : NT) + threadIdx.x;  // where this block receives (global)
+    uint4* gout = xbuf + (ping ? NT : 0) + threadIdx.x;
+    unsigned* gwait = flags + (ping ? 0 : 32);
+    unsigned* gsig = flags + (ping ? 32 : 0);
+    const uint32_t mine = cluster_addr(&s_flag, cluster_rank());
+    const uint32_t theirs = cluster_addr(&s_flag, cluster_rank() ^ 1);
+    const uint32_t peer = cluster_addr(dyn4, cluster_rank() ^ 1) + 16u * threadIdx.x;
+    auto send = [&](unsigned want, unsigned x) {
+      const uint4 v = make_uint4(x, threadIdx.x, ~x, want);
+      if (MODE == DATA_CLUSTER)
+        st_cluster_v4(peer, v);
+      else
+        __stcg(gout, v);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (MODE == DATA_CLUSTER)
+          st_release_cluster(theirs, want);
+        else
+          signal_release(gsig, 1);
+      }
+    };
+    unsigned x = 0, bad = 0;
+    for (int i = 0; i < WARMUP + ITERS; ++i) {
+      if (ping && i == WARMUP && threadIdx.x == 0) t0 = globaltimer();
+      const unsigned want = (unsigned)i + 1;
+      if (ping) send(want, x);
+      if (threadIdx.x == 0) {
+        if (MODE == DATA_CLUSTER)
+          while (ld_acquire_cluster(mine) < want) {
+          }
+        else
+          while (ld_acquire(gwait) < want) {
+          }
+      }
+      __syncthreads();
+      const uint4 r = MODE == DATA_CLUSTER ? dyn4[threadIdx.x] : __ldcg(gin);
+      // ping sent 2i, pong answers 2i + 1; ping's next payload is 2i + 2
+      const unsigned expect = ping ? 2u * i + 1u : 2u * i;
+      bad += (r.x != expect) | (r.y != threadIdx.x) | (r.z != ~expect) | (r.w != want);
+      x = r.x + 1u;
+      if (!ping) send(want, x);  // (ping's next send: its barrier orders these reads before the push)
+    }
+    if (bad) atomicAdd(out + 2000, bad);
+    __syncthreads();
+    if (ping && threadIdx.x == 0) {
+      res[0] = (double)(globaltimer() - t0) / (2.0 * ITERS);
       *stop = 1;
     }
     cluster_sync();
@@ -177,11 +249,10 @@ int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   constexpr int SMEM = 120 * 1024;
-  CK(cudaFuncSetAttribute(hop_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(hop_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(hop_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(hop_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-  CK(cudaFuncSetAttribute(hop_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  const void* kernels[NMODES] = {(const void*)hop_kernel<0>, (const void*)hop_kernel<1>, (const void*)hop_kernel<2>,
+                                 (const void*)hop_kernel<3>, (const void*)hop_kernel<4>, (const void*)hop_kernel<5>,
+                                 (const void*)hop_kernel<6>};
+  for (const void* k : kernels) CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   // every block resident at once (clusters fill GPCs pairwise: fewer than sms / 2 may fit)
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(sms / CLUSTER * CLUSTER);
@@ -194,6 +265,8 @@ int main() {
   double* res = nullptr;
   CK(cudaMalloc(&flags, 256 * sizeof(unsigned)));
   CK(cudaMalloc(&res, 2 * sizeof(double)));
+  uint4* xbuf = nullptr;  // the global hand-off's two 8-KB payloads
+  CK(cudaMalloc(&xbuf, 2 * NT * sizeof(uint4)));
   // the chain: j -> (j * 4099 + 1) mod CHAIN visits words 16 KB apart in a full cycle (4099 odd, CHAIN
   // a power of two)
   unsigned* h = new unsigned[CHAIN];
@@ -204,30 +277,37 @@ int main() {
   const size_t chunk = probe_chunk(blocks, (size_t)32 << 20);
   const uint4* buf = reinterpret_cast<const uint4*>(m.buf);
   const char* names[] = {"global hop, same cluster", "global hop, far block", "cluster hop (DSMEM)",
-                         "L2-hit load (chained)", "DSMEM load (chained)"};
+                         "L2-hit load (chained)", "DSMEM load (chained)", "8 KB hand-off, global", "8 KB hand-off, DSMEM"};
   printf("hop probe: %d blocks of %d threads, clusters of %d; ns per hop (ping-pong / 2) or per load, median of 5\n",
          blocks, NT, CLUSTER);
   for (int mode = 0; mode < NMODES; ++mode) {
     for (int bg = 0; bg < 2; ++bg) {
       double v[5], w[5];
+      unsigned long long wrong = 0;  // DATA_*: payloads that arrived wrong, over the five runs
       for (int r = 0; r < 5; ++r) {
         CK(cudaMemset(flags, 0, 256 * sizeof(unsigned)));
+        CK(cudaMemset(m.out + 2000, 0, sizeof(uint32_t)));
         const int partner = mode == GLOBAL_FAR ? blocks / 2 : 1;
-        if (mode == 0) hop_kernel<0><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
-        if (mode == 1) hop_kernel<1><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
-        if (mode == 2) hop_kernel<2><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
-        if (mode == 3) hop_kernel<3><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
-        if (mode == 4) hop_kernel<4><<<blocks, NT, SMEM>>>(buf, chunk, flags, chain, bg, partner, m.out, res);
+        void* args[] = {(void*)&buf, (void*)&chunk, (void*)&flags, (void*)&chain, (void*)&xbuf, (void*)&bg,
+                        (void*)&partner, (void*)&m.out, (void*)&res};
+        CK(cudaLaunchKernel(kernels[mode], dim3(blocks), dim3(NT), args, SMEM, 0));
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         double got[2];
         CK(cudaMemcpy(got, res, 2 * sizeof(double), cudaMemcpyDeviceToHost));
         v[r] = got[0];
         w[r] = got[1];
+        uint32_t bad = 0;
+        CK(cudaMemcpy(&bad, m.out + 2000, sizeof(uint32_t), cudaMemcpyDeviceToHost));
+        wrong += bad;
       }
       const char* where = bg ? "beside streaming SMs" : "others idle";
       printf("%-26s %-22s %8.0f ns\n", names[mode], where, median5(v));
       if (mode == L2_CHAIN) printf("%-26s %-22s %8.0f ns\n", "HBM-miss load (chained)", where, median5(w));
+      if (mode >= DATA_GLOBAL && wrong) {
+        printf("%s: %llu payload words arrived wrong\n", names[mode], wrong);
+        return 1;
+      }
     }
   }
   // cluster barriers by cluster size (16 needs the non-portable size)
