@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 44
+#define MK_ABI_VERSION 45
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -298,19 +298,9 @@ enum MkLayerWeight {
 // pages (16 MB at the release geometry: a whole 8K full layer; at 128K all 268 MB thrashed L2 and
 // took the QKV tiles' HBM share).
 #define MK_GAP_KV_PAGES 128
-// What-if bounds (measurement only; the step's results are wrong): MK_MODE_WHATIF_HOT_QKV makes every
-// QKV and router tile read a 20-KB window of its weights (row r at element r * 64) that stays in L2,
-// so their GEMVs cost what L2-resident weights would; MK_MODE_WHATIF_HOT_OPROJ the same for the O-proj
-// tiles.
-#define MK_MODE_WHATIF_HOT_QKV 8388608
-#define MK_MODE_WHATIF_HOT_OPROJ 16777216
-// MK_MODE_WHATIF_FREE_QKV / _OPROJ: those tiles' GEMVs run one k-step per warp (staging and epilogue
-// as usual): the bound of a GEMV that costs nothing, e.g. from weights already in shared memory.
-#define MK_MODE_WHATIF_FREE_QKV 33554432
-#define MK_MODE_WHATIF_FREE_OPROJ 67108864
-// ABI 41 added the what-if bits and MK_MODE_PACED_WO (134217728 / 268435456: Wo paced into L2, +1.5-2 %
-// on the H200, removed); ABI 42 MK_MODE_GEMV_TWICE. ABI 43's MK_MODE_GEMV_U4 (512) / MK_MODE_MOE_U4
-// (1073741824), half the weight bytes in flight, were measured and removed in ABI 44 (docs/PERF.md).
-// MK_MODE_GEMV_TWICE (measurement; results unchanged): every GEMV task runs its GEMV again over the
-// staged activations, the timeline's GEMV marks stamping the second run: warm code, weights in L2.
-#define MK_MODE_GEMV_TWICE 536870912
+// Bits measured and removed (never to be reused): ABI 41's what-if bounds MK_MODE_WHATIF_HOT_QKV /
+// _HOT_OPROJ / _FREE_QKV / _FREE_OPROJ (8388608 / 16777216 / 33554432 / 67108864: those GEMVs from a
+// window L2 keeps, or one k-step per warp; wrong results by design) and MK_MODE_PACED_WO (134217728 /
+// 268435456); ABI 42's MK_MODE_GEMV_TWICE (536870912: every GEMV run twice); ABI 43's MK_MODE_GEMV_U4
+// (512) / MK_MODE_MOE_U4 (1073741824). What they measured: docs/PERF.md; the what-if bounds and
+// GEMV_TWICE went in ABI 45, their questions answered (docs/MEGAKERNEL.md).

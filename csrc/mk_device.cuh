@@ -214,7 +214,6 @@ struct Gemv {
   int nrows;
   int klen;
   bool keep = false;  // L2 evict_last (weights every step reads again: the routers), else evict_first
-  bool one_step = false;  // what-if (MK_MODE_WHATIF_FREE_*): one k-step per warp, wrong results
 };
 
 __device__ __forceinline__ const bf16* gemv_row(const Gemv& g, int r) {
@@ -442,7 +441,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
   // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
   const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
-  const int k_begin = kw * span, k_end = min(klen, g.one_step ? k_begin + 32 : k_begin + span);
+  const int k_begin = kw * span, k_end = min(klen, k_begin + span);
   // 16 x 16 B of weights in flight per thread (U = 8), or 8 (U = 4) where a warp's K block has at most
   // 4 k-steps (the 16-row router tiles: one batch of 4, where U = 8 ran a tail of 7 loads, 3 of them
   // reloads; H100, 2026-12-07: router GEMV 5.8 -> 4.4 us). U = 4 for every GEMV slowed the others.

@@ -174,17 +174,6 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   }
 }
 
-// The what-if bounds (measurement only, wrong results): MK_MODE_WHATIF_HOT_* overlap the tile's rows
-// (row r at element r * 64 of its first row), a window L2 keeps: the GEMV's time without its HBM
-// bytes; MK_MODE_WHATIF_FREE_* run one k-step per warp: its time without its bytes at all.
-__device__ __forceinline__ void whatif_gemv(const Params& p, int op, Gemv& g) {
-  const int m = op == MK_OP_QKV || op == MK_OP_ROUTER ? p.prefetch_mode & (MK_MODE_WHATIF_HOT_QKV | MK_MODE_WHATIF_FREE_QKV)
-                : op == MK_OP_OPROJ ? p.prefetch_mode & (MK_MODE_WHATIF_HOT_OPROJ | MK_MODE_WHATIF_FREE_OPROJ)
-                                    : 0;
-  if (m & (MK_MODE_WHATIF_HOT_QKV | MK_MODE_WHATIF_HOT_OPROJ)) g.ld0 = g.ld1 = 64, g.W1 = g.W0;
-  g.one_step = (m & (MK_MODE_WHATIF_FREE_QKV | MK_MODE_WHATIF_FREE_OPROJ)) != 0;
-}
-
 // A MoE down item's activation rows: its tokens' top-k slots (rows of moe_act).
 __device__ void moe_rows(const int* d, int* rows) {
   if (threadIdx.x < 8) {
@@ -268,10 +257,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
   }
   Gemv g;
   task_gemv(p, d, lw, g);
-  whatif_gemv(p, op, g);
   gemv(p, g, a, s.act, s.red, s.out, staged);
-  // idempotent: out_s is rewritten from the staged rows; the second run stamps both GEMV marks again
-  if (p.prefetch_mode & MK_MODE_GEMV_TWICE) gemv(p, g, a, s.act, s.red, s.out, true);
 }
 
 // ---- ops -------------------------------------------------------------------------------------------

@@ -66,9 +66,6 @@ def _mode_bits(prefix: str) -> int:
 
 # every prefetch_mode bit the kernel reads (mk_abi.h MK_MODE_*)
 MODE_BITS = _mode_bits("MK_MODE_")
-# the measurement-only bounds among them (MK_MODE_WHATIF_*): their steps' results are wrong by design, so
-# only a lab tool passes them (gpu_check bench); MKCODE_MK_PREFETCH refuses them
-WHATIF_BITS = _mode_bits("MK_MODE_WHATIF_")
 
 
 def check_prefetch_mode(mode: int) -> int:
@@ -190,11 +187,6 @@ class MegakernelBackend:
         # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
         if prefetch_mode is None:
             prefetch_mode = int(os.environ.get("MKCODE_MK_PREFETCH", abi.MK_PREFETCH_DEFAULT))
-            if prefetch_mode & WHATIF_BITS:
-                raise ValueError(
-                    f"MKCODE_MK_PREFETCH={prefetch_mode}: bits {prefetch_mode & WHATIF_BITS:#x} are what-if "
-                    "bounds (MK_MODE_WHATIF_*) whose results are wrong; only gpu_check bench runs them"
-                )
         self.prefetch_mode = check_prefetch_mode(prefetch_mode)
         # int64 [n_sms, cap, MK_TL_WORDS] when recording (timeline.py)
         self.timeline: torch.Tensor | None = None

@@ -26,7 +26,6 @@ import torch
 from mkcode.backend.bench.accounting import step_bytes as account_step_bytes
 from mkcode.backend.bench.hbm import measure_copy_bandwidth
 from mkcode.backend.megakernel import abi
-from mkcode.backend.megakernel.backend import WHATIF_BITS
 from mkcode.backend.megakernel.tiling import (
     SWITCH_FIELDS,
     Tiling,
@@ -78,9 +77,8 @@ def time_steps(be, batch, reps: int) -> list[float]:
 
 def needs_check(mode: int, kw: dict) -> bool:
     """Whether bench checks a variant at the reduced geometry before timing it: tile overrides and
-    modes other than the default, except what-if bounds (MK_MODE_WHATIF_*), whose results are wrong
-    by design (the check would drop them)."""
-    return not mode & WHATIF_BITS and bool(kw or mode != abi.MK_PREFETCH_DEFAULT)
+    modes other than the default."""
+    return bool(kw or mode != abi.MK_PREFETCH_DEFAULT)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -168,9 +166,6 @@ def bench(args: argparse.Namespace) -> int:
         mode = fastest_mode if mode is None else mode
         tiling = replace(base_t, **kw)
         vname = f"{spec} (prefetch={mode})"
-        whatif = mode & WHATIF_BITS
-        if whatif:
-            print(f"[{vname}]: a what-if bound (MK_MODE_WHATIF_*), no check", flush=True)
         if needs_check(mode, kw):
             try:
                 ok = reduced_check(tiling, mode)
@@ -192,7 +187,7 @@ def bench(args: argparse.Namespace) -> int:
             results["checks"].append({"variant": vname, "ok": False, "error": str(e)})
             continue
         b0 = args.batches[0]
-        if best[b0][1] == vname and not kw and not whatif:
+        if best[b0][1] == vname and not kw:
             fastest_mode = mode
     results["best"] = {str(B): v for B, v in best.items()}
     results["sampling"] = sampling_cost(cfg, w, cases, args.batches)

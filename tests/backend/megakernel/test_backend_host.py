@@ -273,19 +273,6 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
     assert be.prefetch_mode == abi.MK_MODE_TWICE
 
 
-def test_what_if_bounds_are_refused_from_the_environment(weights, monkeypatch):
-    """A what-if bound (MK_MODE_WHATIF_*: wrong results by design) set through MKCODE_MK_PREFETCH, where
-    the product's engine would read it, is an error; a lab caller passes it explicitly."""
-    fake = FakeNative()
-    monkeypatch.setenv("MKCODE_MK_PREFETCH", str(abi.MK_MODE_WHATIF_FREE_QKV))
-    with pytest.raises(ValueError, match="what-if"):
-        MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
-    be = MegakernelBackend(
-        CFG, weights, tiling=TILING, native_module=fake, prefetch_mode=abi.MK_MODE_WHATIF_HOT_QKV
-    )
-    assert be.prefetch_mode == abi.MK_MODE_WHATIF_HOT_QKV
-
-
 def test_removed_prefetch_bits_are_refused(weights, monkeypatch):
     """A bit that is no MK_MODE_* of mk_abi.h (128 was MK_MODE_TOKEN_ROWS, removed in ABI 28) is an
     error, at construction (MKCODE_MK_PREFETCH) and at the next step (set on the backend), not the

@@ -317,9 +317,8 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
-        abi.MK_MODE_GEMV_TWICE,  # ... and every GEMV
     ],
-    ids=["default", "twice", "gemv_twice"],
+    ids=["default", "twice"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
