@@ -5,7 +5,7 @@
 #                                                probe: PROBE=moe_probe PROBE_ARGS=prep, a csrc/probes program;
 #                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
-#   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context, ring_probe layer
+#   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
 #   bash backend/megakernel/gpu_run.sh hop       # hop_probe, the one-row tests, this tree vs ab_base/ at BS 1
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
@@ -85,7 +85,7 @@ for stage in "${stages[@]}"; do
           timeout ${T_PROBE:-120} "/tmp/$probe" "$arg" 2>&1 | tee -a "$OUT/$probe.log"
           rc=${PIPESTATUS[0]}; echo "$probe $arg: exit $rc"; [[ $rc == 0 ]] || break
         done ;;
-    split)  # the GPU tests, the hybrid's split and the resident layer probe in one stage (~140 s, H100)
+    split)  # the GPU tests and the hybrid's split in one stage (~130 s, H100)
       T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -8
       # the hybrid's split (backend/engine/hybrid_backend.py): graph vs megakernel by rows and context, twice
       for round in 1 2; do
@@ -94,10 +94,9 @@ for stage in "${stages[@]}"; do
         DECODE_BATCHES=2 DECODE_CTX=8192,131072 T_DECODE=${T_DECODE:-60} STEPS=20 \
           OUT=$OUT/pair$round bash "$0" decode | grep -E "B=|rror"
       done
-      PROBE=ring_probe PROBE_ARGS=layer T_PROBE=60 bash "$0" probe | grep -E "bound|layer|base|bulk|tma|exit"
-      # what comes back (the device tool returns at most 8 files): the decode JSONs, the probe's log
-      # (the tests' summary is in the output)
-      rm -f "$OUT"/{build.log,gpu.txt,pytest.log,ring_probe.ptxas}
+      # what comes back (the device tool returns at most 8 files): the decode JSONs (the tests' summary
+      # is in the output)
+      rm -f "$OUT"/{build.log,gpu.txt,pytest.log}
       rm -f "$OUT"/{sweep1,sweep2,pair1,pair2}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
     smem)  # the L1 share's cost: the bench stage at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
