@@ -107,9 +107,11 @@ for stage in "${stages[@]}"; do
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
-    hop)  # hop_probe (flag and data hand-offs, global vs inside a cluster), the one-row GPU tests and the
+    hop)  # hop_probe (flag and data hand-offs, global vs inside a cluster), layer_probe (a BS 1 layer in
+      # groups of SMs, hand-offs global vs in clusters), the one-row GPU tests and the
       # clustered launch's, then this tree against ab_base/ at BS 1 8K, two rounds (ab_tree.sh REV first)
       PROBE=hop_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -v "^ptxas\|Compiling\|registers\|spill"
+      PROBE=layer_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -v "^ptxas\|Compiling\|registers"
       PYTEST_K=${PYTEST_K:-"reduced or self_routing or clustered"} T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -3
       TREES=ab_base ROUNDS=2 BATCHES=1 bash "$0" trees | grep -E "^(A|B) |rror"
       rm -rf "$OUT"/trees

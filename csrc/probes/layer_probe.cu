@@ -1,0 +1,390 @@
+// layer_probe.cu: a BS 1 decode layer of the release geometry restructured into groups of SMs that
+// each own a chain, every SM streaming from the layer's start (docs/MEGAKERNEL.md, "Next"). Today's
+// kernel leaves most SMs idle for the layer's first ~15 us: the MoE items wait for 8 router tiles on
+// other SMs, a global hop and an L2 load of the logits. Here:
+//   attention groups (a kv head's query heads, G / 2 groups): QKV rows -> all-gather q -> the KV
+//   share -> all-to-all of the partial outputs, each SM merges them -> O-proj rows, added into x(l+1);
+//   MoE groups (1 or 2 experts, 8 SMs each): the router's rows (every group computes all 128
+//   logits) -> all-gather logits -> top-8 -> its expert's up rows -> all-gather the activations ->
+//   down rows, added into x(l+1);
+//   then the layer's end: a global counter, every block stages x(l+1) (8 KB from L2).
+// Each hand-off goes either through global memory the megakernel's way (stores, a release add on a
+// group counter, the acquire spin, ld.global.cg) or, with the groups as thread-block clusters,
+// pushed into the receivers' shared memory (st.shared::cluster) behind a cluster barrier. Weights
+// and KV are streamed as the GEMVs load them (16 B per thread, 8 loads in flight, evict_first +
+// L2::128B) and folded, not multiplied (the memory side alone; gemv_rate_probe: the mma costs ~5 %
+// per SM); the values handed over are made from the folds, so every hand-off is on the chain, but
+// are not a model's (no residual, no norm). Prints us per layer (the layer's bytes and their rate)
+// and each phase's median per role, for groups of 8 and 16 SMs (where they fit), global vs cluster.
+// Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
+//   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
+//   PROBE_ARGS=run gpu_run.sh probe)
+#include <algorithm>
+#include <vector>
+
+#include "probe_util.cuh"
+
+constexpr int NT = 512, LAYERS = 49, HID = 2048, QHEADS = 32, HD = 128, GQA = 8, EXPERTS = 128, TOPK = 8;
+constexpr int INTER = 768, EXPERT_SMS = 8, CTX = 8192, WINDOW = 4096, NSTAMP = 8;
+constexpr int PART = HD + 4;  // a head's partial output: 128 values, its log-sum-exp, 3 pad
+
+struct Geo {
+  int C;           // SMs per group (the cluster size)
+  int groups;      // 128 / C: half attention, half MoE
+  int heads;       // query heads per attention group
+  int epg;         // experts per MoE group
+  size_t qkv_rows; // QKV rows per attention SM
+  int o_rows;      // O-proj rows per attention SM (over heads * 128 columns)
+  int r_rows;      // router rows per MoE SM
+};
+
+__host__ __device__ inline Geo geo(int C) {
+  Geo g;
+  g.C = C;
+  g.groups = 128 / C;
+  g.heads = QHEADS / (g.groups / 2);
+  g.epg = TOPK / (g.groups / 2);
+  g.qkv_rows = (size_t)(g.heads * HD + 2 * HD) / C;
+  g.o_rows = HID / C;
+  g.r_rows = EXPERTS / C;
+  return g;
+}
+
+// Shared memory of a block (float offsets into the dynamic buffer): what the hand-offs deliver.
+struct Smem {
+  int q, part, attn, logit, act, x, mine, n;
+};
+__host__ __device__ inline Smem smem_of(const Geo& g) {
+  Smem s;
+  s.q = 0;                                 // [heads * 128] the group's q
+  s.part = s.q + g.heads * HD;             // [C][heads][PART] every SM's partial outputs
+  s.attn = s.part + g.C * g.heads * PART;  // [heads * 128] the merged attention output
+  s.logit = s.attn + g.heads * HD;         // [128] the router's logits
+  s.act = s.logit + EXPERTS;               // [epg][768] the experts' activations
+  s.x = s.act + g.epg * INTER;             // [2048] the staged x(l)
+  s.mine = s.x + HID;                      // [heads * PART] this SM's slice before it is handed over
+  s.n = s.mine + g.heads * PART;
+  return s;
+}
+
+__device__ __forceinline__ uint32_t cl_addr(const void* p, unsigned rank) {
+  uint32_t local = (uint32_t)__cvta_generic_to_shared(p), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ void st_cl4(uint32_t addr, float4 v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The block streams n16 16-byte words from p: 8 loads in flight per thread, folded.
+__device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t acc, uint64_t pol) {
+  size_t i = threadIdx.x;
+  for (; i + 7 * (size_t)NT < n16; i += 8 * (size_t)NT) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = ldw_hint(p + i + (size_t)u * NT, pol);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= fold(v[u]);
+  }
+  for (; i < n16; i += NT) acc ^= fold(ldw_hint(p + i, pol));
+  return acc;
+}
+
+struct Args {
+  const uint4* w;       // the 4 GiB buffer: every layer's weights and KV at their own offsets
+  size_t w16;           // its size in 16-byte words
+  float* x;             // [2][2048] x(l+1) by layer parity
+  float* gbuf;          // global hand-offs: [groups][GBUF] floats
+  unsigned* ctr;        // [groups][8] hand-off counters, [1023] the layer counter
+  unsigned long long* stamps;  // [LAYERS][blocks][NSTAMP]
+  uint32_t* out;
+};
+constexpr int GBUF = 64 * 1024;
+
+// Each kind's place in a group's global buffer: q, partial outputs, logits, activations.
+__host__ __device__ constexpr int gbuf_at(int kind) {
+  return kind == 0 ? 0 : kind == 1 ? 2048 : kind == 2 ? 20480 : 22528;
+}
+
+// Hand a slice over: `n` floats (a multiple of 4) at s[mine] of this SM go to offset `off` of the
+// buffer at s[dst] in ranks [r0, r0 + nr) of the group; `total` floats of that buffer are then
+// complete in each of them. Global: one copy in the group's global buffer, the group's counter
+// `kind` (nr producers per layer), the receivers load the whole buffer. Cluster: pushed into every
+// receiver's shared memory, then a cluster barrier (every SM of the group takes part).
+template <bool CLUSTER>
+__device__ void hand_over(const Args& a, float* s, int mine, int dst, int off, int n, int total, int r0, int nr,
+                          int group, int kind, int layer) {
+  __syncthreads();  // s[mine] written by the block
+  const float4* src = reinterpret_cast<const float4*>(s + mine);
+  if (CLUSTER) {
+    for (int i = threadIdx.x; i < nr * (n / 4); i += NT) {
+      const int j = r0 + i / (n / 4), k = i % (n / 4);
+      st_cl4(cl_addr(s + dst + off + 4 * k, (unsigned)j), src[k]);
+    }
+    cluster_sync();
+    return;
+  }
+  float* g = a.gbuf + (size_t)group * GBUF + gbuf_at(kind) + (kind == 3 ? (r0 / EXPERT_SMS) * INTER : 0);
+  float4* gd = reinterpret_cast<float4*>(g + off);
+  for (int k = threadIdx.x; k < n / 4; k += NT) __stcg(gd + k, src[k]);
+  __syncthreads();
+  unsigned* c = a.ctr + group * 8 + kind * 2 + (kind == 3 ? (r0 / EXPERT_SMS) % 2 : 0);
+  if (threadIdx.x == 0) {
+    signal_release(c, 1);
+    const unsigned want = (unsigned)(nr * (layer + 1));
+    while (ld_acquire(c) < want) {
+    }
+  }
+  __syncthreads();
+  const float4* gs = reinterpret_cast<const float4*>(g);
+  float4* d = reinterpret_cast<float4*>(s + dst);
+  for (int k = threadIdx.x; k < total / 4; k += NT) d[k] = __ldcg(gs + k);
+  __syncthreads();
+}
+
+__device__ __forceinline__ void stamp(const Args& a, int layer, int k) {
+  __syncthreads();
+  if (threadIdx.x == 0) a.stamps[((size_t)layer * gridDim.x + blockIdx.x) * NSTAMP + k] = globaltimer();
+}
+
+// Where the bytes are (16-byte words of the 4 GiB buffer): each layer's QKV, KV, Wo and router in a
+// region of its own (QKV at 0, KV at 1.6 M, Wo at 2.65 M, the router at 3.7 M), then one bank of 128
+// experts that every layer routes into (up rows, then down rows, per expert; between two layers
+// ~120 MB stream through L2, so a bank read again is read from HBM).
+constexpr size_t LAYER16 = 3750000, KV_AT = 1600000, WO_AT = 2650000, ROUTER_AT = 3700000;
+constexpr size_t UP16 = (size_t)2 * INTER * HID * 2 / 16, EXPERT16 = UP16 + (size_t)HID * INTER * 2 / 16;
+__device__ __forceinline__ const uint4* dense(const Args& a, int layer, size_t off16) {
+  return a.w + (size_t)layer * LAYER16 + off16;
+}
+__device__ __forceinline__ const uint4* expert(const Args& a, int e, size_t off16) {
+  return a.w + (size_t)LAYERS * LAYER16 + (size_t)e * EXPERT16 + off16;
+}
+
+template <bool CLUSTER>
+__global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, int C) {
+  extern __shared__ __align__(16) float s[];
+  const Geo g = geo(C);
+  const Smem m = smem_of(g);
+  const int group = blockIdx.x / C, rank = blockIdx.x % C;
+  const bool attn = group < g.groups / 2;
+  const int ag = attn ? group : group - g.groups / 2;  // index among its role's groups
+  const uint64_t pol = evict_first_policy();
+  uint32_t acc = blockIdx.x;
+  for (int i = threadIdx.x; i < HID; i += NT) s[m.x + i] = 0.f;
+  if (CLUSTER) cluster_sync();  // every block of the cluster running before the first push
+  for (int l = 0; l < LAYERS; ++l) {
+    stamp(a, l, 0);
+    acc ^= __float_as_uint(s[m.x + threadIdx.x]);
+    float* xn = a.x + ((l + 1) & 1) * HID;
+    if (attn) {
+      // QKV: this SM's rows of the group's q heads and its kv head's K and V rows
+      const size_t n16 = g.qkv_rows * HID * 2 / 16;
+      acc = stream(dense(a, l, (size_t)(ag * C + rank) * n16), n16, acc, pol);
+      stamp(a, l, 1);
+      const int qn = g.heads * HD / C;  // q values per SM
+      for (int i = threadIdx.x; i < qn; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
+      hand_over<CLUSTER>(a, s, m.mine, m.q, rank * qn, qn, g.heads * HD, 0, C, group, 0, l);
+      stamp(a, l, 2);
+      // the KV share: a C-th of the kv head's keys and values (sliding layers: the window); groups of
+      // one kv head read the same KV
+      const int toks = l % 4 == 0 ? CTX : WINDOW, kvh = ag * g.heads / GQA;
+      const size_t kv16 = (size_t)toks * HD * 2 * 2 / 16 / C;
+      acc = stream(dense(a, l, KV_AT + (size_t)(kvh * C + rank) * kv16), kv16, acc, pol);
+      for (int i = threadIdx.x; i < g.heads * PART; i += NT)
+        s[m.mine + i] = (i % PART == HD ? (float)((acc >> 8) & 255) * 1e-2f : (float)(acc & 255) * 1e-3f) +
+                        s[m.q + (i / PART) * HD + (i % PART) % HD];
+      stamp(a, l, 3);
+      hand_over<CLUSTER>(a, s, m.mine, m.part, rank * g.heads * PART, g.heads * PART, C * g.heads * PART, 0, C,
+                         group, 1, l);
+      for (int i = threadIdx.x; i < g.heads * HD; i += NT) {  // merge the C partials by log-sum-exp
+        const int h = i / HD, d = i % HD;
+        float mx = -INFINITY;
+        for (int j = 0; j < C; ++j) mx = fmaxf(mx, s[m.part + (j * g.heads + h) * PART + HD]);
+        float num = 0.f, den = 0.f;
+        for (int j = 0; j < C; ++j) {
+          const float wj = __expf(s[m.part + (j * g.heads + h) * PART + HD] - mx);
+          num += wj * s[m.part + (j * g.heads + h) * PART + d];
+          den += wj;
+        }
+        s[m.attn + i] = num / den;
+      }
+      stamp(a, l, 4);
+      // O-proj: this SM's rows of Wo over the group's heads * 128 columns, added into x(l+1)
+      const size_t o16 = (size_t)g.o_rows * g.heads * HD * 2 / 16;
+      acc = stream(dense(a, l, WO_AT + (size_t)(ag * C + rank) * o16), o16, acc, pol);
+      for (int i = threadIdx.x; i < g.o_rows; i += NT)
+        atomicAdd(xn + rank * g.o_rows + i, (float)(acc & 255) * 1e-3f + s[m.attn + i]);
+      stamp(a, l, 5);
+    } else {
+      // the router: this SM's rows of all 128 experts' (every MoE group computes the whole router)
+      const size_t r16 = (size_t)g.r_rows * HID * 2 / 16;
+      acc = stream(dense(a, l, ROUTER_AT + (size_t)rank * r16), r16, acc, pol);
+      stamp(a, l, 1);
+      for (int i = threadIdx.x; i < g.r_rows; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
+      // (the router slice is r_rows floats: 8 or 16, a multiple of 4)
+      hand_over<CLUSTER>(a, s, m.mine, m.logit, rank * g.r_rows, g.r_rows, EXPERTS, 0, C, group, 2, l);
+      stamp(a, l, 2);
+      __shared__ int s_top[TOPK];
+      if (threadIdx.x < 32) {  // top-8 by warp arg-maxes, as ROUTE
+        const int lane = threadIdx.x;
+        float v[EXPERTS / 32];
+#pragma unroll
+        for (int j = 0; j < EXPERTS / 32; ++j) v[j] = s[m.logit + lane + 32 * j];
+        for (int r = 0; r < TOPK; ++r) {
+          float best = -INFINITY;
+          int bj = 0;
+#pragma unroll
+          for (int j = 0; j < EXPERTS / 32; ++j)
+            if (v[j] > best) best = v[j], bj = j;
+          float mx = best;
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          const unsigned who = __reduce_min_sync(0xffffffffu, best == mx ? (unsigned)(lane + 32 * bj) : 0xffffffffu);
+          if (lane == 0) s_top[r] = (int)who;
+          if ((unsigned)(lane + 32 * bj) == who) {
+#pragma unroll
+            for (int j = 0; j < EXPERTS / 32; ++j)
+              if (j == bj) v[j] = -INFINITY;
+          }
+        }
+      }
+      stamp(a, l, 3);
+      const int slot = rank / EXPERT_SMS, er = rank % EXPERT_SMS;  // its expert's rank among the 8
+      const int e = s_top[ag * g.epg + slot];
+      // the expert's gate and up rows: 2 * 768 rows over 8 SMs
+      const size_t u16 = UP16 / EXPERT_SMS;
+      acc = stream(expert(a, e, (size_t)er * u16), u16, acc, pol);
+      const int an = INTER / EXPERT_SMS;
+      for (int i = threadIdx.x; i < an; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
+      stamp(a, l, 4);
+      hand_over<CLUSTER>(a, s, m.mine, m.act + slot * INTER, er * an, an, INTER, slot * EXPERT_SMS, EXPERT_SMS,
+                         group, 3, l);
+      stamp(a, l, 5);
+      // the expert's down rows: 2048 / 8 rows of 768, added into x(l+1)
+      const int dn = HID / EXPERT_SMS;
+      const size_t d16 = (size_t)dn * INTER * 2 / 16;
+      acc = stream(expert(a, e, UP16 + (size_t)er * d16), d16, acc, pol);
+      for (int i = threadIdx.x; i < dn; i += NT)
+        atomicAdd(xn + er * dn + i, (float)(acc & 255) * 1e-3f + s[m.act + slot * INTER + i % INTER]);
+    }
+    stamp(a, l, 6);
+    // the layer's end: every block's adds, then the layer counter; stage x(l+1)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      signal_release(a.ctr + 1023, 1);
+      const unsigned want = (unsigned)(gridDim.x * (l + 1));
+      while (ld_acquire(a.ctr + 1023) < want) {
+      }
+    }
+    __syncthreads();
+    reinterpret_cast<float4*>(s + m.x)[threadIdx.x] = __ldcg(reinterpret_cast<const float4*>(xn) + threadIdx.x);
+    stamp(a, l, 7);
+  }
+  if (acc == 0x12345678u) a.out[blockIdx.x] = acc;
+  if (CLUSTER) cluster_sync();  // no block leaves while a partner may still push into it
+}
+
+template <bool CLUSTER>
+static int run(const ProbeMem& pm, int C, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
+  const Geo g = geo(C);
+  const size_t smem = (size_t)smem_of(g).n * sizeof(float);
+  auto k = layer_kernel<CLUSTER>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CLUSTER ? C : 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(128);
+  lc.blockDim = dim3(NT);
+  lc.dynamicSmemBytes = smem;
+  lc.attrs = attr;
+  lc.numAttrs = CLUSTER ? 1 : 0;
+  if (CLUSTER && C > 8) CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  int fit = 0;
+  if (CLUSTER) {
+    if (cudaOccupancyMaxActiveClusters(&fit, k, &lc) != cudaSuccess || fit < g.groups) {
+      (void)cudaGetLastError();
+      printf("groups of %2d, cluster: only %d clusters fit at once (%d needed), skipped\n", C, fit, g.groups);
+      return 0;
+    }
+  }
+  Args a;
+  a.w = reinterpret_cast<const uint4*>(pm.buf);
+  a.w16 = ProbeMem::TOTAL / 16;
+  a.x = x;
+  a.gbuf = gbuf;
+  a.ctr = ctr;
+  a.stamps = stamps;
+  a.out = pm.out;
+  double t[5];
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaMemset(ctr, 0, 1024 * sizeof(unsigned)));
+    float ms = 0.f;
+    CK(cudaEventRecord(pm.a));
+    CK(cudaLaunchKernelEx(&lc, k, a, C));
+    CK(cudaEventRecord(pm.b));
+    CK(cudaEventSynchronize(pm.b));
+    CK(cudaGetLastError());
+    CK(cudaEventElapsedTime(&ms, pm.a, pm.b));
+    t[r] = ms * 1e3 / LAYERS;
+  }
+  const double us = median5(t);
+  // the layer's bytes from HBM (as the speed-of-light count: each once): QKV (with groups of 8 the
+  // K and V rows twice), KV (a full layer every 4th), Wo, the router, 8 experts
+  const double kv = (3.0 * WINDOW + CTX) / 4 * HD * 2 * 2 * (QHEADS / GQA);
+  const double bytes = 64.0 * g.qkv_rows * HID * 2 + kv + (double)HID * QHEADS * HD * 2 + (double)EXPERTS * HID * 2 +
+                       TOPK * 3.0 * INTER * HID * 2;
+  printf("groups of %2d, %-7s: %6.1f us per layer, %.0f MB at %.2f TB/s\n", C, CLUSTER ? "cluster" : "global", us,
+         bytes / 1e6, bytes / us / 1e6);
+  // each phase's median over the layers and the blocks of a role (the last run)
+  std::vector<unsigned long long> h((size_t)LAYERS * 128 * NSTAMP);
+  CK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  const char* names[2][7] = {{"QKV", "q over", "KV", "parts+merge", "O-proj", "-", "layer end"},
+                             {"router", "logits over", "top-8", "up", "act over", "down", "layer end"}};
+  for (int role = 0; role < 2; ++role) {
+    printf("  %-9s", role ? "MoE" : "attention");
+    for (int k = 0; k < 7; ++k) {
+      if (names[role][k][0] == '-') continue;
+      std::vector<double> d;
+      for (int l = 1; l < LAYERS; ++l)
+        for (int b = 0; b < 128; ++b) {
+          if ((b / C < g.groups / 2) != (role == 0)) continue;
+          const unsigned long long* st = &h[((size_t)l * 128 + b) * NSTAMP];
+          const int k1 = role == 0 && k == 4 ? 6 : k + 1;  // attention: O-proj from stamp 4 to 6
+          d.push_back((double)(st[k1] - st[k]) / 1e3);
+        }
+      std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
+      printf("  %s %.1f", names[role][k], d[d.size() / 2]);
+    }
+    printf(" us\n");
+  }
+  return 0;
+}
+
+int main() {
+  ProbeMem pm;
+  if (probe_alloc(&pm)) return 1;
+  float *x = nullptr, *gbuf = nullptr;
+  unsigned* ctr = nullptr;
+  unsigned long long* stamps = nullptr;
+  CK(cudaMalloc(&x, 2 * HID * sizeof(float)));
+  CK(cudaMemset(x, 0, 2 * HID * sizeof(float)));
+  CK(cudaMalloc(&gbuf, (size_t)16 * GBUF * sizeof(float)));
+  CK(cudaMalloc(&ctr, 1024 * sizeof(unsigned)));
+  CK(cudaMalloc(&stamps, (size_t)LAYERS * 128 * NSTAMP * sizeof(unsigned long long)));
+  printf("layer probe: a BS 1 layer at 8K (release geometry) in groups of SMs, 128 blocks, %d layers; us per layer "
+         "(median of 5), phases: medians over layers 1-%d and the role's blocks\n",
+         LAYERS, LAYERS - 1);
+  for (int C : {8, 16}) {
+    if (run<false>(pm, C, x, gbuf, ctr, stamps)) return 1;
+    if (run<true>(pm, C, x, gbuf, ctr, stamps)) return 1;
+  }
+  return 0;
+}
