@@ -125,91 +125,61 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
     cluster_sync();
     return;
   }
-  if (MODE == DATA_GLOBAL || MODE == DATA_CLUSTER) {  // an 8-KB hand-off each way, 16 B per thread
-    // the answer is the received value plus one, so the consumer's read is on the chain; global: the
-    // producer's st.global.cg, the megakernel's release add / acquire spin and the consumer's
-    // ld.global.cg (L2); cluster: st.shared::cluster into the partner's shared memory, a release
-    // store of its flag, the consumer's acquire spin on its own flag and a local shared-memory read
-    extern __shared__ uint4 dyn4[];
-    uint4* gin = xbuf + (ping ? 0 : NT) + threadIdx.x;  // where this block receives (global)
-    uint4* gout = xbuf + (ping ? NT : 0) + threadIdx.x;
-    unsigned* gwait = flags + (ping ? 0 : 32);
-    unsigned* gsig = flags + (ping ? 32 : 0);
-    const uint32_t mine = cluster_addr(&s_flag, cluster_rank());
-    const uint32_t theirs = cluster_addr(&s_flag, cluster_rank() ^ 1);
-    const uint32_t peer = cluster_addr(dyn4, cluster_rank() ^ 1) + 16u * threadIdx.x;
-    auto send = [&](unsigned want, unsigned x) {
+  // Ping-pong: a flag hop (GLOBAL_*, CLUSTER_PAIR) or an 8-KB hand-off each way, 16 B per thread
+  // (DATA_*). A send is the payload's stores, the block's barrier and thread 0's release (the
+  // megakernel's add on a global counter, or a release store into the partner's shared-memory flag);
+  // a receive is thread 0's acquire spin, the block's barrier and the payload's loads (ld.global.cg,
+  // or the block's own shared memory, where the partner pushed it with st.shared::cluster). The
+  // answer is the received value plus one, so the consumer's read is on the chain.
+  constexpr bool CL = MODE == CLUSTER_PAIR || MODE == DATA_CLUSTER, DATA = MODE >= DATA_GLOBAL;
+  extern __shared__ uint4 dyn4[];
+  uint4* gin = xbuf + (ping ? 0 : NT) + threadIdx.x;  // where this block receives (global)
+  uint4* gout = xbuf + (ping ? NT : 0) + threadIdx.x;
+  unsigned* gwait = flags + (ping ? 0 : 32);
+  unsigned* gsig = flags + (ping ? 32 : 0);
+  const uint32_t mine = cluster_addr(&s_flag, cluster_rank());
+  const uint32_t theirs = cluster_addr(&s_flag, cluster_rank() ^ 1);
+  const uint32_t peer = cluster_addr(dyn4, cluster_rank() ^ 1) + 16u * threadIdx.x;
+  auto send = [&](unsigned want, unsigned x) {
+    if (DATA) {
       const uint4 v = make_uint4(x, threadIdx.x, ~x, want);
-      if (MODE == DATA_CLUSTER)
+      if (CL)
         st_cluster_v4(peer, v);
       else
         __stcg(gout, v);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        if (MODE == DATA_CLUSTER)
-          st_release_cluster(theirs, want);
-        else
-          signal_release(gsig, 1);
-      }
-    };
-    unsigned x = 0, bad = 0;
-    for (int i = 0; i < WARMUP + ITERS; ++i) {
-      if (ping && i == WARMUP && threadIdx.x == 0) t0 = globaltimer();
-      const unsigned want = (unsigned)i + 1;
-      if (ping) send(want, x);
-      if (threadIdx.x == 0) {
-        if (MODE == DATA_CLUSTER)
-          while (ld_acquire_cluster(mine) < want) {
-          }
-        else
-          while (ld_acquire(gwait) < want) {
-          }
-      }
-      __syncthreads();
-      const uint4 r = MODE == DATA_CLUSTER ? dyn4[threadIdx.x] : __ldcg(gin);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (CL)
+        st_release_cluster(theirs, want);
+      else
+        signal_release(gsig, 1);
+    }
+  };
+  unsigned x = 0, bad = 0;
+  for (int i = 0; i < WARMUP + ITERS; ++i) {
+    if (ping && i == WARMUP && threadIdx.x == 0) t0 = globaltimer();
+    const unsigned want = (unsigned)i + 1;
+    if (ping) send(want, x);
+    if (threadIdx.x == 0) {
+      if (CL)
+        while (ld_acquire_cluster(mine) < want) {
+        }
+      else
+        while (ld_acquire(gwait) < want) {
+        }
+    }
+    __syncthreads();
+    if (DATA) {
+      const uint4 r = CL ? dyn4[threadIdx.x] : __ldcg(gin);
       // ping sent 2i, pong answers 2i + 1; ping's next payload is 2i + 2
       const unsigned expect = ping ? 2u * i + 1u : 2u * i;
       bad += (r.x != expect) | (r.y != threadIdx.x) | (r.z != ~expect) | (r.w != want);
       x = r.x + 1u;
-      if (!ping) send(want, x);  // (ping's next send: its barrier orders these reads before the push)
     }
-    if (bad) atomicAdd(out + 2000, bad);
-    __syncthreads();
-    if (ping && threadIdx.x == 0) {
-      res[0] = (double)(globaltimer() - t0) / (2.0 * ITERS);
-      *stop = 1;
-    }
-    cluster_sync();
-    return;
+    if (!ping) send(want, x);  // (ping's next send: its barrier orders these reads before the push)
   }
-  unsigned* gflag = flags + (ping ? 0 : 32);  // where this block waits
-  unsigned* gother = flags + (ping ? 32 : 0);
-  const uint32_t mine = cluster_addr(&s_flag, cluster_rank());
-  const uint32_t theirs = cluster_addr(&s_flag, cluster_rank() ^ 1);
-  auto signal = [&](unsigned want) {  // after the block's barrier, as the megakernel's signals
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (MODE == CLUSTER_PAIR)
-        st_release_cluster(theirs, want);
-      else
-        signal_release(gother, 1);
-    }
-  };
-  for (int i = 0; i < WARMUP + ITERS; ++i) {
-    if (ping && i == WARMUP && threadIdx.x == 0) t0 = globaltimer();
-    const unsigned want = (unsigned)i + 1;
-    if (ping) signal(want);  // signal, then wait for the answer
-    if (threadIdx.x == 0) {
-      if (MODE == CLUSTER_PAIR)
-        while (ld_acquire_cluster(mine) < want) {
-        }
-      else
-        while (ld_acquire(gflag) < want) {
-        }
-    }
-    __syncthreads();
-    if (!ping) signal(want);  // answer
-  }
+  if (bad) atomicAdd(out + 2000, bad);
   if (ping && threadIdx.x == 0) {
     res[0] = (double)(globaltimer() - t0) / (2.0 * ITERS);
     *stop = 1;
