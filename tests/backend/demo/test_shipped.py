@@ -17,7 +17,6 @@ from mkcode.backend.demo import DemoModelError, ensure_demo_model, shipped_demo_
 from mkcode.backend.demo.shipped import CHECKSUMS, REQUIRED_FILES, SHIPPED_DIR, demo_model_version
 
 
-
 def test_shipped_checkpoint_loads_and_matches_its_checksums(demo_model: Path) -> None:
     from mkcode.backend.chat.tokenizer import ChatTokenizer
     from mkcode.backend.checkpoint.loader import load_checkpoint
