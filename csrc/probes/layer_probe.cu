@@ -2,9 +2,9 @@
 // each own a chain, every SM streaming from the layer's start (docs/MEGAKERNEL.md, "Next"). Today's
 // kernel leaves most SMs idle for the layer's first ~15 us: the MoE items wait for 8 router tiles on
 // other SMs, a global hop and an L2 load of the logits. Here:
-//   attention groups (a kv head's query heads, G / 2 groups): QKV rows -> all-gather q -> the KV
+//   attention groups (4 or 8 query heads of one kv head): QKV rows -> all-gather q -> the KV
 //   share -> all-to-all of the partial outputs, each SM merges them -> O-proj rows, added into x(l+1);
-//   MoE groups (1 or 2 experts, 8 SMs each): the router's rows (every group computes all 128
+//   MoE groups (1 or 2 experts, 8-10 SMs each): the router's rows (every group computes all 128
 //   logits) -> all-gather logits -> top-8 -> its expert's up rows -> all-gather the activations ->
 //   down rows, added into x(l+1);
 //   then the layer's end: a global counter, every block stages x(l+1) (8 KB from L2).
@@ -15,7 +15,8 @@
 // L2::128B) and folded, not multiplied (the memory side alone; gemv_rate_probe: the mma costs ~5 %
 // per SM); the values handed over are made from the folds, so every hand-off is on the chain, but
 // are not a model's (no residual, no norm). Prints us per layer (the layer's bytes and their rate)
-// and each phase's median per role, for groups of 8 and 16 SMs (where they fit), global vs cluster.
+// and each phase's median per role: groups of 8 and of 16 SMs, global and as clusters (where they
+// fit), then global with more SMs for the MoE (attention / MoE groups of 7 / 9 and 6 / 10).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
 //   PROBE_ARGS=run gpu_run.sh probe)
@@ -25,29 +26,27 @@
 #include "probe_util.cuh"
 
 constexpr int NT = 512, LAYERS = 49, HID = 2048, QHEADS = 32, HD = 128, GQA = 8, EXPERTS = 128, TOPK = 8;
-constexpr int INTER = 768, EXPERT_SMS = 8, CTX = 8192, WINDOW = 4096, NSTAMP = 8;
+constexpr int INTER = 768, CTX = 8192, WINDOW = 4096, NSTAMP = 8;
 constexpr int PART = HD + 4;  // a head's partial output: 128 values, its log-sum-exp, 3 pad
 
+// The layer's split: NA attention groups of CA SMs (32 / NA query heads each), NM MoE groups of CM
+// SMs (8 / NM experts each, ES SMs per expert); the attention groups first. As clusters: CA = CM.
 struct Geo {
-  int C;           // SMs per group (the cluster size)
-  int groups;      // 128 / C: half attention, half MoE
-  int heads;       // query heads per attention group
-  int epg;         // experts per MoE group
-  size_t qkv_rows; // QKV rows per attention SM
-  int o_rows;      // O-proj rows per attention SM (over heads * 128 columns)
-  int r_rows;      // router rows per MoE SM
+  int CA, CM, NA, NM, heads, epg, ES;
 };
+__host__ __device__ inline Geo geo(int CA, int CM, int NA) {
+  return Geo{CA, CM, NA, NA, QHEADS / NA, TOPK / NA, CM * NA / TOPK};
+}
+__host__ __device__ inline int n_blocks(const Geo& g) { return g.NA * g.CA + g.NM * g.CM; }
 
-__host__ __device__ inline Geo geo(int C) {
-  Geo g;
-  g.C = C;
-  g.groups = 128 / C;
-  g.heads = QHEADS / (g.groups / 2);
-  g.epg = TOPK / (g.groups / 2);
-  g.qkv_rows = (size_t)(g.heads * HD + 2 * HD) / C;
-  g.o_rows = HID / C;
-  g.r_rows = EXPERTS / C;
-  return g;
+// Part r of `parts` of [0, total) in pieces of a multiple of `align` (the last ones shorter or empty).
+struct Span {
+  int off, n;
+};
+__host__ __device__ inline Span span(int r, int total, int parts, int align) {
+  const int per = (total + parts * align - 1) / (parts * align) * align;
+  const int off = min(total, r * per);
+  return Span{off, min(total, off + per) - off};
 }
 
 // Shared memory of a block (float offsets into the dynamic buffer): what the hand-offs deliver.
@@ -56,13 +55,13 @@ struct Smem {
 };
 __host__ __device__ inline Smem smem_of(const Geo& g) {
   Smem s;
-  s.q = 0;                                 // [heads * 128] the group's q
-  s.part = s.q + g.heads * HD;             // [C][heads][PART] every SM's partial outputs
-  s.attn = s.part + g.C * g.heads * PART;  // [heads * 128] the merged attention output
-  s.logit = s.attn + g.heads * HD;         // [128] the router's logits
-  s.act = s.logit + EXPERTS;               // [epg][768] the experts' activations
-  s.x = s.act + g.epg * INTER;             // [2048] the staged x(l)
-  s.mine = s.x + HID;                      // [heads * PART] this SM's slice before it is handed over
+  s.q = 0;                                  // [heads * 128] the group's q
+  s.part = s.q + g.heads * HD;              // [CA][heads][PART] every SM's partial outputs
+  s.attn = s.part + g.CA * g.heads * PART;  // [heads * 128] the merged attention output
+  s.logit = s.attn + g.heads * HD;          // [128] the router's logits
+  s.act = s.logit + EXPERTS;                // [epg][768] the experts' activations
+  s.x = s.act + g.epg * INTER;              // [2048] the staged x(l)
+  s.mine = s.x + HID;                       // [heads * PART] this SM's slice before it is handed over
   s.n = s.mine + g.heads * PART;
   return s;
 }
@@ -97,7 +96,6 @@ __device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t 
 
 struct Args {
   const uint4* w;       // the 4 GiB buffer: every layer's weights and KV at their own offsets
-  size_t w16;           // its size in 16-byte words
   float* x;             // [2][2048] x(l+1) by layer parity
   float* gbuf;          // global hand-offs: [groups][GBUF] floats
   unsigned* ctr;        // [groups][8] hand-off counters, [1023] the layer counter
@@ -113,12 +111,13 @@ __host__ __device__ constexpr int gbuf_at(int kind) {
 
 // Hand a slice over: `n` floats (a multiple of 4) at s[mine] of this SM go to offset `off` of the
 // buffer at s[dst] in ranks [r0, r0 + nr) of the group; `total` floats of that buffer are then
-// complete in each of them. Global: one copy in the group's global buffer, the group's counter
-// `kind` (nr producers per layer), the receivers load the whole buffer. Cluster: pushed into every
+// complete in each of them (n may be 0: the SM still takes part). Global: one copy in the group's
+// global buffer, the group's counter `kind` (of the expert `slot` for kind 3; nr producers per layer),
+// the receivers load the whole buffer. Cluster: pushed into every
 // receiver's shared memory, then a cluster barrier (every SM of the group takes part).
 template <bool CLUSTER>
 __device__ void hand_over(const Args& a, float* s, int mine, int dst, int off, int n, int total, int r0, int nr,
-                          int group, int kind, int layer) {
+                          int group, int kind, int slot, int layer) {
   __syncthreads();  // s[mine] written by the block
   const float4* src = reinterpret_cast<const float4*>(s + mine);
   if (CLUSTER) {
@@ -129,11 +128,11 @@ __device__ void hand_over(const Args& a, float* s, int mine, int dst, int off, i
     cluster_sync();
     return;
   }
-  float* g = a.gbuf + (size_t)group * GBUF + gbuf_at(kind) + (kind == 3 ? (r0 / EXPERT_SMS) * INTER : 0);
+  float* g = a.gbuf + (size_t)group * GBUF + gbuf_at(kind) + slot * INTER;  // slot: an expert's (kind 3)
   float4* gd = reinterpret_cast<float4*>(g + off);
   for (int k = threadIdx.x; k < n / 4; k += NT) __stcg(gd + k, src[k]);
   __syncthreads();
-  unsigned* c = a.ctr + group * 8 + kind * 2 + (kind == 3 ? (r0 / EXPERT_SMS) % 2 : 0);
+  unsigned* c = a.ctr + group * 8 + kind * 2 + slot;
   if (threadIdx.x == 0) {
     signal_release(c, 1);
     const unsigned want = (unsigned)(nr * (layer + 1));
@@ -166,13 +165,15 @@ __device__ __forceinline__ const uint4* expert(const Args& a, int e, size_t off1
 }
 
 template <bool CLUSTER>
-__global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, int C) {
+__global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   extern __shared__ __align__(16) float s[];
-  const Geo g = geo(C);
   const Smem m = smem_of(g);
-  const int group = blockIdx.x / C, rank = blockIdx.x % C;
-  const bool attn = group < g.groups / 2;
-  const int ag = attn ? group : group - g.groups / 2;  // index among its role's groups
+  const int na = g.NA * g.CA;  // the attention groups' blocks come first
+  const bool attn = (int)blockIdx.x < na;
+  const int ag = attn ? blockIdx.x / g.CA : (blockIdx.x - na) / g.CM;  // the group among its role's
+  const int rank = attn ? blockIdx.x % g.CA : (blockIdx.x - na) % g.CM;
+  const int group = attn ? ag : g.NA + ag;
+  const int C = attn ? g.CA : g.CM;
   const uint64_t pol = evict_first_policy();
   uint32_t acc = blockIdx.x;
   for (int i = threadIdx.x; i < HID; i += NT) s[m.x + i] = 0.f;
@@ -182,25 +183,26 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, int C) {
     acc ^= __float_as_uint(s[m.x + threadIdx.x]);
     float* xn = a.x + ((l + 1) & 1) * HID;
     if (attn) {
-      // QKV: this SM's rows of the group's q heads and its kv head's K and V rows
-      const size_t n16 = g.qkv_rows * HID * 2 / 16;
-      acc = stream(dense(a, l, (size_t)(ag * C + rank) * n16), n16, acc, pol);
+      // QKV: this SM's rows of the group's q heads and its kv head's K and V rows (256 words a row)
+      const int rows = g.heads * HD + 2 * HD;
+      const Span qr = span(rank, rows, C, 1);
+      acc = stream(dense(a, l, ((size_t)ag * rows + qr.off) * 256), (size_t)qr.n * 256, acc, pol);
       stamp(a, l, 1);
-      const int qn = g.heads * HD / C;  // q values per SM
-      for (int i = threadIdx.x; i < qn; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
-      hand_over<CLUSTER>(a, s, m.mine, m.q, rank * qn, qn, g.heads * HD, 0, C, group, 0, l);
+      const Span qs = span(rank, g.heads * HD, C, 4);  // this SM's q values
+      for (int i = threadIdx.x; i < qs.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
+      hand_over<CLUSTER>(a, s, m.mine, m.q, qs.off, qs.n, g.heads * HD, 0, C, group, 0, 0, l);
       stamp(a, l, 2);
-      // the KV share: a C-th of the kv head's keys and values (sliding layers: the window); groups of
-      // one kv head read the same KV
+      // the KV share: its tokens of the kv head's keys and values (32 words a token; sliding layers:
+      // the window); groups of one kv head read the same KV
       const int toks = l % 4 == 0 ? CTX : WINDOW, kvh = ag * g.heads / GQA;
-      const size_t kv16 = (size_t)toks * HD * 2 * 2 / 16 / C;
-      acc = stream(dense(a, l, KV_AT + (size_t)(kvh * C + rank) * kv16), kv16, acc, pol);
+      const Span kt = span(rank, toks, C, 1);
+      acc = stream(dense(a, l, KV_AT + ((size_t)kvh * CTX + kt.off) * 32), (size_t)kt.n * 32, acc, pol);
       for (int i = threadIdx.x; i < g.heads * PART; i += NT)
         s[m.mine + i] = (i % PART == HD ? (float)((acc >> 8) & 255) * 1e-2f : (float)(acc & 255) * 1e-3f) +
                         s[m.q + (i / PART) * HD + (i % PART) % HD];
       stamp(a, l, 3);
       hand_over<CLUSTER>(a, s, m.mine, m.part, rank * g.heads * PART, g.heads * PART, C * g.heads * PART, 0, C,
-                         group, 1, l);
+                         group, 1, 0, l);
       for (int i = threadIdx.x; i < g.heads * HD; i += NT) {  // merge the C partials by log-sum-exp
         const int h = i / HD, d = i % HD;
         float mx = -INFINITY;
@@ -214,20 +216,22 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, int C) {
         s[m.attn + i] = num / den;
       }
       stamp(a, l, 4);
-      // O-proj: this SM's rows of Wo over the group's heads * 128 columns, added into x(l+1)
-      const size_t o16 = (size_t)g.o_rows * g.heads * HD * 2 / 16;
-      acc = stream(dense(a, l, WO_AT + (size_t)(ag * C + rank) * o16), o16, acc, pol);
-      for (int i = threadIdx.x; i < g.o_rows; i += NT)
-        atomicAdd(xn + rank * g.o_rows + i, (float)(acc & 255) * 1e-3f + s[m.attn + i]);
+      // O-proj: this SM's rows of Wo over the group's heads * 128 columns (heads * 16 words a row),
+      // added into x(l+1)
+      const Span orow = span(rank, HID, C, 1);
+      acc = stream(dense(a, l, WO_AT + ((size_t)ag * HID + orow.off) * g.heads * 16), (size_t)orow.n * g.heads * 16,
+                   acc, pol);
+      for (int i = threadIdx.x; i < orow.n; i += NT)
+        atomicAdd(xn + orow.off + i, (float)(acc & 255) * 1e-3f + s[m.attn + i % (g.heads * HD)]);
       stamp(a, l, 5);
     } else {
-      // the router: this SM's rows of all 128 experts' (every MoE group computes the whole router)
-      const size_t r16 = (size_t)g.r_rows * HID * 2 / 16;
-      acc = stream(dense(a, l, ROUTER_AT + (size_t)rank * r16), r16, acc, pol);
+      // the router: this SM's rows of all 128 experts' (every MoE group computes the whole router;
+      // rows in fours, as the logits go over in float4s)
+      const Span rr = span(rank, EXPERTS, C, 4);
+      acc = stream(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), (size_t)rr.n * 256, acc, pol);
       stamp(a, l, 1);
-      for (int i = threadIdx.x; i < g.r_rows; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
-      // (the router slice is r_rows floats: 8 or 16, a multiple of 4)
-      hand_over<CLUSTER>(a, s, m.mine, m.logit, rank * g.r_rows, g.r_rows, EXPERTS, 0, C, group, 2, l);
+      for (int i = threadIdx.x; i < rr.n; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
+      hand_over<CLUSTER>(a, s, m.mine, m.logit, rr.off, rr.n, EXPERTS, 0, C, group, 2, 0, l);
       stamp(a, l, 2);
       __shared__ int s_top[TOPK];
       if (threadIdx.x < 32) {  // top-8 by warp arg-maxes, as ROUTE
@@ -254,23 +258,21 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, int C) {
         }
       }
       stamp(a, l, 3);
-      const int slot = rank / EXPERT_SMS, er = rank % EXPERT_SMS;  // its expert's rank among the 8
+      const int slot = rank / g.ES, er = rank % g.ES;  // its expert in the group, its rank among its SMs
       const int e = s_top[ag * g.epg + slot];
-      // the expert's gate and up rows: 2 * 768 rows over 8 SMs
-      const size_t u16 = UP16 / EXPERT_SMS;
-      acc = stream(expert(a, e, (size_t)er * u16), u16, acc, pol);
-      const int an = INTER / EXPERT_SMS;
-      for (int i = threadIdx.x; i < an; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
+      // the expert's gate and up rows of this SM's intermediate columns (256 words a row)
+      const Span ac = span(er, INTER, g.ES, 4);
+      acc = stream(expert(a, e, (size_t)2 * ac.off * 256), (size_t)2 * ac.n * 256, acc, pol);
+      for (int i = threadIdx.x; i < ac.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
       stamp(a, l, 4);
-      hand_over<CLUSTER>(a, s, m.mine, m.act + slot * INTER, er * an, an, INTER, slot * EXPERT_SMS, EXPERT_SMS,
-                         group, 3, l);
+      hand_over<CLUSTER>(a, s, m.mine, m.act + slot * INTER, ac.off, ac.n, INTER, slot * g.ES, g.ES, group, 3, slot,
+                         l);
       stamp(a, l, 5);
-      // the expert's down rows: 2048 / 8 rows of 768, added into x(l+1)
-      const int dn = HID / EXPERT_SMS;
-      const size_t d16 = (size_t)dn * INTER * 2 / 16;
-      acc = stream(expert(a, e, UP16 + (size_t)er * d16), d16, acc, pol);
-      for (int i = threadIdx.x; i < dn; i += NT)
-        atomicAdd(xn + er * dn + i, (float)(acc & 255) * 1e-3f + s[m.act + slot * INTER + i % INTER]);
+      // the expert's down rows: this SM's rows of 768 (96 words a row), added into x(l+1)
+      const Span dr = span(er, HID, g.ES, 1);
+      acc = stream(expert(a, e, UP16 + (size_t)dr.off * 96), (size_t)dr.n * 96, acc, pol);
+      for (int i = threadIdx.x; i < dr.n; i += NT)
+        atomicAdd(xn + dr.off + i, (float)(acc & 255) * 1e-3f + s[m.act + slot * INTER + i % INTER]);
     }
     stamp(a, l, 6);
     // the layer's end: every block's adds, then the layer counter; stage x(l+1)
@@ -290,9 +292,9 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, int C) {
 }
 
 template <bool CLUSTER>
-static int run(const ProbeMem& pm, int C, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
-  const Geo g = geo(C);
+static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
   const size_t smem = (size_t)smem_of(g).n * sizeof(float);
+  const int blocks = n_blocks(g), C = g.CA;
   auto k = layer_kernel<CLUSTER>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   cudaLaunchAttribute attr[1];
@@ -301,23 +303,29 @@ static int run(const ProbeMem& pm, int C, float* x, float* gbuf, unsigned* ctr, 
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(128);
+  lc.gridDim = dim3(blocks);
   lc.blockDim = dim3(NT);
   lc.dynamicSmemBytes = smem;
   lc.attrs = attr;
   lc.numAttrs = CLUSTER ? 1 : 0;
-  if (CLUSTER && C > 8) CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  int fit = 0;
+  char name[48];
+  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE, %s", g.NA, g.CA, g.NM, g.CM,
+           CLUSTER ? "cluster" : "global");
   if (CLUSTER) {
-    if (cudaOccupancyMaxActiveClusters(&fit, k, &lc) != cudaSuccess || fit < g.groups) {
+    if (g.CA != g.CM) {
+      printf("%s: a cluster launch needs groups of one size\n", name);
+      return 1;
+    }
+    if (C > 8) CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int fit = 0;
+    if (cudaOccupancyMaxActiveClusters(&fit, k, &lc) != cudaSuccess || fit * C < blocks) {
       (void)cudaGetLastError();
-      printf("groups of %2d, cluster: only %d clusters fit at once (%d needed), skipped\n", C, fit, g.groups);
+      printf("%-44s only %d clusters fit at once (%d needed), skipped\n", name, fit, blocks / C);
       return 0;
     }
   }
   Args a;
   a.w = reinterpret_cast<const uint4*>(pm.buf);
-  a.w16 = ProbeMem::TOTAL / 16;
   a.x = x;
   a.gbuf = gbuf;
   a.ctr = ctr;
@@ -328,7 +336,7 @@ static int run(const ProbeMem& pm, int C, float* x, float* gbuf, unsigned* ctr, 
     CK(cudaMemset(ctr, 0, 1024 * sizeof(unsigned)));
     float ms = 0.f;
     CK(cudaEventRecord(pm.a));
-    CK(cudaLaunchKernelEx(&lc, k, a, C));
+    CK(cudaLaunchKernelEx(&lc, k, a, g));
     CK(cudaEventRecord(pm.b));
     CK(cudaEventSynchronize(pm.b));
     CK(cudaGetLastError());
@@ -336,32 +344,31 @@ static int run(const ProbeMem& pm, int C, float* x, float* gbuf, unsigned* ctr, 
     t[r] = ms * 1e3 / LAYERS;
   }
   const double us = median5(t);
-  // the layer's bytes from HBM (as the speed-of-light count: each once): QKV (with groups of 8 the
-  // K and V rows twice), KV (a full layer every 4th), Wo, the router, 8 experts
+  // the layer's bytes from HBM (as the speed-of-light count: each once): QKV (with 8 attention groups
+  // the K and V rows twice), KV (a full layer every 4th), Wo, the router, 8 experts
   const double kv = (3.0 * WINDOW + CTX) / 4 * HD * 2 * 2 * (QHEADS / GQA);
-  const double bytes = 64.0 * g.qkv_rows * HID * 2 + kv + (double)HID * QHEADS * HD * 2 + (double)EXPERTS * HID * 2 +
-                       TOPK * 3.0 * INTER * HID * 2;
-  printf("groups of %2d, %-7s: %6.1f us per layer, %.0f MB at %.2f TB/s\n", C, CLUSTER ? "cluster" : "global", us,
-         bytes / 1e6, bytes / us / 1e6);
-  // each phase's median over the layers and the blocks of a role (the last run)
-  std::vector<unsigned long long> h((size_t)LAYERS * 128 * NSTAMP);
+  const double bytes = (double)g.NA * (g.heads * HD + 2 * HD) * HID * 2 + kv + (double)HID * QHEADS * HD * 2 +
+                       (double)EXPERTS * HID * 2 + TOPK * 3.0 * INTER * HID * 2;
+  printf("%-44s %6.1f us per layer, %.0f MB at %.2f TB/s\n", name, us, bytes / 1e6, bytes / us / 1e6);
+  // each phase's median over layers 1-48 and the blocks of a role (the last run)
+  std::vector<unsigned long long> h((size_t)LAYERS * blocks * NSTAMP);
   CK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   const char* names[2][7] = {{"QKV", "q over", "KV", "parts+merge", "O-proj", "-", "layer end"},
                              {"router", "logits over", "top-8", "up", "act over", "down", "layer end"}};
   for (int role = 0; role < 2; ++role) {
     printf("  %-9s", role ? "MoE" : "attention");
-    for (int k = 0; k < 7; ++k) {
-      if (names[role][k][0] == '-') continue;
+    for (int k2 = 0; k2 < 7; ++k2) {
+      if (names[role][k2][0] == '-') continue;
       std::vector<double> d;
       for (int l = 1; l < LAYERS; ++l)
-        for (int b = 0; b < 128; ++b) {
-          if ((b / C < g.groups / 2) != (role == 0)) continue;
-          const unsigned long long* st = &h[((size_t)l * 128 + b) * NSTAMP];
-          const int k1 = role == 0 && k == 4 ? 6 : k + 1;  // attention: O-proj from stamp 4 to 6
-          d.push_back((double)(st[k1] - st[k]) / 1e3);
+        for (int b = 0; b < blocks; ++b) {
+          if ((b < g.NA * g.CA) != (role == 0)) continue;
+          const unsigned long long* st = &h[((size_t)l * blocks + b) * NSTAMP];
+          const int k1 = role == 0 && k2 == 4 ? 6 : k2 + 1;  // attention: O-proj from stamp 4 to 6
+          d.push_back((double)(st[k1] - st[k2]) / 1e3);
         }
       std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
-      printf("  %s %.1f", names[role][k], d[d.size() / 2]);
+      printf("  %s %.1f", names[role][k2], d[d.size() / 2]);
     }
     printf(" us\n");
   }
@@ -382,9 +389,13 @@ int main() {
   printf("layer probe: a BS 1 layer at 8K (release geometry) in groups of SMs, 128 blocks, %d layers; us per layer "
          "(median of 5), phases: medians over layers 1-%d and the role's blocks\n",
          LAYERS, LAYERS - 1);
-  for (int C : {8, 16}) {
-    if (run<false>(pm, C, x, gbuf, ctr, stamps)) return 1;
-    if (run<true>(pm, C, x, gbuf, ctr, stamps)) return 1;
+  // groups of 8 (8 attention groups of 4 query heads, 8 MoE groups of one expert) and 16 (4 and 4, two
+  // experts each), global and as clusters; then, global only, more SMs for the MoE (7 / 9, 6 / 10)
+  const Geo even8 = geo(8, 8, 8), even16 = geo(16, 16, 4);
+  for (const Geo& g : {even8, even16}) {
+    if (run<false>(pm, g, x, gbuf, ctr, stamps) || run<true>(pm, g, x, gbuf, ctr, stamps)) return 1;
   }
+  for (const Geo& g : {geo(7, 9, 8), geo(6, 10, 8)})
+    if (run<false>(pm, g, x, gbuf, ctr, stamps)) return 1;
   return 0;
 }
