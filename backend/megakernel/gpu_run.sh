@@ -7,8 +7,6 @@
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
-#   bash backend/megakernel/gpu_run.sh hop       # hop_probe, the one-row tests, this tree vs ab_base/ at BS 1
-#   bash backend/megakernel/gpu_run.sh gap       # then: vs ab_base/ at 128K, router tiles, clusters, a timeline
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
 #   TREES="ab_x ab_y" bash backend/megakernel/gpu_run.sh trees  # gpu_check bench here and on each tree
@@ -107,25 +105,6 @@ for stage in "${stages[@]}"; do
           bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror" | sed "s/^/pad $pad /"
       done
       find "$OUT" \( -name "timeline_*.pt" -o -name build.log -o -name gpu.txt \) -delete ;;
-    hop)  # hop_probe (flag and data hand-offs, global vs inside a cluster), layer_probe (a BS 1 layer in
-      # groups of SMs, hand-offs global vs in clusters), the one-row GPU tests and the
-      # clustered launch's, then this tree against ab_base/ at BS 1 8K, two rounds (ab_tree.sh REV first)
-      PROBE=hop_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -v "^ptxas\|Compiling\|registers\|spill"
-      PROBE=layer_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -v "^ptxas\|Compiling\|registers"
-      PYTEST_K=${PYTEST_K:-"reduced or self_routing or clustered"} T_TESTS=${T_TESTS:-120} bash "$0" tests | tail -3
-      TREES=ab_base ROUNDS=2 BATCHES=1 bash "$0" trees | grep -E "^(A|B) |rror"
-      rm -rf "$OUT"/trees
-      find "$OUT" \( -name build.log -o -name gpu.txt -o -name "*.png" \) -delete ;;
-    gap)  # the second call after hop: this tree against ab_base/ at 128K; at 8K the router in 16 / 32
-      # tiles (the MoE chain waits for them; 8 tiles of 16 experts were measured at BS 8 only) and the
-      # launch in clusters of 2 / 4 (Tiling.cluster), twice each; the default's timeline
-      CONTEXT=131072 TREES=ab_base ROUNDS=1 BATCHES=1 OUT=$OUT/c128 bash "$0" trees | grep -E "^(A|B) |rror"
-      BATCHES=1 VARIANTS="prefetch=0 router_rows=8 router_rows=4 cluster=2 cluster=4 prefetch=0 router_rows=8 \
-        router_rows=4 cluster=2 cluster=4" T_BENCH=${T_BENCH:-240} OUT=$OUT/tl bash "$0" bench |
-        grep -E "^  (ROUTER|QKV|MOE_FUSED|OPROJ) |^BS|rror|FAIL|check"
-      python3 -m mkcode.backend.megakernel.timeline "$OUT/tl/timeline_bs1.pt" --chain
-      rm -rf "$OUT"/c128
-      find "$OUT" \( -name build.log -o -name gpu.txt -o -name "*.png" \) -delete ;;
     san)  # compute-sanitizer (SAN_TOOL) on the reduced step at three rows, then at one row (the
       # product's self-routing path, on the SMs it needs: gpu_check step_sms), or SAN_ARGS alone
       if [[ -n ${SAN_ARGS:-} ]]; then runs=("$SAN_ARGS"); else runs=("" "--contexts 300"); fi
