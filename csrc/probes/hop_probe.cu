@@ -110,15 +110,29 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(NT, 1)
     cluster_sync();
     return;
   }
-  if (MODE == L2_CHAIN) {  // the same ITERS words twice: misses (res[1]), then L2 hits (res[0])
+  if (MODE == L2_CHAIN) {
+    // HBM misses (res[1]): each load's address hashed from the previous one's value, over the 4 GiB
+    // buffer (far beyond L2); then L2 hits (res[0]): the 4-MB chain walked twice, timed the second
+    // time. Volatile loads: the compiler may neither merge the walks nor drop one.
     if (ping && threadIdx.x == 0) {
-      unsigned j = 0;
-      for (int pass = 1; pass >= 0; --pass) {
-        j = 0;
-        t0 = globaltimer();
-        for (int i = 0; i < ITERS; ++i) j = __ldcg(chain + j);
-        res[pass] = (double)(globaltimer() - t0) / ITERS;
+      const unsigned* words = reinterpret_cast<const unsigned*>(buf);
+      const size_t mask = ((size_t)ProbeMem::TOTAL / 4 - 1) & ~(size_t)31;  // 128-byte lines
+      size_t at = 12345 * 32;
+      t0 = globaltimer();
+      for (int i = 0; i < ITERS; ++i) {
+        unsigned v;
+        asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(words + at) : "memory");
+        at = ((at + v) * 2654435761ull) & mask;
       }
+      res[1] = (double)(globaltimer() - t0) / ITERS;
+      unsigned j = (unsigned)at;
+      for (int pass = 0; pass < 2; ++pass) {
+        j &= CHAIN - 1;
+        t0 = globaltimer();
+        for (int i = 0; i < ITERS; ++i)
+          asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(j) : "l"(chain + j) : "memory");
+      }
+      res[0] = (double)(globaltimer() - t0) / ITERS;
       out[1000] = j;
       *stop = 1;
     }
