@@ -22,15 +22,6 @@
 
 constexpr int NT = 512, NWARPS = NT / 32, ACT_PAD = 32;
 
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 enum Shape { FOLD = 0, MMA1 = 1, MMA4 = 2, PIPE = 3 };
 
 // One 16-row group's K block [k0, k1): rows ra (gid) and rb (gid + 8), B fragments from xa.

@@ -12,11 +12,12 @@
 // group counter, the acquire spin, ld.global.cg) or, with the groups as thread-block clusters,
 // pushed into the receivers' shared memory (st.shared::cluster) behind a cluster barrier. Weights
 // and KV are streamed as the GEMVs load them (16 B per thread, 8 loads in flight, evict_first +
-// L2::128B) and folded, not multiplied (the memory side alone; gemv_rate_probe: the mma costs ~5 %
-// per SM); the values handed over are made from the folds, so every hand-off is on the chain, but
-// are not a model's (no residual, no norm). Prints us per layer (the layer's bytes and their rate)
+// L2::128B) and folded (the memory side alone), or also multiplied as the GEMVs do (MATH); the
+// values handed over are made from them, so every hand-off is on the chain, but are not a model's
+// (no residual, no norm, no attention math). Prints us per layer (the layer's bytes and their rate)
 // and each phase's median per role: groups of 8 and of 16 SMs, global and as clusters (where they
-// fit), then global with more SMs for the MoE (attention / MoE groups of 7 / 9 and 6 / 10).
+// fit), then global with more SMs for the MoE (attention / MoE groups of 7 / 9 and 6 / 10), then
+// groups of 8 and 16 with the GEMVs' math (mma.sync on the loaded words, each phase's reduction).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
 //   PROBE_ARGS=run gpu_run.sh probe)
@@ -51,7 +52,7 @@ __host__ __device__ inline Span span(int r, int total, int parts, int align) {
 
 // Shared memory of a block (float offsets into the dynamic buffer): what the hand-offs deliver.
 struct Smem {
-  int q, part, attn, logit, act, x, mine, n;
+  int q, part, attn, logit, act, x, mine, red, n;
 };
 __host__ __device__ inline Smem smem_of(const Geo& g) {
   Smem s;
@@ -62,7 +63,8 @@ __host__ __device__ inline Smem smem_of(const Geo& g) {
   s.act = s.logit + EXPERTS;                // [epg][768] the experts' activations
   s.x = s.act + g.epg * INTER;              // [2048] the staged x(l)
   s.mine = s.x + HID;                       // [heads * PART] this SM's slice before it is handed over
-  s.n = s.mine + g.heads * PART;
+  s.red = s.mine + g.heads * PART;          // [NT * 4] a GEMV phase's partial sums (MATH)
+  s.n = s.red + NT * 4;
   return s;
 }
 
@@ -80,17 +82,43 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The block streams n16 16-byte words from p: 8 loads in flight per thread, folded.
-__device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t acc, uint64_t pol) {
+// The block streams n16 16-byte words from p: 8 loads in flight per thread, folded. MATH: as the
+// kernel's GEMV does, each pair of loads also feeds two mma.sync with a 16-byte activation fragment
+// from shared memory (`xs`, 2048 floats), and the phase ends with the warps' partial sums reduced
+// through shared memory (`red`, NT * 4 floats) behind a barrier.
+template <bool MATH>
+__device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t acc, uint64_t pol, const float* xs,
+                                           float* red) {
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
   size_t i = threadIdx.x;
   for (; i + 7 * (size_t)NT < n16; i += 8 * (size_t)NT) {
     uint4 v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) v[u] = ldw_hint(p + i + (size_t)u * NT, pol);
+    if (MATH) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) acc ^= fold(v[u]);
+      for (int u = 0; u < 8; u += 2) {
+        const uint4 bx = reinterpret_cast<const uint4*>(xs)[(threadIdx.x + 32 * u) & (HID / 4 - 1)];
+        mma16816(c, v[u].x, v[u + 1].x, v[u].y, v[u + 1].y, bx.x, bx.y);
+        mma16816(c, v[u].z, v[u + 1].z, v[u].w, v[u + 1].w, bx.z, bx.w);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc ^= fold(v[u]);
+    }
   }
   for (; i < n16; i += NT) acc ^= fold(ldw_hint(p + i, pol));
+  if (MATH) {  // the warps' partials: every thread's 4 sums into shared memory, 128 threads add 16 each
+    reinterpret_cast<float4*>(red)[threadIdx.x] = make_float4(c[0], c[1], c[2], c[3]);
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < NT / 32; ++w) t += red[w * 128 + threadIdx.x];
+      acc ^= __float_as_uint(t);
+    }
+    __syncthreads();
+  }
   return acc;
 }
 
@@ -164,7 +192,7 @@ __device__ __forceinline__ const uint4* expert(const Args& a, int e, size_t off1
   return a.w + (size_t)LAYERS * LAYER16 + (size_t)e * EXPERT16 + off16;
 }
 
-template <bool CLUSTER>
+template <bool CLUSTER, bool MATH>
 __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   extern __shared__ __align__(16) float s[];
   const Smem m = smem_of(g);
@@ -186,7 +214,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // QKV: this SM's rows of the group's q heads and its kv head's K and V rows (256 words a row)
       const int rows = g.heads * HD + 2 * HD;
       const Span qr = span(rank, rows, C, 1);
-      acc = stream(dense(a, l, ((size_t)ag * rows + qr.off) * 256), (size_t)qr.n * 256, acc, pol);
+      acc = stream<MATH>(dense(a, l, ((size_t)ag * rows + qr.off) * 256), (size_t)qr.n * 256, acc, pol, s + m.x, s + m.red);
       stamp(a, l, 1);
       const Span qs = span(rank, g.heads * HD, C, 4);  // this SM's q values
       for (int i = threadIdx.x; i < qs.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
@@ -196,7 +224,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // the window); groups of one kv head read the same KV
       const int toks = l % 4 == 0 ? CTX : WINDOW, kvh = ag * g.heads / GQA;
       const Span kt = span(rank, toks, C, 1);
-      acc = stream(dense(a, l, KV_AT + ((size_t)kvh * CTX + kt.off) * 32), (size_t)kt.n * 32, acc, pol);
+      acc = stream<MATH>(dense(a, l, KV_AT + ((size_t)kvh * CTX + kt.off) * 32), (size_t)kt.n * 32, acc, pol, s + m.x, s + m.red);
       for (int i = threadIdx.x; i < g.heads * PART; i += NT)
         s[m.mine + i] = (i % PART == HD ? (float)((acc >> 8) & 255) * 1e-2f : (float)(acc & 255) * 1e-3f) +
                         s[m.q + (i / PART) * HD + (i % PART) % HD];
@@ -219,8 +247,8 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // O-proj: this SM's rows of Wo over the group's heads * 128 columns (heads * 16 words a row),
       // added into x(l+1)
       const Span orow = span(rank, HID, C, 1);
-      acc = stream(dense(a, l, WO_AT + ((size_t)ag * HID + orow.off) * g.heads * 16), (size_t)orow.n * g.heads * 16,
-                   acc, pol);
+      acc = stream<MATH>(dense(a, l, WO_AT + ((size_t)ag * HID + orow.off) * g.heads * 16),
+                         (size_t)orow.n * g.heads * 16, acc, pol, s + m.x, s + m.red);
       for (int i = threadIdx.x; i < orow.n; i += NT)
         atomicAdd(xn + orow.off + i, (float)(acc & 255) * 1e-3f + s[m.attn + i % (g.heads * HD)]);
       stamp(a, l, 5);
@@ -228,7 +256,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // the router: this SM's rows of all 128 experts' (every MoE group computes the whole router;
       // rows in fours, as the logits go over in float4s)
       const Span rr = span(rank, EXPERTS, C, 4);
-      acc = stream(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), (size_t)rr.n * 256, acc, pol);
+      acc = stream<MATH>(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), (size_t)rr.n * 256, acc, pol, s + m.x, s + m.red);
       stamp(a, l, 1);
       for (int i = threadIdx.x; i < rr.n; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
       hand_over<CLUSTER>(a, s, m.mine, m.logit, rr.off, rr.n, EXPERTS, 0, C, group, 2, 0, l);
@@ -262,7 +290,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       const int e = s_top[ag * g.epg + slot];
       // the expert's gate and up rows of this SM's intermediate columns (256 words a row)
       const Span ac = span(er, INTER, g.ES, 4);
-      acc = stream(expert(a, e, (size_t)2 * ac.off * 256), (size_t)2 * ac.n * 256, acc, pol);
+      acc = stream<MATH>(expert(a, e, (size_t)2 * ac.off * 256), (size_t)2 * ac.n * 256, acc, pol, s + m.x, s + m.red);
       for (int i = threadIdx.x; i < ac.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
       stamp(a, l, 4);
       hand_over<CLUSTER>(a, s, m.mine, m.act + slot * INTER, ac.off, ac.n, INTER, slot * g.ES, g.ES, group, 3, slot,
@@ -270,7 +298,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       stamp(a, l, 5);
       // the expert's down rows: this SM's rows of 768 (96 words a row), added into x(l+1)
       const Span dr = span(er, HID, g.ES, 1);
-      acc = stream(expert(a, e, UP16 + (size_t)dr.off * 96), (size_t)dr.n * 96, acc, pol);
+      acc = stream<MATH>(expert(a, e, UP16 + (size_t)dr.off * 96), (size_t)dr.n * 96, acc, pol, s + m.x, s + m.red);
       for (int i = threadIdx.x; i < dr.n; i += NT)
         atomicAdd(xn + dr.off + i, (float)(acc & 255) * 1e-3f + s[m.act + slot * INTER + i % INTER]);
     }
@@ -291,11 +319,11 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   if (CLUSTER) cluster_sync();  // no block leaves while a partner may still push into it
 }
 
-template <bool CLUSTER>
+template <bool CLUSTER, bool MATH = false>
 static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
   const size_t smem = (size_t)smem_of(g).n * sizeof(float);
   const int blocks = n_blocks(g), C = g.CA;
-  auto k = layer_kernel<CLUSTER>;
+  auto k = layer_kernel<CLUSTER, MATH>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -309,8 +337,8 @@ static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, 
   lc.attrs = attr;
   lc.numAttrs = CLUSTER ? 1 : 0;
   char name[48];
-  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE, %s", g.NA, g.CA, g.NM, g.CM,
-           CLUSTER ? "cluster" : "global");
+  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE, %s%s", g.NA, g.CA, g.NM, g.CM,
+           CLUSTER ? "cluster" : "global", MATH ? ", mma" : "");
   if (CLUSTER) {
     if (g.CA != g.CM) {
       printf("%s: a cluster launch needs groups of one size\n", name);
@@ -397,5 +425,8 @@ int main() {
   }
   for (const Geo& g : {geo(7, 9, 8), geo(6, 10, 8)})
     if (run<false>(pm, g, x, gbuf, ctr, stamps)) return 1;
+  // and with the GEMVs' math: two mma.sync per pair of loads, each phase's partial sums reduced
+  for (const Geo& g : {even8, even16})
+    if (run<false, true>(pm, g, x, gbuf, ctr, stamps)) return 1;
   return 0;
 }
