@@ -9,7 +9,7 @@
 
 #include "mk_abi.h"
 #include "mk_params.h"
-#include "mk_sync.cuh"
+#include "mk_ptx.cuh"
 
 namespace mk {
 
@@ -195,15 +195,6 @@ __device__ __forceinline__ T* shared(T* p) {
 // its k terms, those 8 contiguous k values are assigned to the fragment's k slots {2t,2t+1,2t+8,
 // 2t+9} of two consecutive mma k16 steps, for A and B alike. Warps of one 16-row group split K.
 // Activations are staged in shared memory as bf16 [8][klen + ACT_PAD].
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 struct Gemv {
   const bf16* W0;

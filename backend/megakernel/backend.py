@@ -57,15 +57,10 @@ ATTN_MAX_GROUP = abi.MK_ATTN_MAX_GROUP
 ATTN_HEAD_DIMS = (abi.MK_ATTN_HEAD_DIM_32, abi.MK_ATTN_HEAD_DIM_64, abi.MK_ATTN_HEAD_DIM_128)
 
 
-def _mode_bits(prefix: str) -> int:
-    """The OR of mk_abi.h's constants named `prefix`*."""
-    return functools.reduce(
-        operator.or_, (v for k, v in abi.load().constants.items() if k.startswith(prefix)), 0
-    )
-
-
 # every prefetch_mode bit the kernel reads (mk_abi.h MK_MODE_*)
-MODE_BITS = _mode_bits("MK_MODE_")
+MODE_BITS = functools.reduce(
+    operator.or_, (v for k, v in abi.load().constants.items() if k.startswith("MK_MODE_")), 0
+)
 
 
 def check_prefetch_mode(mode: int) -> int:

@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../mk_sync.cuh"
+#include "../mk_ptx.cuh"
 
 // A CUDA runtime call in main(): print where it failed and return 1.
 #define CK(x)                                                                              \
@@ -58,20 +58,12 @@ static size_t probe_chunk(int blocks, size_t cap) {
   return per_block & ~(size_t)((1 << 20) - 1);
 }
 
-// The megakernel's clock and cross-block signal / wait pair (one definition: csrc/mk_sync.cuh).
+// The megakernel's clock, cross-block signal / wait pair and tensor-core step (one definition:
+// csrc/mk_ptx.cuh).
 using mk::globaltimer;
 using mk::ld_acquire;
+using mk::mma16816;
 using mk::signal_release;
-
-// The megakernel GEMV's tensor-core step (mma_steps in mk_device.cuh): bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Folds loaded words into a checksum, so that no load is dead code.
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
