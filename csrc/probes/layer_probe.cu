@@ -30,15 +30,15 @@ constexpr int NT = 512, LAYERS = 49, HID = 2048, QHEADS = 32, HD = 128, GQA = 8,
 constexpr int INTER = 768, CTX = 8192, WINDOW = 4096, NSTAMP = 8;
 constexpr int PART = HD + 4;  // a head's partial output: 128 values, its log-sum-exp, 3 pad
 
-// The layer's split: NA attention groups of CA SMs (32 / NA query heads each) and as many MoE groups
-// of CM SMs (8 / NA experts each, ES SMs per expert); the attention groups first. As clusters: CA = CM.
+// The layer's split: NA attention groups of CA SMs (32 / NA query heads each), NM MoE groups of CM
+// SMs (8 / NM experts each, ES SMs per expert); the attention groups first. As clusters: CA = CM.
 struct Geo {
-  int CA, CM, NA, heads, epg, ES;
+  int CA, CM, NA, NM, heads, epg, ES;
 };
 __host__ __device__ inline Geo geo(int CA, int CM, int NA) {
-  return Geo{CA, CM, NA, QHEADS / NA, TOPK / NA, CM * NA / TOPK};
+  return Geo{CA, CM, NA, NA, QHEADS / NA, TOPK / NA, CM * NA / TOPK};
 }
-__host__ __device__ inline int n_blocks(const Geo& g) { return g.NA * (g.CA + g.CM); }
+__host__ __device__ inline int n_blocks(const Geo& g) { return g.NA * g.CA + g.NM * g.CM; }
 
 // Part r of `parts` of [0, total) in pieces of a multiple of `align` (the last ones shorter or empty).
 struct Span {
@@ -337,7 +337,7 @@ static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, 
   lc.attrs = attr;
   lc.numAttrs = CLUSTER ? 1 : 0;
   char name[48];
-  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE, %s%s", g.NA, g.CA, g.NA, g.CM,
+  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE, %s%s", g.NA, g.CA, g.NM, g.CM,
            CLUSTER ? "cluster" : "global", MATH ? ", mma" : "");
   if (CLUSTER) {
     if (g.CA != g.CM) {
