@@ -230,10 +230,10 @@ def residual_cosines(ws, residuals: list[torch.Tensor], batch_size: int) -> torc
     return torch.nn.functional.cosine_similarity(got, want, dim=-1)
 
 
-def clone_batch(batch: DecodeBatch) -> DecodeBatch:
-    return DecodeBatch(
-        batch.token_ids.clone(), batch.positions.clone(), batch.block_tables.clone(), batch.kv_pool.clone()
-    )
+def clone_batch(batch: DecodeBatch, share_pool: bool = False) -> DecodeBatch:
+    """A copy of the batch; `share_pool`: the same KV pool tensor (the rest copied)."""
+    pool = batch.kv_pool if share_pool else batch.kv_pool.clone()
+    return DecodeBatch(batch.token_ids.clone(), batch.positions.clone(), batch.block_tables.clone(), pool)
 
 
 def written_kv(cfg: ModelConfig, batch: DecodeBatch) -> torch.Tensor:
@@ -246,6 +246,23 @@ def written_kv(cfg: ModelConfig, batch: DecodeBatch) -> torch.Tensor:
         pages = batch.block_tables[layer, rows, pos // PAGE_SIZE].long()
         out.append(batch.kv_pool[pages, :, :, pos % PAGE_SIZE])  # [B, 2, Hkv, d]
     return torch.stack(out)
+
+
+def put_written_kv(cfg: ModelConfig, batch: DecodeBatch, values: torch.Tensor) -> None:
+    """Stores `values` ([L, B, 2, Hkv, d], as written_kv returns) into the step's slots."""
+    pos = batch.positions.long()
+    rows = torch.arange(batch.size, device=pos.device)
+    for layer in range(cfg.num_hidden_layers):
+        pages = batch.block_tables[layer, rows, pos // PAGE_SIZE].long()
+        batch.kv_pool[pages, :, :, pos % PAGE_SIZE] = values[layer]
+
+
+def pool_digest(pool: torch.Tensor) -> torch.Tensor:
+    """Each page's sum of its raw 16-bit words, weighted by their place ([P], int64): a write
+    anywhere in the pool changes it (barring a collision)."""
+    words = pool.reshape(pool.shape[0], -1).view(torch.int16)
+    weight = torch.arange(1, words.shape[1] + 1, device=pool.device, dtype=torch.int64) % 65521
+    return torch.cat([(c.long() * weight).sum(-1) for c in words.split(64)])
 
 
 def standalone_desc(d: list[int]) -> list[int]:
