@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 46
+#define MK_ABI_VERSION 47
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -151,10 +151,11 @@ enum MkError {
   X(head_dim) X(dense_inter) X(moe_inter) X(num_experts) X(top_k) X(vocab) X(max_pages) \
   X(max_splits) X(n_lm_tiles) X(dyn_base) X(moe_up_tiles) X(moe_up_cols) \
   X(moe_down_tiles) X(moe_down_rows) X(sliding_window) X(selection_sigmoid) X(norm_topk) \
-  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused) X(cluster)
+  X(timeout_ms) X(prefetch_mode) X(timeline_cap) X(moe_fused)
 // moe_fused: 1 = a MoE queue's expert items are MOE_FUSED (no down tiles, no per-expert counter
-// wait), 0 = MOE_UP tiles, then MOE_DOWN tiles. cluster (ABI 46, Tiling.cluster): blocks per
-// thread-block cluster of the launch (1: none); n_sms is a multiple of it.
+// wait), 0 = MOE_UP tiles, then MOE_DOWN tiles. ABI 46 added cluster (the launch as thread-block
+// clusters), measured equal and removed in ABI 47: the grouped layer hands over through L2
+// (docs/MEGAKERNEL.md).
 // ABI 37 added resident_bytes (Tiling.resident: a QKV / router / O-proj tile's first columns loaded
 // into shared memory by cp.async.bulk before its wait), measured slower in every form and removed in
 // ABI 38 (docs/PERF.md).

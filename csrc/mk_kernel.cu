@@ -61,46 +61,7 @@ cudaError_t launch_step(const Params& p, int max_k, cudaStream_t stream, char* m
              cudaGetErrorString(e));
     return e != cudaSuccess ? e : cudaErrorInvalidConfiguration;
   }
-  if (p.cluster <= 1) {
-    kernel<<<p.n_sms, NT, smem, stream>>>(p, max_k);
-  } else {  // Tiling.cluster: clusters of consecutive blocks, each on one GPC; every one resident
-    if (p.cluster > 16 || p.n_sms % p.cluster) {
-      snprintf(msg, cap, "n_sms=%d in clusters of %d blocks: a multiple of a cluster of at most 16", p.n_sms,
-               p.cluster);
-      return cudaErrorInvalidValue;
-    }
-    if (p.cluster > 8) {  // 16: the non-portable cluster size
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      if (e != cudaSuccess) {
-        snprintf(msg, cap, "clusters of %d blocks: %s", p.cluster, cudaGetErrorString(e));
-        return e;
-      }
-    }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)p.cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3((unsigned)p.n_sms);
-    lc.blockDim = dim3(NT);
-    lc.dynamicSmemBytes = smem;
-    lc.stream = stream;
-    lc.attrs = attr;
-    lc.numAttrs = 1;
-    int fit = 0;
-    e = cudaOccupancyMaxActiveClusters(&fit, kernel, &lc);
-    if (e != cudaSuccess || fit * p.cluster < p.n_sms) {  // the step's blocks wait on each other
-      snprintf(msg, cap, "%d clusters of %d blocks fit the GPU at once, the step needs %d blocks resident (%s)", fit,
-               p.cluster, p.n_sms, cudaGetErrorString(e));
-      return e != cudaSuccess ? e : cudaErrorInvalidConfiguration;
-    }
-    e = cudaLaunchKernelEx(&lc, kernel, p, max_k);
-    if (e != cudaSuccess) {
-      snprintf(msg, cap, "mk_step_kernel cluster launch: %s", cudaGetErrorString(e));
-      return e;
-    }
-  }
+  kernel<<<p.n_sms, NT, smem, stream>>>(p, max_k);
   e = cudaGetLastError();
   if (e != cudaSuccess) snprintf(msg, cap, "mk_step_kernel launch: %s", cudaGetErrorString(e));
   return e;

@@ -176,9 +176,7 @@ class MegakernelBackend:
         self._armed = None  # the event of the last step whose error word is on its way back
         self._make_event = getattr(native_module, "make_event", None) or torch.cuda.Event
         info = self.mod.device_info()
-        # one resident block per SM; launched as clusters (Tiling.cluster: the per-batch tilings keep
-        # the base's), a whole number of them
-        self.n_sms = int(n_sms or info["sm_count"] // self.tiling.cluster * self.tiling.cluster)
+        self.n_sms = int(n_sms or info["sm_count"])  # one resident block per SM
         self.timeout_s = timeout_s
         # runtime variant flag: MK_PREFETCH_* bits; default MK_PREFETCH_DEFAULT (the measured
         # fastest); MKCODE_MK_PREFETCH overrides it for benches that build the backend
@@ -389,7 +387,6 @@ class MegakernelBackend:
             "prefetch_mode": check_prefetch_mode(self.prefetch_mode),
             "timeline_cap": 0 if self.timeline is None else int(self.timeline.shape[1]),
             "moe_fused": t.moe_fused,
-            "cluster": t.cluster,
         }
         floats = {
             "rms_eps": cfg.rms_norm_eps,

@@ -222,10 +222,6 @@ def build_schedule(
         raise ValueError("one position per row")
     tiling = tiling or default_tiling(cfg)
     tiling.validate(cfg)
-    if n_sms % tiling.cluster:
-        raise ValueError(
-            f"n_sms={n_sms} is not a multiple of the tiling's cluster of {tiling.cluster} blocks"
-        )
     splits = splits or attention_splits(cfg, positions, tiling, n_sms)
     L, B, E, K = cfg.num_hidden_layers, batch, cfg.num_experts, cfg.num_experts_per_tok
     Hkv, G, d, H = cfg.num_key_value_heads, cfg.gqa_group, cfg.head_dim, cfg.hidden_size

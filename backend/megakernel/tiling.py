@@ -95,11 +95,6 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
-    # Blocks per thread-block cluster of the launch (1: none; 2, 4, 8, 16): consecutive blocks (SM
-    # lists) share a GPC and could hand data over through each other's shared memory (the question
-    # csrc/probes/hop_probe.cu measures, docs/MEGAKERNEL.md). No op uses the cluster yet; the launch
-    # needs n_sms a multiple of it and every cluster resident (mk_kernel.cu).
-    cluster: int = 1
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -109,7 +104,6 @@ class Tiling:
         need(self.attn_in_moe in (0, 3), "attn_in_moe must be 0 or 3")
         need(self.qkv_by_head in (0, 1), "qkv_by_head must be 0 or 1")
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
-        need(self.cluster in (1, 2, 4, 8, 16), "cluster must be 1, 2, 4, 8 or 16 blocks")
         need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
         need(
@@ -237,7 +231,6 @@ SWITCH_FIELDS = frozenset(
         "combine_ctrl",
         "attn_in_moe",
         "qkv_by_head",
-        "cluster",
     }
 )
 

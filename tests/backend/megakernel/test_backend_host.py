@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -272,27 +271,6 @@ def test_prefetch_variant_flag_defaults_to_the_measured_path(weights, monkeypatc
     monkeypatch.setenv("MKCODE_MK_PREFETCH", str(abi.MK_MODE_TWICE))
     be = MegakernelBackend(CFG, weights, tiling=TILING, native_module=fake)
     assert be.prefetch_mode == abi.MK_MODE_TWICE
-
-
-def test_a_clustered_launch_runs_whole_clusters(weights):
-    """Tiling.cluster reaches the kernel's parameters, the default block count is a whole number of
-    clusters (5 SMs in clusters of 2: 4 blocks), and a step on it matches the reference; a block
-    count that is not a multiple is refused at the step's schedule, not launched."""
-    fake = FakeNative(n_sms=5)
-    be = MegakernelBackend(CFG, weights, tiling=replace(TILING, cluster=2), native_module=fake)
-    fake.backend = be
-    assert be.n_sms == 4
-    batch = _case([9, 64], seed=3)
-    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
-    ref_batch = clone_batch(batch)
-    _check_logits(be.decode(batch), weights, ref_batch)
-    assert fake.calls[-1]["ints"]["cluster"] == 2 and fake.calls[-1]["ints"]["n_sms"] == 4
-    odd = MegakernelBackend(
-        CFG, weights, tiling=replace(TILING, cluster=2), n_sms=5, native_module=FakeNative(5)
-    )
-    with pytest.raises(ValueError, match="not a multiple of the tiling's cluster"):
-        odd.decode(_case([9], seed=4))
-    assert MegakernelBackend(CFG, weights, tiling=TILING, native_module=FakeNative(5)).n_sms == 5
 
 
 def test_removed_prefetch_bits_are_refused(weights, monkeypatch):

@@ -751,22 +751,3 @@ def test_qkv_counters_by_kv_head_reduced(small, contexts):
     w, _ = small
     t = _engine_tiling(contexts, qkv_by_head=1)
     _consecutive_steps(w, MegakernelBackend(CFG, w, tiling=t), contexts, seed=61, steps=3)
-
-
-@pytest.mark.parametrize("cluster", [2, 4])
-@pytest.mark.parametrize("contexts", [[300], BS8_CONTEXTS], ids=["bs1", "bs8"])
-def test_clustered_launch_reduced(small, contexts, cluster):
-    """Tiling.cluster: the step launched as clusters of 2 / 4 consecutive blocks (a whole number of
-    them: the backend's default block count rounds down) gives the reference's steps; clusters of 4
-    that do not all fit the GPU at once are an error naming the fit, never a partial launch."""
-    w, _ = small
-    be = MegakernelBackend(CFG, w, tiling=_engine_tiling(contexts, cluster=cluster))
-    assert (
-        be.n_sms % cluster == 0
-        and be.n_sms > torch.cuda.get_device_properties(0).multi_processor_count - cluster
-    )
-    try:
-        _consecutive_steps(w, be, contexts, seed=67, steps=3)
-    except RuntimeError as e:  # mk_native's launch error (pairs of SMs, a TPC, always fit)
-        assert cluster > 2 and "fit the GPU at once" in str(e), e
-        pytest.skip(f"clusters of {cluster} do not all fit this GPU: {e}")
