@@ -372,12 +372,11 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
   }
 }
 
-// One 16-row group of a warp from k = kk on (the k-steps before kk were already accumulated in c);
-// the partial sums go to this warp's block of red_s.
+// One mma group of a warp from k = kk on (the k-steps before kk were already accumulated in c): the
+// lane's 16-byte weight pieces at ra and rb and activation pieces at xa, k-step `stride` elements.
 template <int U>
 __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
-                                           int klen, int stride, float* red, uint64_t pol) {
-  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+                                           int klen, int stride, uint64_t pol) {
   for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
     uint4 wa[U], wb[U];
 #pragma unroll
@@ -409,58 +408,107 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
       mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
     }
   }
-  // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
-  red[gid * 8 + 2 * t] = c[0];
-  red[gid * 8 + 2 * t + 1] = c[1];
-  red[(gid + 8) * 8 + 2 * t] = c[2];
-  red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+}
+
+// One row (a batch of one token, its activations in act_s row 0; K a multiple of ONE_ROW_K_STEP).
+// The mma's 16 rows are 4 weight rows x 4 K-segments and its columns 0-3 the token's same 4
+// segments (4-7 unused): lane (gid, t) loads weight row gid / 4 (ra; rb: 2 + gid / 4) at elements
+// (gid % 4) * 32 + t * 8 .. + 8 of every 128, so a load instruction reads 256 consecutive bytes of
+// each of 2 rows (4 whole 128-byte lines), where the 16-row layout reads 64 bytes of 8 rows (8 half
+// lines, their other halves in the next instruction). Beside idle SMs that layout streamed ~66 GB/s
+// per SM against ~125 for whole lines, and a 64-KB router tile took 2.5 us against 1.0
+// (csrc/probes/gemv_cost_probe.cu, H100, 2026-12-07). Product (m, n) pairs segment m % 4 of the
+// weights with segment n of the token: a row's partial sum is the sum of its entries n = m % 4.
+// Lane (gid, t) holds n = 2t (c0, c2) and 2t + 1 (c1, c3): such an entry where t = (gid % 4) / 2
+// (c0 / c2 for an even segment, c1 / c3 for an odd one); each half warp sums its row's four.
+constexpr int ONE_ROW_K_STEP = 128;
+__device__ __forceinline__ float2 one_row_sums(const float (&c)[4]) {
+  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3, seg = gid & 3;
+  const bool mine = t == seg >> 1, even = (seg & 1) == 0;
+  float a = mine ? (even ? c[0] : c[1]) : 0.f, b = mine ? (even ? c[2] : c[3]) : 0.f;
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  return make_float2(a, b);  // lane 0: rows 0 (a) and 2 (b) of the group; lane 16: rows 1 and 3
 }
 
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
-                                      bool mark, bool staged) {
+                                      bool mark, bool staged, bool one) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
   const int lds = klen + ACT_PAD;
-  const int ngroups = (g.nrows + 15) / 16;
-  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per 16-row group
+  // one: a single token and whole ONE_ROW_K_STEP k-steps: groups of 4 rows in the one-row layout
+  // (one_row_sums); else groups of 16 rows, 8 token columns, k-steps of 32
+  one = one && klen % ONE_ROW_K_STEP == 0;
+  const int rows_per = one ? 4 : 16, stride = one ? ONE_ROW_K_STEP : 32;
+  const int ngroups = (g.nrows + rows_per - 1) / rows_per;
+  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per group
   const int gslots = NWARPS / wpg;
   const int kw = warp % wpg;
-  // The wpg warps of a row group split K into contiguous blocks (warp kw: k-steps [kw * span,
-  // (kw + 1) * span)), so each warp's loads of a row are consecutive 64-byte pieces, as with one
-  // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read
-  // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
-  // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
-  const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
+  // The wpg warps of a group split K into contiguous blocks (warp kw: k-steps [kw * span, (kw + 1)
+  // * span)), so each warp's loads of a row are consecutive pieces, as with one warp per group.
+  // Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read each row in
+  // 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured 64 x 2048
+  // tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
+  const int span = ((klen / stride + wpg - 1) / wpg) * stride;
   const int k_begin = kw * span, k_end = min(klen, k_begin + span);
   // 16 x 16 B of weights in flight per thread (U = 8), or 8 (U = 4) where a warp's K block has at most
   // 4 k-steps (the 16-row router tiles: one batch of 4, where U = 8 ran a tail of 7 loads, 3 of them
   // reloads; H100, 2026-12-07: router GEMV 5.8 -> 4.4 us). U = 4 for every GEMV slowed the others.
-  const bool u4 = span <= 4 * 32;
+  const bool u4 = span <= 4 * stride;
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
   if (!staged) stage_rows(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
-  const bf16* xa = act_s + gid * lds + t * 8;
+  // the lane's piece of each k-step: one row, (segment, t); 16 rows, (t) of token gid's row
+  const int lane_k = one ? (gid & 3) * 32 + t * 8 : t * 8;
+  const bf16* xa = act_s + (one ? 0 : gid * lds) + lane_k;
   const uint64_t pol = l2_policy(g.keep);
-  // one warp per group (wpg 1): its sums are the result, in out_s's layout (group grp's 16 rows x 8
-  // tokens at grp * 128); else each (group, K block) into red_s, summed below
-  float* const part = wpg == 1 ? out_s : red_s;
+  // 16-row groups with one warp each (wpg 1): its sums are the result, in out_s's layout (group
+  // grp's 16 rows x 8 tokens at grp * 128); else each (group, K block) into red_s, summed below
+  // (one row: its 4 rows' sums)
+  float* const part = wpg == 1 && !one ? out_s : red_s;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
-    const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
-    const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
+    const int r_a = one ? grp * 4 + gid / 4 : grp * 16 + gid;
+    const bf16* ra = gemv_row(g, r_a) + lane_k;
+    const bf16* rb = gemv_row(g, r_a + (one ? 2 : 8)) + lane_k;
     if (u4)
-      gemv_group<4>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
+      gemv_group<4>(c, ra, rb, xa, k_begin, k_end, stride, pol);
     else
-      gemv_group<8>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
+      gemv_group<8>(c, ra, rb, xa, k_begin, k_end, stride, pol);
+    float* red = part + (grp * wpg + kw) * (one ? 4 : 128);
+    if (one) {
+      const float2 ab = one_row_sums(c);
+      if (lane % 16 == 0) {
+        red[lane / 16] = ab.x;
+        red[2 + lane / 16] = ab.y;
+      }
+    } else {  // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
+      red[gid * 8 + 2 * t] = c[0];
+      red[gid * 8 + 2 * t + 1] = c[1];
+      red[(gid + 8) * 8 + 2 * t] = c[2];
+      red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+    }
   }
   __syncthreads();
   // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
   const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
-  if (wpg > 1) {
+  if (one) {  // row r's sum into out_s[r * 8] (token 0; the other columns zero)
+    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
+      const int r = i / 8;
+      float s = 0.f;
+      if (i % 8 == 0)
+        for (int w = 0; w < wpg; ++w) s += red_s[((r / 4) * wpg + w) * 4 + r % 4];
+      out_s[i] = s * sc;
+    }
+    __syncthreads();
+  } else if (wpg > 1) {
     for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
       const int r = i / 8, n = i % 8, grp = r / 16;
       float s = 0.f;
@@ -478,7 +526,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
 // staged: act_s already holds these activations (a MoE up item after another of its layer).
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s, bool staged = false) {
-  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
+  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged, p.batch == 1);
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 

@@ -9,9 +9,11 @@
 //   gemv    gemv_mma on the staged rows (loads, mma.sync, the warps' reduction, the norm factor)
 //   store   the outputs to global memory (ld.cg-visible stores) and a barrier, as an epilogue
 // in three settings: every block running tiles ("all"); block 0 alone ("alone"); block 0 beside the
-// other 131 streaming weights with the kernel's loads ("beside"). A fourth column, "flat", runs
-// layer_probe's phase over the same bytes (each thread 16 consecutive bytes per load, 8 loads in
-// flight, two mma.sync per pair, the warps' sums reduced through shared memory) instead of gemv_mma.
+// other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma with its
+// 16-row layout ("gemv", 8 token columns), with its one-row layout ("gemv1", the kernel's at BS 1:
+// each load instruction 512 consecutive bytes of one row), and layer_probe's phase over the same
+// bytes ("flat": each thread 16 consecutive bytes per load, 8 loads in flight, two mma.sync per
+// pair, the warps' sums reduced through shared memory).
 // Prints, per shape and setting, block 0's (setting all: every block's) medians in ns.
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/gemv_cost_probe.cu -o /tmp/gemv_cost_probe && /tmp/gemv_cost_probe  (or:
@@ -49,7 +51,7 @@ struct Args {
   unsigned long long* st;  // [blocks][ITEMS][NSTAMP]
   unsigned* done;          // block 0 finished (the streamers stop)
   uint32_t* sink;
-  int rows, klen, keep, setting, flat;
+  int rows, klen, keep, setting, flat, one;  // one: gemv_mma's one-row layout
 };
 enum { ALL = 0, ALONE = 1, BESIDE = 2 };
 
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     } else {
       Gemv g{W, a.klen, W, a.klen, a.rows, a.rows, a.klen, a.keep != 0};
       ActSrc x2 = src;
-      mk::gemv_mma(g, x2, act, red, outs, false, /*staged=*/true);
+      mk::gemv_mma(g, x2, act, red, outs, false, /*staged=*/true, a.one != 0);
     }
     const unsigned long long t2 = globaltimer();
     float* o = a.out + (size_t)blockIdx.x * mk::OUT_FLOATS;
@@ -184,9 +186,10 @@ int main(int argc, char** argv) {
          n_sm, mk::NT, ITEMS);
   const char* setting_name[] = {"all", "alone", "beside"};
   for (const Shape& sh : SHAPES) {
-    for (int flat = 0; flat < 2; ++flat) {
+    for (int kind = 0; kind < 3; ++kind) {  // gemv_mma's 16-row layout, its one-row layout, flat
+      const int flat = kind == 2, one = kind == 1;
       for (int setting = 0; setting < 3; ++setting) {
-        Args a{m.buf, x, nw, out, st, done, m.out, sh.rows, sh.klen, sh.keep, setting, flat};
+        Args a{m.buf, x, nw, out, st, done, m.out, sh.rows, sh.klen, sh.keep, setting, flat, one};
         for (int r = 0; r < 5; ++r) {
           CK(cudaMemset(done, 0, 4));
           cost_kernel<<<n_sm, mk::NT, smem>>>(a);
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
           }
         const double g = median(s2);
         printf("%-22s %-5s %-7s stage %6.0f  gemv %6.0f  store %5.0f ns   %5.1f GB/s per SM\n", sh.name,
-               flat ? "flat" : "gemv", setting_name[setting], median(s1), g, median(s3),
+               flat ? "flat" : one ? "gemv1" : "gemv", setting_name[setting], median(s1), g, median(s3),
                g > 0 ? (double)sh.rows * sh.klen * 2 / g : 0.0);
       }
     }
