@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 47
+#define MK_ABI_VERSION 48
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -196,6 +196,10 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
+// MK_MODE_ONE_ROW: at one row, every GEMV with K a multiple of 128 runs the one-row layout
+// (mk_device.cuh gemv_mma: whole 128-byte lines per load instruction); off until measured against
+// the 16-row layout (docs/PERF.md).
+#define MK_MODE_ONE_ROW 32
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
 // for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit

@@ -526,7 +526,8 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
 // staged: act_s already holds these activations (a MoE up item after another of its layer).
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s, bool staged = false) {
-  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged, p.batch == 1);
+  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged,
+           p.batch == 1 && (p.prefetch_mode & MK_MODE_ONE_ROW) != 0);
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 

@@ -326,8 +326,9 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
+        abi.MK_MODE_ONE_ROW,  # the one-row GEMV layout (one row only; the others as default)
     ],
-    ids=["default", "twice"],
+    ids=["default", "twice", "one_row"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -720,6 +721,18 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
+
+
+@pytest.mark.parametrize("contexts", [[8192], [131071]], ids=["8k", "128k"])
+def test_one_row_layout_release_geometry(release, contexts):
+    """MK_MODE_ONE_ROW: every GEMV of a one-row step in the one-row layout (4 rows x 4 K-segments
+    per mma) at the release geometry, every layer's output against the routed fp32 reference."""
+    cfg, w, be = release
+    be.prefetch_mode = abi.MK_MODE_ONE_ROW
+    try:
+        _step_check(cfg, w, be, contexts, seed=len(contexts) + 70)
+    finally:
+        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
 
 
 @pytest.mark.parametrize(
