@@ -42,7 +42,7 @@ def test_kernels_compile_with_nvcc():
 @pytest.mark.compile
 @pytest.mark.skipif(bool(missing_requirements()), reason="needs nvcc")
 @pytest.mark.parametrize(
-    "probe", ["stream_probe", "moe_probe", "gemv_rate_probe", "hop_probe", "layer_probe", "gemv_cost_probe"]
+    "probe", ["stream_probe", "moe_probe", "hop_probe", "layer_probe", "gemv_cost_probe"]
 )
 def test_probes_compile(tmp_path, probe):
     """The stand-alone probes (csrc/probes: HBM streaming strategies, the MoE phase's schedules, a
