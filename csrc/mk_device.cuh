@@ -599,6 +599,43 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   }
 }
 
+// gemv_down_acc's one-row form (MK_MODE_ONE_ROW; one token, ONE_ROW_K_STEP columns): groups of 4 rows
+// in the one-row layout (one_row_sums: a load instruction reads each of 2 rows' whole 256-byte slice,
+// where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight), w * row
+// added into acc (the token's row of the sum).
+__device__ __noinline__ void gemv_down_one(const bf16* W, int ld, int nrows, const bf16* act_s, float* acc, float w) {
+  constexpr int GB = 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
+  const int lane_k = (gid & 3) * 32 + t * 8;
+  const int ngroups = nrows / 4;
+  const int gpw = (ngroups + NWARPS - 1) / NWARPS;
+  const int g_begin = warp * gpw, g_end = min(ngroups, g_begin + gpw);
+  const uint4 bx = *reinterpret_cast<const uint4*>(act_s + lane_k);  // the one k-step
+  const uint64_t pol = l2_policy(false);  // streamed once per step
+  for (int g0 = g_begin; g0 < g_end; g0 += GB) {
+    uint4 wa[GB], wb[GB];
+#pragma unroll
+    for (int u = 0; u < GB; ++u) {
+      const int g = min(g0 + u, g_end - 1);  // past the run: the last group again, results unused
+      const bf16* ra = W + (size_t)(g * 4 + gid / 4) * ld + lane_k;
+      wa[u] = ld_weight16(ra, pol);
+      wb[u] = ld_weight16(ra + (size_t)2 * ld, pol);
+    }
+#pragma unroll
+    for (int u = 0; u < GB; ++u) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
+      mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
+      const float2 s = one_row_sums(c);
+      if (g0 + u < g_end && lane % 16 == 0) {  // lane 0: rows 0 and 2 of the group, lane 16: 1 and 3
+        const int r = (g0 + u) * 4 + lane / 16;
+        red_add_global(acc + r, w * s.x);
+        red_add_global(acc + r + 2, w * s.y);
+      }
+    }
+  }
+}
+
 // Block-wide sum (all threads get the result). scratch: NWARPS floats.
 __device__ float block_sum(float v, float* scratch) {
   scratch = shared(scratch);
