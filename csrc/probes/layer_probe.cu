@@ -8,15 +8,15 @@
 //   logits) -> all-gather logits -> top-8 -> its expert's up rows -> all-gather the activations ->
 //   down rows, added into x(l+1);
 //   then the layer's end: a global counter, every block stages x(l+1) (8 KB from L2).
-// Each hand-off goes either through global memory the megakernel's way (stores, a release add on a
-// group counter, the acquire spin, ld.global.cg) or, with the groups as thread-block clusters,
-// pushed into the receivers' shared memory (st.shared::cluster) behind a cluster barrier. Weights
+// Each hand-off goes through global memory the megakernel's way (stores, a release add on a group
+// counter, the acquire spin, ld.global.cg; as thread-block clusters, groups of 8 or 16 do not fit
+// 128 SMs: docs/PERF.md). Weights
 // and KV are streamed as the GEMVs load them (16 B per thread, 8 loads in flight, evict_first +
 // L2::128B) and folded (the memory side alone), or also multiplied as the GEMVs do (MATH); the
 // values handed over are made from them, so every hand-off is on the chain, but are not a model's
 // (no residual, no norm, no attention math). Prints us per layer (the layer's bytes and their rate)
-// and each phase's median per role: groups of 8 and of 16 SMs, global and as clusters (where they
-// fit), then global with more SMs for the MoE (attention / MoE groups of 7 / 9 and 6 / 10), then
+// and each phase's median per role: groups of 8 and of 16 SMs, then more SMs for the MoE (attention
+// / MoE groups of 7 / 9 and 6 / 10), then
 // groups of 8 and 16 with the GEMVs' math (mma.sync on the loaded words, each phase's reduction).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
@@ -31,7 +31,7 @@ constexpr int INTER = 768, CTX = 8192, WINDOW = 4096, NSTAMP = 8;
 constexpr int PART = HD + 4;  // a head's partial output: 128 values, its log-sum-exp, 3 pad
 
 // The layer's split: NA attention groups of CA SMs (32 / NA query heads each), NM MoE groups of CM
-// SMs (8 / NM experts each, ES SMs per expert); the attention groups first. As clusters: CA = CM.
+// SMs (8 / NM experts each, ES SMs per expert); the attention groups first.
 struct Geo {
   int CA, CM, NA, NM, heads, epg, ES;
 };
@@ -66,20 +66,6 @@ __host__ __device__ inline Smem smem_of(const Geo& g) {
   s.red = s.mine + g.heads * PART;          // [NT * 4] a GEMV phase's partial sums (MATH)
   s.n = s.red + NT * 4;
   return s;
-}
-
-__device__ __forceinline__ uint32_t cl_addr(const void* p, unsigned rank) {
-  uint32_t local = (uint32_t)__cvta_generic_to_shared(p), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  return remote;
-}
-__device__ __forceinline__ void st_cl4(uint32_t addr, float4 v) {
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
-               "f"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 // The block streams n16 16-byte words from p: 8 loads in flight per thread, folded. MATH: as the
@@ -138,24 +124,14 @@ __host__ __device__ constexpr int gbuf_at(int kind) {
 }
 
 // Hand a slice over: `n` floats (a multiple of 4) at s[mine] of this SM go to offset `off` of the
-// buffer at s[dst] in ranks [r0, r0 + nr) of the group; `total` floats of that buffer are then
-// complete in each of them (n may be 0: the SM still takes part). Global: one copy in the group's
-// global buffer, the group's counter `kind` (of the expert `slot` for kind 3; nr producers per layer),
-// the receivers load the whole buffer. Cluster: pushed into every
-// receiver's shared memory, then a cluster barrier (every SM of the group takes part).
-template <bool CLUSTER>
-__device__ void hand_over(const Args& a, float* s, int mine, int dst, int off, int n, int total, int r0, int nr,
+// buffer at s[dst] in the nr SMs that share it; `total` floats of that buffer are then complete in
+// each of them (n may be 0: the SM still takes part): one copy in the group's global buffer, the
+// group's counter `kind` (of the expert `slot` for kind 3; nr producers per layer), the receivers
+// load the whole buffer.
+__device__ void hand_over(const Args& a, float* s, int mine, int dst, int off, int n, int total, int nr,
                           int group, int kind, int slot, int layer) {
   __syncthreads();  // s[mine] written by the block
   const float4* src = reinterpret_cast<const float4*>(s + mine);
-  if (CLUSTER) {
-    for (int i = threadIdx.x; i < nr * (n / 4); i += NT) {
-      const int j = r0 + i / (n / 4), k = i % (n / 4);
-      st_cl4(cl_addr(s + dst + off + 4 * k, (unsigned)j), src[k]);
-    }
-    cluster_sync();
-    return;
-  }
   float* g = a.gbuf + (size_t)group * GBUF + gbuf_at(kind) + slot * INTER;  // slot: an expert's (kind 3)
   float4* gd = reinterpret_cast<float4*>(g + off);
   for (int k = threadIdx.x; k < n / 4; k += NT) __stcg(gd + k, src[k]);
@@ -192,7 +168,7 @@ __device__ __forceinline__ const uint4* expert(const Args& a, int e, size_t off1
   return a.w + (size_t)LAYERS * LAYER16 + (size_t)e * EXPERT16 + off16;
 }
 
-template <bool CLUSTER, bool MATH>
+template <bool MATH>
 __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   extern __shared__ __align__(16) float s[];
   const Smem m = smem_of(g);
@@ -205,7 +181,6 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   const uint64_t pol = evict_first_policy();
   uint32_t acc = blockIdx.x;
   for (int i = threadIdx.x; i < HID; i += NT) s[m.x + i] = 0.f;
-  if (CLUSTER) cluster_sync();  // every block of the cluster running before the first push
   for (int l = 0; l < LAYERS; ++l) {
     stamp(a, l, 0);
     acc ^= __float_as_uint(s[m.x + threadIdx.x]);
@@ -218,7 +193,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       stamp(a, l, 1);
       const Span qs = span(rank, g.heads * HD, C, 4);  // this SM's q values
       for (int i = threadIdx.x; i < qs.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
-      hand_over<CLUSTER>(a, s, m.mine, m.q, qs.off, qs.n, g.heads * HD, 0, C, group, 0, 0, l);
+      hand_over(a, s, m.mine, m.q, qs.off, qs.n, g.heads * HD, C, group, 0, 0, l);
       stamp(a, l, 2);
       // the KV share: its tokens of the kv head's keys and values (32 words a token; sliding layers:
       // the window); groups of one kv head read the same KV
@@ -229,8 +204,8 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
         s[m.mine + i] = (i % PART == HD ? (float)((acc >> 8) & 255) * 1e-2f : (float)(acc & 255) * 1e-3f) +
                         s[m.q + (i / PART) * HD + (i % PART) % HD];
       stamp(a, l, 3);
-      hand_over<CLUSTER>(a, s, m.mine, m.part, rank * g.heads * PART, g.heads * PART, C * g.heads * PART, 0, C,
-                         group, 1, 0, l);
+      hand_over(a, s, m.mine, m.part, rank * g.heads * PART, g.heads * PART, C * g.heads * PART, C, group, 1, 0,
+                l);
       for (int i = threadIdx.x; i < g.heads * HD; i += NT) {  // merge the C partials by log-sum-exp
         const int h = i / HD, d = i % HD;
         float mx = -INFINITY;
@@ -259,7 +234,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       acc = stream<MATH>(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), (size_t)rr.n * 256, acc, pol, s + m.x, s + m.red);
       stamp(a, l, 1);
       for (int i = threadIdx.x; i < rr.n; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
-      hand_over<CLUSTER>(a, s, m.mine, m.logit, rr.off, rr.n, EXPERTS, 0, C, group, 2, 0, l);
+      hand_over(a, s, m.mine, m.logit, rr.off, rr.n, EXPERTS, C, group, 2, 0, l);
       stamp(a, l, 2);
       __shared__ int s_top[TOPK];
       if (threadIdx.x < 32) {  // top-8 by warp arg-maxes, as ROUTE
@@ -293,8 +268,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       acc = stream<MATH>(expert(a, e, (size_t)2 * ac.off * 256), (size_t)2 * ac.n * 256, acc, pol, s + m.x, s + m.red);
       for (int i = threadIdx.x; i < ac.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
       stamp(a, l, 4);
-      hand_over<CLUSTER>(a, s, m.mine, m.act + slot * INTER, ac.off, ac.n, INTER, slot * g.ES, g.ES, group, 3, slot,
-                         l);
+      hand_over(a, s, m.mine, m.act + slot * INTER, ac.off, ac.n, INTER, g.ES, group, 3, slot, l);
       stamp(a, l, 5);
       // the expert's down rows: this SM's rows of 768 (96 words a row), added into x(l+1)
       const Span dr = span(er, HID, g.ES, 1);
@@ -316,42 +290,16 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
     stamp(a, l, 7);
   }
   if (acc == 0x12345678u) a.out[blockIdx.x] = acc;
-  if (CLUSTER) cluster_sync();  // no block leaves while a partner may still push into it
 }
 
-template <bool CLUSTER, bool MATH = false>
+template <bool MATH = false>
 static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
   const size_t smem = (size_t)smem_of(g).n * sizeof(float);
-  const int blocks = n_blocks(g), C = g.CA;
-  auto k = layer_kernel<CLUSTER, MATH>;
+  const int blocks = n_blocks(g);
+  auto k = layer_kernel<MATH>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CLUSTER ? C : 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(blocks);
-  lc.blockDim = dim3(NT);
-  lc.dynamicSmemBytes = smem;
-  lc.attrs = attr;
-  lc.numAttrs = CLUSTER ? 1 : 0;
   char name[48];
-  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE, %s%s", g.NA, g.CA, g.NM, g.CM,
-           CLUSTER ? "cluster" : "global", MATH ? ", mma" : "");
-  if (CLUSTER) {
-    if (g.CA != g.CM) {
-      printf("%s: a cluster launch needs groups of one size\n", name);
-      return 1;
-    }
-    if (C > 8) CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    int fit = 0;
-    if (cudaOccupancyMaxActiveClusters(&fit, k, &lc) != cudaSuccess || fit * C < blocks) {
-      (void)cudaGetLastError();
-      printf("%-44s only %d clusters fit at once (%d needed), skipped\n", name, fit, blocks / C);
-      return 0;
-    }
-  }
+  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE%s", g.NA, g.CA, g.NM, g.CM, MATH ? ", mma" : "");
   Args a;
   a.w = reinterpret_cast<const uint4*>(pm.buf);
   a.x = x;
@@ -364,7 +312,7 @@ static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, 
     CK(cudaMemset(ctr, 0, 1024 * sizeof(unsigned)));
     float ms = 0.f;
     CK(cudaEventRecord(pm.a));
-    CK(cudaLaunchKernelEx(&lc, k, a, g));
+    k<<<blocks, NT, smem>>>(a, g);
     CK(cudaEventRecord(pm.b));
     CK(cudaEventSynchronize(pm.b));
     CK(cudaGetLastError());
@@ -418,15 +366,12 @@ int main() {
          "(median of 5), phases: medians over layers 1-%d and the role's blocks\n",
          LAYERS, LAYERS - 1);
   // groups of 8 (8 attention groups of 4 query heads, 8 MoE groups of one expert) and 16 (4 and 4, two
-  // experts each), global and as clusters; then, global only, more SMs for the MoE (7 / 9, 6 / 10)
+  // experts each); then more SMs for the MoE (7 / 9, 6 / 10)
   const Geo even8 = geo(8, 8, 8), even16 = geo(16, 16, 4);
-  for (const Geo& g : {even8, even16}) {
-    if (run<false>(pm, g, x, gbuf, ctr, stamps) || run<true>(pm, g, x, gbuf, ctr, stamps)) return 1;
-  }
-  for (const Geo& g : {geo(7, 9, 8), geo(6, 10, 8)})
-    if (run<false>(pm, g, x, gbuf, ctr, stamps)) return 1;
+  for (const Geo& g : {even8, even16, geo(7, 9, 8), geo(6, 10, 8)})
+    if (run(pm, g, x, gbuf, ctr, stamps)) return 1;
   // and with the GEMVs' math: two mma.sync per pair of loads, each phase's partial sums reduced
   for (const Geo& g : {even8, even16})
-    if (run<false, true>(pm, g, x, gbuf, ctr, stamps)) return 1;
+    if (run<true>(pm, g, x, gbuf, ctr, stamps)) return 1;
   return 0;
 }
