@@ -60,7 +60,7 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, size_t bytes, 
 // Immutable weights, 16 bytes: read-only path, no L1 allocation (streamed once per step), with an
 // L2 policy (l2_policy). Not volatile: the compiler may hoist these loads above unrelated math (they
 // never alias a write of the step). L2::128B: a miss fetches the whole 128-byte line from HBM. A
-// GEMV warp load covers 64 bytes of each of 8 rows (the mma fragment ties lanes to rows) and the
+// 16-row GEMV warp load covers 64 bytes of each of 8 rows (the mma fragment ties lanes to rows) and the
 // line's other half comes with the next k-step, so without the hint L2 asked HBM for 64-byte
 // pieces (stream_probe: the GEMV pattern 3.6 TB/s with every SM streaming, whole lines 4.5).
 // Measured on the H200 (2026-11-30, three rounds in one call): BS 1 3.205 / 3.178 / 3.284 ms vs
