@@ -6,7 +6,9 @@
 // shapes, back to back per block (each tile's weights its own bytes; router tiles re-read from a
 // 24-MB bank that L2 keeps, as the kernel's evict_last routers), with stamps around each piece:
 //   stage   x(l) (8 KB, fp32 through L2) normed into shared memory, the GEMV's activations
-//   gemv    gemv_mma on the staged rows (loads, mma.sync, the warps' reduction, the norm factor)
+//   gemv    gemv_mma on the staged rows (loads, mma.sync, the warps' reduction, the norm factor);
+//           for a fused item's down slice (2048 rows x 128 columns, rows 768 apart) gemv_down_acc /
+//           gemv_down_one, its rows added into a global sum row
 //   store   the outputs to global memory (ld.cg-visible stores) and a barrier, as an epilogue
 // in three settings: every block running tiles ("all"); block 0 alone ("alone"); block 0 beside the
 // other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma with its
@@ -34,6 +36,7 @@ struct Shape {
   const char* name;
   int rows, klen;
   bool keep;  // the router: evict_last, from the bank L2 keeps
+  int ld = 0;  // a fused item's down slice: klen columns of rows `ld` apart (gemv_down_acc / gemv_down_one)
 };
 constexpr Shape SHAPES[] = {
     {"router 16 x 2048 (L2)", 16, 2048, true},
@@ -41,6 +44,7 @@ constexpr Shape SHAPES[] = {
     {"QKV 128 x 2048", 128, 2048, false},
     {"O-proj 128 x 1024", 128, 1024, false},
     {"MoE up 256 x 2048", 256, 2048, false},
+    {"down slice 2048 x 128", 2048, 128, false, 768},
 };
 
 struct Args {
@@ -48,10 +52,11 @@ struct Args {
   const float* x;          // x(l): [8][HID] fp32 (row 0 used)
   const __nv_bfloat16* norm_w;
   float* out;              // [blocks][MAXROWS * 8] the epilogue's stores
+  float* sum;              // [blocks][HID] what the down slices add into
   unsigned long long* st;  // [blocks][ITEMS][NSTAMP]
   unsigned* done;          // block 0 finished (the streamers stop)
   uint32_t* sink;
-  int rows, klen, keep, setting, flat, one;  // one: gemv_mma's one-row layout
+  int rows, klen, keep, ld, setting, flat, one;  // one: the one-row layout
 };
 enum { ALL = 0, ALONE = 1, BESIDE = 2 };
 
@@ -89,6 +94,8 @@ __device__ __forceinline__ uint32_t flat_phase(const uint4* p, size_t n16, uint3
 __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char dyn[];
   __shared__ int rows[8];
+  __shared__ float s_w[1];
+  __shared__ int s_b[1];
   __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(dyn);
   float* red = reinterpret_cast<float*>(dyn + (size_t)8 * (HID + mk::ACT_PAD) * 2);
   float* outs = red + mk::RED_FLOATS;
@@ -108,8 +115,12 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     return;
   }
   if (threadIdx.x < 8) rows[threadIdx.x] = threadIdx.x == 0 ? 0 : -1;  // one batch row
+  if (threadIdx.x == 0) {
+    s_w[0] = 1.f;
+    s_b[0] = 0;
+  }
   __syncthreads();
-  const size_t tile = (size_t)a.rows * a.klen * 2;
+  const size_t tile = (size_t)a.rows * (a.ld ? a.ld : a.klen) * 2;
   unsigned long long* st = a.st + (size_t)blockIdx.x * ITEMS * NSTAMP;
   for (int it = 0; it < ITEMS; ++it) {
     // the tile's bytes: the router's from the bank (every block its own 8 tiles per pass), the
@@ -124,8 +135,15 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     __syncthreads();
     const unsigned long long t1 = globaltimer();
     if (a.flat) {
-      acc = flat_phase(reinterpret_cast<const uint4*>(W), tile / 16, acc, pol, act, red);
+      acc = flat_phase(reinterpret_cast<const uint4*>(W), (size_t)a.rows * a.klen * 2 / 16, acc, pol, act, red);
       if (threadIdx.x < 128) outs[threadIdx.x] = (float)acc;
+    } else if (a.ld) {  // the down slice, added into this block's sum row
+      float* sum = a.sum + (size_t)blockIdx.x * HID;
+      if (a.one)
+        mk::gemv_down_one(W, a.ld, a.rows, act, sum, 1.f);
+      else
+        mk::gemv_down_acc<4>(W, a.ld, a.rows, act, HID + mk::ACT_PAD, sum, HID, s_w, s_b, 1);
+      __syncthreads();
     } else {
       Gemv g{W, a.klen, W, a.klen, a.rows, a.rows, a.klen, a.keep != 0};
       ActSrc x2 = src;
@@ -133,7 +151,8 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     }
     const unsigned long long t2 = globaltimer();
     float* o = a.out + (size_t)blockIdx.x * mk::OUT_FLOATS;
-    for (int i = threadIdx.x; i < a.rows; i += mk::NT) __stcg(o + i, outs[i * 8]);
+    if (!a.ld)  // (a down slice has added its rows already)
+      for (int i = threadIdx.x; i < a.rows; i += mk::NT) __stcg(o + i, outs[i * 8]);
     __syncthreads();
     const unsigned long long t3 = globaltimer();
     if (threadIdx.x == 0) {
@@ -165,11 +184,14 @@ int main(int argc, char** argv) {
   float* x;
   __nv_bfloat16* nw;
   float* out;
+  float* sum;
   unsigned long long* st;
   unsigned* done;
   CK(cudaMalloc(&x, 8 * HID * 4));
   CK(cudaMalloc(&nw, HID * 2));
   CK(cudaMalloc(&out, (size_t)n_sm * mk::OUT_FLOATS * 4));
+  CK(cudaMalloc(&sum, (size_t)n_sm * HID * 4));
+  CK(cudaMemset(sum, 0, (size_t)n_sm * HID * 4));
   CK(cudaMalloc(&st, (size_t)n_sm * ITEMS * NSTAMP * 8));
   CK(cudaMalloc(&done, 4));
   {
@@ -189,7 +211,7 @@ int main(int argc, char** argv) {
     for (int kind = 0; kind < 3; ++kind) {  // gemv_mma's 16-row layout, its one-row layout, flat
       const int flat = kind == 2, one = kind == 1;
       for (int setting = 0; setting < 3; ++setting) {
-        Args a{m.buf, x, nw, out, st, done, m.out, sh.rows, sh.klen, sh.keep, setting, flat, one};
+        Args a{m.buf, x, nw, out, sum, st, done, m.out, sh.rows, sh.klen, sh.keep, sh.ld, setting, flat, one};
         for (int r = 0; r < 5; ++r) {
           CK(cudaMemset(done, 0, 4));
           cost_kernel<<<n_sm, mk::NT, smem>>>(a);
