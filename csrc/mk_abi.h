@@ -196,9 +196,9 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-// MK_MODE_ONE_ROW: at one row, every GEMV with K a multiple of 128 and the fused MoE items' down
-// slices of 128 columns run the one-row layout (mk_device.cuh gemv_mma, gemv_down_one: whole
-// 128-byte lines per load instruction); off until measured against the 16-row layout (docs/PERF.md).
+// MK_MODE_ONE_ROW: in steps of 1-4 rows the GEMVs run the K-segment layouts (mk_device.cuh
+// gemv_segs: whole 128-byte lines per load instruction), and at one row the fused MoE items' down
+// slices of 128 columns too (gemv_down_one); off until measured against the 16-row layout.
 #define MK_MODE_ONE_ROW 32
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2

@@ -373,10 +373,11 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
 }
 
 // One mma group of a warp from k = kk on (the k-steps before kk were already accumulated in c): the
-// lane's 16-byte weight pieces at ra and rb and activation pieces at xa, k-step `stride` elements.
-template <int U>
+// lane's 16-byte weight pieces at ra and rb and activation pieces at xa, k-steps of `stride`
+// elements (a constant: the loads' offsets stay immediates).
+template <int U, int stride>
 __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
-                                           int klen, int stride, uint64_t pol) {
+                                           int klen, uint64_t pol) {
   for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
     uint4 wa[U], wb[U];
 #pragma unroll
@@ -410,40 +411,67 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
   }
 }
 
-// One row (a batch of one token, its activations in act_s row 0; K a multiple of ONE_ROW_K_STEP).
-// The mma's 16 rows are 4 weight rows x 4 K-segments and its columns 0-3 the token's same 4
-// segments (4-7 unused): lane (gid, t) loads weight row gid / 4 (ra; rb: 2 + gid / 4) at elements
-// (gid % 4) * 32 + t * 8 .. + 8 of every 128, so a load instruction reads 256 consecutive bytes of
-// each of 2 rows (4 whole 128-byte lines), where the 16-row layout reads 64 bytes of 8 rows (8 half
-// lines, their other halves in the next instruction). Beside idle SMs that layout streamed ~66 GB/s
-// per SM against ~125 for whole lines, and a 64-KB router tile took 2.5 us against 1.0
-// (csrc/probes/gemv_cost_probe.cu, H100, 2026-12-07). Product (m, n) pairs segment m % 4 of the
-// weights with segment n of the token: a row's partial sum is the sum of its entries n = m % 4.
-// Lane (gid, t) holds n = 2t (c0, c2) and 2t + 1 (c1, c3): such an entry where t = (gid % 4) / 2
-// (c0 / c2 for an even segment, c1 / c3 for an odd one); each half warp sums its row's four.
-constexpr int ONE_ROW_K_STEP = 128;
-__device__ __forceinline__ float2 one_row_sums(const float (&c)[4]) {
-  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3, seg = gid & 3;
-  const bool mine = t == seg >> 1, even = (seg & 1) == 0;
-  float a = mine ? (even ? c[0] : c[1]) : 0.f, b = mine ? (even ? c[2] : c[3]) : 0.f;
+// Few rows (MK_MODE_ONE_ROW, up to 4 tokens; gemv_segs): K-segment layouts. The mma's 16 rows are
+// 16 / S weight rows x S K-segments and its 8 columns 8 / S tokens x the same S segments (S = 4 up to
+// 2 tokens, 2 up to 4; S = 1 is the 16-row layout): lane (gid, t) loads weight row gid / S (ra; rb:
+// 8 / S rows on) at elements (gid % S) * 32 + t * 8 of every 32 * S, and token gid / S's activations
+// there, so a load instruction reads S * 64 consecutive bytes of each of 8 / S rows: whole 128-byte
+// lines, where the 16-row layout reads 64 bytes of 8 rows (8 half lines, their other halves in the
+// next instruction). Beside idle SMs that layout streamed ~66 GB/s per SM against ~125 for whole
+// lines, and a 64-KB router tile took 2.5 us against 1.0 (csrc/probes/gemv_cost_probe.cu, H100,
+// 2026-12-07). Product (m, n) pairs segment m % S of row m / S with segment n % S of token n / S:
+// a row's sum for a token is the sum of its S entries with m % S == n % S.
+__device__ __forceinline__ int gemv_segs(bool few, int batch, int klen) {
+  const int S = !few ? 1 : batch <= 2 ? 4 : batch <= 4 ? 2 : 1;
+  return klen % (32 * S) == 0 ? S : 1;
+}
+
+// A group's sums (S = 2 or 4) from the lane's accumulators: lane (gid, t) holds n = 2t (c0, c2) and
+// 2t + 1 (c1, c3), an entry with m % S == n % S where (S = 4) t % 2 == (gid % 4) / 2, c0 / c2 for an
+// even segment, c1 / c3 for an odd one (S = 2: every lane, by gid's parity); the warp adds them over
+// the segments. Then lane L holds (a: rows 0.., b: rows 8 / S ..): S = 2: row L / 8 (b: 4 + L / 8),
+// token L % 4; S = 4: row L / 16 (b: 2 + L / 16), token (L / 2) % 2.
+template <int S>
+__device__ __forceinline__ float2 seg_reduce(const float (&c)[4]) {
+  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3, seg = gid % S;
+  const bool mine = S == 2 || (t & 1) == (seg >> 1), odd = seg & 1;
+  float a = mine ? (odd ? c[1] : c[0]) : 0.f, b = mine ? (odd ? c[3] : c[2]) : 0.f;
+  a += __shfl_xor_sync(0xffffffffu, a, 4);
+  b += __shfl_xor_sync(0xffffffffu, b, 4);
+  if (S == 4) {
 #pragma unroll
-  for (int o = 8; o > 0; o >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    b += __shfl_xor_sync(0xffffffffu, b, o);
+    for (int o : {8, 1}) {
+      a += __shfl_xor_sync(0xffffffffu, a, o);
+      b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
   }
-  return make_float2(a, b);  // lane 0: rows 0 (a) and 2 (b) of the group; lane 16: rows 1 and 3
+  return make_float2(a, b);
+}
+
+// seg_reduce's sums into `slot` [16 / S rows][8 columns] (out_s's layout; the columns past 8 / S
+// tokens zero): lane L writes row L / 8 (and, S = 2, row 4 + L / 8), column L % 8.
+template <int S>
+__device__ __forceinline__ void seg_store(float2 ab, float* slot) {
+  const int lane = threadIdx.x % 32, r = lane >> 3, n = lane & 7;
+  if (S == 2) {
+    slot[r * 8 + n] = n < 4 ? ab.x : 0.f;
+    slot[(4 + r) * 8 + n] = n < 4 ? ab.y : 0.f;
+  } else {
+    const int src = ((r & 1) << 4) | ((n & 1) << 1);  // the lane holding (row r, token n)
+    const float va = __shfl_sync(0xffffffffu, ab.x, src), vb = __shfl_sync(0xffffffffu, ab.y, src);
+    slot[r * 8 + n] = n < 2 ? (r < 2 ? va : vb) : 0.f;
+  }
 }
 
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
-                                      bool mark, bool staged, bool one) {
+                                      bool mark, bool staged, int segs) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
   const int lds = klen + ACT_PAD;
-  // one: a single token and whole ONE_ROW_K_STEP k-steps: groups of 4 rows in the one-row layout
-  // (one_row_sums); else groups of 16 rows, 8 token columns, k-steps of 32
-  one = one && klen % ONE_ROW_K_STEP == 0;
-  const int rows_per = one ? 4 : 16, stride = one ? ONE_ROW_K_STEP : 32;
+  // segs (gemv_segs: 1, 2 or 4): groups of 16 / segs rows, k-steps of 32 * segs
+  const int sh = segs >> 1;  // log2(segs)
+  const int rows_per = 16 >> sh, stride = 32 << sh;
   const int ngroups = (g.nrows + rows_per - 1) / rows_per;
   const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per group
   const int gslots = NWARPS / wpg;
@@ -465,54 +493,53 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
   if (!staged) stage_rows(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
-  // the lane's piece of each k-step: one row, (segment, t); 16 rows, (t) of token gid's row
-  const int lane_k = one ? (gid & 3) * 32 + t * 8 : t * 8;
-  const bf16* xa = act_s + (one ? 0 : gid * lds) + lane_k;
+  // the lane's piece of each k-step (segment gid % segs) and its token's row (gid / segs)
+  const int lane_k = (gid & (segs - 1)) * 32 + t * 8;
+  const bf16* xa = act_s + (gid >> sh) * lds + lane_k;
   const uint64_t pol = l2_policy(g.keep);
-  // 16-row groups with one warp each (wpg 1): its sums are the result, in out_s's layout (group
-  // grp's 16 rows x 8 tokens at grp * 128); else each (group, K block) into red_s, summed below
-  // (one row: its 4 rows' sums)
-  float* const part = wpg == 1 && !one ? out_s : red_s;
+  // a group's sums in out_s's layout ([rows_per rows][8 tokens]): with one warp per group (wpg 1)
+  // straight into out_s, else each (group, K block) into its 128 floats of red_s, summed below
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
-    const int r_a = one ? grp * 4 + gid / 4 : grp * 16 + gid;
+    const int r_a = grp * rows_per + (gid >> sh);
     const bf16* ra = gemv_row(g, r_a) + lane_k;
-    const bf16* rb = gemv_row(g, r_a + (one ? 2 : 8)) + lane_k;
-    if (u4)
-      gemv_group<4>(c, ra, rb, xa, k_begin, k_end, stride, pol);
-    else
-      gemv_group<8>(c, ra, rb, xa, k_begin, k_end, stride, pol);
-    float* red = part + (grp * wpg + kw) * (one ? 4 : 128);
-    if (one) {
-      const float2 ab = one_row_sums(c);
-      if (lane % 16 == 0) {
-        red[lane / 16] = ab.x;
-        red[2 + lane / 16] = ab.y;
-      }
+    const bf16* rb = gemv_row(g, r_a + (8 >> sh)) + lane_k;
+    if (segs == 1) {
+      if (u4)
+        gemv_group<4, 32>(c, ra, rb, xa, k_begin, k_end, pol);
+      else
+        gemv_group<8, 32>(c, ra, rb, xa, k_begin, k_end, pol);
+    } else if (segs == 2) {
+      if (u4)
+        gemv_group<4, 64>(c, ra, rb, xa, k_begin, k_end, pol);
+      else
+        gemv_group<8, 64>(c, ra, rb, xa, k_begin, k_end, pol);
+    } else {
+      if (u4)
+        gemv_group<4, 128>(c, ra, rb, xa, k_begin, k_end, pol);
+      else
+        gemv_group<8, 128>(c, ra, rb, xa, k_begin, k_end, pol);
+    }
+    float* slot = wpg == 1 ? out_s + grp * rows_per * 8 : red_s + (grp * wpg + kw) * 128;
+    if (segs == 4) {
+      seg_store<4>(seg_reduce<4>(c), slot);
+    } else if (segs == 2) {
+      seg_store<2>(seg_reduce<2>(c), slot);
     } else {  // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
-      red[gid * 8 + 2 * t] = c[0];
-      red[gid * 8 + 2 * t + 1] = c[1];
-      red[(gid + 8) * 8 + 2 * t] = c[2];
-      red[(gid + 8) * 8 + 2 * t + 1] = c[3];
+      slot[gid * 8 + 2 * t] = c[0];
+      slot[gid * 8 + 2 * t + 1] = c[1];
+      slot[(gid + 8) * 8 + 2 * t] = c[2];
+      slot[(gid + 8) * 8 + 2 * t + 1] = c[3];
     }
   }
   __syncthreads();
   // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
   const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
-  if (one) {  // row r's sum into out_s[r * 8] (token 0; the other columns zero)
+  if (wpg > 1) {
     for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
-      const int r = i / 8;
+      const int r = i / 8, n = i % 8, grp = r / rows_per;
       float s = 0.f;
-      if (i % 8 == 0)
-        for (int w = 0; w < wpg; ++w) s += red_s[((r / 4) * wpg + w) * 4 + r % 4];
-      out_s[i] = s * sc;
-    }
-    __syncthreads();
-  } else if (wpg > 1) {
-    for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
-      const int r = i / 8, n = i % 8, grp = r / 16;
-      float s = 0.f;
-      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
+      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % rows_per) * 8 + n];
       out_s[i] = s * sc;
     }
     __syncthreads();
@@ -527,7 +554,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s, bool staged = false) {
   gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged,
-           p.batch == 1 && (p.prefetch_mode & MK_MODE_ONE_ROW) != 0);
+           gemv_segs((p.prefetch_mode & MK_MODE_ONE_ROW) != 0, p.batch, g.klen));
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 
@@ -599,10 +626,10 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   }
 }
 
-// gemv_down_acc's one-row form (MK_MODE_ONE_ROW; one token, ONE_ROW_K_STEP columns): groups of 4 rows
-// in the one-row layout (one_row_sums: a load instruction reads each of 2 rows' whole 256-byte slice,
-// where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight), w * row
-// added into acc (the token's row of the sum).
+// gemv_down_acc's one-row form (MK_MODE_ONE_ROW; one token, 128 columns): groups of 4 rows in the
+// 4-segment layout (gemv_segs, seg_reduce: a load instruction reads each of 2 rows' whole 256-byte
+// slice, where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight),
+// w * row added into acc (the token's row of the sum).
 __device__ __noinline__ void gemv_down_one(const bf16* W, int ld, int nrows, const bf16* act_s, float* acc, float w) {
   constexpr int GB = 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
@@ -626,7 +653,7 @@ __device__ __noinline__ void gemv_down_one(const bf16* W, int ld, int nrows, con
       float c[4] = {0.f, 0.f, 0.f, 0.f};
       mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
       mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
-      const float2 s = one_row_sums(c);
+      const float2 s = seg_reduce<4>(c);
       if (g0 + u < g_end && lane % 16 == 0) {  // lane 0: rows 0 and 2 of the group, lane 16: 1 and 3
         const int r = (g0 + u) * 4 + lane / 16;
         red_add_global(acc + r, w * s.x);

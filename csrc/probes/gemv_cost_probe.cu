@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     } else {
       Gemv g{W, a.klen, W, a.klen, a.rows, a.rows, a.klen, a.keep != 0};
       ActSrc x2 = src;
-      mk::gemv_mma(g, x2, act, red, outs, false, /*staged=*/true, a.one != 0);
+      mk::gemv_mma(g, x2, act, red, outs, false, /*staged=*/true, mk::gemv_segs(a.one != 0, 1, a.klen));
     }
     const unsigned long long t2 = globaltimer();
     float* o = a.out + (size_t)blockIdx.x * mk::OUT_FLOATS;

@@ -326,7 +326,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
-        abi.MK_MODE_ONE_ROW,  # the one-row GEMV layout (one row only; the others as default)
+        abi.MK_MODE_ONE_ROW,  # the K-segment GEMV layouts (1-4 rows; 8 rows as default)
     ],
     ids=["default", "twice", "one_row"],
 )
@@ -723,10 +723,13 @@ def test_step_matches_reference_release_geometry(release, contexts):
     _step_check(cfg, w, be, contexts, seed=len(contexts))
 
 
-@pytest.mark.parametrize("contexts", [[8192], [131071]], ids=["8k", "128k"])
+@pytest.mark.parametrize(
+    "contexts", [[8192], [131071], [8192, 3000], [100, 4095, 4096, 9000]], ids=["8k", "128k", "bs2", "bs4"]
+)
 def test_one_row_layout_release_geometry(release, contexts):
-    """MK_MODE_ONE_ROW: every GEMV of a one-row step in the one-row layout (4 rows x 4 K-segments
-    per mma) at the release geometry, every layer's output against the routed fp32 reference."""
+    """MK_MODE_ONE_ROW: the GEMVs of steps of 1-4 rows in the K-segment layouts (4 segments per mma
+    up to 2 rows, 2 up to 4) at the release geometry, every layer's output against the routed fp32
+    reference."""
     cfg, w, be = release
     be.prefetch_mode = abi.MK_MODE_ONE_ROW
     try:
