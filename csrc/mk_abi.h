@@ -197,8 +197,8 @@ enum MkError {
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
 // MK_MODE_ONE_ROW: in steps of 1-4 rows the GEMVs run the K-segment layouts (mk_device.cuh
-// gemv_segs: whole 128-byte lines per load instruction), and at one row the fused MoE items' down
-// slices of 128 columns too (gemv_down_one); off until measured against the 16-row layout.
+// gemv_segs: whole 128-byte lines per load instruction), and at 1-2 rows the fused MoE items' down
+// slices of 128 columns too (gemv_down_few); off until measured against the 16-row layout.
 #define MK_MODE_ONE_ROW 32
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2

@@ -626,18 +626,26 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   }
 }
 
-// gemv_down_acc's one-row form (MK_MODE_ONE_ROW; one token, 128 columns): groups of 4 rows in the
+// gemv_down_acc's form at 1-2 tokens (MK_MODE_ONE_ROW; 128 columns): groups of 4 rows in the
 // 4-segment layout (gemv_segs, seg_reduce: a load instruction reads each of 2 rows' whole 256-byte
-// slice, where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight),
-// w * row added into acc (the token's row of the sum).
-__device__ __noinline__ void gemv_down_one(const bf16* W, int ld, int nrows, const bf16* act_s, float* acc, float w) {
+// slice, where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight);
+// token j's rows, times wtok[j], added into acc at its batch row btok[j] (act_s: token j's
+// activations at row j, lds apart; a second row of zeros where nt = 1).
+__device__ __noinline__ void gemv_down_few(const bf16* W, int ld, int nrows, const bf16* act_s, int lds, float* acc,
+                                           int H, const float* wtok, const int* btok, int nt) {
   constexpr int GB = 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   const int lane_k = (gid & 3) * 32 + t * 8;
   const int ngroups = nrows / 4;
   const int gpw = (ngroups + NWARPS - 1) / NWARPS;
   const int g_begin = warp * gpw, g_end = min(ngroups, g_begin + gpw);
-  const uint4 bx = *reinterpret_cast<const uint4*>(act_s + lane_k);  // the one k-step
+  const uint4 bx = *reinterpret_cast<const uint4*>(act_s + (gid >> 2) * lds + lane_k);  // the one k-step
+  // after seg_reduce lane L holds rows L / 16 (x) and 2 + L / 16 (y) of token (L / 2) % 2: lanes 0, 2,
+  // 16 and 18 add them
+  const int tok = (lane >> 1) & 1;
+  const bool adds = (lane & 13) == 0 && tok < nt;
+  float* const dst = acc + (size_t)(adds ? btok[tok] : 0) * H;
+  const float w = adds ? wtok[tok] : 0.f;
   const uint64_t pol = l2_policy(false);  // streamed once per step
   for (int g0 = g_begin; g0 < g_end; g0 += GB) {
     uint4 wa[GB], wb[GB];
@@ -654,10 +662,10 @@ __device__ __noinline__ void gemv_down_one(const bf16* W, int ld, int nrows, con
       mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
       mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
       const float2 s = seg_reduce<4>(c);
-      if (g0 + u < g_end && lane % 16 == 0) {  // lane 0: rows 0 and 2 of the group, lane 16: 1 and 3
+      if (g0 + u < g_end && adds) {
         const int r = (g0 + u) * 4 + lane / 16;
-        red_add_global(acc + r, w * s.x);
-        red_add_global(acc + r + 2, w * s.y);
+        red_add_global(dst + r, w * s.x);
+        red_add_global(dst + r + 2, w * s.y);
       }
     }
   }

@@ -8,7 +8,7 @@
 //   stage   x(l) (8 KB, fp32 through L2) normed into shared memory, the GEMV's activations
 //   gemv    gemv_mma on the staged rows (loads, mma.sync, the warps' reduction, the norm factor);
 //           for a fused item's down slice (2048 rows x 128 columns, rows 768 apart) gemv_down_acc /
-//           gemv_down_one, its rows added into a global sum row
+//           gemv_down_few, its rows added into a global sum row
 //   store   the outputs to global memory (ld.cg-visible stores) and a barrier, as an epilogue
 // in three settings: every block running tiles ("all"); block 0 alone ("alone"); block 0 beside the
 // other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma with its
@@ -36,7 +36,7 @@ struct Shape {
   const char* name;
   int rows, klen;
   bool keep;  // the router: evict_last, from the bank L2 keeps
-  int ld = 0;  // a fused item's down slice: klen columns of rows `ld` apart (gemv_down_acc / gemv_down_one)
+  int ld = 0;  // a fused item's down slice: klen columns of rows `ld` apart (gemv_down_acc / gemv_down_few)
 };
 constexpr Shape SHAPES[] = {
     {"router 16 x 2048 (L2)", 16, 2048, true},
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     } else if (a.ld) {  // the down slice, added into this block's sum row
       float* sum = a.sum + (size_t)blockIdx.x * HID;
       if (a.one)
-        mk::gemv_down_one(W, a.ld, a.rows, act, sum, 1.f);
+        mk::gemv_down_few(W, a.ld, a.rows, act, HID + mk::ACT_PAD, sum, HID, s_w, s_b, 1);
       else
         mk::gemv_down_acc<4>(W, a.ld, a.rows, act, HID + mk::ACT_PAD, sum, HID, s_w, s_b, 1);
       __syncthreads();
