@@ -60,37 +60,6 @@ struct Args {
 };
 enum { ALL = 0, ALONE = 1, BESIDE = 2 };
 
-// layer_probe's phase: the block streams n16 words from p (8 loads in flight per thread), two
-// mma.sync per pair of loads with an activation fragment from xs, then the warps' partial sums
-// reduced through shared memory behind a barrier.
-__device__ __forceinline__ uint32_t flat_phase(const uint4* p, size_t n16, uint32_t acc, uint64_t pol,
-                                               const __nv_bfloat16* xs, float* red) {
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  size_t i = threadIdx.x;
-  for (; i + 7 * (size_t)mk::NT < n16; i += 8 * (size_t)mk::NT) {
-    uint4 v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = ldw_hint(p + i + (size_t)u * mk::NT, pol);
-#pragma unroll
-    for (int u = 0; u < 8; u += 2) {
-      const uint4 bx = reinterpret_cast<const uint4*>(xs)[(threadIdx.x + 32 * u) & (HID / 8 - 1)];
-      mma16816(c, v[u].x, v[u + 1].x, v[u].y, v[u + 1].y, bx.x, bx.y);
-      mma16816(c, v[u].z, v[u + 1].z, v[u].w, v[u + 1].w, bx.z, bx.w);
-    }
-  }
-  for (; i < n16; i += mk::NT) acc ^= fold(ldw_hint(p + i, pol));
-  reinterpret_cast<float4*>(red)[threadIdx.x] = make_float4(c[0], c[1], c[2], c[3]);
-  __syncthreads();
-  if (threadIdx.x < 128) {
-    float t = 0.f;
-#pragma unroll
-    for (int w = 0; w < mk::NWARPS; ++w) t += red[w * 128 + threadIdx.x];
-    acc ^= __float_as_uint(t);
-  }
-  __syncthreads();
-  return acc;
-}
-
 __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char dyn[];
   __shared__ int rows[8];
@@ -135,7 +104,8 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
     __syncthreads();
     const unsigned long long t1 = globaltimer();
     if (a.flat) {
-      acc = flat_phase(reinterpret_cast<const uint4*>(W), (size_t)a.rows * a.klen * 2 / 16, acc, pol, act, red);
+      acc = phase_stream<true, mk::NT>(reinterpret_cast<const uint4*>(W), (size_t)a.rows * a.klen * 2 / 16, acc, pol,
+                                       reinterpret_cast<const uint4*>(act), HID / 8 - 1, red);
       if (threadIdx.x < 128) outs[threadIdx.x] = (float)acc;
     } else if (a.ld) {  // the down slice, added into this block's sum row
       float* sum = a.sum + (size_t)blockIdx.x * HID;

@@ -68,44 +68,11 @@ __host__ __device__ inline Smem smem_of(const Geo& g) {
   return s;
 }
 
-// The block streams n16 16-byte words from p: 8 loads in flight per thread, folded. MATH: as the
-// kernel's GEMV does, each pair of loads also feeds two mma.sync with a 16-byte activation fragment
-// from shared memory (`xs`, 2048 floats), and the phase ends with the warps' partial sums reduced
-// through shared memory (`red`, NT * 4 floats) behind a barrier.
+// The block streams n16 16-byte words from p (probe_util.cuh phase_stream; x(l) as the activations).
 template <bool MATH>
 __device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t acc, uint64_t pol, const float* xs,
                                            float* red) {
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  size_t i = threadIdx.x;
-  for (; i + 7 * (size_t)NT < n16; i += 8 * (size_t)NT) {
-    uint4 v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = ldw_hint(p + i + (size_t)u * NT, pol);
-    if (MATH) {
-#pragma unroll
-      for (int u = 0; u < 8; u += 2) {
-        const uint4 bx = reinterpret_cast<const uint4*>(xs)[(threadIdx.x + 32 * u) & (HID / 4 - 1)];
-        mma16816(c, v[u].x, v[u + 1].x, v[u].y, v[u + 1].y, bx.x, bx.y);
-        mma16816(c, v[u].z, v[u + 1].z, v[u].w, v[u + 1].w, bx.z, bx.w);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc ^= fold(v[u]);
-    }
-  }
-  for (; i < n16; i += NT) acc ^= fold(ldw_hint(p + i, pol));
-  if (MATH) {  // the warps' partials: every thread's 4 sums into shared memory, 128 threads add 16 each
-    reinterpret_cast<float4*>(red)[threadIdx.x] = make_float4(c[0], c[1], c[2], c[3]);
-    __syncthreads();
-    if (threadIdx.x < 128) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < NT / 32; ++w) t += red[w * 128 + threadIdx.x];
-      acc ^= __float_as_uint(t);
-    }
-    __syncthreads();
-  }
-  return acc;
+  return phase_stream<MATH, NT>(p, n16, acc, pol, reinterpret_cast<const uint4*>(xs), HID / 4 - 1, red);
 }
 
 struct Args {

@@ -68,6 +68,47 @@ using mk::signal_release;
 // Folds loaded words into a checksum, so that no load is dead code.
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
+// A phase of a layer: the block (NTH threads) streams n16 16-byte words from p, 8 loads in flight per
+// thread, folded into acc. MATH: as the kernel's GEMV does, each pair of loads also feeds two
+// mma.sync with a 16-byte activation fragment from shared memory (xs[(thread + 32 u) & x_mask]), and
+// the phase ends with the warps' partial sums reduced through shared memory (`red`, NTH * 4 floats)
+// behind a barrier. (layer_probe's phases; gemv_cost_probe's "flat" GEMV.)
+template <bool MATH, int NTH>
+__device__ __forceinline__ uint32_t phase_stream(const uint4* p, size_t n16, uint32_t acc, uint64_t pol,
+                                                 const uint4* xs, int x_mask, float* red) {
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  size_t i = threadIdx.x;
+  for (; i + 7 * (size_t)NTH < n16; i += 8 * (size_t)NTH) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = ldw_hint(p + i + (size_t)u * NTH, pol);
+    if (MATH) {
+#pragma unroll
+      for (int u = 0; u < 8; u += 2) {
+        const uint4 bx = xs[(threadIdx.x + 32 * u) & x_mask];
+        mma16816(c, v[u].x, v[u + 1].x, v[u].y, v[u + 1].y, bx.x, bx.y);
+        mma16816(c, v[u].z, v[u + 1].z, v[u].w, v[u + 1].w, bx.z, bx.w);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc ^= fold(v[u]);
+    }
+  }
+  for (; i < n16; i += NTH) acc ^= fold(ldw_hint(p + i, pol));
+  if (MATH) {  // the warps' partials: every thread's 4 sums into shared memory, 128 threads add NTH / 32 each
+    reinterpret_cast<float4*>(red)[threadIdx.x] = make_float4(c[0], c[1], c[2], c[3]);
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < NTH / 32; ++w) t += red[w * 128 + threadIdx.x];
+      acc ^= __float_as_uint(t);
+    }
+    __syncthreads();
+  }
+  return acc;
+}
+
 // The median of five values (sorts them in place).
 static double median5(double (&v)[5]) {
   for (int i = 0; i < 5; ++i)
