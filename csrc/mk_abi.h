@@ -196,10 +196,10 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-// MK_MODE_ONE_ROW: in steps of 1-4 rows the GEMVs run the K-segment layouts (mk_device.cuh
+// MK_MODE_FEW_ROWS: in steps of 1-4 rows the GEMVs run the K-segment layouts (mk_device.cuh
 // gemv_segs: whole 128-byte lines per load instruction), and at 1-2 rows the fused MoE items' down
 // slices of 128 columns too (gemv_down_few); off until measured against the 16-row layout.
-#define MK_MODE_ONE_ROW 32
+#define MK_MODE_FEW_ROWS 32
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
 // for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit

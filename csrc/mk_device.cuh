@@ -411,7 +411,7 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
   }
 }
 
-// Few rows (MK_MODE_ONE_ROW, up to 4 tokens; gemv_segs): K-segment layouts. The mma's 16 rows are
+// Few rows (MK_MODE_FEW_ROWS, up to 4 tokens; gemv_segs): K-segment layouts. The mma's 16 rows are
 // 16 / S weight rows x S K-segments and its 8 columns 8 / S tokens x the same S segments (S = 4 up to
 // 2 tokens, 2 up to 4; S = 1 is the 16-row layout): lane (gid, t) loads weight row gid / S (ra; rb:
 // 8 / S rows on) at elements (gid % S) * 32 + t * 8 of every 32 * S, and token gid / S's activations
@@ -554,7 +554,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s, bool staged = false) {
   gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged,
-           gemv_segs((p.prefetch_mode & MK_MODE_ONE_ROW) != 0, p.batch, g.klen));
+           gemv_segs((p.prefetch_mode & MK_MODE_FEW_ROWS) != 0, p.batch, g.klen));
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 
@@ -626,7 +626,7 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
   }
 }
 
-// gemv_down_acc's form at 1-2 tokens (MK_MODE_ONE_ROW; 128 columns): groups of 4 rows in the
+// gemv_down_acc's form at 1-2 tokens (MK_MODE_FEW_ROWS; 128 columns): groups of 4 rows in the
 // 4-segment layout (gemv_segs, seg_reduce: a load instruction reads each of 2 rows' whole 256-byte
 // slice, where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight);
 // token j's rows, times wtok[j], added into acc at its batch row btok[j] (act_s: token j's

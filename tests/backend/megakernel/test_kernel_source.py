@@ -44,8 +44,7 @@ def test_kernels_compile_with_nvcc():
 @pytest.mark.parametrize("probe", ["stream_probe", "moe_probe", "layer_probe", "gemv_cost_probe"])
 def test_probes_compile(tmp_path, probe):
     """The stand-alone probes (csrc/probes: HBM streaming strategies, the MoE phase's schedules, a
-    GEMV's fixed cost, a layer in groups of SMs) stay buildable
-    for sm_90a."""
+    GEMV's fixed cost, a layer in groups of SMs) stay buildable for sm_90a."""
     import subprocess
 
     from mkcode.backend.megakernel.build import ARCH_FLAGS, find_nvcc
