@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 48
+#define MK_ABI_VERSION 49
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -197,9 +197,10 @@ enum MkError {
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
 // MK_MODE_FEW_ROWS: in steps of 1-4 rows the GEMVs run the K-segment layouts (mk_device.cuh
-// gemv_segs: whole 128-byte lines per load instruction), and at 1-2 rows the fused MoE items' down
-// slices of 128 columns too (gemv_down_few); off until measured against the 16-row layout.
+// gemv_segs: whole 128-byte lines per load instruction); off until measured against the 16-row layout.
 #define MK_MODE_FEW_ROWS 32
+// MK_MODE_FEW_DOWN: at 1-2 rows the fused MoE items' down slices of 128 columns run gemv_down_few.
+#define MK_MODE_FEW_DOWN 64
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
 // for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit

@@ -17,13 +17,17 @@
 // (no residual, no norm, no attention math). Prints us per layer (the layer's bytes and their rate)
 // and each phase's median per role: groups of 8 and of 16 SMs, then more SMs for the MoE (attention
 // / MoE groups of 7 / 9 and 6 / 10), then
-// groups of 8 and 16 with the GEMVs' math (mma.sync on the loaded words, each phase's reduction).
+// groups of 8 and 16 with the GEMVs' math (mma.sync on the loaded words, each phase's reduction),
+// then with the kernel's own GEMV (mk_device.cuh gemv_mma, included: its row layout, k-steps,
+// reduction) for every weight phase (the KV share stays a stream), in its 16-row layout and in the
+// K-segment layout of one row (gemv_segs S = 4).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
 //   PROBE_ARGS=run gpu_run.sh probe)
 #include <algorithm>
 #include <vector>
 
+#include "../mk_device.cuh"
 #include "probe_util.cuh"
 
 constexpr int NT = 512, LAYERS = 49, HID = 2048, QHEADS = 32, HD = 128, GQA = 8, EXPERTS = 128, TOPK = 8;
@@ -52,7 +56,7 @@ __host__ __device__ inline Span span(int r, int total, int parts, int align) {
 
 // Shared memory of a block (float offsets into the dynamic buffer): what the hand-offs deliver.
 struct Smem {
-  int q, part, attn, logit, act, x, mine, red, n;
+  int q, part, attn, logit, act, x, mine, red, gact, gred, gout, n;
 };
 __host__ __device__ inline Smem smem_of(const Geo& g) {
   Smem s;
@@ -64,15 +68,43 @@ __host__ __device__ inline Smem smem_of(const Geo& g) {
   s.x = s.act + g.epg * INTER;              // [2048] the staged x(l)
   s.mine = s.x + HID;                       // [heads * PART] this SM's slice before it is handed over
   s.red = s.mine + g.heads * PART;          // [NT * 4] a GEMV phase's partial sums (MATH)
-  s.n = s.red + NT * 4;
+  s.gact = s.red + NT * 4;                  // gemv_mma's staged activations: bf16 [8][HID + ACT_PAD]
+  s.gred = s.gact + 8 * (HID + mk::ACT_PAD) / 2;  // its scratch
+  s.gout = s.gred + mk::RED_FLOATS;         // its outputs [rows][8] (a phase has at most 256 rows)
+  s.n = s.gout + 256 * 8;
   return s;
 }
 
+// How a phase multiplies: loads folded (FOLD), layer_probe's mma over the loaded words (FLAT), or the
+// kernel's gemv_mma in its 16-row layout (GEMV16) or one row's K-segment layout (GEMV1).
+enum Math { FOLD = 0, FLAT = 1, GEMV16 = 2, GEMV1 = 3 };
+
 // The block streams n16 16-byte words from p (probe_util.cuh phase_stream; x(l) as the activations).
-template <bool MATH>
+template <int MATH>
 __device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t acc, uint64_t pol, const float* xs,
                                            float* red) {
-  return phase_stream<MATH, NT>(p, n16, acc, pol, reinterpret_cast<const uint4*>(xs), HID / 4 - 1, red);
+  return phase_stream<MATH != FOLD, NT>(p, n16, acc, pol, reinterpret_cast<const uint4*>(xs), HID / 4 - 1, red);
+}
+
+// A weight phase: `rows` rows of `klen` bf16 at p (contiguous) times the klen activations at s[xs]
+// (fp32). FOLD / FLAT: stream() over the bytes; GEMV16 / GEMV1: the activations into gemv_mma's
+// staging layout (row 0; rows 1-7 zero), then gemv_mma itself, one output folded into acc.
+template <int MATH>
+__device__ __forceinline__ uint32_t gemv_phase(const uint4* p, int rows, int klen, uint32_t acc, uint64_t pol, float* s,
+                                               const Smem& m, int xs) {
+  if (MATH < GEMV16) return stream<MATH>(p, (size_t)rows * klen / 8, acc, pol, s + m.x, s + m.red);
+  if (rows == 0) return acc;
+  __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(s + m.gact);
+  const int lds = klen + mk::ACT_PAD;
+  for (int i = threadIdx.x; i < 8 * lds; i += NT)
+    act[i] = __float2bfloat16(i < klen ? s[xs + i] : 0.f);
+  __syncthreads();
+  const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(p);
+  const mk::Gemv g{W, klen, W, klen, rows, rows, klen, false};
+  const mk::ActSrc none{nullptr, 0, nullptr, 0};
+  mk::gemv_mma(g, none, act, s + m.gred, s + m.gout, false, /*staged=*/true,
+               mk::gemv_segs(MATH == GEMV1, 1, klen));
+  return acc ^ __float_as_uint(s[m.gout + (rows - 1) * 8]);
 }
 
 struct Args {
@@ -135,7 +167,7 @@ __device__ __forceinline__ const uint4* expert(const Args& a, int e, size_t off1
   return a.w + (size_t)LAYERS * LAYER16 + (size_t)e * EXPERT16 + off16;
 }
 
-template <bool MATH>
+template <int MATH>
 __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   extern __shared__ __align__(16) float s[];
   const Smem m = smem_of(g);
@@ -156,7 +188,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // QKV: this SM's rows of the group's q heads and its kv head's K and V rows (256 words a row)
       const int rows = g.heads * HD + 2 * HD;
       const Span qr = span(rank, rows, C, 1);
-      acc = stream<MATH>(dense(a, l, ((size_t)ag * rows + qr.off) * 256), (size_t)qr.n * 256, acc, pol, s + m.x, s + m.red);
+      acc = gemv_phase<MATH>(dense(a, l, ((size_t)ag * rows + qr.off) * 256), qr.n, HID, acc, pol, s, m, m.x);
       stamp(a, l, 1);
       const Span qs = span(rank, g.heads * HD, C, 4);  // this SM's q values
       for (int i = threadIdx.x; i < qs.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
@@ -189,8 +221,8 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // O-proj: this SM's rows of Wo over the group's heads * 128 columns (heads * 16 words a row),
       // added into x(l+1)
       const Span orow = span(rank, HID, C, 1);
-      acc = stream<MATH>(dense(a, l, WO_AT + ((size_t)ag * HID + orow.off) * g.heads * 16),
-                         (size_t)orow.n * g.heads * 16, acc, pol, s + m.x, s + m.red);
+      acc = gemv_phase<MATH>(dense(a, l, WO_AT + ((size_t)ag * HID + orow.off) * g.heads * 16), orow.n,
+                             g.heads * HD, acc, pol, s, m, m.attn);
       for (int i = threadIdx.x; i < orow.n; i += NT)
         atomicAdd(xn + orow.off + i, (float)(acc & 255) * 1e-3f + s[m.attn + i % (g.heads * HD)]);
       stamp(a, l, 5);
@@ -198,7 +230,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // the router: this SM's rows of all 128 experts' (every MoE group computes the whole router;
       // rows in fours, as the logits go over in float4s)
       const Span rr = span(rank, EXPERTS, C, 4);
-      acc = stream<MATH>(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), (size_t)rr.n * 256, acc, pol, s + m.x, s + m.red);
+      acc = gemv_phase<MATH>(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), rr.n, HID, acc, pol, s, m, m.x);
       stamp(a, l, 1);
       for (int i = threadIdx.x; i < rr.n; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
       hand_over(a, s, m.mine, m.logit, rr.off, rr.n, EXPERTS, C, group, 2, 0, l);
@@ -232,14 +264,15 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       const int e = s_top[ag * g.epg + slot];
       // the expert's gate and up rows of this SM's intermediate columns (256 words a row)
       const Span ac = span(er, INTER, g.ES, 4);
-      acc = stream<MATH>(expert(a, e, (size_t)2 * ac.off * 256), (size_t)2 * ac.n * 256, acc, pol, s + m.x, s + m.red);
+      acc = gemv_phase<MATH>(expert(a, e, (size_t)2 * ac.off * 256), 2 * ac.n, HID, acc, pol, s, m, m.x);
       for (int i = threadIdx.x; i < ac.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
       stamp(a, l, 4);
       hand_over(a, s, m.mine, m.act + slot * INTER, ac.off, ac.n, INTER, g.ES, group, 3, slot, l);
       stamp(a, l, 5);
       // the expert's down rows: this SM's rows of 768 (96 words a row), added into x(l+1)
       const Span dr = span(er, HID, g.ES, 1);
-      acc = stream<MATH>(expert(a, e, UP16 + (size_t)dr.off * 96), (size_t)dr.n * 96, acc, pol, s + m.x, s + m.red);
+      acc = gemv_phase<MATH>(expert(a, e, UP16 + (size_t)dr.off * 96), dr.n, INTER, acc, pol, s, m,
+                             m.act + slot * INTER);
       for (int i = threadIdx.x; i < dr.n; i += NT)
         atomicAdd(xn + dr.off + i, (float)(acc & 255) * 1e-3f + s[m.act + slot * INTER + i % INTER]);
     }
@@ -259,14 +292,15 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   if (acc == 0x12345678u) a.out[blockIdx.x] = acc;
 }
 
-template <bool MATH = false>
+template <int MATH = FOLD>
 static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
   const size_t smem = (size_t)smem_of(g).n * sizeof(float);
   const int blocks = n_blocks(g);
   auto k = layer_kernel<MATH>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  char name[48];
-  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE%s", g.NA, g.CA, g.NM, g.CM, MATH ? ", mma" : "");
+  char name[64];
+  const char* how[] = {"", ", mma", ", gemv_mma 16-row", ", gemv_mma one-row"};
+  snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE%s", g.NA, g.CA, g.NM, g.CM, how[MATH]);
   Args a;
   a.w = reinterpret_cast<const uint4*>(pm.buf);
   a.x = x;
@@ -339,6 +373,9 @@ int main() {
     if (run(pm, g, x, gbuf, ctr, stamps)) return 1;
   // and with the GEMVs' math: two mma.sync per pair of loads, each phase's partial sums reduced
   for (const Geo& g : {even8, even16})
-    if (run<true>(pm, g, x, gbuf, ctr, stamps)) return 1;
+    if (run<FLAT>(pm, g, x, gbuf, ctr, stamps)) return 1;
+  // and with the kernel's GEMV (16-row and one-row layouts)
+  for (const Geo& g : {even8, even16})
+    if (run<GEMV16>(pm, g, x, gbuf, ctr, stamps) || run<GEMV1>(pm, g, x, gbuf, ctr, stamps)) return 1;
   return 0;
 }

@@ -326,7 +326,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
-        abi.MK_MODE_FEW_ROWS,  # the K-segment GEMV layouts (1-4 rows; 8 rows as default)
+        abi.MK_MODE_FEW_ROWS | abi.MK_MODE_FEW_DOWN,  # the K-segment GEMV layouts (1-4 rows; 8 rows as default)
     ],
     ids=["default", "twice", "few_rows"],
 )
@@ -731,7 +731,7 @@ def test_few_row_layouts_release_geometry(release, contexts):
     up to 2 rows, 2 up to 4) at the release geometry, every layer's output against the routed fp32
     reference."""
     cfg, w, be = release
-    be.prefetch_mode = abi.MK_MODE_FEW_ROWS
+    be.prefetch_mode = abi.MK_MODE_FEW_ROWS | abi.MK_MODE_FEW_DOWN
     try:
         _step_check(cfg, w, be, contexts, seed=len(contexts) + 70)
     finally:
