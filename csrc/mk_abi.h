@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 49
+#define MK_ABI_VERSION 50
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -196,11 +196,9 @@ enum MkError {
 // timeline stamping the end of each run (as "stage" and "gemv"): the second run finds the op's
 // code in the instruction cache, so the difference is what a cold op costs.
 #define MK_MODE_TWICE 16
-// MK_MODE_FEW_ROWS: in steps of 1-4 rows the GEMVs run the K-segment layouts (mk_device.cuh
-// gemv_segs: whole 128-byte lines per load instruction); off until measured against the 16-row layout.
-#define MK_MODE_FEW_ROWS 32
-// MK_MODE_FEW_DOWN: at 1-2 rows the fused MoE items' down slices of 128 columns run gemv_down_few.
-#define MK_MODE_FEW_DOWN 64
+// Measured and removed in ABI 50 (H100, 2026-12-08): K-segment GEMV layouts at 1-4 rows (bits 32, 64;
+// each load instruction whole 128-byte lines of 8 / S rows instead of 64 bytes of 8): BS 1 8K 3.41 /
+// 3.41 vs 3.30 / 3.22 ms, BS 2 and 4 equal (docs/PERF.md).
 
 // Each self-routing fused item (Tiling.moe_local), idle between h(l) and the router tiles, asks L2
 // for its share of row 0's KV pages of layer l (mk_kernel.cuh gap_prefetch_kv; its off switch, bit

@@ -60,7 +60,7 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, size_t bytes, 
 // Immutable weights, 16 bytes: read-only path, no L1 allocation (streamed once per step), with an
 // L2 policy (l2_policy). Not volatile: the compiler may hoist these loads above unrelated math (they
 // never alias a write of the step). L2::128B: a miss fetches the whole 128-byte line from HBM. A
-// 16-row GEMV warp load covers 64 bytes of each of 8 rows (the mma fragment ties lanes to rows) and the
+// GEMV warp load covers 64 bytes of each of 8 rows (the mma fragment ties lanes to rows) and the
 // line's other half comes with the next k-step, so without the hint L2 asked HBM for 64-byte
 // pieces (stream_probe: the GEMV pattern 3.6 TB/s with every SM streaming, whole lines 4.5).
 // Measured on the H200 (2026-11-30, three rounds in one call): BS 1 3.205 / 3.178 / 3.284 ms vs
@@ -372,12 +372,12 @@ __device__ __forceinline__ void mma_steps(float (&c)[4], const uint4 (&wa)[U], c
   }
 }
 
-// One mma group of a warp from k = kk on (the k-steps before kk were already accumulated in c): the
-// lane's 16-byte weight pieces at ra and rb and activation pieces at xa, k-steps of `stride`
-// elements (a constant: the loads' offsets stay immediates).
-template <int U, int stride>
+// One 16-row group of a warp from k = kk on (the k-steps before kk were already accumulated in c);
+// the partial sums go to this warp's block of red_s.
+template <int U>
 __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const bf16* rb, const bf16* xa, int kk,
-                                           int klen, uint64_t pol) {
+                                           int klen, int stride, float* red, uint64_t pol) {
+  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
   for (; kk + (U - 1) * stride < klen; kk += U * stride) {  // full batches: no predicates
     uint4 wa[U], wb[U];
 #pragma unroll
@@ -409,137 +409,62 @@ __device__ __forceinline__ void gemv_group(float (&c)[4], const bf16* ra, const 
       mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
     }
   }
-}
-
-// Few rows (MK_MODE_FEW_ROWS, up to 4 tokens; gemv_segs): K-segment layouts. The mma's 16 rows are
-// 16 / S weight rows x S K-segments and its 8 columns 8 / S tokens x the same S segments (S = 4 up to
-// 2 tokens, 2 up to 4; S = 1 is the 16-row layout): lane (gid, t) loads weight row gid / S (ra; rb:
-// 8 / S rows on) at elements (gid % S) * 32 + t * 8 of every 32 * S, and token gid / S's activations
-// there, so a load instruction reads S * 64 consecutive bytes of each of 8 / S rows: whole 128-byte
-// lines, where the 16-row layout reads 64 bytes of 8 rows (8 half lines, their other halves in the
-// next instruction). Beside idle SMs that layout streamed ~66 GB/s per SM against ~125 for whole
-// lines, and a 64-KB router tile took 2.5 us against 1.0 (csrc/probes/gemv_cost_probe.cu, H100,
-// 2026-12-07). Product (m, n) pairs segment m % S of row m / S with segment n % S of token n / S:
-// a row's sum for a token is the sum of its S entries with m % S == n % S.
-__device__ __forceinline__ int gemv_segs(bool few, int batch, int klen) {
-  const int S = !few ? 1 : batch <= 2 ? 4 : batch <= 4 ? 2 : 1;
-  return klen % (32 * S) == 0 ? S : 1;
-}
-
-// A group's sums (S = 2 or 4) from the lane's accumulators: lane (gid, t) holds n = 2t (c0, c2) and
-// 2t + 1 (c1, c3), an entry with m % S == n % S where (S = 4) t % 2 == (gid % 4) / 2, c0 / c2 for an
-// even segment, c1 / c3 for an odd one (S = 2: every lane, by gid's parity); the warp adds them over
-// the segments. Then lane L holds (a: rows 0.., b: rows 8 / S ..): S = 2: row L / 8 (b: 4 + L / 8),
-// token L % 4; S = 4: row L / 16 (b: 2 + L / 16), token (L / 2) % 2.
-template <int S>
-__device__ __forceinline__ float2 seg_reduce(const float (&c)[4]) {
-  const int lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3, seg = gid % S;
-  const bool mine = S == 2 || (t & 1) == (seg >> 1), odd = seg & 1;
-  float a = mine ? (odd ? c[1] : c[0]) : 0.f, b = mine ? (odd ? c[3] : c[2]) : 0.f;
-  a += __shfl_xor_sync(0xffffffffu, a, 4);
-  b += __shfl_xor_sync(0xffffffffu, b, 4);
-  if (S == 4) {
-#pragma unroll
-    for (int o : {8, 1}) {
-      a += __shfl_xor_sync(0xffffffffu, a, o);
-      b += __shfl_xor_sync(0xffffffffu, b, o);
-    }
-  }
-  return make_float2(a, b);
-}
-
-// seg_reduce's sums into `slot` [16 / S rows][8 columns] (out_s's layout; the columns past 8 / S
-// tokens zero): lane L writes row L / 8 (and, S = 2, row 4 + L / 8), column L % 8.
-template <int S>
-__device__ __forceinline__ void seg_store(float2 ab, float* slot) {
-  const int lane = threadIdx.x % 32, r = lane >> 3, n = lane & 7;
-  if (S == 2) {
-    slot[r * 8 + n] = n < 4 ? ab.x : 0.f;
-    slot[(4 + r) * 8 + n] = n < 4 ? ab.y : 0.f;
-  } else {
-    const int src = ((r & 1) << 4) | ((n & 1) << 1);  // the lane holding (row r, token n)
-    const float va = __shfl_sync(0xffffffffu, ab.x, src), vb = __shfl_sync(0xffffffffu, ab.y, src);
-    slot[r * 8 + n] = n < 2 ? (r < 2 ? va : vb) : 0.f;
-  }
+  // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
+  red[gid * 8 + 2 * t] = c[0];
+  red[gid * 8 + 2 * t + 1] = c[1];
+  red[(gid + 8) * 8 + 2 * t] = c[2];
+  red[(gid + 8) * 8 + 2 * t + 1] = c[3];
 }
 
 __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_s, float* red_s, float* out_s,
-                                      bool mark, bool staged, int segs) {
+                                      bool mark, bool staged) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane >> 2, t = lane & 3;
   const int klen = g.klen;
   const int lds = klen + ACT_PAD;
-  // segs (gemv_segs: 1, 2 or 4): groups of 16 / segs rows, k-steps of 32 * segs
-  const int sh = segs >> 1;  // log2(segs)
-  const int rows_per = 16 >> sh, stride = 32 << sh;
-  const int ngroups = (g.nrows + rows_per - 1) / rows_per;
-  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per group
+  const int ngroups = (g.nrows + 15) / 16;
+  const int wpg = NWARPS / (ngroups < NWARPS ? ngroups : NWARPS);  // warps per 16-row group
   const int gslots = NWARPS / wpg;
   const int kw = warp % wpg;
-  // The wpg warps of a group split K into contiguous blocks (warp kw: k-steps [kw * span, (kw + 1)
-  // * span)), so each warp's loads of a row are consecutive pieces, as with one warp per group.
-  // Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read each row in
-  // 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured 64 x 2048
-  // tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
-  const int span = ((klen / stride + wpg - 1) / wpg) * stride;
+  // The wpg warps of a row group split K into contiguous blocks (warp kw: k-steps [kw * span,
+  // (kw + 1) * span)), so each warp's loads of a row are consecutive 64-byte pieces, as with one
+  // warp per group. Interleaved k-steps (warp kw: kw * 32 + j * wpg * 32, before 2026-11-30) read
+  // each row in 64-byte pieces 64 * wpg bytes apart: csrc/probes/stream_probe.cu (`gemv`) measured
+  // 64 x 2048 tiles (wpg 4) at 2.8 TB/s with every SM streaming and 256 x 2048 (wpg 1) at 3.6.
+  const int span = ((klen / 32 + wpg - 1) / wpg) * 32;
   const int k_begin = kw * span, k_end = min(klen, k_begin + span);
   // 16 x 16 B of weights in flight per thread (U = 8), or 8 (U = 4) where a warp's K block has at most
   // 4 k-steps (the 16-row router tiles: one batch of 4, where U = 8 ran a tail of 7 loads, 3 of them
   // reloads; H100, 2026-12-07: router GEMV 5.8 -> 4.4 us). U = 4 for every GEMV slowed the others.
-  const bool u4 = span <= 4 * stride;
+  const bool u4 = span <= 4 * 32;
   act_s = shared(act_s);
   red_s = shared(red_s);
   out_s = shared(out_s);
   if (!staged) stage_rows(act_s, act, klen);
   __syncthreads();
   if (mark && threadIdx.x == 0) tl_marks[0] = globaltimer();
-  // the lane's piece of each k-step (segment gid % segs) and its token's row (gid / segs)
-  const int lane_k = (gid & (segs - 1)) * 32 + t * 8;
-  const bf16* xa = act_s + (gid >> sh) * lds + lane_k;
+  const bf16* xa = act_s + gid * lds + t * 8;
   const uint64_t pol = l2_policy(g.keep);
-  // a group's sums in out_s's layout ([rows_per rows][8 tokens]): with one warp per group (wpg 1)
-  // straight into out_s, else each (group, K block) into its 128 floats of red_s, summed below
+  // one warp per group (wpg 1): its sums are the result, in out_s's layout (group grp's 16 rows x 8
+  // tokens at grp * 128); else each (group, K block) into red_s, summed below
+  float* const part = wpg == 1 ? out_s : red_s;
   for (int grp = warp / wpg; grp < ngroups; grp += gslots) {
     float c[4] = {0.f, 0.f, 0.f, 0.f};
-    const int r_a = grp * rows_per + (gid >> sh);
-    const bf16* ra = gemv_row(g, r_a) + lane_k;
-    const bf16* rb = gemv_row(g, r_a + (8 >> sh)) + lane_k;
-    if (segs == 1) {
-      if (u4)
-        gemv_group<4, 32>(c, ra, rb, xa, k_begin, k_end, pol);
-      else
-        gemv_group<8, 32>(c, ra, rb, xa, k_begin, k_end, pol);
-    } else if (segs == 2) {
-      if (u4)
-        gemv_group<4, 64>(c, ra, rb, xa, k_begin, k_end, pol);
-      else
-        gemv_group<8, 64>(c, ra, rb, xa, k_begin, k_end, pol);
-    } else {
-      if (u4)
-        gemv_group<4, 128>(c, ra, rb, xa, k_begin, k_end, pol);
-      else
-        gemv_group<8, 128>(c, ra, rb, xa, k_begin, k_end, pol);
-    }
-    float* slot = wpg == 1 ? out_s + grp * rows_per * 8 : red_s + (grp * wpg + kw) * 128;
-    if (segs == 4) {
-      seg_store<4>(seg_reduce<4>(c), slot);
-    } else if (segs == 2) {
-      seg_store<2>(seg_reduce<2>(c), slot);
-    } else {  // c0,c1: (row gid, tokens 2t, 2t+1); c2,c3: (row gid+8, same tokens)
-      slot[gid * 8 + 2 * t] = c[0];
-      slot[gid * 8 + 2 * t + 1] = c[1];
-      slot[(gid + 8) * 8 + 2 * t] = c[2];
-      slot[(gid + 8) * 8 + 2 * t + 1] = c[3];
-    }
+    const bf16* ra = gemv_row(g, grp * 16 + gid) + t * 8;
+    const bf16* rb = gemv_row(g, grp * 16 + gid + 8) + t * 8;
+    if (u4)
+      gemv_group<4>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
+    else
+      gemv_group<8>(c, ra, rb, xa, k_begin, k_end, 32, part + (grp * wpg + kw) * 128, pol);
   }
   __syncthreads();
   // a GEMV over h(l): the staged rows were x * norm_w; the row's RMSNorm factor scales its outputs
   const float sc = act.norm_w != nullptr ? norm_scale(klen, act.eps) : 1.f;
   if (wpg > 1) {
     for (int i = threadIdx.x; i < g.nrows * 8; i += NT) {
-      const int r = i / 8, n = i % 8, grp = r / rows_per;
+      const int r = i / 8, n = i % 8, grp = r / 16;
       float s = 0.f;
-      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % rows_per) * 8 + n];
+      for (int w = 0; w < wpg; ++w) s += red_s[(grp * wpg + w) * 128 + (r % 16) * 8 + n];
       out_s[i] = s * sc;
     }
     __syncthreads();
@@ -553,8 +478,7 @@ __device__ __noinline__ void gemv_mma(const Gemv g, const ActSrc act, bf16* act_
 // staged: act_s already holds these activations (a MoE up item after another of its layer).
 __device__ __forceinline__ void gemv(const Params& p, const Gemv& g, const ActSrc& act, bf16* act_s, float* red_s,
                                      float* out_s, bool staged = false) {
-  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged,
-           gemv_segs((p.prefetch_mode & MK_MODE_FEW_ROWS) != 0, p.batch, g.klen));
+  gemv_mma(g, act, act_s, red_s, out_s, p.timeline != nullptr, staged);
   if (p.timeline && threadIdx.x == 0) tl_marks[1] = globaltimer();  // gemv_mma ends with __syncthreads
 }
 
@@ -621,51 +545,6 @@ __device__ __noinline__ void gemv_down_acc(const bf16* W, int ld, int nrows, con
           red_add_global(d1 + r, w1 * c[1]);
           red_add_global(d1 + r + 8, w1 * c[3]);
         }
-      }
-    }
-  }
-}
-
-// gemv_down_acc's form at 1-2 tokens (MK_MODE_FEW_ROWS; 128 columns): groups of 4 rows in the
-// 4-segment layout (gemv_segs, seg_reduce: a load instruction reads each of 2 rows' whole 256-byte
-// slice, where the 16-row form reads 64 bytes of 8 rows), 8 groups per batch (16 loads in flight);
-// token j's rows, times wtok[j], added into acc at its batch row btok[j] (act_s: token j's
-// activations at row j, lds apart; a second row of zeros where nt = 1).
-__device__ __noinline__ void gemv_down_few(const bf16* W, int ld, int nrows, const bf16* act_s, int lds, float* acc,
-                                           int H, const float* wtok, const int* btok, int nt) {
-  constexpr int GB = 8;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t = lane & 3;
-  const int lane_k = (gid & 3) * 32 + t * 8;
-  const int ngroups = nrows / 4;
-  const int gpw = (ngroups + NWARPS - 1) / NWARPS;
-  const int g_begin = warp * gpw, g_end = min(ngroups, g_begin + gpw);
-  const uint4 bx = *reinterpret_cast<const uint4*>(act_s + (gid >> 2) * lds + lane_k);  // the one k-step
-  // after seg_reduce lane L holds rows L / 16 (x) and 2 + L / 16 (y) of token (L / 2) % 2: lanes 0, 2,
-  // 16 and 18 add them
-  const int tok = (lane >> 1) & 1;
-  const bool adds = (lane & 13) == 0 && tok < nt;
-  float* const dst = acc + (size_t)(adds ? btok[tok] : 0) * H;
-  const float w = adds ? wtok[tok] : 0.f;
-  const uint64_t pol = l2_policy(false);  // streamed once per step
-  for (int g0 = g_begin; g0 < g_end; g0 += GB) {
-    uint4 wa[GB], wb[GB];
-#pragma unroll
-    for (int u = 0; u < GB; ++u) {
-      const int g = min(g0 + u, g_end - 1);  // past the run: the last group again, results unused
-      const bf16* ra = W + (size_t)(g * 4 + gid / 4) * ld + lane_k;
-      wa[u] = ld_weight16(ra, pol);
-      wb[u] = ld_weight16(ra + (size_t)2 * ld, pol);
-    }
-#pragma unroll
-    for (int u = 0; u < GB; ++u) {
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-      mma16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, bx.x, bx.y);
-      mma16816(c, wa[u].z, wb[u].z, wa[u].w, wb[u].w, bx.z, bx.w);
-      const float2 s = seg_reduce<4>(c);
-      if (g0 + u < g_end && adds) {
-        const int r = (g0 + u) * 4 + lane / 16;
-        red_add_global(dst + r, w * s.x);
-        red_add_global(dst + r + 2, w * s.y);
       }
     }
   }

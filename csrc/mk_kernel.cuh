@@ -742,10 +742,6 @@ __device__ __forceinline__ const bf16* fused_down_w(const Params& p, int e, int 
 __device__ __forceinline__ bool fused_down(const Params& p, const bf16* Wd, int n, int nrows, const bf16* act,
                                            float* acc, const float* wtok, const int* btok, int nt) {
   const int I = p.moe_inter, H = p.hidden, lds = fused_act_lds(n);
-  if (nt <= 2 && p.batch <= 2 && (p.prefetch_mode & MK_MODE_FEW_DOWN) && n == 128 && nrows % 4 == 0) {
-    gemv_down_few(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt);
-    return true;
-  }
   switch (n / 32) {
     case 1: gemv_down_acc<1>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     case 2: gemv_down_acc<2>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;

@@ -7,14 +7,12 @@
 // 24-MB bank that L2 keeps, as the kernel's evict_last routers), with stamps around each piece:
 //   stage   x(l) (8 KB, fp32 through L2) normed into shared memory, the GEMV's activations
 //   gemv    gemv_mma on the staged rows (loads, mma.sync, the warps' reduction, the norm factor);
-//           for a fused item's down slice (2048 rows x 128 columns, rows 768 apart) gemv_down_acc /
-//           gemv_down_few, its rows added into a global sum row
+//           for a fused item's down slice (2048 rows x 128 columns, rows 768 apart) gemv_down_acc<4>,
+//           its rows added into a global sum row
 //   store   the outputs to global memory (ld.cg-visible stores) and a barrier, as an epilogue
 // in three settings: every block running tiles ("all"); block 0 alone ("alone"); block 0 beside the
-// other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma with its
-// 16-row layout ("gemv", 8 token columns), with its one-row layout ("gemv1", the kernel's at BS 1:
-// each load instruction 512 consecutive bytes of one row), and layer_probe's phase over the same
-// bytes ("flat": each thread 16 consecutive bytes per load, 8 loads in flight, two mma.sync per
+// other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma ("gemv": its 16-row
+// layout, 8 token columns) and layer_probe's phase over the same bytes ("flat": each thread 16 consecutive bytes per load, 8 loads in flight, two mma.sync per
 // pair, the warps' sums reduced through shared memory).
 // Prints, per shape and setting, block 0's (setting all: every block's) medians in ns.
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
@@ -36,7 +34,7 @@ struct Shape {
   const char* name;
   int rows, klen;
   bool keep;  // the router: evict_last, from the bank L2 keeps
-  int ld = 0;  // a fused item's down slice: klen columns of rows `ld` apart (gemv_down_acc / gemv_down_few)
+  int ld = 0;  // a fused item's down slice: klen columns of rows `ld` apart (gemv_down_acc)
 };
 constexpr Shape SHAPES[] = {
     {"router 16 x 2048 (L2)", 16, 2048, true},
@@ -56,7 +54,7 @@ struct Args {
   unsigned long long* st;  // [blocks][ITEMS][NSTAMP]
   unsigned* done;          // block 0 finished (the streamers stop)
   uint32_t* sink;
-  int rows, klen, keep, ld, setting, flat, one;  // one: the one-row layout
+  int rows, klen, keep, ld, setting, flat;
 };
 enum { ALL = 0, ALONE = 1, BESIDE = 2 };
 
@@ -109,15 +107,12 @@ __global__ void __launch_bounds__(mk::NT, 1) cost_kernel(Args a) {
       if (threadIdx.x < 128) outs[threadIdx.x] = (float)acc;
     } else if (a.ld) {  // the down slice, added into this block's sum row
       float* sum = a.sum + (size_t)blockIdx.x * HID;
-      if (a.one)
-        mk::gemv_down_few(W, a.ld, a.rows, act, HID + mk::ACT_PAD, sum, HID, s_w, s_b, 1);
-      else
-        mk::gemv_down_acc<4>(W, a.ld, a.rows, act, HID + mk::ACT_PAD, sum, HID, s_w, s_b, 1);
+      mk::gemv_down_acc<4>(W, a.ld, a.rows, act, HID + mk::ACT_PAD, sum, HID, s_w, s_b, 1);
       __syncthreads();
     } else {
       Gemv g{W, a.klen, W, a.klen, a.rows, a.rows, a.klen, a.keep != 0};
       ActSrc x2 = src;
-      mk::gemv_mma(g, x2, act, red, outs, false, /*staged=*/true, mk::gemv_segs(a.one != 0, 1, a.klen));
+      mk::gemv_mma(g, x2, act, red, outs, false, /*staged=*/true);
     }
     const unsigned long long t2 = globaltimer();
     float* o = a.out + (size_t)blockIdx.x * mk::OUT_FLOATS;
@@ -178,10 +173,9 @@ int main(int argc, char** argv) {
          n_sm, mk::NT, ITEMS);
   const char* setting_name[] = {"all", "alone", "beside"};
   for (const Shape& sh : SHAPES) {
-    for (int kind = 0; kind < 3; ++kind) {  // gemv_mma's 16-row layout, its one-row layout, flat
-      const int flat = kind == 2, one = kind == 1;
+    for (int flat = 0; flat < 2; ++flat) {  // gemv_mma, then flat
       for (int setting = 0; setting < 3; ++setting) {
-        Args a{m.buf, x, nw, out, sum, st, done, m.out, sh.rows, sh.klen, sh.keep, sh.ld, setting, flat, one};
+        Args a{m.buf, x, nw, out, sum, st, done, m.out, sh.rows, sh.klen, sh.keep, sh.ld, setting, flat};
         for (int r = 0; r < 5; ++r) {
           CK(cudaMemset(done, 0, 4));
           cost_kernel<<<n_sm, mk::NT, smem>>>(a);
@@ -200,7 +194,7 @@ int main(int argc, char** argv) {
           }
         const double g = median(s2);
         printf("%-22s %-5s %-7s stage %6.0f  gemv %6.0f  store %5.0f ns   %5.1f GB/s per SM\n", sh.name,
-               flat ? "flat" : one ? "gemv1" : "gemv", setting_name[setting], median(s1), g, median(s3),
+               flat ? "flat" : "gemv", setting_name[setting], median(s1), g, median(s3),
                g > 0 ? (double)sh.rows * sh.klen * 2 / g : 0.0);
       }
     }

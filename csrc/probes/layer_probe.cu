@@ -19,8 +19,7 @@
 // / MoE groups of 7 / 9 and 6 / 10), then
 // groups of 8 and 16 with the GEMVs' math (mma.sync on the loaded words, each phase's reduction),
 // then with the kernel's own GEMV (mk_device.cuh gemv_mma, included: its row layout, k-steps,
-// reduction) for every weight phase (the KV share stays a stream), in its 16-row layout and in the
-// K-segment layout of one row (gemv_segs S = 4).
+// reduction) for every weight phase (the KV share stays a stream).
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
 //   PROBE_ARGS=run gpu_run.sh probe)
@@ -76,8 +75,8 @@ __host__ __device__ inline Smem smem_of(const Geo& g) {
 }
 
 // How a phase multiplies: loads folded (FOLD), layer_probe's mma over the loaded words (FLAT), or the
-// kernel's gemv_mma in its 16-row layout (GEMV16) or one row's K-segment layout (GEMV1).
-enum Math { FOLD = 0, FLAT = 1, GEMV16 = 2, GEMV1 = 3 };
+// kernel's gemv_mma (GEMV).
+enum Math { FOLD = 0, FLAT = 1, GEMV = 2 };
 
 // The block streams n16 16-byte words from p (probe_util.cuh phase_stream; x(l) as the activations).
 template <int MATH>
@@ -87,12 +86,12 @@ __device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t 
 }
 
 // A weight phase: `rows` rows of `klen` bf16 at p (contiguous) times the klen activations at s[xs]
-// (fp32). FOLD / FLAT: stream() over the bytes; GEMV16 / GEMV1: the activations into gemv_mma's
+// (fp32). FOLD / FLAT: stream() over the bytes; GEMV: the activations into gemv_mma's
 // staging layout (row 0; rows 1-7 zero), then gemv_mma itself, one output folded into acc.
 template <int MATH>
 __device__ __forceinline__ uint32_t gemv_phase(const uint4* p, int rows, int klen, uint32_t acc, uint64_t pol, float* s,
                                                const Smem& m, int xs) {
-  if (MATH < GEMV16) return stream<MATH>(p, (size_t)rows * klen / 8, acc, pol, s + m.x, s + m.red);
+  if (MATH != GEMV) return stream<MATH>(p, (size_t)rows * klen / 8, acc, pol, s + m.x, s + m.red);
   if (rows == 0) return acc;
   __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(s + m.gact);
   const int lds = klen + mk::ACT_PAD;
@@ -102,8 +101,7 @@ __device__ __forceinline__ uint32_t gemv_phase(const uint4* p, int rows, int kle
   const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(p);
   const mk::Gemv g{W, klen, W, klen, rows, rows, klen, false};
   const mk::ActSrc none{nullptr, 0, nullptr, 0};
-  mk::gemv_mma(g, none, act, s + m.gred, s + m.gout, false, /*staged=*/true,
-               mk::gemv_segs(MATH == GEMV1, 1, klen));
+  mk::gemv_mma(g, none, act, s + m.gred, s + m.gout, false, /*staged=*/true);
   return acc ^ __float_as_uint(s[m.gout + (rows - 1) * 8]);
 }
 
@@ -299,7 +297,7 @@ static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, 
   auto k = layer_kernel<MATH>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   char name[64];
-  const char* how[] = {"", ", mma", ", gemv_mma 16-row", ", gemv_mma one-row"};
+  const char* how[] = {"", ", mma", ", gemv_mma"};
   snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE%s", g.NA, g.CA, g.NM, g.CM, how[MATH]);
   Args a;
   a.w = reinterpret_cast<const uint4*>(pm.buf);
@@ -374,8 +372,8 @@ int main() {
   // and with the GEMVs' math: two mma.sync per pair of loads, each phase's partial sums reduced
   for (const Geo& g : {even8, even16})
     if (run<FLAT>(pm, g, x, gbuf, ctr, stamps)) return 1;
-  // and with the kernel's GEMV (16-row and one-row layouts)
+  // and with the kernel's GEMV
   for (const Geo& g : {even8, even16})
-    if (run<GEMV16>(pm, g, x, gbuf, ctr, stamps) || run<GEMV1>(pm, g, x, gbuf, ctr, stamps)) return 1;
+    if (run<GEMV>(pm, g, x, gbuf, ctr, stamps)) return 1;
   return 0;
 }

@@ -326,9 +326,8 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     [
         abi.MK_PREFETCH_DEFAULT,
         abi.MK_MODE_TWICE,  # the measurement mode: the combines run twice, same results
-        abi.MK_MODE_FEW_ROWS | abi.MK_MODE_FEW_DOWN,  # the K-segment GEMV layouts (1-4 rows; 8 rows as default)
     ],
-    ids=["default", "twice", "few_rows"],
+    ids=["default", "twice"],
 )
 def test_step_matches_reference_reduced(small, contexts, prefetch):
     w, be = small
@@ -721,21 +720,6 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
-
-
-@pytest.mark.parametrize(
-    "contexts", [[8192], [131071], [8192, 3000], [100, 4095, 4096, 9000]], ids=["8k", "128k", "bs2", "bs4"]
-)
-def test_few_row_layouts_release_geometry(release, contexts):
-    """MK_MODE_FEW_ROWS: the GEMVs of steps of 1-4 rows in the K-segment layouts (4 segments per mma
-    up to 2 rows, 2 up to 4) at the release geometry, every layer's output against the routed fp32
-    reference."""
-    cfg, w, be = release
-    be.prefetch_mode = abi.MK_MODE_FEW_ROWS | abi.MK_MODE_FEW_DOWN
-    try:
-        _step_check(cfg, w, be, contexts, seed=len(contexts) + 70)
-    finally:
-        be.prefetch_mode = abi.MK_PREFETCH_DEFAULT
 
 
 @pytest.mark.parametrize(
