@@ -19,7 +19,9 @@
 // / MoE groups of 7 / 9 and 6 / 10), then
 // groups of 8 and 16 with the GEMVs' math (mma.sync on the loaded words, each phase's reduction),
 // then with the kernel's own GEMV (mk_device.cuh gemv_mma, included: its row layout, k-steps,
-// reduction) for every weight phase (the KV share stays a stream).
+// reduction) for every weight phase (the KV share stays a stream), and that again with each phase
+// over x(l) (QKV, router, up) staging x(l) itself from global memory with the kernel's RMSNorm
+// staging (`stage_rows`), as separate tasks would: the one-op-per-layer form against phases as tasks.
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/layer_probe.cu -o /tmp/layer_probe && /tmp/layer_probe   (or: PROBE=layer_probe
 //   PROBE_ARGS=run gpu_run.sh probe)
@@ -38,10 +40,10 @@ constexpr int PART = HD + 4;  // a head's partial output: 128 values, its log-su
 struct Geo {
   int CA, CM, NA, NM, heads, epg, ES;
 };
-__host__ __device__ inline Geo geo(int CA, int CM, int NA) {
+__host__ __device__ constexpr Geo geo(int CA, int CM, int NA) {
   return Geo{CA, CM, NA, NA, QHEADS / NA, TOPK / NA, CM * NA / TOPK};
 }
-__host__ __device__ inline int n_blocks(const Geo& g) { return g.NA * g.CA + g.NM * g.CM; }
+__host__ __device__ constexpr int n_blocks(const Geo& g) { return g.NA * g.CA + g.NM * g.CM; }
 
 // Part r of `parts` of [0, total) in pieces of a multiple of `align` (the last ones shorter or empty).
 struct Span {
@@ -57,8 +59,8 @@ __host__ __device__ inline Span span(int r, int total, int parts, int align) {
 struct Smem {
   int q, part, attn, logit, act, x, mine, red, gact, gred, gout, n;
 };
-__host__ __device__ inline Smem smem_of(const Geo& g) {
-  Smem s;
+__host__ __device__ constexpr Smem smem_of(const Geo& g) {
+  Smem s{};
   s.q = 0;                                  // [heads * 128] the group's q
   s.part = s.q + g.heads * HD;              // [CA][heads][PART] every SM's partial outputs
   s.attn = s.part + g.CA * g.heads * PART;  // [heads * 128] the merged attention output
@@ -74,9 +76,9 @@ __host__ __device__ inline Smem smem_of(const Geo& g) {
   return s;
 }
 
-// How a phase multiplies: loads folded (FOLD), layer_probe's mma over the loaded words (FLAT), or the
-// kernel's gemv_mma (GEMV).
-enum Math { FOLD = 0, FLAT = 1, GEMV = 2 };
+// How a phase multiplies: loads folded (FOLD), layer_probe's mma over the loaded words (FLAT), the
+// kernel's gemv_mma (GEMV), or gemv_mma with x(l) restaged from global memory per phase (TASKS).
+enum Math { FOLD = 0, FLAT = 1, GEMV = 2, TASKS = 3 };
 
 // The block streams n16 16-byte words from p (probe_util.cuh phase_stream; x(l) as the activations).
 template <int MATH>
@@ -87,21 +89,29 @@ __device__ __forceinline__ uint32_t stream(const uint4* p, size_t n16, uint32_t 
 
 // A weight phase: `rows` rows of `klen` bf16 at p (contiguous) times the klen activations at s[xs]
 // (fp32). FOLD / FLAT: stream() over the bytes; GEMV: the activations into gemv_mma's
-// staging layout (row 0; rows 1-7 zero), then gemv_mma itself, one output folded into acc.
+// staging layout (row 0; rows 1-7 zero), then gemv_mma itself, one output folded into acc; TASKS: a
+// phase over x(l) (xs == m.x) stages x(l) from global memory (xg, with the norm) instead.
+__shared__ int s_rows[8];  // the staging's batch rows: row 0, then none
 template <int MATH>
 __device__ __forceinline__ uint32_t gemv_phase(const uint4* p, int rows, int klen, uint32_t acc, uint64_t pol, float* s,
-                                               const Smem& m, int xs) {
-  if (MATH != GEMV) return stream<MATH>(p, (size_t)rows * klen / 8, acc, pol, s + m.x, s + m.red);
+                                               const Smem& m, int xs, const float* xg, const __nv_bfloat16* norm_w) {
+  if (MATH < GEMV) return stream<MATH>(p, (size_t)rows * klen / 8, acc, pol, s + m.x, s + m.red);
   if (rows == 0) return acc;
   __nv_bfloat16* act = reinterpret_cast<__nv_bfloat16*>(s + m.gact);
   const int lds = klen + mk::ACT_PAD;
-  for (int i = threadIdx.x; i < 8 * lds; i += NT)
-    act[i] = __float2bfloat16(i < klen ? s[xs + i] : 0.f);
-  __syncthreads();
+  const bool restage = MATH == TASKS && xs == m.x;
+  const mk::ActSrc src{xg, HID, s_rows, 0, norm_w, 1e-5f};
+  if (restage) {
+    if (threadIdx.x < 8) s_rows[threadIdx.x] = threadIdx.x == 0 ? 0 : -1;
+    __syncthreads();
+  } else {
+    for (int i = threadIdx.x; i < 8 * lds; i += NT) act[i] = __float2bfloat16(i < klen ? s[xs + i] : 0.f);
+    __syncthreads();
+  }
   const __nv_bfloat16* W = reinterpret_cast<const __nv_bfloat16*>(p);
   const mk::Gemv g{W, klen, W, klen, rows, rows, klen, false};
   const mk::ActSrc none{nullptr, 0, nullptr, 0};
-  mk::gemv_mma(g, none, act, s + m.gred, s + m.gout, false, /*staged=*/true);
+  mk::gemv_mma(g, restage ? src : none, act, s + m.gred, s + m.gout, false, /*staged=*/!restage);
   return acc ^ __float_as_uint(s[m.gout + (rows - 1) * 8]);
 }
 
@@ -111,6 +121,7 @@ struct Args {
   float* gbuf;          // global hand-offs: [groups][GBUF] floats
   unsigned* ctr;        // [groups][8] hand-off counters, [1023] the layer counter
   unsigned long long* stamps;  // [LAYERS][blocks][NSTAMP]
+  const __nv_bfloat16* norm_w;  // [2048] the RMSNorm weights (TASKS' staging)
   uint32_t* out;
 };
 constexpr int GBUF = 64 * 1024;
@@ -165,10 +176,13 @@ __device__ __forceinline__ const uint4* expert(const Args& a, int e, size_t off1
   return a.w + (size_t)LAYERS * LAYER16 + (size_t)e * EXPERT16 + off16;
 }
 
-template <int MATH>
-__global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
+// The geometry is a template constant (as is the smem layout): few values stay live across the
+// out-of-line gemv_mma calls (as runtime values ~50 registers were spilled around each call).
+template <int MATH, int CA, int CM, int NA>
+__global__ void __launch_bounds__(NT, 1) layer_kernel(Args a) {
   extern __shared__ __align__(16) float s[];
-  const Smem m = smem_of(g);
+  constexpr Geo g = geo(CA, CM, NA);
+  constexpr Smem m = smem_of(g);
   const int na = g.NA * g.CA;  // the attention groups' blocks come first
   const bool attn = (int)blockIdx.x < na;
   const int ag = attn ? blockIdx.x / g.CA : (blockIdx.x - na) / g.CM;  // the group among its role's
@@ -182,11 +196,12 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
     stamp(a, l, 0);
     acc ^= __float_as_uint(s[m.x + threadIdx.x]);
     float* xn = a.x + ((l + 1) & 1) * HID;
+    const float* xl = a.x + (l & 1) * HID;  // x(l), complete since the last layer's end
     if (attn) {
       // QKV: this SM's rows of the group's q heads and its kv head's K and V rows (256 words a row)
       const int rows = g.heads * HD + 2 * HD;
       const Span qr = span(rank, rows, C, 1);
-      acc = gemv_phase<MATH>(dense(a, l, ((size_t)ag * rows + qr.off) * 256), qr.n, HID, acc, pol, s, m, m.x);
+      acc = gemv_phase<MATH>(dense(a, l, ((size_t)ag * rows + qr.off) * 256), qr.n, HID, acc, pol, s, m, m.x, xl, a.norm_w);
       stamp(a, l, 1);
       const Span qs = span(rank, g.heads * HD, C, 4);  // this SM's q values
       for (int i = threadIdx.x; i < qs.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
@@ -220,7 +235,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // added into x(l+1)
       const Span orow = span(rank, HID, C, 1);
       acc = gemv_phase<MATH>(dense(a, l, WO_AT + ((size_t)ag * HID + orow.off) * g.heads * 16), orow.n,
-                             g.heads * HD, acc, pol, s, m, m.attn);
+                             g.heads * HD, acc, pol, s, m, m.attn, xl, a.norm_w);
       for (int i = threadIdx.x; i < orow.n; i += NT)
         atomicAdd(xn + orow.off + i, (float)(acc & 255) * 1e-3f + s[m.attn + i % (g.heads * HD)]);
       stamp(a, l, 5);
@@ -228,7 +243,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // the router: this SM's rows of all 128 experts' (every MoE group computes the whole router;
       // rows in fours, as the logits go over in float4s)
       const Span rr = span(rank, EXPERTS, C, 4);
-      acc = gemv_phase<MATH>(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), rr.n, HID, acc, pol, s, m, m.x);
+      acc = gemv_phase<MATH>(dense(a, l, ROUTER_AT + (size_t)rr.off * 256), rr.n, HID, acc, pol, s, m, m.x, xl, a.norm_w);
       stamp(a, l, 1);
       for (int i = threadIdx.x; i < rr.n; i += NT) s[m.mine + i] = (float)((acc * 2654435761u + i) >> 20);
       hand_over(a, s, m.mine, m.logit, rr.off, rr.n, EXPERTS, C, group, 2, 0, l);
@@ -262,7 +277,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       const int e = s_top[ag * g.epg + slot];
       // the expert's gate and up rows of this SM's intermediate columns (256 words a row)
       const Span ac = span(er, INTER, g.ES, 4);
-      acc = gemv_phase<MATH>(expert(a, e, (size_t)2 * ac.off * 256), 2 * ac.n, HID, acc, pol, s, m, m.x);
+      acc = gemv_phase<MATH>(expert(a, e, (size_t)2 * ac.off * 256), 2 * ac.n, HID, acc, pol, s, m, m.x, xl, a.norm_w);
       for (int i = threadIdx.x; i < ac.n; i += NT) s[m.mine + i] = (float)(acc & 255) * 1e-3f;
       stamp(a, l, 4);
       hand_over(a, s, m.mine, m.act + slot * INTER, ac.off, ac.n, INTER, g.ES, group, 3, slot, l);
@@ -270,7 +285,7 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
       // the expert's down rows: this SM's rows of 768 (96 words a row), added into x(l+1)
       const Span dr = span(er, HID, g.ES, 1);
       acc = gemv_phase<MATH>(expert(a, e, UP16 + (size_t)dr.off * 96), dr.n, INTER, acc, pol, s, m,
-                             m.act + slot * INTER);
+                             m.act + slot * INTER, xl, a.norm_w);
       for (int i = threadIdx.x; i < dr.n; i += NT)
         atomicAdd(xn + dr.off + i, (float)(acc & 255) * 1e-3f + s[m.act + slot * INTER + i % INTER]);
     }
@@ -290,14 +305,16 @@ __global__ void __launch_bounds__(NT, 1) layer_kernel(Args a, Geo g) {
   if (acc == 0x12345678u) a.out[blockIdx.x] = acc;
 }
 
-template <int MATH = FOLD>
-static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps) {
+template <int MATH, int CA, int CM, int NA>
+static int run(const ProbeMem& pm, float* x, float* gbuf, unsigned* ctr, unsigned long long* stamps,
+               const __nv_bfloat16* norm_w) {
+  constexpr Geo g = geo(CA, CM, NA);
   const size_t smem = (size_t)smem_of(g).n * sizeof(float);
   const int blocks = n_blocks(g);
-  auto k = layer_kernel<MATH>;
+  auto k = layer_kernel<MATH, CA, CM, NA>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   char name[64];
-  const char* how[] = {"", ", mma", ", gemv_mma"};
+  const char* how[] = {"", ", mma", ", gemv_mma", ", gemv_mma as tasks"};
   snprintf(name, sizeof(name), "%d x %2d attention + %d x %2d MoE%s", g.NA, g.CA, g.NM, g.CM, how[MATH]);
   Args a;
   a.w = reinterpret_cast<const uint4*>(pm.buf);
@@ -305,13 +322,14 @@ static int run(const ProbeMem& pm, Geo g, float* x, float* gbuf, unsigned* ctr, 
   a.gbuf = gbuf;
   a.ctr = ctr;
   a.stamps = stamps;
+  a.norm_w = norm_w;
   a.out = pm.out;
   double t[5];
   for (int r = 0; r < 5; ++r) {
     CK(cudaMemset(ctr, 0, 1024 * sizeof(unsigned)));
     float ms = 0.f;
     CK(cudaEventRecord(pm.a));
-    k<<<blocks, NT, smem>>>(a, g);
+    k<<<blocks, NT, smem>>>(a);
     CK(cudaEventRecord(pm.b));
     CK(cudaEventSynchronize(pm.b));
     CK(cudaGetLastError());
@@ -361,19 +379,29 @@ int main() {
   CK(cudaMalloc(&gbuf, (size_t)16 * GBUF * sizeof(float)));
   CK(cudaMalloc(&ctr, 1024 * sizeof(unsigned)));
   CK(cudaMalloc(&stamps, (size_t)LAYERS * 128 * NSTAMP * sizeof(unsigned long long)));
+  __nv_bfloat16* norm_w = nullptr;  // RMSNorm weights of 1.0 (bf16 0x3f80)
+  CK(cudaMalloc(&norm_w, HID * sizeof(__nv_bfloat16)));
+  {
+    std::vector<unsigned short> one(HID, 0x3f80);
+    CK(cudaMemcpy(norm_w, one.data(), HID * 2, cudaMemcpyHostToDevice));
+  }
   printf("layer probe: a BS 1 layer at 8K (release geometry) in groups of SMs, 128 blocks, %d layers; us per layer "
          "(median of 5), phases: medians over layers 1-%d and the role's blocks\n",
          LAYERS, LAYERS - 1);
   // groups of 8 (8 attention groups of 4 query heads, 8 MoE groups of one expert) and 16 (4 and 4, two
   // experts each); then more SMs for the MoE (7 / 9, 6 / 10)
-  const Geo even8 = geo(8, 8, 8), even16 = geo(16, 16, 4);
-  for (const Geo& g : {even8, even16, geo(7, 9, 8), geo(6, 10, 8)})
-    if (run(pm, g, x, gbuf, ctr, stamps)) return 1;
-  // and with the GEMVs' math: two mma.sync per pair of loads, each phase's partial sums reduced
-  for (const Geo& g : {even8, even16})
-    if (run<FLAT>(pm, g, x, gbuf, ctr, stamps)) return 1;
-  // and with the kernel's GEMV
-  for (const Geo& g : {even8, even16})
-    if (run<GEMV>(pm, g, x, gbuf, ctr, stamps)) return 1;
-  return 0;
+  // (geo(CA, CM, NA): NA attention and NA MoE groups of CA and CM SMs)
+  const int bad = run<FOLD, 8, 8, 8>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<FOLD, 16, 16, 4>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<FOLD, 7, 9, 8>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<FOLD, 6, 10, 8>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  // with the GEMVs' math: two mma.sync per pair of loads, each phase's partial sums reduced
+                  run<FLAT, 8, 8, 8>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<FLAT, 16, 16, 4>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  // with the kernel's GEMV, in one op per layer and as tasks
+                  run<GEMV, 8, 8, 8>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<TASKS, 8, 8, 8>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<GEMV, 16, 16, 4>(pm, x, gbuf, ctr, stamps, norm_w) ||
+                  run<TASKS, 16, 16, 4>(pm, x, gbuf, ctr, stamps, norm_w);
+  return bad ? 1 : 0;
 }
