@@ -11,9 +11,10 @@
 //           its rows added into a global sum row
 //   store   the outputs to global memory (ld.cg-visible stores) and a barrier, as an epilogue
 // in three settings: every block running tiles ("all"); block 0 alone ("alone"); block 0 beside the
-// other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma ("gemv": its 16-row
-// layout, 8 token columns) and layer_probe's phase over the same bytes ("flat": each thread 16 consecutive bytes per load, 8 loads in flight, two mma.sync per
-// pair, the warps' sums reduced through shared memory).
+// other 131 streaming weights with the kernel's loads ("beside"). Each runs gemv_mma ("gemv": its
+// 16-row layout, 8 token columns) and layer_probe's phase over the same bytes ("flat": each thread 16
+// consecutive bytes per load, 8 loads in flight, two mma.sync per pair, the warps' sums reduced
+// through shared memory).
 // Prints, per shape and setting, block 0's (setting all: every block's) medians in ns.
 // Build and run (GPU machine): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
 //   csrc/probes/gemv_cost_probe.cu -o /tmp/gemv_cost_probe && /tmp/gemv_cost_probe  (or:
@@ -139,9 +140,7 @@ static double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-int main(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
+int main() {
   ProbeMem m;
   if (probe_alloc(&m)) return 1;
   int n_sm = 0;

@@ -236,25 +236,28 @@ def clone_batch(batch: DecodeBatch, share_pool: bool = False) -> DecodeBatch:
     return DecodeBatch(batch.token_ids.clone(), batch.positions.clone(), batch.block_tables.clone(), pool)
 
 
-def written_kv(cfg: ModelConfig, batch: DecodeBatch) -> torch.Tensor:
-    """The K/V slots the step writes (each row's position on each layer): [L, B, 2, Hkv, d]."""
-    L, B = cfg.num_hidden_layers, batch.size
+def _step_slots(batch: DecodeBatch, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page, slot) of each row's position on `layer`: where the step writes its K/V."""
     pos = batch.positions.long()
-    rows = torch.arange(B, device=pos.device)
+    rows = torch.arange(batch.size, device=pos.device)
+    return batch.block_tables[layer, rows, pos // PAGE_SIZE].long(), pos % PAGE_SIZE
+
+
+def written_kv(cfg: ModelConfig, batch: DecodeBatch) -> torch.Tensor:
+    """The K/V slots the step writes (each row's position on each layer): [L, B, 2, Hkv, d], a new
+    tensor."""
     out = []
-    for layer in range(L):
-        pages = batch.block_tables[layer, rows, pos // PAGE_SIZE].long()
-        out.append(batch.kv_pool[pages, :, :, pos % PAGE_SIZE])  # [B, 2, Hkv, d]
+    for layer in range(cfg.num_hidden_layers):
+        pages, slots = _step_slots(batch, layer)
+        out.append(batch.kv_pool[pages, :, :, slots])  # [B, 2, Hkv, d]
     return torch.stack(out)
 
 
 def put_written_kv(cfg: ModelConfig, batch: DecodeBatch, values: torch.Tensor) -> None:
     """Stores `values` ([L, B, 2, Hkv, d], as written_kv returns) into the step's slots."""
-    pos = batch.positions.long()
-    rows = torch.arange(batch.size, device=pos.device)
     for layer in range(cfg.num_hidden_layers):
-        pages = batch.block_tables[layer, rows, pos // PAGE_SIZE].long()
-        batch.kv_pool[pages, :, :, pos % PAGE_SIZE] = values[layer]
+        pages, slots = _step_slots(batch, layer)
+        batch.kv_pool[pages, :, :, slots] = values[layer]
 
 
 def pool_digest(pool: torch.Tensor) -> torch.Tensor:

@@ -292,7 +292,7 @@ def _step_check(cfg, w, be, contexts, seed, fp32=None):
     # copy do not fit an 80-GB card beside the weights): the kernel's writes are taken, the slots
     # restored, and the rest of the pool checked untouched
     ref_batch = clone_batch(case.batch, share_pool=True)
-    before, digest = written_kv(cfg, case.batch).clone(), pool_digest(case.batch.kv_pool)
+    before, digest = written_kv(cfg, case.batch), pool_digest(case.batch.kv_pool)
     logits = be.decode(case.batch)
     kernel_kv = written_kv(cfg, case.batch).float()
     put_written_kv(cfg, case.batch, before)
