@@ -6,7 +6,7 @@
 // inside `enum` blocks and `#define NAME <int>`); append, never renumber, and bump MK_ABI_VERSION.
 #pragma once
 
-#define MK_ABI_VERSION 50
+#define MK_ABI_VERSION 51
 
 // A task descriptor is MK_DESC_WORDS int32 words (128 bytes: one cache line, 16-byte aligned).
 #define MK_DESC_WORDS 32
@@ -60,12 +60,15 @@ enum MkField {
   MK_F_SIG_AMOUNT = 17,
   MK_F_ID = 18,     // the task's id in the step's task list (diagnostics, emulator)
   MK_F_NTOK = 19,   // MoE tasks: tokens routed to the expert
-  MK_F_SLOT0 = 20,  // MoE tasks: MK_MAX_TOKENS slots (b * top_k + j), then the end of the record
-  MK_F_END = 28,
+  MK_F_SLOT0 = 20,  // MoE tasks: MK_MAX_TOKENS slots (b * top_k + j)
+  MK_F_LROW = 28,   // ROUTER, self-routing MOE_FUSED: the row of rlogits it writes / ranks (below)
+  MK_F_END = 29,
 };
 // Arguments per opcode (A0..A4):
 //   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
+//                            (ROUTER: batch row b's logits go to rlogits row b + LROW; only tiles
+//                            with LROW = 0 copy their share of x(l) into x(l+1))
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index
 //   ATTN                     A0 = row, A1 = kv head, A2 = split, A3 = splits
@@ -74,7 +77,8 @@ enum MkField {
 //   MOE_DOWN                 A0 = expert, A1 = first hidden row, A2 = rows
 //   MOE_FUSED                A0 = expert, A1 = first intermediate column, A2 = columns (A3 =
 //                            MK_MOE_LOCAL: A0 = the row's top-k rank, A4 =
-//                            row 0's attention splits in the layer, see the end of this file)
+//                            row 0's attention splits in the layer, LROW = the rlogits row it
+//                            ranks; see the end of this file)
 //   DRAIN                    A0 = queue kind (MkQueueKind), A1 = queue index (MOE: A1 = layer,
 //                            A2 = its MLP counter, A3 = its tail queue or -1, A4 =
 //                            MK_DRAIN_LATE_ROUTE or 0)
@@ -297,6 +301,11 @@ enum MkLayerWeight {
 // it ranks the router's logits itself (the top-k and routing weights ROUTE computes), takes the
 // expert of rank j and its weight, and runs as a fused item of that expert. Every item of a layer
 // reads the same logits with the same code, so they agree on the experts without a table.
+// Tiling.moe_group (ABI 51): the items in groups of SMs, each SM first running a router tile of
+// E / group rows into its group's rlogits row (LROW = g); an item waits for its own group's tiles
+// (and, past group 0, for group 0's, the only ones that copy the residual into x(l+1)). Every group
+// computes each logit with the same tile geometry and code, so all rank the same bits. The router
+// tile leaves h(l) staged (s_h_staged) for the SM's next task, the item.
 #define MK_MOE_LOCAL 1
 // While they wait for the router tiles, the layer's self-routing items ask L2 for row 0's KV pages
 // the attention splits read first: page k of every split before page k + 1 of any, at most this many

@@ -150,8 +150,8 @@ __shared__ unsigned long long tl_wait;
 __shared__ __align__(16) Params s_params;
 
 // The layer whose h rows (all batch rows, in row order) the GEMV activation region holds, or -1:
-// set by a MoE up item or a MoE drain that staged them, cleared by every other task (they may
-// overwrite the region). Thread 0 writes it before a barrier.
+// set by a MoE up item, a router tile or a MoE drain that staged them, cleared by every other task
+// (they may overwrite the region). Thread 0 writes it before a barrier.
 __shared__ int s_h_staged;
 
 // A QKV task's step facts, read by its prologue before the task waits (fixed for the step) and by

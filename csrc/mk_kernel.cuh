@@ -74,10 +74,11 @@ __device__ bool wait_task(const Params& p, const int* d, bool spin = true, int f
 
 // A task's wait for its counters (thread 0, unless `ready`: all were satisfied at a first look; the
 // block's barrier extends its ld.acquire to every thread), its end stamped in tl_wait for the
-// timeline. False for every thread when the step was abandoned, no copy left in flight.
-__device__ __forceinline__ bool block_wait(const Params& p, const int* d, int* flag, bool ready) {
+// timeline. False for every thread when the step was abandoned, no copy left in flight. first: the
+// waits before it are already satisfied (a self-routing item waited for its first in moe_local_stage).
+__device__ __forceinline__ bool block_wait(const Params& p, const int* d, int* flag, bool ready, int first = 0) {
   if (threadIdx.x == 0) {
-    *flag = ready || wait_task(p, d);
+    *flag = ready || wait_task(p, d, true, first);
     if (p.timeline) {
       tl_wait = globaltimer();
       tl_marks[0] = tl_marks[1] = 0;
@@ -235,7 +236,7 @@ __device__ __noinline__ void gemv_op(const Params& p, const int* d, Smem& s, int
     a = ActSrc{V.attn_out(l), V.QW(), rows, d[MK_F_A2]};
   } else if (op == MK_OP_DENSE_DOWN) {
     a = ActSrc{V.dense_act(l), p.dense_inter, rows, d[MK_F_A2]};
-  } else if (op == MK_OP_ROUTER) {  // its share of the residual, into x(l+1)
+  } else if (op == MK_OP_ROUTER && d[MK_F_LROW] == 0) {  // its share of the residual, into x(l+1)
     a.copy = V.x(l + 1);
     a.copy_lo = router_share(p, d, 0);
     a.copy_hi = router_share(p, d, 1);
@@ -455,14 +456,17 @@ __device__ __noinline__ void op_dense_down(const Params& p, const int* d, Smem& 
   add_into_sum(V.x(l + 1), s.out, n, r0, p.batch, p.hidden, nullptr, nullptr, 0);
 }
 
+// Batch row b's logits into rlogits row b + LROW (Tiling.moe_group: a group's row). Its GEMV staged
+// h(l)'s batch rows (gemv_op, as a MoE drain's drain_stage_h): kept for the SM's next task.
 __device__ void op_router(const Params& p, const int* d, Smem& s) {
   View V(p);
   const int l = d[MK_F_LAYER], e0 = d[MK_F_A0], n = d[MK_F_A1];
-  float* dst = V.rlogits(l);
+  float* dst = V.rlogits(l) + (size_t)d[MK_F_LROW] * p.num_experts;
   for (int i = threadIdx.x; i < n * p.batch; i += NT) {
     const int r = i % n, b = i / n;
     dst[(size_t)b * p.num_experts + e0 + r] = s.out[r * 8 + b];
   }
+  if (threadIdx.x == 0) s_h_staged = l;  // read after run_task's closing barrier
 }
 
 // Order-preserving uint32 key of an fp32 value.
@@ -615,8 +619,9 @@ __device__ __forceinline__ bool moe_local(const int* d) {
   return d[MK_F_OP] == MK_OP_MOE_FUSED && d[MK_F_A3] == MK_MOE_LOCAL;
 }
 
-// Tiling.moe_local (mk_abi.h MK_MOE_LOCAL), after the router tiles' wait: rank row 0's logits as
-// ROUTE does (warp_topk, warp_topk_weight) and make this item one of the expert of rank A0: that
+// Tiling.moe_local (mk_abi.h MK_MOE_LOCAL), after the router tiles' wait: rank row 0's logits (in
+// rlogits row LROW: Tiling.moe_group's group row) as ROUTE does (warp_topk, warp_topk_weight) and
+// make this item one of the expert of rank A0: that
 // expert into its descriptor's A0 (the SM's own copy in shared memory, which task_gemv and
 // op_moe_fused read) and its routing weight into s_rw[0]. The logits go through s.out, free until
 // the GEMV; the staged h rows (s.act) and their norm sums stay. Nothing on the device reads the
@@ -626,7 +631,7 @@ __device__ void moe_local_route_impl(const Params& p, int* d, Smem& s) {
   View V(p);
   const int E = p.num_experts, K = p.top_k, rank = d[MK_F_A0];
   float* lg = shared(s.out);
-  const float* src = V.rlogits(d[MK_F_LAYER]);
+  const float* src = V.rlogits(d[MK_F_LAYER]) + (size_t)d[MK_F_LROW] * E;  // its group's row
   for (int e = threadIdx.x; e < E; e += NT) {
     const float v = __ldcg(src + e);
     lg[e] = isnan(v) ? -INFINITY : v;  // as ROUTE: a total order, K distinct experts
@@ -1468,7 +1473,7 @@ __device__ bool run_task(const Params& p, const int* d, Smem& s, int* rows, int*
       if (!ready) warm_op(q, d, s);  // the inputs are not there yet: fetch the op's code meanwhile
       __syncthreads();  // everyone has read *flag
     }
-    if (!block_wait(p, d, flag, ready)) return false;
+    if (!block_wait(p, d, flag, ready, moe_local(d) ? 1 : 0)) return false;
   }
   if (moe_local(d)) moe_local_route(q, const_cast<int*>(d), s);  // d: this SM's copy (s_desc)
   if (is_gemv_op(d[MK_F_OP])) gemv_op(q, d, s, rows);  // then the op's epilogue below

@@ -382,6 +382,8 @@ class Emulator:
         self._check_counters()
         if self.check_hazards:
             self._check_hazards()
+        if self.ops.route_mismatch:  # no race explains it: the groups' logits differ (moe_group)
+            raise AssertionError("self-routing items disagree: " + "; ".join(self.ops.route_mismatch))
         self.bank.step_done(self.sched)
         return report
 

@@ -140,8 +140,10 @@ class OpSemantics:
         self.B = inp.batch
         self.pos = [int(p) for p in inp.positions.tolist()]
         self.moe_tables: dict[int, MoeTable] = {}  # what ROUTE wrote, per layer (host copy)
-        # Tiling.moe_local: each layer's (experts, weights) of row 0 by rank, as its items rank them
-        self.local_routes: dict[int, tuple[list[int], list[float]]] = {}
+        # Tiling.moe_local: each layer's top-k of row 0 (_topk: experts by rank, weights), as its
+        # items rank them
+        self.local_routes: dict[int, tuple[list[list[int]], torch.Tensor | None]] = {}
+        self.route_mismatch: list[str] = []  # items of one layer that ranked different top-k's
         self._tables: list | None = None  # the block tables as lists (read once, by _kv_page)
         self._fresh: dict[tuple[int, int], list[int]] | None = None  # see _fresh_positions
 
@@ -377,19 +379,24 @@ class OpSemantics:
         return acc
 
     def op_router(self, layer, a, d) -> Access:
+        """Row b's logits of experts e0 .. e0+n into rlogits row b + LROW (Tiling.moe_group: the
+        group's row); tiles with LROW 0 also copy their share of the residual into x(l+1)."""
         e0, n = a[0], a[1]
         H, E = self.cfg.hidden_size, self.cfg.num_experts
+        row = int(d[abi.MK_F_LROW])
         acc = Access(
             reads=self._h_reads(layer),
-            writes=[(("rlogits", layer, b), e0, e0 + n) for b in self._rows()],
+            writes=[(("rlogits", layer, b + row), e0, e0 + n) for b in self._rows()],
         )
         # its share of the residual: the layer's sum x(l+1) starts there
         c0, c1 = e0 * H // E, (e0 + n) * H // E
-        acc.writes += [(("x", layer + 1, b), c0, c1) for b in self._rows()]
+        if row == 0:
+            acc.writes += [(("x", layer + 1, b), c0, c1) for b in self._rows()]
         if self.math:
-            self.ws["x"][layer + 1, : self.B, c0:c1] = self.ws["x"][layer, : self.B, c0:c1]
+            if row == 0:
+                self.ws["x"][layer + 1, : self.B, c0:c1] = self.ws["x"][layer, : self.B, c0:c1]
             W = self.w.layers[layer].router[e0 : e0 + n].float()
-            self.ws["rlogits"][layer, : self.B, e0 : e0 + n] = self._h(layer) @ W.T
+            self.ws["rlogits"][layer, row : row + self.B, e0 : e0 + n] = self._h(layer) @ W.T
         return acc
 
     def op_route(self, layer, a, d) -> Access:
@@ -418,16 +425,17 @@ class OpSemantics:
         self.ws["moe_info"][layer, 0] = len(table)
         return acc
 
-    def _topk(self, layer) -> tuple[list[list[int]], torch.Tensor | None]:
+    def _topk(self, layer, row: int = 0) -> tuple[list[list[int]], torch.Tensor | None]:
         """Each row's top-k experts by rank and their routing weights [B, K] (None without math:
-        random experts), from the router's logits as ROUTE (and a self-routing item) ranks them."""
+        random experts), from the router's logits as ROUTE (and a self-routing item) ranks them;
+        `row`: the first rlogits row (a Tiling.moe_group group's)."""
         cfg, B = self.cfg, self.B
         E, K = cfg.num_experts, cfg.num_experts_per_tok
         if not self.math:
             return [[int(e) for e in self.rng.choice(E, K, replace=False)] for _ in range(B)], None
         # NaN ranks as -inf (as in the kernel); equal logits in expert order (the kernel's tie rule:
         # the lower id first; torch.topk leaves the order of ties open)
-        logits = torch.nan_to_num(self.ws["rlogits"][layer, :B], nan=float("-inf"))
+        logits = torch.nan_to_num(self.ws["rlogits"][layer, row : row + B], nan=float("-inf"))
         top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
         w = ops.route_weights(top[:, :K], cfg.expert_selection_fn, cfg.norm_topk_prob)
         return ids[:, :K].tolist(), w
@@ -484,13 +492,19 @@ class OpSemantics:
         slots = self._moe_slots(d)
         local = a[3] == abi.MK_MOE_LOCAL
         if local:
-            if layer not in self.local_routes:  # every item of the layer ranks the same logits
-                ids_l, w = self._topk(layer)
-                self.local_routes[layer] = (ids_l[0], [] if w is None else w[0].tolist())
-            experts, weights = self.local_routes[layer]
+            row = int(d[abi.MK_F_LROW])  # Tiling.moe_group: its group's row of logits
+            if self.math:  # every group computes the same logits (the kernel: the same bits)
+                got = self._topk(layer, row)
+                first = self.local_routes.setdefault(layer, got)
+                if first[0] != got[0] or not torch.equal(first[1], got[1]):  # reported after the hazards
+                    self.route_mismatch.append(f"layer {layer}: rlogits row {row} ranks other experts")
+            elif layer not in self.local_routes:  # random experts, one draw per layer
+                self.local_routes[layer] = self._topk(layer)
+            ids_l, w = self.local_routes[layer]
+            experts, weights = ids_l[0], [] if w is None else w[0].tolist()
             rank = e
             e = experts[rank]
-            reads = [*self._h_reads(layer), (("rlogits", layer, 0), 0, E)]
+            reads = [*self._h_reads(layer), (("rlogits", layer, row), 0, E)]
         else:
             reads = self._up_reads(layer) + [(("route_w", layer), s, s + 1) for s in slots]
         acc = Access(reads=reads, accums=[(("x", layer + 1, s // K), 0, H) for s in slots])

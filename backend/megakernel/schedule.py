@@ -189,11 +189,12 @@ def qkv_row_head(cfg: ModelConfig, row: int) -> int:
 
 def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     """Whether a one-row MoE layer's self-routing fused items (Tiling.moe_local) find as many SMs
-    free of the layer's QKV and router tiles, dealt round-robin over the work SMs (build_schedule)."""
+    free of the layer's QKV and router tiles, dealt round-robin over the work SMs (build_schedule).
+    With Tiling.moe_group the router tiles run on the items' own SMs."""
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
     n_qkv = tiling.qkv_tiles(cfg)
-    n_router = max(cfg.num_experts, 1) // tiling.router_rows
+    n_router = 0 if tiling.moe_group else max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
     return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
 
@@ -342,8 +343,9 @@ def build_schedule(
                 emit(make_desc(abi.MK_OP_DENSE_UP, layer, (c0, tiling.dense_up_cols), wait_h, (up_c,)))
         moe_sms: list[int] = []  # Tiling.moe_local: the SMs of the layer's fused items
         if not dense:
+            grouped = bool(tiling.moe_group)  # the router tiles on the items' SMs, below
             n_router = E // tiling.router_rows
-            router_c = counter(f"router[{layer}]", n_router)
+            router_c = counter(f"router[{layer}]", n_router) if not grouped else abi.MK_NO_COUNTER
             route_c = counter(f"route[{layer}]", 1) if not local else abi.MK_NO_COUNTER
             # signalled by the MoE items that end the MLP (amount: their tokens): the fused items
             # (every token slot is in one item per column tile), else the down tiles
@@ -352,16 +354,9 @@ def build_schedule(
             mlp_c = counter(f"mlp[{layer}]", B * K * mlp_items + n_o)
             if not local:  # device-made items (Tiling.moe_local: static tasks, counted by emit)
                 cs.totals[mlp_c] += B * K * mlp_items
-            for t in range(n_router):
-                emit(
-                    make_desc(
-                        abi.MK_OP_ROUTER,
-                        layer,
-                        (t * tiling.router_rows, tiling.router_rows),
-                        wait_h,
-                        (router_c,),
-                    ),
-                )
+            for t in range(0 if grouped else n_router):
+                r0 = t * tiling.router_rows
+                emit(make_desc(abi.MK_OP_ROUTER, layer, (r0, tiling.router_rows), wait_h, (router_c,)))
             if not local:
                 keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
                 emit(
@@ -369,23 +364,45 @@ def build_schedule(
                     ctrl_sm(layer),
                 )
             else:  # the SMs without this layer's QKV or router tiles, from a point that turns per layer
+                n_items = K * up_tiles
+                group = tiling.moe_group
                 busy = set(deal[first_qkv:])
                 free = [s for s in range(n_work) if s not in busy]
-                turn = (layer * K * up_tiles) % max(1, len(free))
-                moe_sms = (free[turn:] + free[:turn])[: K * up_tiles]
-                if len(moe_sms) < K * up_tiles:
+                turn = (layer * n_items) % max(1, len(free))
+                moe_sms = (free[turn:] + free[:turn])[:n_items]
+                if len(moe_sms) < n_items:
                     raise ValueError(
-                        f"moe_local: {K * up_tiles} fused items need as many SMs free of the layer's "
+                        f"moe_local: {n_items} fused items need as many SMs free of the layer's "
                         f"QKV and router tiles, {len(free)} are"
                     )
-                wait_local = (*wait_h, (router_c, n_router))  # h(l) first: the item stages it meanwhile
-                for m in range(K * up_tiles):
+                # what each item ranks (rlogits row, router counter, its target): Tiling.moe_group's
+                # group g: E / group experts per SM into row g, its own SMs' tiles
+                rows_of: list[tuple[int, int, int]] = []
+                if grouped:
+                    per = E // group
+                    for g in range(n_items // group):
+                        gc = counter(f"router[{layer}][{g}]", group)
+                        for r in range(group):
+                            tile = make_desc(abi.MK_OP_ROUTER, layer, (r * per, per), wait_h, (gc,))
+                            tile[abi.MK_F_LROW] = g
+                            emit(tile, moe_sms[g * group + r])
+                        rows_of += [(g, gc, group)] * group
+                    # group 0's tiles initialise x(l+1) (LROW 0 copies the residual): what the
+                    # items of other groups, and the O-proj drains below, add onto
+                    router_c, n_router = rows_of[0][1], group
+                else:
+                    rows_of = [(0, router_c, n_router)] * n_items
+                for m in range(n_items):
                     j, t = divmod(m, up_tiles)
                     c0, cols = t * tiling.moe_up_cols, tiling.moe_up_cols
+                    g, gc, target = rows_of[m]
+                    # h(l) first: the item stages it meanwhile (a group's router tile has staged it)
+                    waits = (*wait_h, (gc, target)) + (((router_c, n_router),) if g else ())
                     args = (j, c0, cols, abi.MK_MOE_LOCAL, rows_splits[0])  # A4: which KV pages to prefetch
-                    item = make_desc(abi.MK_OP_MOE_FUSED, layer, args, wait_local, (mlp_c,))
+                    item = make_desc(abi.MK_OP_MOE_FUSED, layer, args, waits, (mlp_c,))
                     item[abi.MK_F_NTOK] = 1
                     item[abi.MK_F_SLOT0] = j
+                    item[abi.MK_F_LROW] = g
                     emit(item, moe_sms[m])
 
         # 3. attention splits into this layer's host queue, claimed by drains

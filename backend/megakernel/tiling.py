@@ -95,6 +95,12 @@ class Tiling:
     # the layer's start, the first up GEMV at 22.0). Needs moe_fused. (2, the items
     # on the QKV tiles' SMs behind their tile, was measured slower and removed; 2026-12-06.)
     moe_local: int = 0
+    # > 0 (with moe_local): a MoE layer's fused items in groups of this many SMs. Each SM first runs
+    # a router tile of num_experts / moe_group experts into its group's row of the logits (the kernel
+    # keeps h(l) staged for the item), and each item waits for its own group's router tiles only
+    # (and for group 0's, which alone copy the residual into x(l+1)): no item waits on a few router
+    # SMs elsewhere, and the 8 router tiles' SMs are free (docs/MEGAKERNEL.md, the grouped layer).
+    moe_group: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -106,6 +112,8 @@ class Tiling:
         need(self.moe_local in (0, 1), "moe_local must be 0 or 1")
         need(not self.moe_local or self.moe_fused, "moe_local needs moe_fused")
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
+        need(self.moe_group >= 0, "moe_group must be >= 0")
+        need(not self.moe_group or self.moe_local, "moe_group needs moe_local")
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
@@ -174,6 +182,14 @@ class Tiling:
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
             need(cfg.num_experts_per_tok <= 8, "top_k must be <= 8")
             need(E <= 384, "num_experts must be <= 384 (ROUTE's shared-memory scratch)")
+            if self.moe_group:
+                G = self.moe_group
+                items = cfg.num_experts_per_tok * (I // self.moe_up_cols)
+                need(E % G == 0, "moe_group must divide num_experts (each SM a router tile of E / moe_group)")
+                need(items % G == 0, f"moe_group must divide the layer's {items} fused items")
+                need(items // G <= abi.MK_MAX_TOKENS, f"at most {abi.MK_MAX_TOKENS} groups (rows of rlogits)")
+                problem = norm_geometry_problem(cfg, E // G)
+                need(problem is None, f"moe_group's router tiles: {problem}")
         problem = norm_geometry_problem(cfg, self.router_rows)
         need(problem is None, str(problem))
 
@@ -224,6 +240,7 @@ def norm_geometry_problem(cfg: ModelConfig, router_rows: int) -> str | None:
 SWITCH_FIELDS = frozenset(
     {
         "moe_local",
+        "moe_group",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",
@@ -465,9 +482,12 @@ SINGLE_MOE_LOCAL = 1
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), at one row with SINGLE_MOE_LOCAL where
-    the tiling takes it."""
-    t = _batch_tiling(cfg, base, batch, position)
-    return _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t) if batch == 1 else t
+    the tiling takes it (`base`'s moe_group with it, at one row only)."""
+    t = replace(_batch_tiling(cfg, base, batch, position), moe_group=0)
+    if batch != 1:
+        return t
+    local = _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t)
+    return _if_valid(cfg, replace(local, moe_group=base.moe_group), local) if local.moe_local else local
 
 
 def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:

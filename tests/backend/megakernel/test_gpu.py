@@ -149,6 +149,16 @@ def test_op_matches_semantics(small, op, B):
     _op_check(CFG, w, be, op, B)
 
 
+def test_router_tiles_into_a_group_row(small):
+    """Tiling.moe_group's router tiles (one row): the logits into rlogits row LROW = 2, no residual
+    copy into x(l+1) (only LROW 0's tiles initialise it); every other row stays poisoned."""
+    w, be = small
+    descs = [make_desc(abi.MK_OP_ROUTER, 3, (e0, 8)) for e0 in (0, 8)]
+    for d in descs:
+        d[abi.MK_F_LROW] = 2
+    _op_check(CFG, w, be, abi.MK_OP_ROUTER, 1, descs=descs)
+
+
 # the ops that add into (or, the router tiles, copy the residual into) x(l+1), checked by what they
 # changed there (x is their input too: it cannot be poisoned)
 SUM_OPS = (abi.MK_OP_ROUTER, abi.MK_OP_OPROJ, abi.MK_OP_DENSE_DOWN, abi.MK_OP_MOE_DOWN, abi.MK_OP_MOE_FUSED)
@@ -212,7 +222,10 @@ def _op_check(cfg, w, be, op: int, B: int, prepare=None, descs=None) -> None:
         )
         m = ~torch.isnan(want) & torch.isfinite(want)
         assert _relerr(got[m], want[m]) < 1.5e-2, f"{name}: rel err {_relerr(got[m], want[m]):.3g}"
-    if x_before is not None:  # what the op changed in x (its layer's sum)
+    group_rows = op == abi.MK_OP_ROUTER and all(d[abi.MK_F_LROW] for d in descs)
+    if group_rows:  # router tiles past a group row 0 (Tiling.moe_group) leave x alone
+        assert torch.equal(ws["x"], x_before) and torch.equal(ref_ws["x"], x_before)
+    elif x_before is not None:  # what the op changed in x (its layer's sum)
         got, want = ws["x"], ref_ws["x"]
         changed = want != x_before
         assert bool(changed.any()), "the reference changed nothing in x"
@@ -409,6 +422,26 @@ def test_consecutive_steps_self_routing_across_pages(small):
     context across several pages: every step as the reference."""
     w, _ = small
     _consecutive_steps(w, _local_backend(w), [700], seed=37, steps=3)
+
+
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
+def test_step_matches_reference_grouped_moe(small, contexts, group):
+    """Tiling.moe_group: the 8 items in groups of 2 or 4 SMs, each SM a router tile into its
+    group's row of the logits first. Every group's row holds the same bits (same tiles, same code:
+    else groups would take different experts), every layer's output as the reference's."""
+    w, _ = small
+    be = _local_backend(w, moe_group=group)
+    _step_check(CFG, w, be, contexts, seed=13)
+    for layer in range(CFG.num_hidden_layers):
+        if not CFG.is_dense(layer):
+            rows = be.ws["rlogits"][layer, : 8 // group]
+            assert torch.equal(rows, rows[:1].expand_as(rows)), f"layer {layer}: the groups' logits differ"
+
+
+def test_consecutive_steps_grouped_moe(small):
+    w, _ = small
+    _consecutive_steps(w, _local_backend(w, moe_group=4), [700], seed=41, steps=4)
 
 
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
@@ -720,6 +753,17 @@ def release():
 def test_step_matches_reference_release_geometry(release, contexts):
     cfg, w, be = release
     _step_check(cfg, w, be, contexts, seed=len(contexts))
+
+
+@pytest.mark.parametrize("group", [8, 16])
+def test_step_matches_reference_release_grouped_moe(release, group):
+    """Tiling.moe_group at the release geometry, one row at 8K: the 48 items in groups of 8 or 16."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    cfg, w, _ = release
+    t = tiling_for_batch(cfg, replace(default_tiling(cfg), moe_group=group), 1)
+    assert t.moe_local and t.moe_group == group
+    _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), [8192], seed=3)
 
 
 @pytest.mark.parametrize(

@@ -148,7 +148,11 @@ def test_moe_local_is_refused_where_it_cannot_run():
         build_schedule(CFG, 1, [70], N_SMS, replace(TILING, moe_local=2))
 
 
-@pytest.mark.parametrize("tiling", [TILING, replace(TILING, ctrl_sms=2)], ids=["tiling", "ctrl-2"])
+@pytest.mark.parametrize(
+    "tiling",
+    [TILING, replace(TILING, ctrl_sms=2), replace(TILING, moe_group=2)],
+    ids=["tiling", "ctrl-2", "grouped"],
+)
 @pytest.mark.parametrize("n_sms", [4, 6, 7, 8, 12, 13, 14, 16, 132])
 def test_fits_says_what_the_builder_does(n_sms, tiling):
     """moe_local_fits (the engine's check before it takes the mode) agrees with build_schedule."""
@@ -160,3 +164,139 @@ def test_fits_says_what_the_builder_does(n_sms, tiling):
     except ValueError:
         built = False
     assert moe_local_fits(CFG, tiling, n_sms) == built
+
+
+# Tiling.moe_group: the 4 items (top-2 x 2 column tiles) in 2 groups of 2 SMs, each SM first a
+# router tile of 4 experts into its group's row of the logits
+GROUPED = replace(TILING, moe_group=2)
+
+
+def _group_of(sched, layer):
+    """{SM: [(op, LROW, id) of the layer's router tiles and fused items in list order]}."""
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    for sm, ids in enumerate(sched.sm_lists):
+        for i in ids:
+            t = sched.tasks[i]
+            if int(t[abi.MK_F_LAYER]) == layer and int(t[abi.MK_F_OP]) in (
+                abi.MK_OP_ROUTER,
+                abi.MK_OP_MOE_FUSED,
+            ):
+                out.setdefault(sm, []).append((int(t[abi.MK_F_OP]), int(t[abi.MK_F_LROW]), i))
+    return out
+
+
+@pytest.mark.parametrize("context", [0, 70, 200])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_grouped_items_match_the_reference(weights, context, strategy):
+    sched = build_schedule(CFG, 1, [context], N_SMS, GROUPED)
+    E, K = CFG.num_experts, CFG.num_experts_per_tok
+    for layer in range(1, CFG.num_hidden_layers):
+        per_sm = _group_of(sched, layer)
+        # every item's SM runs its group's router tile first (E / 2 experts), then the item
+        assert len(per_sm) == K * 2
+        rows = sorted((ops[0][1], ops[1][1]) for ops in per_sm.values())
+        assert rows == [(0, 0), (0, 0), (1, 1), (1, 1)]
+        for ops in per_sm.values():
+            assert [o[0] for o in ops] == [abi.MK_OP_ROUTER, abi.MK_OP_MOE_FUSED]
+            tile = sched.tasks[ops[0][2]]
+            assert int(tile[abi.MK_F_A1]) == E // 2
+        # a group's tiles cover every expert once
+        for g in (0, 1):
+            firsts = sorted(int(sched.tasks[o[0][2]][abi.MK_F_A0]) for o in per_sm.values() if o[0][1] == g)
+            assert firsts == [0, E // 2]
+        assert f"router[{layer}]" not in sched.counters.names
+    ws, batch, ref, ref_batch = _run(weights, context, strategy, sched)
+    torch.testing.assert_close(ws["logits"][:1], ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-4, atol=1e-5)
+    # both groups' rows hold the same logits (the kernel: the same bits, same tiles and code)
+    layer = 1
+    torch.testing.assert_close(ws["rlogits"][layer, 1], ws["rlogits"][layer, 0], rtol=0, atol=0)
+    forced = reference_step(
+        CFG, weights, clone_batch(make_case(CFG, [context], seed=11).batch), kernel_routing(CFG, ws, 1)
+    )
+    torch.testing.assert_close(forced, ref, rtol=1e-5, atol=1e-6)
+
+
+def _grouped_task(sched, op, layer, row):
+    for t in sched.tasks:
+        if int(t[abi.MK_F_OP]) == op and int(t[abi.MK_F_LAYER]) == layer and int(t[abi.MK_F_LROW]) == row:
+            return int(t[abi.MK_F_ID])
+    raise LookupError(op)
+
+
+@pytest.mark.parametrize(
+    "what,slot,counter",
+    [
+        ("item", 1, "router[1][1]"),  # group 1's item ranks its row before its group's tiles wrote it
+        ("item", 2, "router[1][0]"),  # ... adds into x(l+1) before group 0's tiles copied the residual
+        ("tail_drains", 0, "router[1][0]"),  # the O-proj drains' wait for that initialiser
+    ],
+)
+def test_grouped_deleted_wait_is_caught(weights, what, slot, counter):
+    sched = build_schedule(CFG, 1, [70], N_SMS, GROUPED)
+    c = sched.counters.index(counter)
+    if what == "item":
+        tids = [_grouped_task(sched, abi.MK_OP_MOE_FUSED, 1, 1)]
+    else:  # every drain of layer 1's O-proj tail (whichever claims an O-proj item)
+        tids = [
+            int(t[abi.MK_F_ID])
+            for t in sched.tasks
+            if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN
+            and int(t[abi.MK_F_LAYER]) == 1
+            and int(t[abi.MK_F_WAIT0]) == c
+        ]
+    assert tids and all(int(sched.tasks[t][abi.MK_F_WAIT0 + 2 * slot]) == c for t in tids)
+    broken = sched
+    for tid in tids:
+        broken = broken.without_wait(tid, slot)
+    with pytest.raises(HazardError, match=r"race|never written|initialises"):
+        for strategy in STRATEGIES:
+            _run(weights, 70, strategy, broken)
+
+
+def test_groups_that_rank_different_logits_are_caught(weights, monkeypatch):
+    """Group 1's router tiles write negated logits (as a group whose bits differed would rank): its
+    items take other experts than group 0's, which the emulator reports after the hazard check."""
+    from mkcode.backend.megakernel.emulator_ops import OpSemantics
+
+    plain = OpSemantics.op_router
+
+    def skewed(self, layer, a, d):
+        acc = plain(self, layer, a, d)
+        if int(d[abi.MK_F_LROW]) == 1:
+            e0, n = a[0], a[1]
+            self.ws["rlogits"][layer, 1, e0 : e0 + n] *= -1
+        return acc
+
+    monkeypatch.setattr(OpSemantics, "op_router", skewed)
+    sched = build_schedule(CFG, 1, [70], N_SMS, GROUPED)
+    with pytest.raises(AssertionError, match="disagree"):
+        _run(weights, 70, "in_order", sched)
+
+
+def test_moe_group_is_refused_where_it_cannot_run():
+    with pytest.raises(TilingError, match="moe_group needs moe_local"):
+        replace(GROUPED, moe_local=0).validate(CFG)
+    with pytest.raises(TilingError, match="divide num_experts"):
+        replace(TILING, moe_group=3).validate(CFG)
+    with pytest.raises(TilingError, match="divide the layer's 4 fused items"):
+        replace(TILING, moe_group=8).validate(CFG)
+    with pytest.raises(TilingError, match="at most 8 groups"):  # top-8 x 2 tiles: 16 groups of one
+        replace(TILING, moe_group=1).validate(tiny_config(num_experts_per_tok=8))
+    with pytest.raises(ValueError, match="batch 1"):
+        build_schedule(CFG, 2, [70, 3], N_SMS, GROUPED)
+
+
+@pytest.mark.parametrize("group", [8, 16])
+def test_grouped_release_geometry(group):
+    """The engine's one-row tiling with moe_group at the release geometry (5 layers, 132 SMs): the
+    48 items in groups of `group`, each SM a router tile of 128 / group experts; no deadlock, every
+    counter at its total, the full happens-before check."""
+    from tests.backend.megakernel.test_emulator import _release_engine_step
+
+    sched, rep = _release_engine_step(1, 5, 99, 5, moe_group=group)
+    per_sm = _group_of(sched, 2)
+    assert len(per_sm) == 48
+    assert {len(v) for v in per_sm.values()} == {2}
+    assert sorted({v[0][1] for v in per_sm.values()}) == list(range(48 // group))
+    assert rep.events > sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
