@@ -123,12 +123,15 @@ __device__ __forceinline__ bool task_gemv(const Params& p, const int* d, const l
   const int a0 = d[MK_F_A0], a1 = d[MK_F_A1], a2 = d[MK_F_A2], a3 = d[MK_F_A3];
   const int H = p.hidden;
   switch (op) {
-    case MK_OP_QKV: {
+    case MK_OP_QKV: {  // rows a0 .. a0 + a1 of [Wq; Wk; Wv], then (a3 > 0) rows a2 .. a2 + a3
       const int qw = V.QW(), kvw = V.KVW();
-      const bf16* W = a0 < qw          ? (const bf16*)lw[MK_LW_Q] + (size_t)a0 * H
-                      : a0 < qw + kvw ? (const bf16*)lw[MK_LW_K] + (size_t)(a0 - qw) * H
-                                      : (const bf16*)lw[MK_LW_V] + (size_t)(a0 - qw - kvw) * H;
-      g = Gemv{W, H, W, H, a1, a1, H};
+      auto row = [&](int r) {
+        return r < qw          ? (const bf16*)lw[MK_LW_Q] + (size_t)r * H
+               : r < qw + kvw ? (const bf16*)lw[MK_LW_K] + (size_t)(r - qw) * H
+                               : (const bf16*)lw[MK_LW_V] + (size_t)(r - qw - kvw) * H;
+      };
+      const bf16* W = row(a0);
+      g = Gemv{W, H, a3 > 0 ? row(a2) : W, H, a1, a1 + a3, H};
       return true;
     }
     case MK_OP_ROUTER: {  // read every step, small (E x H per layer): kept in L2 across steps
@@ -297,29 +300,21 @@ __device__ __noinline__ void qkv_prologue(const Params& p, const int* d) {
 }
 
 // The QKV tile's epilogue (its facts from qkv_prologue): RoPE on Q and K, Q to q(l), K / V rows into
-// the KV cache at each row's position.
+// the KV cache at each row's position. Its rows: A1 rows from A0 of [Wq; Wk; Wv], then A3 from A2
+// (Tiling.attn_group: a share of a head's Q rows, then of its K or V rows); each range even.
 // dry: a warm-up run (no global write; see warmable).
 __device__ void op_qkv(const Params& p, const int* d, Smem& s, bool dry) {
   View V(p);
-  const int l = d[MK_F_LAYER], r0 = d[MK_F_A0], n = d[MK_F_A1];
+  const int l = d[MK_F_LAYER], n0 = d[MK_F_A1], n = n0 + d[MK_F_A3];
   const int qw = V.QW(), kvw = V.KVW(), hd = p.head_dim;
-  int kind, local;
-  if (r0 < qw) {
-    kind = 0;
-    local = r0;
-  } else if (r0 < qw + kvw) {
-    kind = 1;
-    local = r0 - qw;
-  } else {
-    kind = 2;
-    local = r0 - qw - kvw;
-  }
-  const bool rope = (s_qkv.flags & MK_LAYER_ROPE) && kind != 2;
   for (int i = threadIdx.x; i < (n / 2) * p.batch; i += NT) {
     const int b = i % p.batch, r = (i / p.batch) * 2;
+    const int row = r < n0 ? d[MK_F_A0] + r : d[MK_F_A2] + (r - n0);  // of [Wq; Wk; Wv]: even
+    const int kind = row < qw ? 0 : row < qw + kvw ? 1 : 2;
+    const int col = row - (kind == 0 ? 0 : kind == 1 ? qw : qw + kvw);  // in Q, K or V
+    const bool rope = (s_qkv.flags & MK_LAYER_ROPE) && kind != 2;
     float v0 = s.out[r * 8 + b], v1 = s.out[(r + 1) * 8 + b];
     const long long pos = s_qkv.pos[b];
-    const int col = local + r;  // even
     if (rope) {
       const int pair = (col % hd) / 2;
       const float inv = 1.0f / powf(p.rope_theta, (float)(2 * pair) / (float)hd);

@@ -276,7 +276,7 @@ class MegakernelBackend:
         # the one-row self-routing items need SMs free of the QKV and router tiles: on a part with
         # too few SMs the engine keeps ROUTE (an explicit tiling is refused by build_schedule)
         fits = not t.moe_local or moe_local_fits(self.cfg, t, self.n_sms)
-        return t if fits else replace(t, moe_local=0, moe_group=0)
+        return t if fits else replace(t, moe_local=0, moe_group=0, attn_group=0)
 
     def prewarm(self, batch_sizes: list[int] | range = range(1, 9), context: int = 0) -> int:
         """Build and upload the schedules for these batch sizes at this context (all rows at it), so

@@ -238,9 +238,17 @@ class OpSemantics:
         return Access(writes=[(("x", lx, b), 0, H) for lx in first])
 
     def op_qkv(self, layer, a, d) -> Access:
-        cfg, r0, n = self.cfg, a[0], a[1]
-        qw, kvw, dh = cfg.q_width, cfg.kv_width, cfg.head_dim
+        """Rows a0 .. a0 + a1 of [Wq; Wk; Wv], then (a3 > 0, Tiling.attn_group) rows a2 .. a2 + a3:
+        RoPE, Q into q(l), K / V into the pool at each row's position."""
         acc = Access(reads=self._h_reads(layer))
+        for r0, n in ((a[0], a[1]), (a[2], a[3])):
+            if n > 0:
+                self._qkv_rows(layer, r0, n, acc)
+        return acc
+
+    def _qkv_rows(self, layer: int, r0: int, n: int, acc: Access) -> None:
+        cfg = self.cfg
+        qw, kvw, dh = cfg.q_width, cfg.kv_width, cfg.head_dim
         if r0 < qw:
             kind, local = "q", r0
         elif r0 < qw + kvw:
@@ -254,7 +262,7 @@ class OpSemantics:
                 off = (0 if kind == "k" else kvw) + local
                 acc.writes.append((self._kv_key(layer, b, self.pos[b]), off, off + n))
         if not self.math:
-            return acc
+            return
         lw = self.w.layers[layer]
         W = {"q": lw.q, "k": lw.k, "v": lw.v}[kind][local : local + n].float()
         h = self._h(layer)
@@ -279,7 +287,6 @@ class OpSemantics:
                 cols = torch.arange(local, local + n)
                 heads, dims = cols // dh, cols % dh
                 pool[page, which, heads, p % PAGE_SIZE, dims] = out[b].to(pool.dtype)
-        return acc
 
     def op_attn(self, layer, a, d) -> Access:
         cfg = self.cfg

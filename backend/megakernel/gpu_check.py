@@ -449,7 +449,8 @@ def reduced_tiling(tiling_release: Tiling, cfg: ModelConfig | None = None) -> tu
     the fields' order, each kept only if the tiling so far still validates with it, so that options
     that need each other (moe_local needs moe_fused) are checked together, and a size
     that does not fit the reduced geometry (moe_up_cols=48 does not divide 256) keeps the default.
-    Tiling.moe_local and moe_group are not carried: they run one row only, the reduced check four."""
+    Tiling.moe_local, moe_group and attn_group are not carried: one row only, the reduced check runs
+    four."""
     cfg = cfg or reduced_config()
     t = default_tiling(cfg)
     release_default = default_tiling(north_mini_code_config())
@@ -458,7 +459,7 @@ def reduced_tiling(tiling_release: Tiling, cfg: ModelConfig | None = None) -> tu
         v = getattr(tiling_release, k)
         if v == getattr(release_default, k):
             continue
-        if k in ("moe_local", "moe_group"):  # build_schedule refuses them beyond one row
+        if k in ("moe_local", "moe_group", "attn_group"):  # build_schedule refuses them beyond one row
             dropped.append(f"{k}={v} runs one row only, the reduced check runs 4: kept {getattr(t, k)}")
             continue
         if k not in SWITCH_FIELDS:

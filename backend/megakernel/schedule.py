@@ -193,7 +193,7 @@ def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     With Tiling.moe_group the router tiles run on the items' own SMs."""
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
-    n_qkv = tiling.qkv_tiles(cfg)
+    n_qkv = tiling.attn_group * cfg.num_key_value_heads if tiling.attn_group else tiling.qkv_tiles(cfg)
     n_router = 0 if tiling.moe_group else max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
     return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
@@ -289,7 +289,6 @@ def build_schedule(
         reset = abi.MK_EMBED_RESET_HEADS if late_route and b == 0 else 0
         emit(make_desc(abi.MK_OP_EMBED, 0, (b, reset), (), (embed_c,)))
 
-    n_qkv = tiling.qkv_tiles(cfg)
     n_o = (H // tiling.o_rows) * Hkv
     # What the GEMVs over h(l) wait for, (counter, target): the EMBED tasks, then the previous
     # layer's end, its MLP counter (the O-proj tiles signal it too)
@@ -302,9 +301,13 @@ def build_schedule(
         sliding = cfg.is_sliding(layer)
         dense = cfg.is_dense(layer)
         rows_splits = splits[sliding]
+        # Tiling.attn_group (one row, MoE layers): each kv head's QKV tiles, attention splits and
+        # O-proj tiles as static tasks on a group of attn_group SMs of its own (below)
+        agroup = tiling.attn_group if not dense else 0
+        n_qkv = agroup * Hkv if agroup else tiling.qkv_tiles(cfg)
         # Tiling.qkv_by_head: one counter per kv head (its Q group's, K and V tiles), else one
         # (kv head h's counter is qkv_cs[h % qkv_heads] either way)
-        qkv_heads = Hkv if tiling.qkv_by_head else 1
+        qkv_heads = Hkv if tiling.qkv_by_head or agroup else 1
         per_head = n_qkv // qkv_heads
         qkv_cs = [
             counter(f"qkv[{layer}]" if qkv_heads == 1 else f"qkv[{layer}][{h}]", per_head)
@@ -323,7 +326,18 @@ def build_schedule(
 
         # 1. QKV tiles (the SMs that hold this layer's QKV and router tiles, for attn_with_qkv)
         first_qkv = len(tasks)
-        for t in range(n_qkv):
+        group_sms = [list(range(h * agroup, (h + 1) * agroup)) for h in range(Hkv)] if agroup else []
+        if agroup:  # two row ranges per tile: a share of the head's Q rows, then of its K or V rows
+            qn, kvn = G * d // agroup, 2 * d // agroup
+            for h in range(Hkv):
+                for r in range(agroup):
+                    half = agroup // 2  # the first half's tiles take K rows, the second's V rows
+                    kv0 = cfg.q_width + (r >= half) * cfg.kv_width + h * d + (r % half) * kvn
+                    qd = make_desc(
+                        abi.MK_OP_QKV, layer, (h * G * d + r * qn, qn, kv0, kvn), wait_h, (qkv_cs[h],)
+                    )
+                    emit(qd, group_sms[h][r])
+        for t in range(0 if agroup else n_qkv):
             r0 = t * tiling.qkv_rows
             sig = (qkv_cs[qkv_row_head(cfg, r0) % qkv_heads],) + ((qkv_all,) if qkv_all is not None else ())
             emit(make_desc(abi.MK_OP_QKV, layer, (r0, tiling.qkv_rows), wait_h, sig))
@@ -356,7 +370,8 @@ def build_schedule(
                 cs.totals[mlp_c] += B * K * mlp_items
             for t in range(0 if grouped else n_router):
                 r0 = t * tiling.router_rows
-                emit(make_desc(abi.MK_OP_ROUTER, layer, (r0, tiling.router_rows), wait_h, (router_c,)))
+                on = (agroup * Hkv + t) % n_work if agroup else None  # off the attention groups' SMs
+                emit(make_desc(abi.MK_OP_ROUTER, layer, (r0, tiling.router_rows), wait_h, (router_c,)), on)
             if not local:
                 keep = (abi.MK_ROUTE_KEEP_HEAD,) if late_route else ()
                 emit(
@@ -420,10 +435,18 @@ def build_schedule(
                     )
                     for s in range(s_n)
                 ]
+        # Tiling.attn_group: split r of kv head h a static task after the QKV tile on the group's
+        # SM r (the splits: attention_splits gives attn_group)
+        if agroup:
+            if rows_splits[0] != agroup:
+                raise ValueError(f"attn_group: {agroup} splits per kv head, the step has {rows_splits[0]}")
+            for k, ad in enumerate(attn_items):
+                emit(ad, group_sms[k // agroup][k % agroup])
+            attn_items = []
         # Tiling.attn_in_moe: a MoE layer's attention items are its MoE queue's head, before its up
         # tiles, claimed before ROUTE (below); no attention drains
         in_moe = bool(tiling.attn_in_moe) and not dense and not verify_rows
-        n_drains = 0 if in_moe else min(len(attn_items), n_work)
+        n_drains = 0 if in_moe or agroup else min(len(attn_items), n_work)
         # the SMs that hold this layer's QKV and router tiles, distinct, in order (attn_with_qkv)
         pool = list(dict.fromkeys(deal[first_qkv:])) if tiling.attn_with_qkv else []
         if tiling.attn_idle_first:  # idle SMs, then the router tiles' SMs, then the QKV tiles'
@@ -484,7 +507,13 @@ def build_schedule(
         # Tiling.moe_local the tail is a host queue of its own, drained by every work SM without a
         # fused item; its drains wait for the router tiles, which initialise the sum x(l+1) that
         # the O-proj tiles add into (the MoE drains' wait on ROUTE covered that)
-        if moe_sms:
+        if agroup:  # the O-proj tiles of kv head h's K range on its group's SMs, after x(l+1)'s initialiser
+            for k, od in enumerate(tail):
+                s_h, t = divmod(k, H // tiling.o_rows)
+                od[abi.MK_F_NWAIT] = 2
+                od[abi.MK_F_WAIT0 + 2 : abi.MK_F_WAIT0 + 4] = [router_c, n_router]
+                emit(od, group_sms[s_h][t % agroup])
+        elif moe_sms:
             free = [s for s in range(n_work) if s not in set(moe_sms)]
             qid = host_queue(f"attn_tail[{layer}]", tail, len(free))
             for sm in free:

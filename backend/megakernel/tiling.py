@@ -101,6 +101,13 @@ class Tiling:
     # (and for group 0's, which alone copy the residual into x(l+1)): no item waits on a few router
     # SMs elsewhere, and the 8 router tiles' SMs are free (docs/MEGAKERNEL.md, the grouped layer).
     moe_group: int = 0
+    # > 0 (one row, with moe_local and combine_ctrl): a MoE layer's attention in groups of this many
+    # SMs per kv head, every task static on its group's SMs: SM r of head h's group runs a QKV tile
+    # of two row ranges (its share of the head's Q rows, then of its K or V rows), then split r of
+    # the head's attention (attn_group splits at any context), then O-proj tiles of the head's K
+    # range (which wait for x(l+1)'s initialiser, the router tiles); the combines stay on the
+    # control SMs. No attention drains, no O-proj queue (docs/MEGAKERNEL.md, the grouped layer).
+    attn_group: int = 0
 
     def validate(self, cfg: ModelConfig) -> None:
         def need(cond: bool, what: str) -> None:
@@ -114,6 +121,23 @@ class Tiling:
         need(not (self.moe_local and self.attn_in_moe), "moe_local has no MoE queue for attn_in_moe")
         need(self.moe_group >= 0, "moe_group must be >= 0")
         need(not self.moe_group or self.moe_local, "moe_group needs moe_local")
+        if self.attn_group:
+            S, G, d = self.attn_group, cfg.gqa_group, cfg.head_dim
+            need(self.moe_local and self.combine_ctrl, "attn_group needs moe_local and combine_ctrl")
+            need(S > 0 and S % 2 == 0, "attn_group must be even (half its tiles take K rows, half V rows)")
+            need(
+                (G * d) % S == 0 and (G * d // S) % 2 == 0,
+                "attn_group must split a head's Q rows in even shares",
+            )
+            need(
+                (2 * d) % S == 0 and (2 * d // S) % 2 == 0,
+                "attn_group must split a head's K and V rows in even shares",
+            )
+            need(G * d // S + 2 * d // S <= abi.MK_MAX_TILE_ROWS, "attn_group's QKV tiles are too tall")
+            need(
+                self.most_splits() >= S,
+                "attn_group splits per kv head need a split stride (most_splits) as wide",
+            )
         need(
             not self.qkv_by_head or cfg.head_dim % self.qkv_rows == 0,
             "qkv_by_head: qkv_rows must divide head_dim (each QKV tile belongs to one kv head)",
@@ -241,6 +265,7 @@ SWITCH_FIELDS = frozenset(
     {
         "moe_local",
         "moe_group",
+        "attn_group",
         "attn_with_qkv",
         "attn_idle_first",
         "ctrl_sms",
@@ -482,12 +507,15 @@ SINGLE_MOE_LOCAL = 1
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), at one row with SINGLE_MOE_LOCAL where
-    the tiling takes it (`base`'s moe_group with it, at one row only)."""
-    t = replace(_batch_tiling(cfg, base, batch, position), moe_group=0)
+    the tiling takes it (`base`'s moe_group and attn_group with it, at one row only)."""
+    t = replace(_batch_tiling(cfg, base, batch, position), moe_group=0, attn_group=0)
     if batch != 1:
         return t
-    local = _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t)
-    return _if_valid(cfg, replace(local, moe_group=base.moe_group), local) if local.moe_local else local
+    t = _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t)
+    if t.moe_local:
+        t = _if_valid(cfg, replace(t, moe_group=base.moe_group), t)
+        t = _if_valid(cfg, replace(t, attn_group=base.attn_group), t)
+    return t
 
 
 def _batch_tiling(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
@@ -585,6 +613,8 @@ def attention_splits(
     with a grain that makes roughly one wave of (row, kv head, split) items per layer; each split
     then covers ceil(pages / splits) of its row's REAL visible pages, so shorter rows simply get
     shorter (or empty) splits and the drains balance the rest."""
+    if tiling.attn_group and len(positions) == 1:  # one split per SM of a kv head's group
+        return {False: [tiling.attn_group], True: [tiling.attn_group]}
     out: dict[bool, list[int]] = {}
     pb = split_bucket_position(positions, tiling)
     for sliding in (False, True):

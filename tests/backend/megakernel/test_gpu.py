@@ -89,6 +89,9 @@ def _op_descs(op: int, B: int, seed: int) -> list[list[int]]:
             make_desc(op, 4, (qw, t)),
             make_desc(op, 4, (qw + kvw + 128, t)),
             make_desc(op, 0, (qw - t, t)),
+            # two row ranges (Tiling.attn_group): Q rows then K rows (RoPE), Q rows then V rows
+            make_desc(op, 1, (64, t, qw + 16, 16)),
+            make_desc(op, 4, (qw - 128, t, qw + kvw + 32, 32)),
         ]
     if op == abi.MK_OP_ATTN:
         return [
@@ -444,6 +447,25 @@ def test_consecutive_steps_grouped_moe(small):
     _consecutive_steps(w, _local_backend(w, moe_group=4), [700], seed=41, steps=4)
 
 
+@pytest.mark.parametrize("moe_group", [0, 4])
+@pytest.mark.parametrize("group", [8, 16])
+@pytest.mark.parametrize("contexts", [[300], [700]], ids=["ctx300", "ctx700"])
+def test_step_matches_reference_attention_groups(small, contexts, group, moe_group):
+    """Tiling.attn_group: each kv head's QKV tiles (two row ranges), its `group` attention splits
+    and its O-proj tiles static on a group of SMs of its own; every layer's output as the
+    reference's."""
+    w, _ = small
+    be = _local_backend(w, attn_group=group, moe_group=moe_group)
+    sched = build_schedule(CFG, 1, contexts, be.n_sms, be.tiling)
+    assert sched.splits == {False: [group], True: [group]}
+    _step_check(CFG, w, be, contexts, seed=17)
+
+
+def test_consecutive_steps_attention_groups(small):
+    w, _ = small
+    _consecutive_steps(w, _local_backend(w, attn_group=16, moe_group=4), [700], seed=43, steps=4)
+
+
 def _consecutive_steps(w, be, contexts, seed: int, steps: int) -> None:
     """`steps` greedy steps in a row on one backend (one counter bank: bases advance, counters never
     reset), each within cosine 0.999 of the routed fp32 reference."""
@@ -755,14 +777,16 @@ def test_step_matches_reference_release_geometry(release, contexts):
     _step_check(cfg, w, be, contexts, seed=len(contexts))
 
 
-@pytest.mark.parametrize("group", [8, 16])
-def test_step_matches_reference_release_grouped_moe(release, group):
-    """Tiling.moe_group at the release geometry, one row at 8K: the 48 items in groups of 8 or 16."""
+@pytest.mark.parametrize("moe_group,attn_group", [(8, 0), (16, 0), (0, 16), (16, 16)])
+def test_step_matches_reference_release_groups(release, moe_group, attn_group):
+    """Tiling.moe_group and attn_group at the release geometry, one row at 8K: the 48 MoE items in
+    groups of 8 or 16, each kv head's QKV, attention and O-proj on 16 SMs of its own."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
     cfg, w, _ = release
-    t = tiling_for_batch(cfg, replace(default_tiling(cfg), moe_group=group), 1)
-    assert t.moe_local and t.moe_group == group
+    base = replace(default_tiling(cfg), moe_group=moe_group, attn_group=attn_group)
+    t = tiling_for_batch(cfg, base, 1)
+    assert t.moe_local and (t.moe_group, t.attn_group) == (moe_group, attn_group)
     _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), [8192], seed=3)
 
 

@@ -23,6 +23,12 @@ CFG = tiny_config()
 # test_emulator's small tiles, with the fused items routing themselves
 TILING = replace(EMULATOR_TILING, moe_fused=1, moe_local=1)
 N_SMS = 16  # 8 QKV and 2 router tiles per layer leave SMs for the 4 fused items (top-2 x 2 tiles)
+# Tiling.moe_group: the 4 items (top-2 x 2 column tiles) in 2 groups of 2 SMs, each SM first a
+# router tile of 4 experts into its group's row of the logits
+GROUPED = replace(TILING, moe_group=2)
+# Tiling.attn_group: each kv head's QKV tiles (a quarter of its Q rows, then of its K or V rows),
+# attention splits and O-proj tiles on a group of 4 SMs of its own; the combines on 2 control SMs
+AGROUP = replace(TILING, ctrl_sms=2, combine_ctrl=1, attn_group=4)
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +156,8 @@ def test_moe_local_is_refused_where_it_cannot_run():
 
 @pytest.mark.parametrize(
     "tiling",
-    [TILING, replace(TILING, ctrl_sms=2), replace(TILING, moe_group=2)],
-    ids=["tiling", "ctrl-2", "grouped"],
+    [TILING, replace(TILING, ctrl_sms=2), replace(TILING, moe_group=2), AGROUP],
+    ids=["tiling", "ctrl-2", "grouped", "attn-groups"],
 )
 @pytest.mark.parametrize("n_sms", [4, 6, 7, 8, 12, 13, 14, 16, 132])
 def test_fits_says_what_the_builder_does(n_sms, tiling):
@@ -164,11 +170,6 @@ def test_fits_says_what_the_builder_does(n_sms, tiling):
     except ValueError:
         built = False
     assert moe_local_fits(CFG, tiling, n_sms) == built
-
-
-# Tiling.moe_group: the 4 items (top-2 x 2 column tiles) in 2 groups of 2 SMs, each SM first a
-# router tile of 4 experts into its group's row of the logits
-GROUPED = replace(TILING, moe_group=2)
 
 
 def _group_of(sched, layer):
@@ -299,4 +300,105 @@ def test_grouped_release_geometry(group):
     assert len(per_sm) == 48
     assert {len(v) for v in per_sm.values()} == {2}
     assert sorted({v[0][1] for v in per_sm.values()}) == list(range(48 // group))
+    assert rep.events > sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
+
+
+def _layer_tasks_by_sm(sched, layer):
+    out: dict[int, list[int]] = {}
+    for sm, ids in enumerate(sched.sm_lists):
+        for i in ids:
+            if int(sched.tasks[i][abi.MK_F_LAYER]) == layer:
+                out.setdefault(sm, []).append(i)
+    return out
+
+
+@pytest.mark.parametrize("moe_group", [0, 2], ids=["routers", "moe-groups"])
+@pytest.mark.parametrize("context", [0, 70, 200])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_attention_groups_match_the_reference(weights, context, strategy, moe_group):
+    tiling = replace(AGROUP, moe_group=moe_group)
+    sched = build_schedule(CFG, 1, [context], N_SMS, tiling)
+    Hkv, G, d = CFG.num_key_value_heads, CFG.gqa_group, CFG.head_dim
+    for layer in range(1, CFG.num_hidden_layers):
+        by_sm = _layer_tasks_by_sm(sched, layer)
+        groups: dict[int, list[int]] = {}
+        o_tiles: dict[int, int] = {}
+        for ids in by_sm.values():
+            ops = [int(sched.tasks[i][abi.MK_F_OP]) for i in ids]
+            if ops[0] != abi.MK_OP_QKV:
+                continue
+            qkv = sched.tasks[ids[0]]
+            h = int(qkv[abi.MK_F_A0]) // (G * d)
+            # a share of head h's Q rows, then of its K or V rows
+            assert int(qkv[abi.MK_F_A1]) == G * d // 4 and int(qkv[abi.MK_F_A3]) == 2 * d // 4
+            kv_row = int(qkv[abi.MK_F_A2]) - CFG.q_width
+            assert (kv_row % CFG.kv_width) // d == h
+            # then split r of the head, then O-proj tiles of its K range (2 of them: on 2 of the 4)
+            assert ops[:2] == [abi.MK_OP_QKV, abi.MK_OP_ATTN] and set(ops[2:]) <= {abi.MK_OP_OPROJ}
+            attn = sched.tasks[ids[1]]
+            assert int(attn[abi.MK_F_A1]) == h and int(attn[abi.MK_F_A3]) == 4
+            groups.setdefault(h, []).append(int(attn[abi.MK_F_A2]))
+            for i in ids[2:]:
+                assert int(sched.tasks[i][abi.MK_F_A2]) == h * G * d  # the head's K range of Wo
+                o_tiles[h] = o_tiles.get(h, 0) + 1
+        assert {h: sorted(v) for h, v in groups.items()} == {h: [0, 1, 2, 3] for h in range(Hkv)}
+        assert o_tiles == {h: CFG.hidden_size // AGROUP.o_rows for h in range(Hkv)}
+        assert not [
+            i for ids in by_sm.values() for i in ids if int(sched.tasks[i][abi.MK_F_OP]) == abi.MK_OP_DRAIN
+        ]
+    ws, batch, ref, ref_batch = _run(weights, context, strategy, sched)
+    torch.testing.assert_close(ws["logits"][:1], ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(batch.kv_pool, ref_batch.kv_pool, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op,slot,what",
+    [
+        (abi.MK_OP_OPROJ, 1, "router"),  # an O-proj tile adds into x(l+1) before its initialiser
+        (abi.MK_OP_OPROJ, 0, "combine"),  # ... reads attn_out before the combine wrote it
+        (abi.MK_OP_ATTN, 0, "qkv"),  # a split reads q and the new K/V before the head's QKV tiles
+    ],
+)
+def test_attention_groups_deleted_wait_is_caught(weights, op, slot, what):
+    sched = build_schedule(CFG, 1, [70], N_SMS, AGROUP)
+    tids = [
+        int(t[abi.MK_F_ID]) for t in sched.tasks if int(t[abi.MK_F_OP]) == op and int(t[abi.MK_F_LAYER]) == 1
+    ]
+    c = int(sched.tasks[tids[0]][abi.MK_F_WAIT0 + 2 * slot])
+    assert sched.counters.names[c].startswith(what)
+    broken = sched
+    for tid in tids:
+        broken = broken.without_wait(tid, slot)
+    with pytest.raises(HazardError, match=r"race|never written|initialises"):
+        for strategy in STRATEGIES:
+            _run(weights, 70, strategy, broken)
+
+
+def test_attn_group_is_refused_where_it_cannot_run():
+    with pytest.raises(TilingError, match="needs moe_local and combine_ctrl"):
+        replace(AGROUP, combine_ctrl=0).validate(CFG)
+    with pytest.raises(TilingError, match="needs moe_local and combine_ctrl"):
+        replace(AGROUP, moe_local=0).validate(CFG)
+    with pytest.raises(TilingError, match="even"):
+        replace(AGROUP, attn_group=3).validate(CFG)
+    with pytest.raises(TilingError, match="Q rows"):
+        replace(AGROUP, attn_group=64).validate(CFG)
+    with pytest.raises(TilingError, match="split stride"):
+        replace(AGROUP, attn_group=16).validate(CFG)  # max_splits 8
+    with pytest.raises(ValueError, match="SMs free"):  # 8 group SMs and 4 items on 12 work SMs
+        build_schedule(CFG, 1, [70], 13, AGROUP)
+
+
+@pytest.mark.parametrize("moe_group", [0, 16])
+def test_attention_groups_release_geometry(moe_group):
+    """attn_group = 16 on the engine's one-row tiling at the release geometry (5 layers, 132 SMs):
+    64 group SMs, the 48 MoE items beside them; no deadlock, every counter at its total, the full
+    happens-before check."""
+    from tests.backend.megakernel.test_emulator import _release_engine_step
+
+    sched, rep = _release_engine_step(1, 5, 99, 5, attn_group=16, moe_group=moe_group)
+    by_sm = _layer_tasks_by_sm(sched, 2)
+    qkv_sms = [sm for sm, ids in by_sm.items() if int(sched.tasks[ids[0]][abi.MK_F_OP]) == abi.MK_OP_QKV]
+    assert len(qkv_sms) == 64
+    assert sched.splits == {False: [16], True: [16]}
     assert rep.events > sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
