@@ -738,13 +738,15 @@ __device__ __forceinline__ const bf16* fused_down_w(const Params& p, int e, int 
 }
 
 // gemv_down_acc over the first nrows hidden rows of a slice of n columns (false: n is not one the
-// kernel instantiates; the tiling keeps n a multiple of 32, at most 256).
+// kernel instantiates; the tiling keeps n 32, 64, 96, 128 or 256: 96 makes 8 items of an expert of
+// 768 columns, 64 items at one row for Tiling.attn_group's 64 SMs beside them).
 __device__ __forceinline__ bool fused_down(const Params& p, const bf16* Wd, int n, int nrows, const bf16* act,
                                            float* acc, const float* wtok, const int* btok, int nt) {
   const int I = p.moe_inter, H = p.hidden, lds = fused_act_lds(n);
   switch (n / 32) {
     case 1: gemv_down_acc<1>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     case 2: gemv_down_acc<2>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
+    case 3: gemv_down_acc<3>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     case 4: gemv_down_acc<4>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     case 8: gemv_down_acc<8>(Wd, I, nrows, act, lds, acc, H, wtok, btok, nt); return true;
     default: return false;

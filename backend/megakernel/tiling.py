@@ -15,6 +15,10 @@ from mkcode.backend.kv.layout import PAGE_SIZE, first_visible_position
 from mkcode.backend.megakernel import abi
 from mkcode.backend.model.config import ModelConfig
 
+# The fused MoE items' column counts the kernel instantiates (its down slice's K: mk_kernel.cuh
+# fused_down).
+FUSED_UP_COLS = (32, 64, 96, 128, 256)
+
 
 class TilingError(ValueError):
     """A tiling the kernel cannot run for this config."""
@@ -197,10 +201,10 @@ class Tiling:
             I, E = cfg.intermediate_size, cfg.num_experts
             need(I % self.moe_up_cols == 0, "moe_up_cols must divide intermediate_size")
             need(I % 32 == 0, "intermediate_size must be a multiple of 32")
-            if self.moe_fused:  # the down slice's K is the tile's columns: 1, 2, 4 or 8 mma k-pairs
+            if self.moe_fused:  # the down slice's K is the tile's columns: 1, 2, 3, 4 or 8 mma k-pairs
                 need(
-                    self.moe_up_cols in (32, 64, 128, 256),
-                    "fused MoE items need moe_up_cols in 32, 64, 128, 256",
+                    self.moe_up_cols in FUSED_UP_COLS,
+                    f"fused MoE items need moe_up_cols in {', '.join(map(str, FUSED_UP_COLS))}",
                 )
             need(H % self.moe_down_rows == 0, "moe_down_rows must divide hidden_size")
             need(E % self.router_rows == 0, "router_rows must divide num_experts")
@@ -508,7 +512,7 @@ SINGLE_MOE_LOCAL = 1
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), at one row with SINGLE_MOE_LOCAL where
     the tiling takes it (`base`'s moe_group and attn_group with it, at one row only)."""
-    t = replace(_batch_tiling(cfg, base, batch, position), moe_group=0, attn_group=0)
+    t = _batch_tiling(cfg, replace(base, moe_group=0, attn_group=0), batch, position)
     if batch != 1:
         return t
     t = _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t)

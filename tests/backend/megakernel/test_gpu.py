@@ -461,6 +461,19 @@ def test_step_matches_reference_attention_groups(small, contexts, group, moe_gro
     _step_check(CFG, w, be, contexts, seed=17)
 
 
+@pytest.mark.parametrize("over", [{}, {"moe_group": 4, "attn_group": 16}], ids=["plain", "groups"])
+def test_fused_moe_items_of_96_columns(over):
+    """Fused MoE items of 96 columns (a down slice of 3 mma k-pairs) at one row, on a reduced
+    geometry whose experts have 384 columns (4 items each), against the reference."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+
+    cfg = reduced_config(intermediate_size=384)
+    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=8, std=0.05)
+    t = replace(tiling_for_batch(cfg, default_tiling(cfg), 1), moe_up_cols=96, **over)
+    assert t.moe_local and t.moe_fused
+    _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), [700], seed=19)
+
+
 def test_consecutive_steps_attention_groups(small):
     w, _ = small
     _consecutive_steps(w, _local_backend(w, attn_group=16, moe_group=4), [700], seed=43, steps=4)
@@ -777,15 +790,18 @@ def test_step_matches_reference_release_geometry(release, contexts):
     _step_check(cfg, w, be, contexts, seed=len(contexts))
 
 
-@pytest.mark.parametrize("moe_group,attn_group", [(8, 0), (16, 0), (0, 16), (16, 16)])
-def test_step_matches_reference_release_groups(release, moe_group, attn_group):
+@pytest.mark.parametrize(
+    "moe_group,attn_group,cols", [(8, 0, 128), (16, 0, 128), (0, 16, 128), (16, 16, 128), (16, 16, 96)]
+)
+def test_step_matches_reference_release_groups(release, moe_group, attn_group, cols):
     """Tiling.moe_group and attn_group at the release geometry, one row at 8K: the 48 MoE items in
-    groups of 8 or 16, each kv head's QKV, attention and O-proj on 16 SMs of its own."""
+    groups of 8 or 16, each kv head's QKV, attention and O-proj on 16 SMs of its own; with 96-column
+    items, 64 of them beside the 64 attention SMs."""
     from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
 
     cfg, w, _ = release
     base = replace(default_tiling(cfg), moe_group=moe_group, attn_group=attn_group)
-    t = tiling_for_batch(cfg, base, 1)
+    t = replace(tiling_for_batch(cfg, base, 1), moe_up_cols=cols)
     assert t.moe_local and (t.moe_group, t.attn_group) == (moe_group, attn_group)
     _step_check(cfg, w, MegakernelBackend(cfg, w, tiling=t), [8192], seed=3)
 

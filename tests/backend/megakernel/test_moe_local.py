@@ -402,3 +402,39 @@ def test_attention_groups_release_geometry(moe_group):
     assert len(qkv_sms) == 64
     assert sched.splits == {False: [16], True: [16]}
     assert rep.events > sum(int(t[abi.MK_F_OP]) != abi.MK_OP_DRAIN for t in sched.tasks)
+
+
+def test_engine_tiling_carries_the_groups_at_one_row():
+    """tiling_for_batch takes a base's moe_group and attn_group at one row only; every other field
+    is the plain base's per-batch tiling (a group in the base must not make the batch tilings fall
+    back to the base's tiles)."""
+    from mkcode.backend.megakernel.tiling import default_tiling, tiling_for_batch
+    from mkcode.backend.model.config import north_mini_code_config
+
+    cfg = north_mini_code_config()
+    plain = default_tiling(cfg)
+    base = replace(plain, moe_group=16, attn_group=16)
+    for B in range(1, 9):
+        got, want = tiling_for_batch(cfg, base, B), tiling_for_batch(cfg, plain, B)
+        groups = (16, 16) if B == 1 else (0, 0)
+        assert (got.moe_group, got.attn_group) == groups
+        assert replace(got, moe_group=0, attn_group=0) == want
+
+
+@pytest.mark.parametrize("over", [{}, {"moe_group": 2}], ids=["routers", "moe-groups"])
+def test_96_column_items_match_the_reference(over):
+    """Fused items of 96 columns (Tiling.moe_up_cols; the kernel's 3-k-pair down slice) on a tiny
+    geometry with 192 expert columns: 4 items (top-2 x 2 tiles) against the reference."""
+    cfg = tiny_config(intermediate_size=192)
+    w = random_weights(cfg, seed=4, std=0.1)
+    tiling = replace(TILING, moe_up_cols=96, **over)
+    sched = build_schedule(cfg, 1, [70], N_SMS, tiling)
+    assert {int(t[abi.MK_F_A2]) for t in sched.tasks if int(t[abi.MK_F_OP]) == abi.MK_OP_MOE_FUSED} == {96}
+    case = make_case(cfg, [70], seed=3)
+    ref = reference_step(cfg, w, clone_batch(case.batch))
+    ws = Workspace.allocate(cfg, tiling, "cpu")
+    ws.poison()
+    batch = clone_batch(case.batch)
+    inp = StepInputs(batch.token_ids, batch.positions, batch.block_tables, batch.kv_pool)
+    Emulator(cfg, w, sched, ws, CounterBank(sched.n_counters)).step(inp, "random", 0)
+    torch.testing.assert_close(ws["logits"][:1], ref, rtol=1e-4, atol=1e-5)
