@@ -67,7 +67,8 @@ enum MkField {
 // Arguments per opcode (A0..A4):
 //   EMBED                    A0 = row, A1 = MK_EMBED_RESET_HEADS or 0
 //   QKV, ROUTER, DENSE_UP    A0 = first row (of [Wq;Wk;Wv] / experts / intermediate), A1 = rows
-//                            (ROUTER: batch row b's logits go to rlogits row b + LROW; only tiles
+//                            (QKV: A3 > 0 rows from A2 too, Tiling.attn_group's Q and K/V shares;
+//                            ROUTER: batch row b's logits go to rlogits row b + LROW; only tiles
 //                            with LROW = 0 copy their share of x(l) into x(l+1))
 //   OPROJ, DENSE_DOWN        A0 = first row, A1 = rows, A2 = k0, A3 = k1
 //   LM_HEAD                  A0 = first vocab row, A1 = rows, A2 = tile index

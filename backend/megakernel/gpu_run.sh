@@ -6,6 +6,7 @@
 #                                                probe alone builds no extension)
 #   bash backend/megakernel/gpu_run.sh plan      # = tests bench decode in one device call
 #   bash backend/megakernel/gpu_run.sh split     # tests, the hybrid's split by context
+#   bash backend/megakernel/gpu_run.sh groups    # the grouped layer's tests, BS 1 per grouping, layer_probe
 #   PADS="0 65536" bash backend/megakernel/gpu_run.sh smem  # BS 1 with that much more shared memory (L1 cost)
 #   bash backend/megakernel/gpu_run.sh ab        # harness on ab_base/ (ab_tree.sh REV) and on this tree, twice
 #   bash backend/megakernel/gpu_run.sh abbench   # the same with gpu_check bench (faster: no graph backend)
@@ -98,6 +99,15 @@ for stage in "${stages[@]}"; do
       rm -f "$OUT"/{build.log,gpu.txt,pytest.log}
       rm -f "$OUT"/{sweep1,sweep2,pair1,pair2}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
+    groups)  # the grouped layer (docs/MEGAKERNEL.md): its GPU tests first, then BS 1 at 8K on each
+      # grouping (Tiling.moe_group / attn_group / 96-column items) against the default, in turn; the
+      # timeline of TL_VARIANT; layer_probe's gate lines (one op per layer, as tasks, flat mma)
+      PYTEST_K=${PYTEST_K:-"group or 96 or QKV"} T_TESTS=${T_TESTS:-240} bash "$0" tests | tail -6
+      g=moe_group=16,attn_group=16
+      BATCHES=1 T_BENCH=${T_BENCH:-300} BENCH_ARGS="--timeline-variant ${TL_VARIANT:-$g}" \
+        VARIANTS=${GROUP_VARIANTS:-"prefetch=0 moe_group=16 attn_group=16 $g moe_up_cols=96,$g prefetch=0 $g"} \
+        bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror|check|gap|layer"
+      PROBE=layer_probe PROBE_ARGS=run bash "$0" probe | grep -E "mma|rror|exit" ;;
     smem)  # the L1 share's cost: the bench stage at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
       # (the kernel reads the pad once per process), each pad of PADS in turn
       for pad in ${PADS:-0 65536 98304 0 65536 98304}; do
