@@ -106,7 +106,7 @@ for stage in "${stages[@]}"; do
       g=moe_group=16,attn_group=16
       BATCHES=1 T_BENCH=${T_BENCH:-300} BENCH_ARGS="--timeline-variant ${TL_VARIANT:-$g}" \
         VARIANTS=${GROUP_VARIANTS:-"prefetch=0 moe_group=16 attn_group=16 $g moe_up_cols=96,$g prefetch=0 $g"} \
-        bash "$0" bench | grep -E "^BS [0-9]+ ctx|rror|check|gap|layer"
+        bash "$0" bench | grep -vE "^build|done at"
       PROBE=layer_probe PROBE_ARGS=run bash "$0" probe | grep -E "mma|rror|exit" ;;
     smem)  # the L1 share's cost: the bench stage at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
       # (the kernel reads the pad once per process), each pad of PADS in turn
