@@ -99,15 +99,17 @@ for stage in "${stages[@]}"; do
       rm -f "$OUT"/{build.log,gpu.txt,pytest.log}
       rm -f "$OUT"/{sweep1,sweep2,pair1,pair2}/{build.log,gpu.txt,decode.log}
       find "$OUT" -name "*.png" -delete ;;
-    groups)  # the grouped layer (docs/MEGAKERNEL.md): its GPU tests first, then BS 1 at 8K on each
-      # grouping (Tiling.moe_group / attn_group / 96-column items) against the default, in turn; the
-      # timeline of TL_VARIANT; layer_probe's gate lines (one op per layer, as tasks, flat mma)
-      PYTEST_K=${PYTEST_K:-"group or 96 or QKV"} T_TESTS=${T_TESTS:-240} bash "$0" tests | tail -6
+    groups)  # the grouped layer (docs/MEGAKERNEL.md): its GPU tests first; layer_probe's gate lines (one
+      # op per layer, as tasks, flat mma); then BS 1 at 8K on each grouping (Tiling.moe_group /
+      # attn_group / 96-column items) against the default, in turn, with the timeline of TL_VARIANT
+      # (~7 min in all: the device tool's 10-minute cap; the sanitizer on a grouped step is a call of
+      # its own: SAN_ARGS="--contexts 300 --tiling moe_group=4,attn_group=16" gpu_run.sh san)
+      PYTEST_K=${PYTEST_K:-"group or 96 or QKV"} T_TESTS=${T_TESTS:-200} bash "$0" tests | tail -6
+      PROBE=layer_probe PROBE_ARGS=run T_PROBE=${T_PROBE:-90} bash "$0" probe | grep -E "mma|rror|exit"
       g=moe_group=16,attn_group=16
-      BATCHES=1 T_BENCH=${T_BENCH:-300} BENCH_ARGS="--timeline-variant ${TL_VARIANT:-$g}" \
+      BATCHES=1 T_BENCH=${T_BENCH:-260} BENCH_ARGS="--timeline-variant ${TL_VARIANT:-$g}" \
         VARIANTS=${GROUP_VARIANTS:-"prefetch=0 moe_group=16 attn_group=16 $g moe_up_cols=96,$g prefetch=0 $g"} \
-        bash "$0" bench | grep -vE "^build|done at"
-      PROBE=layer_probe PROBE_ARGS=run bash "$0" probe | grep -E "mma|rror|exit" ;;
+        bash "$0" bench | grep -vE "^build|done at" ;;
     smem)  # the L1 share's cost: the bench stage at BS 1 with MKCODE_MK_SMEM_PAD bytes more shared memory
       # (the kernel reads the pad once per process), each pad of PADS in turn
       for pad in ${PADS:-0 65536 98304 0 65536 98304}; do
