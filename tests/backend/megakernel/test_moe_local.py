@@ -107,6 +107,16 @@ def test_fused_items_sit_apart_from_the_layers_qkv_and_router_tiles():
         assert not fused & (by_op[abi.MK_OP_QKV] | by_op[abi.MK_OP_ROUTER] | by_op[abi.MK_OP_DRAIN])
 
 
+def _assert_caught(weights, sched, tids, slot) -> None:
+    """Wait `slot` removed from every task of `tids`: some interleaving raises HazardError."""
+    broken = sched
+    for tid in tids:
+        broken = broken.without_wait(tid, slot)
+    with pytest.raises(HazardError, match=r"race|never written|initialises"):
+        for strategy in STRATEGIES:
+            _run(weights, 70, strategy, broken)
+
+
 def _task(sched, op, layer):
     for t in sched.tasks:
         if int(t[abi.MK_F_OP]) == op and int(t[abi.MK_F_LAYER]) == layer:
@@ -132,10 +142,7 @@ def test_deleted_wait_is_caught(weights, what, slot):
             if int(t[abi.MK_F_OP]) == abi.MK_OP_DRAIN and int(t[abi.MK_F_LAYER]) == 1
         )
         assert int(sched.tasks[tid][abi.MK_F_WAIT0]) == sched.counters.index("router[1]")
-    broken = sched.without_wait(tid, slot)
-    with pytest.raises(HazardError, match=r"race|never written"):
-        for strategy in STRATEGIES:
-            _run(weights, 70, strategy, broken)
+    _assert_caught(weights, sched, [tid], slot)
 
 
 def test_moe_local_is_refused_where_it_cannot_run():
@@ -247,12 +254,7 @@ def test_grouped_deleted_wait_is_caught(weights, what, slot, counter):
             and int(t[abi.MK_F_WAIT0]) == c
         ]
     assert tids and all(int(sched.tasks[t][abi.MK_F_WAIT0 + 2 * slot]) == c for t in tids)
-    broken = sched
-    for tid in tids:
-        broken = broken.without_wait(tid, slot)
-    with pytest.raises(HazardError, match=r"race|never written|initialises"):
-        for strategy in STRATEGIES:
-            _run(weights, 70, strategy, broken)
+    _assert_caught(weights, sched, tids, slot)
 
 
 def test_groups_that_rank_different_logits_are_caught(weights, monkeypatch):
@@ -275,17 +277,31 @@ def test_groups_that_rank_different_logits_are_caught(weights, monkeypatch):
         _run(weights, 70, "in_order", sched)
 
 
-def test_moe_group_is_refused_where_it_cannot_run():
-    with pytest.raises(TilingError, match="moe_group needs moe_local"):
-        replace(GROUPED, moe_local=0).validate(CFG)
-    with pytest.raises(TilingError, match="divide num_experts"):
-        replace(TILING, moe_group=3).validate(CFG)
-    with pytest.raises(TilingError, match="divide the layer's 4 fused items"):
-        replace(TILING, moe_group=8).validate(CFG)
-    with pytest.raises(TilingError, match="at most 8 groups"):  # top-8 x 2 tiles: 16 groups of one
-        replace(TILING, moe_group=1).validate(tiny_config(num_experts_per_tok=8))
+@pytest.mark.parametrize(
+    "tiling,cfg,match",
+    [
+        (replace(GROUPED, moe_local=0), CFG, "moe_group needs moe_local"),
+        (replace(TILING, moe_group=3), CFG, "divide num_experts"),
+        (replace(TILING, moe_group=8), CFG, "divide the layer's 4 fused items"),
+        # top-8 x 2 tiles: 16 groups of one
+        (replace(TILING, moe_group=1), tiny_config(num_experts_per_tok=8), "at most 8 groups"),
+        (replace(AGROUP, combine_ctrl=0), CFG, "needs moe_local and combine_ctrl"),
+        (replace(AGROUP, moe_local=0), CFG, "needs moe_local and combine_ctrl"),
+        (replace(AGROUP, attn_group=3), CFG, "even"),
+        (replace(AGROUP, attn_group=64), CFG, "Q rows"),
+        (replace(AGROUP, attn_group=16), CFG, "split stride"),  # max_splits 8
+    ],
+)
+def test_groups_are_refused_where_they_cannot_run(tiling, cfg, match):
+    with pytest.raises(TilingError, match=match):
+        tiling.validate(cfg)
+
+
+def test_groups_need_one_row_and_the_sms():
     with pytest.raises(ValueError, match="batch 1"):
         build_schedule(CFG, 2, [70, 3], N_SMS, GROUPED)
+    with pytest.raises(ValueError, match="SMs free"):  # 8 group SMs and 4 items on 12 work SMs
+        build_schedule(CFG, 1, [70], 13, AGROUP)
 
 
 @pytest.mark.parametrize("group", [8, 16])
@@ -366,27 +382,7 @@ def test_attention_groups_deleted_wait_is_caught(weights, op, slot, what):
     ]
     c = int(sched.tasks[tids[0]][abi.MK_F_WAIT0 + 2 * slot])
     assert sched.counters.names[c].startswith(what)
-    broken = sched
-    for tid in tids:
-        broken = broken.without_wait(tid, slot)
-    with pytest.raises(HazardError, match=r"race|never written|initialises"):
-        for strategy in STRATEGIES:
-            _run(weights, 70, strategy, broken)
-
-
-def test_attn_group_is_refused_where_it_cannot_run():
-    with pytest.raises(TilingError, match="needs moe_local and combine_ctrl"):
-        replace(AGROUP, combine_ctrl=0).validate(CFG)
-    with pytest.raises(TilingError, match="needs moe_local and combine_ctrl"):
-        replace(AGROUP, moe_local=0).validate(CFG)
-    with pytest.raises(TilingError, match="even"):
-        replace(AGROUP, attn_group=3).validate(CFG)
-    with pytest.raises(TilingError, match="Q rows"):
-        replace(AGROUP, attn_group=64).validate(CFG)
-    with pytest.raises(TilingError, match="split stride"):
-        replace(AGROUP, attn_group=16).validate(CFG)  # max_splits 8
-    with pytest.raises(ValueError, match="SMs free"):  # 8 group SMs and 4 items on 12 work SMs
-        build_schedule(CFG, 1, [70], 13, AGROUP)
+    _assert_caught(weights, sched, tids, slot)
 
 
 @pytest.mark.parametrize("moe_group", [0, 16])
