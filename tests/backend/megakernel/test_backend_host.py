@@ -502,3 +502,42 @@ def test_positions_are_read_again_only_when_they_changed(be, monkeypatch):
     assert be._host_positions(pos) == [9, 71] and len(calls) == 3
     other = pos.clone()
     assert be._host_positions(other) == [9, 71] and len(calls) == 4
+
+
+def test_grouped_one_row_tilings_run_through_the_backend(weights):
+    """Tiling.moe_group and attn_group through MegakernelBackend (the fake extension runs the
+    emulator on the backend's own schedule, workspace and counters): the splits follow attn_group,
+    the descriptors carry the group rows, and consecutive steps match the reference; on too few SMs
+    the explicit tiling is refused, not silently replaced."""
+    from dataclasses import replace
+
+    tiling = replace(
+        TILING,
+        moe_up_cols=32,
+        moe_fused=1,
+        moe_local=1,
+        moe_group=2,
+        ctrl_sms=2,
+        combine_ctrl=1,
+        attn_group=4,
+    )
+    fake = FakeNative(n_sms=16)
+    be = MegakernelBackend(CFG, weights, tiling=tiling, timeout_s=0.3, native_module=fake)
+    fake.backend = be
+    batch = _case([70], seed=5)
+    fake.registry[batch.kv_pool.data_ptr()] = batch.kv_pool
+    ref_batch = clone_batch(batch)
+    for _ in range(2):
+        got = be.decode(batch)
+        ref = _check_logits(got, weights, ref_batch)
+        for b in (batch, ref_batch):
+            b.token_ids = ref.argmax(-1)
+            b.positions = b.positions + 1
+    prep = be._prepare(batch.positions.tolist())
+    assert prep.sched.splits == {False: [4], True: [4]}
+    rows = {int(t[abi.MK_F_LROW]) for t in prep.sched.tasks if int(t[abi.MK_F_OP]) == abi.MK_OP_ROUTER}
+    assert rows == {0, 1}
+    with pytest.raises(ValueError, match="SMs free"):
+        MegakernelBackend(CFG, weights, tiling=tiling, native_module=FakeNative(n_sms=12)).decode(
+            _case([70], 5)
+        )
