@@ -52,6 +52,11 @@ class HazardError(EmulatorError):
     pass
 
 
+class RoutingError(EmulatorError):
+    """Self-routing items of one layer ranked different experts (Tiling.moe_group: groups whose
+    logits differ), with no race to explain it."""
+
+
 STRATEGIES = ("random", "in_order", "reverse", "starve_low", "lifo_random")
 
 _U32 = 0xFFFFFFFF
@@ -383,7 +388,7 @@ class Emulator:
         if self.check_hazards:
             self._check_hazards()
         if self.ops.route_mismatch:  # no race explains it: the groups' logits differ (moe_group)
-            raise AssertionError("self-routing items disagree: " + "; ".join(self.ops.route_mismatch))
+            raise RoutingError("self-routing items disagree: " + "; ".join(self.ops.route_mismatch))
         self.bank.step_done(self.sched)
         return report
 

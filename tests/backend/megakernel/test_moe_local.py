@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mkcode.backend.megakernel import abi
-from mkcode.backend.megakernel.emulator import STRATEGIES, Emulator, HazardError
+from mkcode.backend.megakernel.emulator import STRATEGIES, Emulator, HazardError, RoutingError
 from mkcode.backend.megakernel.emulator_ops import StepInputs
 from mkcode.backend.megakernel.schedule import build_schedule
 from mkcode.backend.megakernel.tiling import TilingError
@@ -273,7 +273,7 @@ def test_groups_that_rank_different_logits_are_caught(weights, monkeypatch):
 
     monkeypatch.setattr(OpSemantics, "op_router", skewed)
     sched = build_schedule(CFG, 1, [70], N_SMS, GROUPED)
-    with pytest.raises(AssertionError, match="disagree"):
+    with pytest.raises(RoutingError, match="disagree"):
         _run(weights, 70, "in_order", sched)
 
 
