@@ -292,12 +292,10 @@ def layer_profile(
     H, ebytes = cfg.hidden_size, 2
     # a MoE layer's tiles (Tiling.attn_group: a QKV tile is a share of a head's Q, K and V rows;
     # Tiling.moe_group: a router tile is E / moe_group experts)
-    d = cfg.head_dim
-    qkv_rows = (cfg.gqa_group + 2) * d // tiling.attn_group if tiling.attn_group else tiling.qkv_rows
-    router_rows = cfg.num_experts // tiling.moe_group if tiling.moe_group else tiling.router_rows
+    qkv_rows = sum(tiling.attn_group_rows(cfg)) if tiling.attn_group else tiling.qkv_rows
     op_bytes = {
         "QKV": qkv_rows * H * ebytes,
-        "ROUTER": router_rows * H * ebytes,
+        "ROUTER": tiling.moe_router_rows(cfg) * H * ebytes,
         "OPROJ": tiling.o_rows * (cfg.num_attention_heads // cfg.num_key_value_heads) * cfg.head_dim * ebytes,
         "MOE_UP": 2 * tiling.moe_up_cols * H * ebytes,
         "MOE_DOWN": tiling.moe_down_rows * cfg.intermediate_size * ebytes,

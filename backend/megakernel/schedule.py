@@ -193,7 +193,7 @@ def moe_local_fits(cfg: ModelConfig, tiling: Tiling, n_sms: int) -> bool:
     With Tiling.moe_group the router tiles run on the items' own SMs."""
     n_ctrl = tiling.ctrl_sms if 2 * tiling.ctrl_sms <= n_sms else 0
     n_work = n_sms - n_ctrl
-    n_qkv = tiling.attn_group * cfg.num_key_value_heads if tiling.attn_group else tiling.qkv_tiles(cfg)
+    n_qkv = tiling.moe_qkv_tiles(cfg)
     n_router = 0 if tiling.moe_group else max(cfg.num_experts, 1) // tiling.router_rows
     up_tiles, _ = tiling.moe_tiles(cfg)
     return n_work - min(n_work, n_qkv + n_router) >= cfg.num_experts_per_tok * up_tiles
@@ -304,7 +304,7 @@ def build_schedule(
         # Tiling.attn_group (one row, MoE layers): each kv head's QKV tiles, attention splits and
         # O-proj tiles as static tasks on a group of attn_group SMs of its own (below)
         agroup = tiling.attn_group if not dense else 0
-        n_qkv = agroup * Hkv if agroup else tiling.qkv_tiles(cfg)
+        n_qkv = tiling.qkv_tiles(cfg) if dense else tiling.moe_qkv_tiles(cfg)
         # Tiling.qkv_by_head: one counter per kv head (its Q group's, K and V tiles), else one
         # (kv head h's counter is qkv_cs[h % qkv_heads] either way)
         qkv_heads = Hkv if tiling.qkv_by_head or agroup else 1
@@ -328,10 +328,10 @@ def build_schedule(
         first_qkv = len(tasks)
         group_sms = [list(range(h * agroup, (h + 1) * agroup)) for h in range(Hkv)] if agroup else []
         if agroup:  # two row ranges per tile: a share of the head's Q rows, then of its K or V rows
-            qn, kvn = G * d // agroup, 2 * d // agroup
+            qn, kvn = tiling.attn_group_rows(cfg)
+            half = agroup // 2  # the first half's tiles take K rows, the second's V rows
             for h in range(Hkv):
                 for r in range(agroup):
-                    half = agroup // 2  # the first half's tiles take K rows, the second's V rows
                     kv0 = cfg.q_width + (r >= half) * cfg.kv_width + h * d + (r % half) * kvn
                     qd = make_desc(
                         abi.MK_OP_QKV, layer, (h * G * d + r * qn, qn, kv0, kvn), wait_h, (qkv_cs[h],)
@@ -379,6 +379,7 @@ def build_schedule(
                     ctrl_sm(layer),
                 )
             else:  # the SMs without this layer's QKV or router tiles, from a point that turns per layer
+                x_init = (router_c, n_router)  # x(l+1)'s initialiser: the router tiles (below: group 0's)
                 n_items = K * up_tiles
                 group = tiling.moe_group
                 busy = set(deal[first_qkv:])
@@ -394,7 +395,7 @@ def build_schedule(
                 # group g: E / group experts per SM into row g, its own SMs' tiles
                 rows_of: list[tuple[int, int, int]] = []
                 if grouped:
-                    per = E // group
+                    per = tiling.moe_router_rows(cfg)
                     for g in range(n_items // group):
                         gc = counter(f"router[{layer}][{g}]", group)
                         for r in range(group):
@@ -403,8 +404,8 @@ def build_schedule(
                             emit(tile, moe_sms[g * group + r])
                         rows_of += [(g, gc, group)] * group
                     # group 0's tiles initialise x(l+1) (LROW 0 copies the residual): what the
-                    # items of other groups, and the O-proj drains below, add onto
-                    router_c, n_router = rows_of[0][1], group
+                    # items of other groups and the O-proj tiles below add onto
+                    x_init = (rows_of[0][1], group)
                 else:
                     rows_of = [(0, router_c, n_router)] * n_items
                 for m in range(n_items):
@@ -412,7 +413,7 @@ def build_schedule(
                     c0, cols = t * tiling.moe_up_cols, tiling.moe_up_cols
                     g, gc, target = rows_of[m]
                     # h(l) first: the item stages it meanwhile (a group's router tile has staged it)
-                    waits = (*wait_h, (gc, target)) + (((router_c, n_router),) if g else ())
+                    waits = (*wait_h, (gc, target)) + ((x_init,) if g else ())
                     args = (j, c0, cols, abi.MK_MOE_LOCAL, rows_splits[0])  # A4: which KV pages to prefetch
                     item = make_desc(abi.MK_OP_MOE_FUSED, layer, args, waits, (mlp_c,))
                     item[abi.MK_F_NTOK] = 1
@@ -491,12 +492,14 @@ def build_schedule(
             for k, cd in enumerate(combines):
                 emit(cd, ctrl_sm(k))
             combines = []
+        # (Tiling.attn_group: static O-proj tiles wait for x(l+1)'s initialiser themselves)
+        o_init = (x_init,) if agroup else ()
         tail = combines + [
             make_desc(
                 abi.MK_OP_OPROJ,
                 layer,
                 (t * tiling.o_rows, tiling.o_rows, s * kspan, (s + 1) * kspan),
-                ((comb_c[s], B),),
+                ((comb_c[s], B), *o_init),
                 (mlp_c,),  # the layer's one end counter
             )
             for s in range(Hkv)
@@ -510,14 +513,12 @@ def build_schedule(
         if agroup:  # the O-proj tiles of kv head h's K range on its group's SMs, after x(l+1)'s initialiser
             for k, od in enumerate(tail):
                 s_h, t = divmod(k, H // tiling.o_rows)
-                od[abi.MK_F_NWAIT] = 2
-                od[abi.MK_F_WAIT0 + 2 : abi.MK_F_WAIT0 + 4] = [router_c, n_router]
                 emit(od, group_sms[s_h][t % agroup])
         elif moe_sms:
             free = [s for s in range(n_work) if s not in set(moe_sms)]
             qid = host_queue(f"attn_tail[{layer}]", tail, len(free))
             for sm in free:
-                emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), ((router_c, n_router),)), sm)
+                emit(make_desc(abi.MK_OP_DRAIN, layer, (abi.MK_QUEUE_HOST, qid), (x_init,)), sm)
         elif not dense:
             tail_q = len(qinfo)
             # claimed through the MoE head, right after the up tiles. Tiling.attn_in_moe: the attention

@@ -129,15 +129,13 @@ class Tiling:
             S, G, d = self.attn_group, cfg.gqa_group, cfg.head_dim
             need(self.moe_local and self.combine_ctrl, "attn_group needs moe_local and combine_ctrl")
             need(S > 0 and S % 2 == 0, "attn_group must be even (half its tiles take K rows, half V rows)")
+            qn, kvn = self.attn_group_rows(cfg)
+            need((G * d) % S == 0 and qn % 2 == 0, "attn_group must split a head's Q rows in even shares")
             need(
-                (G * d) % S == 0 and (G * d // S) % 2 == 0,
-                "attn_group must split a head's Q rows in even shares",
-            )
-            need(
-                (2 * d) % S == 0 and (2 * d // S) % 2 == 0,
+                (2 * d) % S == 0 and kvn % 2 == 0,
                 "attn_group must split a head's K and V rows in even shares",
             )
-            need(G * d // S + 2 * d // S <= abi.MK_MAX_TILE_ROWS, "attn_group's QKV tiles are too tall")
+            need(qn + kvn <= abi.MK_MAX_TILE_ROWS, "attn_group's QKV tiles are too tall")
             need(
                 self.most_splits() >= S,
                 "attn_group splits per kv head need a split stride (most_splits) as wide",
@@ -216,7 +214,7 @@ class Tiling:
                 need(E % G == 0, "moe_group must divide num_experts (each SM a router tile of E / moe_group)")
                 need(items % G == 0, f"moe_group must divide the layer's {items} fused items")
                 need(items // G <= abi.MK_MAX_TOKENS, f"at most {abi.MK_MAX_TOKENS} groups (rows of rlogits)")
-                problem = norm_geometry_problem(cfg, E // G)
+                problem = norm_geometry_problem(cfg, self.moe_router_rows(cfg))
                 need(problem is None, f"moe_group's router tiles: {problem}")
         problem = norm_geometry_problem(cfg, self.router_rows)
         need(problem is None, str(problem))
@@ -229,6 +227,18 @@ class Tiling:
     def qkv_tiles(self, cfg: ModelConfig) -> int:
         """QKV tiles per layer: the rows of [Wq; Wk; Wv] in tiles of qkv_rows (validate: they divide)."""
         return (cfg.q_width + 2 * cfg.kv_width) // self.qkv_rows
+
+    def moe_qkv_tiles(self, cfg: ModelConfig) -> int:
+        """QKV tiles of a MoE layer: one per SM of each kv head's group with attn_group, else qkv_tiles."""
+        return self.attn_group * cfg.num_key_value_heads if self.attn_group else self.qkv_tiles(cfg)
+
+    def attn_group_rows(self, cfg: ModelConfig) -> tuple[int, int]:
+        """An attn_group QKV tile's two row ranges: its share of a head's Q rows, of its K or V rows."""
+        return cfg.gqa_group * cfg.head_dim // self.attn_group, 2 * cfg.head_dim // self.attn_group
+
+    def moe_router_rows(self, cfg: ModelConfig) -> int:
+        """Experts per router tile of a MoE layer: num_experts / moe_group with it, else router_rows."""
+        return cfg.num_experts // self.moe_group if self.moe_group else self.router_rows
 
     def moe_tiles(self, cfg: ModelConfig) -> tuple[int, int]:
         """(up items, down items) per active expert of a MoE queue: fused items have no down tiles
@@ -511,14 +521,15 @@ SINGLE_MOE_LOCAL = 1
 
 def tiling_for_batch(cfg: ModelConfig, base: Tiling, batch: int, position: int | None = None) -> Tiling:
     """The engine's tiling for a batch size (_batch_tiling), at one row with SINGLE_MOE_LOCAL where
-    the tiling takes it (`base`'s moe_group and attn_group with it, at one row only)."""
+    the tiling takes it (`base`'s moe_group and attn_group with it, at one row only: TilingError
+    where the config does not take them)."""
     t = _batch_tiling(cfg, replace(base, moe_group=0, attn_group=0), batch, position)
     if batch != 1:
         return t
     t = _if_valid(cfg, replace(t, moe_local=SINGLE_MOE_LOCAL), t)
-    if t.moe_local:
-        t = _if_valid(cfg, replace(t, moe_group=base.moe_group), t)
-        t = _if_valid(cfg, replace(t, attn_group=base.attn_group), t)
+    if base.moe_group or base.attn_group:  # asked for: one the config does not take is refused
+        t = replace(t, moe_group=base.moe_group, attn_group=base.attn_group)
+        t.validate(cfg)
     return t
 
 
